@@ -432,6 +432,23 @@ def test_builtin_corpus_needs_nothing_but_python():
       "Dr. Smith left.", "He said no!", "Why?", "Yes."]
 
 
+def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
+  # Documents are whole docstrings (coherent text, so sentence order means something), taken depth
+  # first in source order; consecutive docstrings of unrelated functions are never one document.
+  import ast
+  tree = ast.parse('"""Module."""\nclass A:\n  """Class A."""\n  def f(self):\n    """A.f."""\n'
+                   '  def g(self):\n    """A.g."""\ndef h():\n  """h."""\n  def inner():\n    """inner."""\n')
+  assert list(corpus._docstrings(tree)) == ["Module.", "Class A.", "A.f.", "A.g.", "h.", "inner."]
+  docs = list(corpus.python_docs_documents())
+  from pydoc_data import topics
+  module_docs = docs[sum(1 for t in topics.topics.values() if corpus._paragraph_sentences(t)):]
+  assert len(module_docs) > 3000 and min(len(d) for d in module_docs) >= 2
+  import json
+  with open(json.__file__) as f:
+    dumps = next(n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef) and n.name == "dumps")
+  assert corpus._paragraph_sentences(ast.get_docstring(dumps)) in module_docs   # exactly one document
+
+
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
   reference = _take(data.make_iterator(config, workdir, process_index=0, process_count=1), 4)
