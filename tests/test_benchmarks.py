@@ -108,7 +108,9 @@ def test_train_step_tiny_with_torch(capsys):
   for variant, ratio in figures["ratio"].items():
     assert ratio == pytest.approx(figures[f"torch_{variant}"]["step_s"] / ours["step_s"], rel=2e-2)
     assert figures["ratio_paired"][variant] > 0
+    # The ceiling is the ratio at 100% MFU: ratio / MFU.
+    assert figures["ratio_ceiling"][variant] == pytest.approx(ratio / ours["mfu"], rel=3e-2)
 
   print(train_step.format_table(figures))
   table = capsys.readouterr().out
-  assert "ours (jax)" in table and "ours / torch hf (seq/s)" in table
+  assert "ours (jax)" in table and "ours / torch hf (seq/s)" in table and "at 100% MFU" in table
