@@ -33,34 +33,43 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes the resolved config, refusing a workdir whose checkpoints belong to another model.
+def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses a workdir whose checkpoints hold another model's state (a one-line ConfigError).
 
-  Every process checks; only process 0 writes. latest_step() first and on every process: with
-  several processes, opening a checkpoint manager is a collective (Orbax barriers).
+  Every process checks. latest_step() first and on every process: with several processes, opening
+  a checkpoint manager is a collective (Orbax barriers).
   """
   path = config_path(workdir)
-  step = latest_step(workdir)
-  if path.exists() and step is not None:
-    check_same_model(json.loads(path.read_text()).get("model", {}), config.model.to_dict(), workdir)
+  if latest_step(workdir) is not None and path.exists():
+    check_same_model(json.loads(path.read_text()), config.to_dict(), workdir)
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes the resolved config (process 0; atomic). The trainer calls it once the state is
+  restored or initialised, so a resume that fails leaves the config of the checkpoints in place."""
   if jax.process_index() != 0:
     return
+  path = config_path(workdir)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.parent / "config.json.tmp"
   tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True))
   tmp.replace(path)  # atomic, and overwrites the previous run's config
 
 
-# Fields that change the parameter or optimizer-state shapes; the rest (dtype, remat, dropout, ...) may
-# differ between a checkpoint and a resumed run.
+# Fields that change the layout of the saved state (parameter shapes and tree, optimizer state); the
+# rest (dtype, remat, dropout, learning rate, ...) may differ between a checkpoint and a resumed run.
 SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size", "sharing",
-                "num_hidden_groups", "inner_group_num", "embedding_hidden_mapping")
+                "num_hidden_groups", "inner_group_num", "embedding_hidden_mapping", "scan_layers")
+STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (("train", "optimizer"),)
 
 
 def check_same_model(saved: dict, current: dict, workdir: str) -> None:
-  diffs = [f"model.{k}: checkpoint {saved.get(k)!r} != config {current.get(k)!r}"
-           for k in SHAPE_FIELDS if saved.get(k) != current.get(k)]
+  """saved, current: whole configs as dicts (config.json's and this run's)."""
+  diffs = [f"{section}.{k}: checkpoint {saved.get(section, {}).get(k)!r} != config "
+           f"{current.get(section, {}).get(k)!r}"
+           for section, k in STATE_FIELDS
+           if k in saved.get(section, {}) and saved[section][k] != current.get(section, {}).get(k)]
   if diffs:
     raise ConfigError(f"{workdir} holds a checkpoint of another model ({'; '.join(diffs)}); "
                       f"use a new --workdir or the same model config")

@@ -23,6 +23,7 @@ every host instead of a hang in the next collective.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +33,9 @@ import time
 from typing import Any, Callable, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from albert_jax.config_lib import ConfigError
 
@@ -202,6 +205,30 @@ def check_same_run(config, step: int | None) -> None:
   if problems:
     raise ConfigError(f"the {len(rows)} processes disagree: {'; '.join(problems)}; every host must run "
                       f"the same command on the same (shared) --workdir")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Agreeing during training.
+
+@functools.lru_cache(maxsize=None)
+def _vote_fns() -> tuple[NamedSharding, Callable]:
+  devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+  mesh = Mesh(devices, ("processes", "local"))
+  any_set = jax.jit(lambda votes: jnp.max(votes) > 0, out_shardings=NamedSharding(mesh, P()))
+  return NamedSharding(mesh, P("processes")), any_set
+
+
+def any_process(flag: bool) -> jax.Array:
+  """Whether `flag` is set on any process: a replicated device boolean, dispatched and not waited on.
+
+  A collective, so every process calls it at the same point of its program. The trainer casts one
+  after each step and reads it a step later, when that step has finished anyway: unlike
+  multihost_utils.process_allgather, which returns host values, it never makes a host wait for the
+  device.
+  """
+  votes_sharding, any_set = _vote_fns()
+  votes = jax.make_array_from_process_local_data(votes_sharding, np.full((1,), flag, np.int32))
+  return any_set(votes)
 
 
 # ----------------------------------------------------------------------------------------------------

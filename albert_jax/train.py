@@ -163,7 +163,8 @@ def make_train_step(config, tx, schedule) -> Callable:
     new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
                               opt_state=keep(new_opt_state, state.opt_state),
                               skipped=state.skipped + (~finite).astype(jnp.int32))
-    metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step), finite=finite,
+    # The rate this step applied: the optimizer's own count, which a skipped step does not advance.
+    metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step - state.skipped), finite=finite,
                    skipped_updates=new_state.skipped)
     return new_state, metrics
 
@@ -190,6 +191,7 @@ class _StopSignal:
   def __init__(self):
     self.requested = False
     self._previous = None
+    self._vote = None  # multi-process: the vote cast after the previous step
 
   def __enter__(self):
     try:
@@ -206,12 +208,14 @@ class _StopSignal:
       signal.signal(signal.SIGTERM, self._previous)
 
   def should_stop(self) -> bool:
-    """Every process must agree, or the pod deadlocks in the next collective."""
+    """Called after each step is dispatched. Every process must agree, or the pod deadlocks in the next
+    collective: with several, each step casts a vote (`distributed.any_process`) that is read after the
+    next step is dispatched, so the processes stop together, one step after the notice reached any of
+    them, and no host waits for its device to learn it."""
     if jax.process_count() == 1:
       return self.requested
-    from jax.experimental import multihost_utils
-    flags = multihost_utils.process_allgather(np.asarray(self.requested, np.int32))
-    return bool(np.any(flags))
+    previous, self._vote = self._vote, distributed.any_process(self.requested)
+    return previous is not None and bool(np.asarray(previous.addressable_data(0)))
 
 
 def evaluate(config, workdir, eval_fn, params, mesh) -> dict[str, float]:
@@ -257,7 +261,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # --- Restore or initialise ----------------------------------------------------------------------
   ckpt = checkpoint.Checkpointer(workdir, t)
-  checkpoint.write_config(workdir, config)  # refuses a workdir holding another model's checkpoints
+  checkpoint.check_workdir(workdir, config)  # refuses a workdir holding another model's checkpoints
   start = ckpt.latest_step()
   distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
   if start is not None:
@@ -270,6 +274,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if config.init_from:
       state = _init_from_pretrained(config, state, shardings.params)
     start = 0
+  checkpoint.write_config(workdir, config)  # only now: a failed restore keeps the checkpoints' config
 
   # --- Compile ---------------------------------------------------------------------------------
   first = sharding.global_batch(next(train_iter), mesh)
@@ -285,29 +290,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = MetricWriter(f"{workdir}/tensorboard")
   writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
   peak, peak_source = hardware.peak_flops_per_device()
+  # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every CPU
+  # "device" of a process on the same cores).
+  total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
   flops_per_step = M.flops_per_example(config.model, config.data.max_seq_length,
                                        config.data.max_predictions_per_seq) * t.batch_size
   progress = Progress(start, t.num_steps)
   pending = None  # metrics of the previous step, read one step late so the device never waits
-  window_start, window_steps = time.perf_counter(), 0
+  # The timing window: its start time and the last step finished by then. Evaluation and saves
+  # restart it, so step time, sequences/s and MFU count training steps only.
+  window_start, window_step = time.perf_counter(), start
   final: dict[str, Any] = {"start_step": start, "compile_seconds": compile_seconds}
   eval_metrics: dict[str, float] = {}
   batch = first
   step = start
 
+  def restart_window(step_done: int) -> None:
+    nonlocal window_start, window_step
+    window_start, window_step = time.perf_counter(), step_done
+
   def report(step_done: int, metrics: dict[str, Any]) -> None:
-    nonlocal window_start, window_steps
     host = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if not host.pop("finite") and t.on_nonfinite == "halt":
       raise FloatingPointError(f"non-finite loss or gradients at step {step_done}; halting "
                                f"(train.on_nonfinite=halt); the last checkpoint is intact")
     final["train"] = host
     if step_done % t.log_every == 0 or step_done == t.num_steps:
-      seconds = (time.perf_counter() - window_start) / max(window_steps, 1)
+      seconds = (time.perf_counter() - window_start) / max(step_done - window_step, 1)
       perf = {"step_seconds": seconds, "sequences_per_second": t.batch_size / seconds,
               "tokens_per_second": t.batch_size * config.data.max_seq_length / seconds}
       if peak:
-        perf["mfu"] = flops_per_step / seconds / (peak * jax.device_count())
+        perf["mfu"] = flops_per_step / seconds / total_peak
       writer.write(step_done, host, prefix="train/")
       writer.write(step_done, perf, prefix="perf/")
       log(f"{progress.line(step_done)} | loss {host['loss']:.3f} mlm_acc {host['masked_lm_accuracy']:.3f} "
@@ -316,21 +329,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           + (f" MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "")
           + (f" | skipped {int(host['skipped_updates'])}" if host["skipped_updates"] else ""))
       final["perf"] = perf
-      window_start, window_steps = time.perf_counter(), 0
+      restart_window(step_done)
 
   with _StopSignal() as stop:
     try:
       while step < t.num_steps:
         state, metrics = compiled(state, batch)
         step += 1
-        window_steps += 1
         if pending is not None:
           report(*pending)
         pending = (step, metrics)
         data_state = train_iter.get_state()  # exactly `step` batches consumed
         if step < t.num_steps:  # loads the next batch while the device runs this step
           batch = sharding.global_batch(next(train_iter), mesh)
-        if stop.should_stop():
+        if step < t.num_steps and stop.should_stop():  # at the last step, finish as usual
           report(*pending)
           pending = None
           ckpt.save(step, state, data_state)
@@ -341,16 +353,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if t.eval_steps and (step % t.eval_every == 0 or step == t.num_steps):
           report(*pending)
           pending = None
-          eval_metrics = evaluate(config, workdir, trainer.eval_step, state.params, mesh)
+          with sharding.with_mesh(mesh):
+            eval_metrics = evaluate(config, workdir, trainer.eval_step, state.params, mesh)
           writer.write(step, eval_metrics, prefix="eval/")
           log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
           final["eval"] = eval_metrics
+          restart_window(step)
         if step % t.checkpoint_every == 0 or step == t.num_steps:
           if pending is not None:
             report(*pending)  # checks finiteness first: a halting run does not save
             pending = None
           ckpt.save(step, state, data_state, eval_metrics if step % t.eval_every == 0
                     or step == t.num_steps else None)
+          restart_window(step)  # the save copied the state to the host: `step` has finished
       if pending is not None:
         report(*pending)
     finally:
@@ -359,7 +374,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   final["step"] = step
   final["params"] = state.params
   log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
-      f"{workdir}/tensorboard (peak FLOP/s per device: {peak / 1e9:.0f} GFLOP/s, {peak_source})")
+      f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})")
   return final
 
 

@@ -2,6 +2,7 @@
 SIGTERM, restart after SIGKILL during a save, and clear errors for bad input."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, data, sharding, train
+from albert_jax import checkpoint, data, optim, sharding, train
 from albert_jax.config_lib import ConfigError
 from tests.test_model import load_config
 
@@ -117,12 +118,30 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
   for x, y in zip(jax.tree_util.tree_leaves(params_before), jax.tree_util.tree_leaves(params_after)):
     np.testing.assert_array_equal(x, y)
 
+  # The learning rate logged is the one applied: a skipped step does not advance the schedule.
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  trainer = train.build(config, mesh)
+  schedule = optim.make_schedule(config.train)
+  with sharding.with_mesh(mesh):
+    state = trainer.init(jax.random.PRNGKey(config.seed))
+    rates = []
+    for b in [good, bad, good, good]:
+      state, metrics = trainer.train_step(state, sharding.global_batch(b, mesh))
+      rates.append(float(metrics["learning_rate"]))
+  np.testing.assert_allclose(rates, [float(schedule(i)) for i in (0, 1, 1, 2)], rtol=1e-6)
+  assert rates[2] > 0 and rates[1] == rates[2]
+  # ... and is what the update used: good, bad, good ends where good, good does.
+  skipped_one, _, _ = run_steps(config, jax.devices()[:1], [good, bad, good])
+  two_good, _, _ = run_steps(config, jax.devices()[:1], [good, good])
+  for x, y in zip(jax.tree_util.tree_leaves(skipped_one), jax.tree_util.tree_leaves(two_good)):
+    np.testing.assert_array_equal(x, y)
+
 
 # --- the command line: resume, preemption, crashes ------------------------------------------------
 
-def main_cmd(workdir, data_dir, **train_fields):
+def main_cmd(workdir, data_dir, *extra, **train_fields):
   return [sys.executable, "-m", "albert_jax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
-          *overrides(data_dir, **train_fields)]
+          *overrides(data_dir, **train_fields), *extra]
 
 
 def env():
@@ -131,9 +150,9 @@ def env():
   return e
 
 
-def run_main(workdir, data_dir, **train_fields):
-  return subprocess.run(main_cmd(workdir, data_dir, **train_fields), cwd=ROOT, env=env(), capture_output=True,
-                        text=True, timeout=600)
+def run_main(workdir, data_dir, *extra, **train_fields):
+  return subprocess.run(main_cmd(workdir, data_dir, *extra, **train_fields), cwd=ROOT, env=env(),
+                        capture_output=True, text=True, timeout=600)
 
 
 def final_metrics(workdir, step):
@@ -147,13 +166,15 @@ def final_metrics(workdir, step):
 
 def test_exact_resume_after_sigterm(tmp_path, data_dir):
   steps = dict(num_steps=40, checkpoint_every=20, eval_every=20)
+  # With dropout, so that the dropout RNG's resume is checked too.
+  dropout = ("--config.model.hidden_dropout_prob=0.1", "--config.model.attention_probs_dropout_prob=0.1")
   straight = str(tmp_path / "straight")
-  r = run_main(straight, data_dir, **steps)
+  r = run_main(straight, data_dir, *dropout, **steps)
   assert r.returncode == 0, r.stderr[-2000:]
 
   resumed = str(tmp_path / "resumed")
-  proc = subprocess.Popen(main_cmd(resumed, data_dir, **steps), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(main_cmd(resumed, data_dir, *dropout, **steps), cwd=ROOT, env=env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in proc.stdout:
     if line.startswith("step 3/"):
       proc.send_signal(signal.SIGTERM)
@@ -163,7 +184,7 @@ def test_exact_resume_after_sigterm(tmp_path, data_dir):
   assert "SIGTERM: saved step" in out, out[-2000:]
   stopped_at = int(out.split("SIGTERM: saved step ")[1].split()[0])
   assert 3 <= stopped_at < 40
-  r = run_main(resumed, data_dir, **steps)
+  r = run_main(resumed, data_dir, *dropout, **steps)
   assert r.returncode == 0, r.stderr[-2000:]
   assert f"resumed from step {stopped_at}" in r.stdout
 
@@ -202,6 +223,22 @@ def test_sigkill_during_a_save_restarts_from_the_last_complete_checkpoint(tmp_pa
   assert checkpoint.latest_step(str(workdir)) == 200
 
 
+def test_non_finite_halt_is_one_line_and_saves_nothing(tmp_path, data_dir):
+  # A learning rate of 1e38 overflows the parameters within a few steps; checkpoints every step.
+  workdir = str(tmp_path / "halted")
+  r = run_main(workdir, data_dir, num_steps=20, checkpoint_every=1, learning_rate=1e38, on_nonfinite="halt")
+  assert r.returncode == 3, r.stderr[-2000:]
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  halted = re.fullmatch(r"error: non-finite loss or gradients at step (\d+); halting .*", errors[0])
+  assert halted, errors[0]
+  # Every step before it was saved, the halting step was not, and what was saved is finite.
+  assert checkpoint.latest_step(workdir) == (int(halted.group(1)) - 1 or None)
+  if int(halted.group(1)) > 1:
+    params = checkpoint.load_params(workdir, "latest")[0]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
+
+
 # --- bad input: one line, non-zero exit -------------------------------------------------------------
 
 @pytest.mark.parametrize("args,message", [
@@ -235,4 +272,11 @@ def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   assert r.returncode == 2
   assert r.stderr.strip().splitlines()[-1].startswith("error:") and "another model" in r.stderr
   assert "model.hidden_size: checkpoint 64 != config 128" in r.stderr
+  # Another optimizer: its state cannot be restored from these checkpoints; refused the same way, and
+  # config.json still describes the checkpoints (export reads it).
+  r = subprocess.run(main_cmd(workdir, data_dir, num_steps=4) + ["--config.train.optimizer=adamw"], cwd=ROOT,
+                     env=env(), capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and "train.optimizer: checkpoint 'lamb' != config 'adamw'" in r.stderr, r.stderr
+  assert checkpoint.read_config(workdir).train.optimizer == "lamb"
+  assert checkpoint.load_params(workdir, "latest")[2] == 2
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before  # nothing lost
