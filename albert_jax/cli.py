@@ -53,3 +53,10 @@ def load_config(config_flag):
   except OSError as e:
     fail(f"cannot load --config: {one_line(e)}")
   return config
+
+
+def workdir(path: str) -> str:
+  """--workdir's value; one line if it names an existing file (not a directory)."""
+  if "://" not in path and os.path.exists(path) and not os.path.isdir(path):
+    fail(f"--workdir={path} is a file, not a directory")
+  return path

@@ -85,6 +85,10 @@ def base_config() -> ml_collections.ConfigDict:
       masked_lm_prob=0.15,
       short_seq_prob=0.1,
       max_ngram=3,
+      # Which pieces begin a word for whole-word masking: "marker" (starts with "▁", REFERENCE
+      # section 3) | "original" (google-research/albert's rule: also lone punctuation, "<..." and
+      # pieces with digits or non-English letters).
+      word_start="marker",
       task="sop",             # sop | nsp
       # The original, in SOP mode, takes segment B from a random document when a chunk holds a single
       # sentence (a hidden NSP negative). False: split that sentence in two instead.
@@ -230,6 +234,7 @@ def validate_data(d, model) -> None:
   _check(d.max_ngram >= 1, f"data.max_ngram={d.max_ngram} must be >= 1")
   _check(d.task in TASKS, f"data.task={d.task!r} is not one of {TASKS}")
   _check(d.non_utf8 in ("skip", "error"), f"data.non_utf8={d.non_utf8!r} is not 'skip' or 'error'")
+  _check(d.word_start in ("marker", "original"), f"data.word_start={d.word_start!r} is not 'marker' or 'original'")
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")

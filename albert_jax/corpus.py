@@ -339,7 +339,8 @@ def source_kind(data) -> str:
 def identity(data) -> dict:
   """What identifies the corpus, for the prepared dataset's fingerprint (cheap: no reading).
 
-  Text files are identified by their paths and sizes. When they can no longer be found (the raw
+  Text files are identified by their paths, sizes and modification times (an edit that keeps the
+  size still changes the time). When they can no longer be found (the raw
   corpus was removed after prepare), files_sha256 is None: unknown, so not compared, since
   training only needs the prepared data. The built-in corpus is identified by name (its text
   follows the Python version, recorded separately in prepared.json).
@@ -351,7 +352,8 @@ def identity(data) -> dict:
       files = resolve_input_files(data.input_files)
       h = hashlib.sha256()
       for f in files:
-        h.update(f"{os.path.abspath(f)}\0{os.path.getsize(f)}\0".encode())
+        st = os.stat(f)
+        h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
       ident.update(files_sha256=h.hexdigest()[:16])
     except (ConfigError, OSError):
       ident.update(files_sha256=None)

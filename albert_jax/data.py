@@ -62,9 +62,16 @@ FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
 # Paths and fingerprints.
 
 def data_dir(config, workdir: str) -> str:
-  """Where prepared data lives: config.data.data_dir, or <workdir>/data."""
+  """Where prepared data lives: config.data.data_dir, or <workdir>/data. A local (or mounted) path:
+  prepare renames a finished build into place and the reader opens files, neither of which works
+  on gs:// here, so a remote path is a one-line error rather than a local directory named 'gs:'."""
   path = config.data.data_dir or os.path.join(workdir, "data")
-  return path if "://" in path else os.path.abspath(path)  # gs:// paths stay as they are
+  if "://" in path:
+    raise ConfigError(
+        f"prepared data must be on a local or mounted filesystem, not {path}: set data.data_dir to "
+        f"a local path (on a pod, copy the prepared data to each worker's disk or mount the bucket "
+        f"with gcsfuse)")
+  return os.path.abspath(path)
 
 
 def spm_model_path(config, workdir: str) -> str:
@@ -157,8 +164,14 @@ def _read_prepared(ddir: str) -> dict | None:
   path = os.path.join(ddir, PREPARED_FILE)
   if not os.path.isfile(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      prepared = json.load(f)
+  except (ValueError, UnicodeDecodeError):
+    prepared = None
+  if not (isinstance(prepared, dict) and isinstance(prepared.get("fingerprint"), dict)):
+    raise ConfigError(f"{path} is damaged (not what prepare writes); remove {ddir} to prepare the data again")
+  return prepared
 
 
 def _check_prepared(config, workdir: str) -> tuple[str, dict]:
@@ -658,7 +671,7 @@ def make_iterator(config, workdir: str, split: str = "train", process_index: int
   d = config.data
   source = open_source(ddir, split)
   n = len(source)
-  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), d.do_lower_case)
+  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start)
   masker = examples_lib.Masker(tok.word_start, tok.candidate,
                                max_predictions_per_seq=d.max_predictions_per_seq,
                                masked_lm_prob=d.masked_lm_prob, max_ngram=d.max_ngram)
@@ -732,7 +745,7 @@ def inspect(config, workdir: str, num_examples: int = 3, num_batches: int = 4
   """A few decoded train examples (masks visible) and statistics of the prepared data and batches."""
   info = prepare(config, workdir)
   ddir = info["data_dir"]
-  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), config.data.do_lower_case)
+  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), config.data.do_lower_case, config.data.word_start)
   config = config.copy_and_resolve_references()  # a small batch, without touching the caller's
   config.train.batch_size = min(config.train.batch_size, 256)
   config.data.num_workers = 0

@@ -29,7 +29,7 @@ def main(argv):
 
     config = cli.load_config(_CONFIG)
     distributed.initialize(config)
-    train.train_and_evaluate(config, _WORKDIR.value)
+    train.train_and_evaluate(config, cli.workdir(_WORKDIR.value))
   except ConfigError as e:
     cli.fail(str(e))
   except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, UnicodeDecodeError) as e:

@@ -39,10 +39,10 @@ def main(argv) -> None:
   logging.set_verbosity(logging.INFO)
   try:
     if _INSPECT.value:
-      lines, stats = data.inspect(config, _WORKDIR.value, num_examples=_NUM_EXAMPLES.value)
+      lines, stats = data.inspect(config, cli.workdir(_WORKDIR.value), num_examples=_NUM_EXAMPLES.value)
       print("\n".join(lines))
     else:
-      stats = data.prepare(config, _WORKDIR.value)
+      stats = data.prepare(config, cli.workdir(_WORKDIR.value))
       stats.pop("vocab_sha256", None)
     print(json.dumps(stats), flush=True)
   except (ConfigError, OSError) as e:

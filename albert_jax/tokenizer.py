@@ -29,6 +29,25 @@ CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
 USER_DEFINED_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
 WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it begins a word.
 
+# Which pieces begin a word, for whole-word masking (data.word_start):
+#   marker    a piece that starts with "▁" (REFERENCE section 3);
+#   original  google-research/albert's _is_start_piece_sp: also a piece starting with "<", a lone
+#             punctuation piece, and a piece with any character that is neither a-z nor that
+#             punctuation (digits, accents, other scripts). Its "€"/"£" entries are UTF-8 bytes, which
+#             no piece equals under Python 3; they are left out here for the same result.
+WORD_START_RULES = ("marker", "original")
+_SP_SPECIAL = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
+_SP_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz") | _SP_SPECIAL
+
+
+def starts_word(piece: str, rule: str = "marker") -> bool:
+  if rule == "marker":
+    return piece.startswith(WORD_MARKER)
+  if rule == "original":
+    return (piece.startswith((WORD_MARKER, "<")) or piece in _SP_SPECIAL
+            or not all(c.lower() in _SP_WORD_CHARS for c in piece))
+  raise ValueError(f"word-start rule {rule!r} is not one of {WORD_START_RULES}")
+
 
 def preprocess_text(text: str, lower: bool = True) -> str:
   """The original's preprocess_text: collapse whitespace, `` and '' -> ", strip accents, lowercase.
@@ -55,11 +74,21 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int, *, lower: 
   preprocessed here; SentencePiece samples `input_sentence_size` of them when there are more.
   Raises ConfigError when the corpus cannot support `vocab_size` ("Vocabulary size too high").
   """
+  # An error raised while SentencePiece pulls sentences (a bad file, a non-UTF-8 line) would come back
+  # from its C++ side as an opaque RuntimeError (only the first one keeps its type): keep it here,
+  # end the input, and raise it as it was once SentencePiece returns.
+  failed: list[BaseException] = []
+  nonempty = [False]
+
   def _sentences() -> Iterator[str]:
-    for s in sentences:
-      s = preprocess_text(s, lower)
-      if s:
-        yield s
+    try:
+      for s in sentences:
+        s = preprocess_text(s, lower)
+        if s:
+          nonempty[0] = True
+          yield s
+    except Exception as e:  # pylint: disable=broad-except
+      failed.append(e)
 
   if num_threads <= 0:
     num_threads = os.cpu_count() or 1
@@ -74,6 +103,10 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int, *, lower: 
         shuffle_input_sentence=True, num_threads=num_threads, hard_vocab_limit=True,
         minloglevel=2)
   except RuntimeError as e:
+    if failed:
+      raise failed[0] from None
+    if not nonempty[0]:
+      raise ConfigError("the corpus has no text to train a vocabulary on") from None
     msg = str(e)
     match = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", msg)
     if match:
@@ -84,6 +117,8 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int, *, lower: 
       raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the number of distinct "
                         f"characters the corpus needs; raise it") from None
     raise ConfigError(f"SentencePiece training failed: {msg.splitlines()[-1] if msg else e}") from None
+  if failed:
+    raise failed[0]
   if not model.getvalue():
     raise ConfigError("SentencePiece training produced no model: the corpus has no text")
   os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
@@ -100,11 +135,12 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int, *, lower: 
 class Tokenizer:
   """A loaded ALBERT SentencePiece model plus the tables the masking code needs.
 
-  `word_start[id]` is True for pieces that begin a word (they start with "▁"); control ids are False.
+  `word_start[id]` is True for pieces that begin a word (`starts_word` under `word_start_rule`: by
+  default those that start with "▁"); control ids are False.
   `candidate[id]` is True for every id that masking may choose (all but pad, [CLS], [SEP], [MASK]).
   """
 
-  def __init__(self, model_path: str, lower: bool = True):
+  def __init__(self, model_path: str, lower: bool = True, word_start_rule: str = "marker"):
     if not os.path.isfile(model_path):
       raise ConfigError(f"SentencePiece model not found: {model_path}")
     self.sp = spm.SentencePieceProcessor()
@@ -125,7 +161,7 @@ class Tokenizer:
           f"SentencePiece model {model_path} does not use ALBERT's ids (pad=0, unk=1, [CLS]=2, "
           f"[SEP]=3, [MASK]=4); train one with albert_jax.prepare or pass an ALBERT spiece.model")
     self.word_start = np.array(
-        [p.startswith(WORD_MARKER) and not self.sp.is_control(i) for i, p in enumerate(pieces)],
+        [starts_word(p, word_start_rule) and not self.sp.is_control(i) for i, p in enumerate(pieces)],
         dtype=bool)
     self.candidate = np.array(
         [not self.sp.is_control(i) and i != PAD_ID for i in range(self.vocab_size)], dtype=bool)
@@ -146,6 +182,6 @@ class Tokenizer:
     return self.sp.id_to_piece(int(i))
 
 
-def load(model_path: str, lower: bool = True) -> Tokenizer:
+def load(model_path: str, lower: bool = True, word_start_rule: str = "marker") -> Tokenizer:
   """Loads an ALBERT SentencePiece model (ours or a released spiece.model)."""
-  return Tokenizer(model_path, lower=lower)
+  return Tokenizer(model_path, lower=lower, word_start_rule=word_start_rule)

@@ -288,13 +288,17 @@ def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
   assert "Traceback" not in bad.stderr
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "empty", "non_utf8_error", "bad_gzip",
-                                  "vocab_mismatch", "vocab_too_large", "unreadable"])
-def test_bad_input_is_one_clear_line(prepared, tmp_path, case):
+# Corpus errors with a given vocabulary and, the default, a vocabulary trained on the corpus (where
+# they are raised inside SentencePiece's reading loop and must still come out as they were).
+@pytest.mark.parametrize("case,vocab", [
+    *[(case, "given") for case in ("missing", "directory", "empty", "non_utf8_error", "bad_gzip",
+                                   "vocab_mismatch", "vocab_too_large", "unreadable")],
+    *[(case, "trained") for case in ("missing", "directory", "empty", "non_utf8_error", "bad_gzip")]])
+def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
   _, _, info = prepared
   d = tmp_path / "corpus"
   d.mkdir()
-  fields = dict(spm_model_path=info["spm_model_path"])
+  fields = dict(spm_model_path=info["spm_model_path"] if vocab == "given" else "")
   files = str(d / "*.txt")
   if case == "missing":
     files, match = str(d / "nothing-*.txt"), "no file matches"
@@ -303,11 +307,11 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case):
     match = "is a directory"
   elif case == "empty":
     (d / "a.txt").write_text("\n\n\n")
-    match = "no documents"
+    match = "has no (documents|text)"
   elif case == "non_utf8_error":
-    (d / "a.txt").write_bytes(b"One sentence here.\nBad \xff\xfe bytes.\n")
+    (d / "a.txt").write_bytes(b"One sentence here.\nAnother one.\n\nBad \xff\xfe bytes.\n")
     fields["non_utf8"] = "error"
-    match = r"a.txt:2: not valid UTF-8"
+    match = r"a.txt:4: not valid UTF-8"
   elif case == "bad_gzip":
     (d / "a.txt").write_bytes(gzip.compress(b"A sentence.\nAnother one.\n" * 100)[:60])
     os.rename(d / "a.txt", d / "a.txt.gz")
@@ -335,6 +339,30 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case):
   assert "\n" not in str(err.value)
   # Nothing is left behind by the failed run (no data dir, no temporary directory).
   assert not workdir.exists() or os.listdir(workdir) == []
+
+
+def test_remote_data_dir_is_one_line_and_creates_nothing(prepared, tmp_path, monkeypatch):
+  config, _, _ = prepared
+  config = config.copy_and_resolve_references()
+  monkeypatch.chdir(tmp_path)
+  for data_dir, workdir in [("gs://bucket/data", "w"), ("", "gs://bucket/run")]:
+    config.data.data_dir = data_dir
+    with pytest.raises(ConfigError, match="prepared data must be on a local or mounted filesystem, not gs://"):
+      data.prepare(config, workdir)
+  assert os.listdir(tmp_path) == []   # no local directory named "gs:"
+
+
+@pytest.mark.parametrize("content", ["{not json", "{}", "[1, 2]"])
+def test_damaged_prepared_json_is_one_line_and_kept(prepared, tmp_path, content):
+  config, _, info = prepared
+  ddir = tmp_path / "work" / "data"
+  ddir.mkdir(parents=True)
+  (ddir / "prepared.json").write_text(content)
+  for call in (lambda: data.prepare(config, str(tmp_path / "work")),
+               lambda: data.make_iterator(config, str(tmp_path / "work"))):
+    with pytest.raises(ConfigError, match=r"prepared.json is damaged .*remove .*data to prepare"):
+      call()
+  assert (ddir / "prepared.json").read_text() == content  # nothing overwritten
 
 
 def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
@@ -370,6 +398,12 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.5)
   before = data.prepare(config, workdir)
   listing = sorted(os.listdir(before["data_dir"]))
+  # An edit that keeps the file's size is another corpus too (its modification time moved).
+  text = (d / "a.txt").read_text()
+  (d / "a.txt").write_text("s" + text[1:])
+  os.utime(d / "a.txt", ns=(os.stat(d / "a.txt").st_atime_ns, os.stat(d / "a.txt").st_mtime_ns + 10**9))
+  with pytest.raises(ConfigError, match="corpus"):
+    data.prepare(config, workdir)
   (d / "a.txt").write_text("changed corpus, and now \n")    # another corpus: refused, data kept
   with pytest.raises(ConfigError, match="corpus"):
     data.prepare(config, workdir)

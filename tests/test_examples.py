@@ -27,9 +27,8 @@ def _tables(seed=0):
 
 
 def _documents(num_docs, seed=0, max_sentences=30):
-  """Each document's tokens come from its own id range [5 + 40*d, 5 + 40*d + 40) (mod the vocab),
-  and within a document token values never repeat across sentences' order markers: sentence j of
-  a document starts with marker id (1000 + j) so the order of A and B can be read back."""
+  """Random documents: sentence j of a document starts with the marker id 1000 + j (so the order of A
+  and B can be read back) and continues with ids drawn from [1100, VOCAB), above every marker."""
   rng = np.random.default_rng(seed)
   docs = []
   for d in range(num_docs):
@@ -120,6 +119,22 @@ def test_truncation_matches_the_original_loop(la, lb, max_tokens):
     else:
       b -= 1
   assert E._truncate_counts(la, lb, max_tokens) == (la - a, lb - b)
+
+
+def test_truncation_cuts_each_token_from_the_front_or_the_back_at_random():
+  # The original deletes each token from the front or the back with probability 1/2: what is kept is a
+  # contiguous run whose start is Binomial(remove, 1/2).
+  rng = np.random.default_rng(0)
+  tokens = np.arange(100)
+  starts = []
+  for _ in range(4000):
+    kept = E._truncate(tokens, 20, rng)
+    assert len(kept) == 80 and np.array_equal(kept, np.arange(kept[0], kept[0] + 80))
+    starts.append(int(kept[0]))
+  assert abs(np.mean(starts) - 10) < 0.15            # Binomial(20, 1/2): mean 10
+  assert abs(np.var(starts) - 5) < 0.5               # variance 20/4
+  assert min(starts) < 6 and max(starts) > 14
+  assert E._truncate(tokens, 0, rng) is tokens
 
 
 def test_long_lines_are_truncated_not_fatal():

@@ -51,6 +51,25 @@ def test_word_start_and_candidate_tables(model_path):
   assert sum(tok.word_start[i] for i in ids) == 4
 
 
+def test_the_originals_word_start_rule(model_path):
+  # google-research/albert's _is_start_piece_sp, case by case, then on the trained vocabulary.
+  cases = {"\u2581the": True, "s": False, "ing": False, ".": True, "(": True, "s.": False,
+           "<unk>": True, "2": True, "caf\u00e9": True, "\u2019s": True, "'": True, "=": True}
+  for piece, expected in cases.items():
+    assert tokenizer.starts_word(piece, "original") is expected, piece
+  assert not tokenizer.starts_word(".", "marker") and tokenizer.starts_word("\u2581.", "marker")
+  marker, original = tokenizer.load(model_path), tokenizer.load(model_path, word_start_rule="original")
+  pieces = [marker.id_to_piece(i) for i in range(marker.vocab_size)]
+  assert (original.word_start >= marker.word_start).all()       # the original adds starts, never drops one
+  extra = [p for p, a, b in zip(pieces, marker.word_start, original.word_start) if b and not a]
+  assert "." in extra and "," in extra and "<unk>" in pieces and original.word_start[1]
+  assert not original.word_start[[0, 2, 3, 4]].any()            # control ids never
+  ids = marker.encode("the end. (one)")
+  assert sum(marker.word_start[i] for i in ids) < sum(original.word_start[i] for i in ids)
+  with pytest.raises(ValueError, match="word-start rule"):
+    tokenizer.starts_word("a", "bert")
+
+
 def test_preprocessing_strips_accents_and_lowercases(model_path):
   assert tokenizer.preprocess_text("  Héllo\t\n WÖRLD  ``naïve'' Ångström ") == \
       'hello world "naive" angstrom'
