@@ -178,9 +178,18 @@ def load_params(workdir: str, step: str | int = "latest"):
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract = abstract_with_shardings(abstract, jax.tree_util.tree_map(lambda _: device, abstract))
   with _manager(workdir, read_only=True) as mngr:
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    try:
+      restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    except (ValueError, KeyError) as e:
+      raise ConfigError(_does_not_fit(step, workdir, e)) from None
     metrics = dict(mngr.metrics(step) or {})
   return restored["state"].params, config, step, metrics
+
+
+def _does_not_fit(step: int, workdir: str, e: BaseException) -> str:
+  first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)
+  return (f"checkpoint {step} in {workdir} does not fit the model of its config.json "
+          f"(edited, or another run's checkpoints?): {first[:300]}")
 
 
 def abstract_with_shardings(tree: Any, shardings: Any) -> Any:

@@ -66,11 +66,33 @@ def _env_int(environ, name: str) -> int | None:
     raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def _cloud_tpu_vm_workers() -> int:
+  """How many workers the Cloud TPU VM slice this process runs on has (1 on a single-host VM), as jax's
+  own detection reads them from the VM's metadata server; 0 when this is not a Cloud TPU VM.
+
+  A slice made with `gcloud compute tpus tpu-vm create` (what launch/tpu_pod.sh makes) sets no
+  environment variable for it: jax's GceTpuCluster asks the metadata server ('agent-worker-number',
+  'worker-network-endpoints'), and only on a machine where `import jax` found TPU chips.
+  """
+  try:
+    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+    from jax._src.clusters import cloud_tpu_cluster  # pylint: disable=g-import-not-at-top
+    if not cloud_tpu_init.running_in_cloud_tpu_vm:
+      return 0
+    if not cloud_tpu_cluster.GceTpuCluster.is_env_present():
+      return 0
+    return cloud_tpu_cluster.GceTpuCluster.get_process_count()
+  except Exception:  # pylint: disable=broad-except  (private jax API moved, metadata unreachable)
+    return 0
+
+
 def _auto_detected(environ) -> str | None:
   """The multi-process environment jax.distributed.initialize() detects by itself, if any."""
   for var in ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):
     if "," in environ.get(var, ""):
-      return "Cloud TPU slice"
+      return "Cloud TPU slice (GKE)"
+  if _cloud_tpu_vm_workers() > 1:
+    return "Cloud TPU VM slice"
   if "SLURM_JOB_ID" in environ and (_env_int(environ, "SLURM_NTASKS") or 1) > 1:
     return "SLURM"
   if "OMPI_MCA_orte_hnp_uri" in environ and (_env_int(environ, "OMPI_COMM_WORLD_SIZE") or 1) > 1:

@@ -55,7 +55,7 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   if fmt == "hf":
     lines += ["---", "library_name: transformers", "tags:", "- albert", "- fill-mask", "- albert_jax",
               "---", ""]
-  lines += [f"# ALBERT pretrained with albert_jax (step {step})", "",
+  lines += [f"{CARD_MARKER} (step {step})", "",
             "ALBERT (Lan et al., ICLR 2020, arXiv:1909.11942) pretrained with masked language modelling and "
             "sentence-order prediction by albert_jax" + (f" (run `{source}`)" if source else "") + ".", "",
             "## Model", "", "| field | value |", "|---|---|"]
@@ -90,8 +90,19 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   return "\n".join(lines) + "\n"
 
 
+CARD_MARKER = "# ALBERT pretrained with albert_jax"
+
+
 def _is_export(path: str) -> bool:
-  return (os.path.isfile(os.path.join(path, "config.json"))
+  """An earlier export of ours: weights, config.json and our model card (a downloaded Hugging Face model
+  has the first two too, and --overwrite must never delete it)."""
+  card = os.path.join(path, "README.md")
+  try:
+    with open(card, encoding="utf-8") as f:
+      ours = CARD_MARKER in f.read(4096)
+  except (OSError, UnicodeDecodeError):
+    ours = False
+  return (ours and os.path.isfile(os.path.join(path, "config.json"))
           and any(os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "params.safetensors"))
           and not os.path.exists(os.path.join(path, "checkpoints")))
 

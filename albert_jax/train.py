@@ -6,6 +6,7 @@ model and optimizer, shapes and shardings, restore, compile, loop) like big_visi
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 from typing import Any, Callable
@@ -245,6 +246,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   log(f"mesh: {sharding.describe(mesh)}; processes: {jax.process_count()}")
 
   # --- Data ------------------------------------------------------------------------------------
+  _use_the_vocabulary_of_init_from(config)
   # Process 0 prepares (once); the others then open what it built.
   info = distributed.primary_first("prepare the data", lambda: data.prepare(config, workdir))
   train_iter = data.make_iterator(config, workdir, split="train")
@@ -376,6 +378,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
       f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})")
   return final
+
+
+def _use_the_vocabulary_of_init_from(config) -> None:
+  """Imported embeddings belong to the vocabulary they were trained with: the run uses that one.
+
+  init_from's spiece.model (every Hub ALBERT and every export of ours ships one) becomes
+  data.spm_model_path when none is set; a different one given there is refused. Without one in
+  init_from, data.spm_model_path must name it: a vocabulary trained anew would read the imported
+  embeddings with other pieces.
+  """
+  if not config.init_from:
+    return
+  from albert_jax import data  # pylint: disable=g-import-not-at-top
+
+  theirs = os.path.join(config.init_from, "spiece.model")
+  given = config.data.spm_model_path
+  if not os.path.isfile(theirs):
+    if not given:
+      raise config_lib.ConfigError(
+          f"{config.init_from} holds no spiece.model: set data.spm_model_path to the vocabulary its "
+          f"embeddings were trained with")
+    return
+  if not given:
+    config.data.spm_model_path = theirs
+    log(f"vocabulary: {theirs} (the one init_from's embeddings were trained with)")
+  elif not os.path.isfile(given) or data._sha256(given) != data._sha256(theirs):  # pylint: disable=protected-access
+    raise config_lib.ConfigError(
+        f"data.spm_model_path={given} is not the vocabulary of init_from ({theirs}); the imported "
+        f"embeddings would be read with other pieces")
 
 
 def _init_from_pretrained(config, state: TrainState, param_shardings) -> TrainState:

@@ -242,9 +242,10 @@ cmd_setup() {
   script+="; test -x $REMOTE_VENV/bin/python || ~/.local/bin/uv venv --quiet --seed"
   script+=" --python $(quote "$PYTHON_VERSION") $REMOTE_VENV"
   script+="; $REMOTE_VENV/bin/pip install --quiet --upgrade pip"
-  # jax[tpu] resolves together with the package, so jax, jaxlib and libtpu agree with setup.py.
+  # jax[tpu] resolves together with the package, so jax, jaxlib and libtpu agree with setup.py;
+  # gcsfs lets config.json, TensorBoard logs and checkpoint metadata reach a gs:// --workdir.
   script+="; $REMOTE_VENV/bin/pip install --quiet -e $REMOTE_REPO"
-  script+=" $(quote_words "jax[tpu]" ${extra[@]+"${extra[@]}"})"
+  script+=" $(quote_words "jax[tpu]" gcsfs ${extra[@]+"${extra[@]}"})"
   script+="; $REMOTE_VENV/bin/python -c 'import socket, albert_jax, jax;"
   script+=" print(socket.gethostname(), \"ready: jax\", jax.__version__)'"
   remote all "$script"

@@ -184,6 +184,23 @@ def test_settings_from_the_config_or_the_environment():
   assert distributed.settings(dist_config(), environ={"SLURM_JOB_ID": "7", "SLURM_NTASKS": "16"}) == {}
 
 
+def test_a_cloud_tpu_vm_slice_is_joined_with_jax_detecting_it(monkeypatch):
+  # A gcloud TPU VM slice sets no environment variable; jax's GceTpuCluster reads the workers from the
+  # metadata server. Here (no TPU) jax's detection says no; on a slice, more than one worker -> join.
+  assert distributed._cloud_tpu_vm_workers() == 0
+  from jax._src import cloud_tpu_init
+  from jax._src.clusters import cloud_tpu_cluster
+  monkeypatch.setattr(cloud_tpu_init, "running_in_cloud_tpu_vm", True)
+  monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
+  monkeypatch.setenv("MEGASCALE_NUM_SLICES", "1")  # else read from the metadata server too
+  for workers, expected in [(4, {}), (1, None)]:
+    monkeypatch.setattr(cloud_tpu_cluster.GceTpuCluster, "is_env_present", classmethod(lambda cls: True))
+    monkeypatch.setattr(cloud_tpu_cluster.GceTpuCluster, "_get_worker_list_in_slice",
+                        staticmethod(lambda n=workers: [f"10.0.0.{i}" for i in range(n)]))
+    assert distributed._cloud_tpu_vm_workers() == workers
+    assert distributed.settings(dist_config(), environ={}) == expected
+
+
 @pytest.mark.parametrize("fields, environ, message", [
     (dict(coordinator_address="h:1"), {}, "num_processes, process_id not set"),
     (dict(num_processes=2, process_id=0), {}, "coordinator_address not set"),

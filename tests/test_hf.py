@@ -306,6 +306,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   with pytest.raises(ConfigError, match="not empty.*--overwrite"):
     export.export(workdir, out)
   export.export(workdir, out, step=3, overwrite=True)
+  assert "# ALBERT pretrained with albert_jax (step 3)" in open(os.path.join(out, "README.md")).read()
   with pytest.raises(ConfigError, match="no checkpoint at step 2"):
     export.export(workdir, str(tmp_path / "other"), step=2)
 
@@ -318,6 +319,24 @@ def checkpoint_params(workdir):
 
 
 # --- --config.init_from: layouts, heads, mismatches ------------------------------------------------
+
+def test_init_from_brings_its_vocabulary(tmp_path):
+  from albert_jax import train
+  from pydoc_data import topics
+  sentences = [l for t in sorted(topics.topics)[:40] for l in topics.topics[t].splitlines() if l.strip()]
+  ours = tokenizer_lib.train(sentences, str(tmp_path / "ours" / "spiece.model"), 300)
+  other = tokenizer_lib.train(sentences[::2], str(tmp_path / "other" / "spiece.model"), 300)
+  config = config_lib.base_config()
+  config.init_from = str(tmp_path / "ours")
+  train._use_the_vocabulary_of_init_from(config)   # none set: init_from's own is used
+  assert config.data.spm_model_path == ours
+  train._use_the_vocabulary_of_init_from(config)   # the same one given: fine
+  config.data.spm_model_path = other
+  with pytest.raises(ConfigError, match="is not the vocabulary of init_from"):
+    train._use_the_vocabulary_of_init_from(config)
+  config.init_from, config.data.spm_model_path = str(tmp_path), ""
+  with pytest.raises(ConfigError, match="holds no spiece.model: set data.spm_model_path"):
+    train._use_the_vocabulary_of_init_from(config)
 
 def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):
   # An AlbertForMaskedLM checkpoint has no pooler and no SOP head.
@@ -399,6 +418,13 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     hf.save_hf(our_init(cfg), cfg, str(tmp_path / "busy"))
   with pytest.raises(ConfigError, match="does not look like an earlier export"):
     export.write_export(our_init(cfg), config_lib.make(None), str(tmp_path / "busy"), step=1, overwrite=True)
+  # A model saved by transformers (config.json + model.safetensors, like a download) is not ours:
+  # --overwrite refuses to delete it.
+  hf_model().save_pretrained(str(tmp_path / "downloaded"))
+  before = sorted(os.listdir(tmp_path / "downloaded"))
+  with pytest.raises(ConfigError, match="does not look like an earlier export"):
+    export.write_export(our_init(cfg), config_lib.make(None), str(tmp_path / "downloaded"), step=1, overwrite=True)
+  assert sorted(os.listdir(tmp_path / "downloaded")) == before and "model.safetensors" in before
 
 
 def test_export_cli_errors(tmp_path):

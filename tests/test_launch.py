@@ -136,10 +136,10 @@ def test_setup_ships_the_checkout_and_installs_on_all_workers():
   remote = shlex.split(_option(ssh, "command"))
   assert ["tar", "-xzf", "albert_jax_src.tar.gz", "-C", "~/albert_jax"] == remote[
       remote.index("tar"):remote.index("tar") + 5]
-  # One resolver call installs the package (editable) and jax[tpu] in the venv.
+  # One resolver call installs the package (editable), jax[tpu] and gcsfs (for a gs:// workdir).
   pip = remote.index("-e")
-  assert remote[pip - 3:pip + 3] == ["~/albert_jax_venv/bin/pip", "install", "--quiet", "-e",
-                                     "~/albert_jax", "jax[tpu];"]
+  assert remote[pip - 3:pip + 4] == ["~/albert_jax_venv/bin/pip", "install", "--quiet", "-e",
+                                     "~/albert_jax", "jax[tpu]", "gcsfs;"]
   assert "--python" in remote and remote[remote.index("--python") + 1] == "3.12"
 
 

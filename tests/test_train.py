@@ -256,6 +256,17 @@ def test_bad_config_is_a_one_line_error(tmp_path, data_dir, args, message):
   assert "Traceback" not in r.stderr
 
 
+def test_workdir_that_is_a_file_is_a_one_line_error(tmp_path, data_dir):
+  (tmp_path / "notes.txt").write_text("mine")
+  for module in ("albert_jax.main", "albert_jax.prepare"):
+    cmd = main_cmd(str(tmp_path / "notes.txt"), data_dir, num_steps=1)
+    cmd[2] = module
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"error: --workdir={tmp_path / 'notes.txt'} is a file, not a directory"), r.stderr[-2000:]
+  assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_batch_not_divisible_by_devices(data_dir):
   config = small_config(data_dir, batch_size=12)
   mesh = sharding.make_mesh(config.mesh, jax.devices())
@@ -280,3 +291,10 @@ def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   assert checkpoint.read_config(workdir).train.optimizer == "lamb"
   assert checkpoint.load_params(workdir, "latest")[2] == 2
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before  # nothing lost
+  # A config.json edited by hand (what export reads): one line, not Orbax's traceback.
+  saved = json.load(open(os.path.join(workdir, "config.json")))
+  saved["model"]["hidden_size"] = 128
+  json.dump(saved, open(os.path.join(workdir, "config.json"), "w"))
+  with pytest.raises(ConfigError, match="checkpoint 2 in .* does not fit the model of its config.json") as e:
+    checkpoint.load_params(workdir, "latest")
+  assert "\n" not in str(e.value)
