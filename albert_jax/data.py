@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import array
 import contextlib
+import glob
 import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -502,6 +504,29 @@ def _build(config, out: str, fp: dict) -> dict:
   return prepared
 
 
+def _build_prefix(ddir: str) -> str:
+  """Builds go to <parent>/.<name>.tmp-<host>-<pid>-*: a later prepare on this host can tell a build
+  whose process is gone (killed) from one still running."""
+  return f".{os.path.basename(ddir)}.tmp-{socket.gethostname()}-"
+
+
+def _remove_interrupted_builds(ddir: str) -> None:
+  prefix = os.path.join(os.path.dirname(ddir), _build_prefix(ddir))
+  for path in glob.glob(glob.escape(prefix) + "*"):
+    pid = path[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit():
+      continue
+    try:
+      os.kill(int(pid), 0)
+      continue  # still running (or not ours to signal): leave it
+    except ProcessLookupError:
+      pass
+    except OSError:
+      continue
+    logging.info("removing %s, left by an interrupted prepare", path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def prepare(config, workdir: str) -> dict:
   """Prepares vocabulary and examples once (idempotent); returns the dataset's info and statistics.
 
@@ -524,7 +549,8 @@ def prepare(config, workdir: str) -> dict:
   fp = fingerprint(config)
   parent = os.path.dirname(ddir)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(ddir)}.tmp-", dir=parent)
+  _remove_interrupted_builds(ddir)
+  tmp = tempfile.mkdtemp(prefix=f"{_build_prefix(ddir)}{os.getpid()}-", dir=parent)
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would become the data directory's mode

@@ -388,6 +388,28 @@ def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
   assert batch["input_ids"].shape == (BATCH, SEQ)
 
 
+def test_builds_left_by_killed_prepares_are_removed(prepared, tmp_path):
+  import socket
+  _, _, info = prepared
+  d = tmp_path / "corpus"
+  d.mkdir()
+  (d / "a.txt").write_text("\n\n".join("\n".join(f"Sentence {i} of document {j}." for i in range(30))
+                                       for j in range(4)) + "\n")
+  config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.5)
+  work = tmp_path / "work"
+  work.mkdir()
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  host = socket.gethostname()
+  stale = work / f".data.tmp-{host}-{dead.pid}-x1"           # its process is gone: removed
+  running = work / f".data.tmp-{host}-{os.getppid()}-x2"      # its process runs: kept
+  foreign = work / ".data.tmp-otherhost-1-x3"                 # another host's: never touched
+  for p in (stale, running, foreign):
+    (p / "albert_pretraining").mkdir(parents=True)
+  data.prepare(config, str(work))
+  assert sorted(os.listdir(work)) == sorted(["data", running.name, foreign.name])
+
+
 def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   _, _, info = prepared
   d = tmp_path / "corpus"
