@@ -354,6 +354,20 @@ def test_flops_formula():
   assert M.flops_per_example(cfg, S, P, training=False) == forward
 
 
+@pytest.mark.parametrize("name,fields,E,inner,projection", [
+    ("bert_base", {}, 768, 1, False),            # E == H: no E->H projection FLOPs (the original)
+    ("bert_base", {"embedding_hidden_mapping": "always"}, 768, 1, True),   # HF's layout: it runs
+    ("albert_base", {"inner_group_num": 2}, 128, 2, True),                # 2 layers per application
+])
+def test_flops_formula_other_layouts(name, fields, E, inner, projection):
+  cfg = load_config(name).model
+  cfg.update(fields)
+  H, I, V, L, S, P = 768, 3072, cfg.vocab_size, 12, 128, 20
+  forward = (S * (L * inner * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + (2 * E * H if projection else 0))
+             + P * 2 * (H * E + E * V))
+  assert M.flops_per_example(cfg, S, P) == 3 * forward
+
+
 def test_gelu_tanh_custom_derivative_matches_autodiff():
   """The GELU with its own derivative (one saved tensor per layer) equals jax.nn.gelu(approximate=True)."""
   x = jnp.linspace(-8.0, 8.0, 4001, dtype=jnp.float32)
