@@ -28,12 +28,13 @@ optionally laid out and checked against a run's config: what --config.init_from 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import shutil
-from typing import Any
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -517,8 +518,10 @@ def load_hf(path: str) -> tuple[dict, dict]:
   return from_hf_state_dict(_read_hf_tensors(path), _read_json(config_file), where=path)
 
 
-def _fresh_dir(out_dir: str) -> str:
-  """A temporary sibling of out_dir to write into, renamed into place when complete."""
+@contextlib.contextmanager
+def _staged(out_dir: str, readme: str | None) -> Iterator[str]:
+  """Yields a temporary sibling of out_dir (which must be missing or empty) to write into; when the
+  block completes, adds README.md and renames the sibling into place; it never outlives the block."""
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
     raise ConfigError(f"{out_dir} exists and is not an empty directory")
@@ -527,14 +530,16 @@ def _fresh_dir(out_dir: str) -> str:
   tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
-  return tmp
-
-
-def _finish(tmp: str, out_dir: str) -> None:
-  out_dir = os.path.abspath(out_dir)
-  if os.path.isdir(out_dir):
-    os.rmdir(out_dir)  # empty (checked in _fresh_dir)
-  os.replace(tmp, out_dir)
+  try:
+    yield tmp
+    if readme:
+      with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+        f.write(readme)
+    if os.path.isdir(out_dir):
+      os.rmdir(out_dir)  # empty (checked above)
+    os.replace(tmp, out_dir)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_json(path: str, obj: dict) -> None:
@@ -629,18 +634,11 @@ def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | 
   tensors, hf_config = to_hf_state_dict(params, cfg, unshare=unshare)
   if spm_model_path and not os.path.isfile(spm_model_path):
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
-  tmp = _fresh_dir(out_dir)
-  try:
+  with _staged(out_dir, readme) as tmp:
     save_file(tensors, os.path.join(tmp, HF_WEIGHTS), metadata={"format": "pt"})
     _write_json(os.path.join(tmp, "config.json"), hf_config)
     if spm_model_path:
       write_tokenizer(spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings)
-    if readme:
-      with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
-        f.write(readme)
-    _finish(tmp, out_dir)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
   return out_dir
 
 
@@ -679,8 +677,7 @@ def save_jax(params: Any, model_config: Any, out_dir: str, spm_model_path: str |
   _check_shapes(params, cfg, "the parameters")
   if spm_model_path and not os.path.isfile(spm_model_path):
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
-  tmp = _fresh_dir(out_dir)
-  try:
+  with _staged(out_dir, readme) as tmp:
     flat = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in _flatten(params).items()}
     save_file(flat, os.path.join(tmp, JAX_PARAMS), metadata={"format": JAX_FORMAT})
     meta = {"format": JAX_FORMAT, "format_version": JAX_FORMAT_VERSION, "model": _config_dict(cfg),
@@ -688,12 +685,6 @@ def save_jax(params: Any, model_config: Any, out_dir: str, spm_model_path: str |
     _write_json(os.path.join(tmp, "config.json"), meta)
     if spm_model_path:
       shutil.copyfile(spm_model_path, os.path.join(tmp, "spiece.model"))
-    if readme:
-      with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
-        f.write(readme)
-    _finish(tmp, out_dir)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
   return out_dir
 
 
