@@ -106,6 +106,18 @@ def _paragraph_sentences(text: str) -> list[str]:
   return [s for s in sentences if s]
 
 
+def _decode(raw: bytes, non_utf8: str, stats: CorpusStats, where: str, unit: str) -> str | None:
+  """raw as UTF-8; None (counted) for bad bytes under data.non_utf8=skip, a one-line error under error."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if non_utf8 == "error":
+      raise ConfigError(f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip "
+                        f"such {unit}") from None
+    stats.non_utf8_lines += 1
+    return None
+
+
 # ----------------------------------------------------------------------------------------------
 # Text files.
 
@@ -150,14 +162,10 @@ def text_file_documents(files: list[str], non_utf8: str = "skip",
       try:
         for line in stream:
           lineno += 1
-          try:
-            text = line.decode("utf-8").strip()
-          except UnicodeDecodeError as e:
-            if non_utf8 == "error":
-              raise ConfigError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start}); set "
-                                f"data.non_utf8=skip to skip such lines") from None
-            stats.non_utf8_lines += 1
+          text = _decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
+          if text is None:
             continue
+          text = text.strip()
           if text:
             doc.append(text)
             stats.bytes += len(line)
@@ -216,13 +224,9 @@ def tfds_documents(name: str, split: str = "train", text_feature: str = "text", 
     text = record[text_feature]
     stats.progress_done += 1
     if isinstance(text, bytes):
-      try:
-        text = text.decode("utf-8")
-      except UnicodeDecodeError as e:
-        if non_utf8 == "error":
-          raise ConfigError(f"TFDS dataset {name!r} record {stats.progress_done - 1}: not valid UTF-8 "
-                            f"(byte {e.start}); set data.non_utf8=skip to skip such records") from None
-        stats.non_utf8_lines += 1
+      text = _decode(text, non_utf8, stats, f"TFDS dataset {name!r} record {stats.progress_done - 1}",
+                     "records")
+      if text is None:
         continue
     sentences = split_sentences(str(text))
     if sentences:
