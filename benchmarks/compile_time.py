@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
-from albert_jax import config_lib  # noqa: E402
+from albert_jax import cli, config_lib  # noqa: E402
 from albert_jax import model as albert_model  # noqa: E402
 
 MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
@@ -273,5 +273,4 @@ if __name__ == "__main__":
   try:
     main()
   except (config_lib.ConfigError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    cli.fail(str(e), code=1)

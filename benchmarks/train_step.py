@@ -56,7 +56,7 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from albert_jax import config_lib, hardware, sharding, train  # noqa: E402
+from albert_jax import cli, config_lib, hardware, sharding, train  # noqa: E402
 from albert_jax import model as albert_model  # noqa: E402
 
 MODELS = ("albert_base", "albert_large")
@@ -442,5 +442,4 @@ if __name__ == "__main__":
   try:
     main()
   except (config_lib.ConfigError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    cli.fail(str(e), code=1)
