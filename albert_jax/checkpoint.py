@@ -17,6 +17,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
+from albert_jax import sharding
+from albert_jax import state as state_lib
 from albert_jax.config_lib import ConfigError
 
 BEST_METRIC = "masked_lm_accuracy"
@@ -141,6 +143,12 @@ class Checkpointer:
     self.manager.wait_until_finished()
     self.manager.close()
 
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
 
 def resolve_step(workdir: str, step: str | int) -> int:
   """'latest', 'best' or a step number -> an existing step, or a one-line ConfigError."""
@@ -168,15 +176,11 @@ def resolve_step(workdir: str, step: str | int) -> int:
 
 def load_params(workdir: str, step: str | int = "latest"):
   """(params, config, step, metrics) of a run's checkpoint, parameters only, on the default device."""
-  from albert_jax import train  # the train state's structure lives there
-
   config = read_config(workdir)
   step = resolve_step(workdir, step)
   # Onto this process's first device, whatever mesh (or pod) wrote the checkpoint: without a target
   # sharding Orbax refuses a checkpoint saved with another topology.
-  abstract = train.abstract_train_state(config)
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = abstract_with_shardings(abstract, jax.tree_util.tree_map(lambda _: device, abstract))
+  abstract = state_lib.abstract_state(config, sharding.single_device_mesh()).targets
   with _manager(workdir, read_only=True) as mngr:
     try:
       restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
@@ -191,6 +195,3 @@ def _does_not_fit(step: int, workdir: str, e: BaseException) -> str:
   return (f"checkpoint {step} in {workdir} does not fit the model of its config.json "
           f"(edited, or another run's checkpoints?): {first[:300]}")
 
-
-def abstract_with_shardings(tree: Any, shardings: Any) -> Any:
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

@@ -125,6 +125,7 @@ def base_config() -> ml_collections.ConfigDict:
       keep_checkpoints=5,
       keep_best=True,         # also keep the best checkpoint by masked_lm_accuracy
       checkpoint_every_seconds=0,  # also save on a time policy (preemptible machines); 0: off
+      profile_steps=0,        # > 0: a jax profiler trace of that many steps into <workdir>/profile
   ))
 
   # Mesh axes; -1 takes the remaining devices. Default: pure data parallel.
@@ -238,6 +239,7 @@ def validate_data(d, model) -> None:
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
+  _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
 
 
 def validate_train(t) -> None:
@@ -253,10 +255,15 @@ def validate_train(t) -> None:
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _check(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
   _check(t.eval_steps >= 0, f"train.eval_steps={t.eval_steps} must be >= 0")
+  _check(t.checkpoint_every_seconds >= 0,
+         f"train.checkpoint_every_seconds={t.checkpoint_every_seconds} must be >= 0 (0: off)")
+  _check(t.profile_steps >= 0, f"train.profile_steps={t.profile_steps} must be >= 0 (0: off)")
 
 
 def validate(config) -> None:
   """Validates a whole config before anything is compiled or written."""
+  _check(isinstance(config.seed, int) and 0 <= config.seed < 2**31,
+         f"seed={config.seed!r} must be an integer in [0, 2**31)")
   validate_model(config.model)
   validate_data(config.data, config.model)
   validate_train(config.train)

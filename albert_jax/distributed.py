@@ -297,8 +297,3 @@ def primary_first(what: str, fn: Callable[[], T],
   if outcome != "ok":
     raise ConfigError(f"process 0 failed to {what}: {outcome.removeprefix('error: ')}")
   return fn()
-
-
-def is_primary() -> bool:
-  """Process 0 writes what exists once per run (config.json, TensorBoard, exports)."""
-  return jax.process_index() == 0

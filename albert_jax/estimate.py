@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax import checkpoint, config_lib, hardware, sharding, train
+from albert_jax import config_lib, examples, hardware, sharding, train
+from albert_jax import state as state_lib
 from albert_jax import model as M
 from albert_jax.config_lib import ConfigError
 
@@ -66,10 +67,10 @@ def _shard_bytes(shape_dtype, named_sharding) -> int:
 
 
 def state_bytes(config, mesh) -> dict[str, int]:
-  """Per-device bytes of the parameters and of the optimizer state, sharded by train.state_shardings."""
-  boxed = train.boxed_param_shapes(config)
-  abstract = jax.eval_shape(train.init_fn(config, train.make_optimizer(config, boxed)), jax.random.PRNGKey(0))
-  shardings = train.state_shardings(abstract, boxed, mesh)
+  """Per-device bytes of the parameters and of the optimizer state, sharded as the trainer shards them."""
+  abstract = state_lib.abstract_state(config, mesh)
+  shardings = abstract.shardings
+  abstract = abstract.shapes
 
   def total(tree, tree_shardings):
     return sum(_shard_bytes(x, s) for x, s in zip(jax.tree_util.tree_leaves(tree),
@@ -130,10 +131,7 @@ def model_bytes_per_sequence(config) -> float:
   params = nn.unbox(M.init_shapes(config.model))
 
   def batch(b):
-    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-    return {"input_ids": ints(b, S), "segment_ids": ints(b, S), "input_mask": ints(b, S),
-            "masked_lm_positions": ints(b, P), "masked_lm_ids": ints(b, P),
-            "masked_lm_weights": jax.ShapeDtypeStruct((b, P), jnp.float32), "sentence_order_label": ints(b)}
+    return examples.batch_spec(config, batch_size=b)
 
   def loss(p, bt):
     out = model.apply({"params": p}, bt["input_ids"], bt["segment_ids"], bt["input_mask"],
@@ -306,13 +304,8 @@ def compiled_memory(config, devices=None) -> dict[str, Any]:
   mesh = sharding.make_mesh(config.mesh, devices)
   sharding.check_batch(config.train, mesh)
   trainer = train.build(config, mesh)
-  state = checkpoint.abstract_with_shardings(trainer.abstract, trainer.shardings)
-  d, b = config.data, config.train.batch_size
-  S, P = d.max_seq_length, d.max_predictions_per_seq
-  shapes = {"input_ids": (b, S), "input_mask": (b, S), "segment_ids": (b, S), "masked_lm_positions": (b, P),
-            "masked_lm_ids": (b, P), "masked_lm_weights": (b, P), "sentence_order_label": (b,)}
-  batch = {k: jax.ShapeDtypeStruct(s, np.float32 if k == "masked_lm_weights" else np.int32,
-                                   sharding=sharding.batch_sharding(mesh)) for k, s in shapes.items()}
+  state = trainer.abstract.targets
+  batch = examples.batch_spec(config, sharding=sharding.batch_sharding(mesh))
   start = time.perf_counter()
   with sharding.with_mesh(mesh):
     compiled = trainer.train_step.lower(state, batch).compile()

@@ -36,6 +36,30 @@ from albert_jax.tokenizer import CLS_ID, MASK_ID, SEP_ID
 
 NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start above these
 
+# The model's features of one batch: name -> (shape in terms of B, S = max_seq_length and
+# P = max_predictions_per_seq, dtype). The original's feature names; the one batch layout that the
+# input pipeline produces and the trainer, the estimate and the benchmarks consume.
+FEATURES = {
+    "input_ids": (("B", "S"), np.int32),
+    "input_mask": (("B", "S"), np.int32),
+    "segment_ids": (("B", "S"), np.int32),
+    "masked_lm_positions": (("B", "P"), np.int32),
+    "masked_lm_ids": (("B", "P"), np.int32),
+    "masked_lm_weights": (("B", "P"), np.float32),
+    "sentence_order_label": (("B",), np.int32),
+}
+FEATURE_KEYS = tuple(FEATURES)
+
+
+def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
+  """The batch's jax.ShapeDtypeStructs for config (global batch train.batch_size unless given)."""
+  import jax  # pylint: disable=g-import-not-at-top  (examples.py stays importable without jax)
+
+  dims = {"B": config.train.batch_size if batch_size is None else batch_size,
+          "S": config.data.max_seq_length, "P": config.data.max_predictions_per_seq}
+  return {k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
+          for k, (shape, dtype) in FEATURES.items()}
+
 
 def masking_budget(num_tokens, max_predictions_per_seq: int, masked_lm_prob: float = 0.15):
   """min(max_predictions_per_seq, max(1, round(masked_lm_prob * num_tokens))) (the original's).

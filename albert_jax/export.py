@@ -7,7 +7,7 @@ r"""Export a run's checkpoint for Hugging Face transformers (PyTorch) or for JAX
 AlbertTokenizer.from_pretrained(OUT) load with no missing or unexpected keys (albert_jax/hf.py):
 model.safetensors, config.json, spiece.model, tokenizer.json, tokenizer_config.json and a model card.
 --format=jax writes parameters only (no optimizer state): params.safetensors, config.json with the
-resolved model config, spiece.model and a card; albert_jax.hf.load_jax_export(OUT) reads it back.
+resolved model config, spiece.model and a card; albert_jax.jax_export.load_jax_export(OUT) reads it back.
 Bad input exits with one line `error: ...` and status 2.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
               "Any AlbertFor* class loads the backbone (task heads start fresh). The GELU is the tanh form "
               "(`gelu_new`), as in the original ALBERT."]
   else:
-    lines += ["```python", "from albert_jax import hf, model", 'params, config = hf.load_jax_export("PATH")',
+    lines += ["```python", "from albert_jax import jax_export, model", 'params, config = jax_export.load_jax_export("PATH")',
               "out = model.AlbertForPreTraining(config).apply({'params': params}, input_ids, token_type_ids, "
               "attention_mask, masked_lm_positions)", "```", "",
               "`--config.init_from=PATH` continues pretraining from it."]
@@ -122,7 +122,7 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
                  spm_model_path: str | None = None, fmt: str = "hf", overwrite: bool = False,
                  unshare: bool = False, source: str = "") -> str:
   """Writes an export of `params` (AlbertForPreTraining's) under the run config `config` to `output`."""
-  from albert_jax import hf
+  from albert_jax import hf, jax_export
 
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
@@ -142,7 +142,7 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
       extra = {"step": int(step), "metrics": metrics, "source": source}
       if "data" in config:
         extra["max_seq_length"] = int(config.data.max_seq_length)
-      hf.save_jax(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
+      jax_export.save_jax(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
                   extra=extra, readme=readme)
     if os.path.isdir(output):
       shutil.rmtree(output)  # empty, or an earlier export with --overwrite
@@ -165,10 +165,10 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax import checkpoint, data
+  from albert_jax import checkpoint, dataset
 
   params, config, step, metrics = checkpoint.load_params(workdir, step)
-  spm = spm_model_path or data.spm_model_path(config, workdir)
+  spm = spm_model_path or dataset.spm_model_path(config, workdir)
   if not os.path.isfile(spm):
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
   from albert_jax import tokenizer

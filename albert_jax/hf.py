@@ -40,15 +40,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from albert_jax import files
 from albert_jax import model as model_lib
+from albert_jax import tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 HF_TORCH_WEIGHTS = "pytorch_model.bin"
-JAX_PARAMS = "params.safetensors"
-JAX_FORMAT = "albert_jax"
-JAX_FORMAT_VERSION = 1
 # Activations that are exactly our jax.nn.gelu(approximate=True) (REFERENCE section 1).
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 # Model fields that fix the parameters and what they compute; the rest (dtype, remat, dropout, scan) are
@@ -86,25 +85,21 @@ _BLOCK_MODULES = (
     ("ffn_output", ("feed_forward", "ffn_output"), "dense"),
     ("full_layer_layer_norm", ("feed_forward", "full_layer_layer_norm"), "ln"),
 )
-_HEADS = ("predictions", "sop_classifier")
+HEADS = ("predictions", "sop_classifier")
 # Modules a Hugging Face checkpoint may lack: AlbertForMaskedLM has no pooler and no SOP head, AlbertModel
 # no heads. (our path, Hugging Face prefix)
-_OPTIONAL = (("albert/pooler", "albert.pooler."), ("predictions", "predictions."),
+OPTIONAL_MODULES = (("albert/pooler", "albert.pooler."), ("predictions", "predictions."),
              ("sop_classifier", "sop_classifier."))
 
 
 # ----------------------------------------------------------------------------------------------------
 # Small helpers.
 
-def _as_model_config(config: Any) -> model_lib.ModelConfig:
-  return model_lib.model_config(config)
-
-
-def _config_dict(cfg: model_lib.ModelConfig) -> dict:
+def config_dict(cfg: model_lib.ModelConfig) -> dict:
   return dataclasses.asdict(cfg)
 
 
-def _plain(params: Any) -> dict:
+def plain_params(params: Any) -> dict:
   """A plain nested dict of host NumPy arrays: unboxes nn.Partitioned and fetches jax arrays."""
   params = nn.unbox(params)
   if isinstance(params, dict) and "params" in params and "albert" not in params:
@@ -113,11 +108,11 @@ def _plain(params: Any) -> dict:
   def to_dict(tree):
     if hasattr(tree, "items"):
       return {k: to_dict(v) for k, v in tree.items()}
-    return np.asarray(jax.device_get(tree))
+    return np.asarray(jax.deviceget_path(tree))
   return to_dict(params)
 
 
-def _get(tree: dict, path: tuple[str, ...], what: str):
+def get_path(tree: dict, path: tuple[str, ...], what: str):
   node = tree
   for key in path:
     if not isinstance(node, dict) or key not in node:
@@ -126,7 +121,7 @@ def _get(tree: dict, path: tuple[str, ...], what: str):
   return node
 
 
-def _put(tree: dict, path: tuple[str, ...], value) -> None:
+def put_path(tree: dict, path: tuple[str, ...], value) -> None:
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
@@ -245,7 +240,7 @@ def to_hf_config(config: Any, num_groups: int | None = None, inner_group_num: in
 
   num_groups / inner_group_num: the group layout written (sharing="none" is written as L groups of 1).
   """
-  cfg = _as_model_config(config)
+  cfg = model_lib.model_config(config)
   inner = inner_group_num or cfg.inner_group_num
   return {
       "architectures": ["AlbertForPreTraining"],
@@ -293,7 +288,7 @@ def from_hf_config(hf: dict, where: str = "config.json") -> dict:
                       f"'absolute'")
   if hf.get("tie_word_embeddings", True) is False:
     raise ConfigError(f"{where}: tie_word_embeddings=false (an untied MLM decoder) has no form here")
-  defaults = model_lib.ModelConfig()
+  defaults = model_lib.model_config({})
   # AlbertConfig's own defaults are xxlarge's: use them for keys an old config.json leaves out.
   hf_defaults = dict(vocab_size=30000, embedding_size=128, hidden_size=4096, num_hidden_layers=12,
                      num_hidden_groups=1, num_attention_heads=64, intermediate_size=16384,
@@ -321,7 +316,7 @@ def from_hf_config(hf: dict, where: str = "config.json") -> dict:
     fields.update(sharing="all", num_hidden_groups=G, inner_group_num=K)
   fields["embedding_hidden_mapping"] = ("always" if fields["embedding_size"] == fields["hidden_size"]
                                         else "auto")
-  config = {**_config_dict(defaults), **fields}
+  config = {**config_dict(defaults), **fields}
   try:
     model_lib.model_config(config)
   except (ConfigError, TypeError) as e:
@@ -362,9 +357,9 @@ def _expected_hf_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
 
 def to_hf_state_dict(params: Any, config: Any, unshare: bool = False) -> tuple[dict[str, np.ndarray], dict]:
   """(Hugging Face tensors as float32 NumPy, config.json dict) for our AlbertForPreTraining params."""
-  cfg = _as_model_config(config)
-  params = _plain(params)
-  for head in ("albert",) + _HEADS:
+  cfg = model_lib.model_config(config)
+  params = plain_params(params)
+  for head in ("albert",) + HEADS:
     if head not in params:
       raise ConfigError(f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params")
   encoder = params["albert"]["encoder"]
@@ -389,12 +384,12 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False) -> tuple[d
       add(hf_name, {"kernel": np.eye(cfg.embedding_size, dtype=np.float32),
                     "bias": np.zeros(cfg.hidden_size, np.float32)}, "dense")
       continue
-    add(hf_name, _get(params, path, "the model"), kind)
+    add(hf_name, get_path(params, path, "the model"), kind)
   for g, group in enumerate(groups):
     for k, block in enumerate(group):
       for hf_name, path, kind in _BLOCK_MODULES:
         add(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}",
-            _get(block, path, "the model"), kind)
+            get_path(block, path, "the model"), kind)
   expected = _expected_hf_shapes(hf_config)
   got = {k: v.shape for k, v in out.items()}
   if got != expected:  # a mapping bug, not user input
@@ -430,7 +425,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
   if unknown:
     raise ConfigError(f"{where}: {len(unknown)} tensor(s) that config.json does not describe, e.g. "
                       f"{unknown[0]} (num_hidden_groups/inner_group_num wrong?)")
-  absent = tuple(prefix for _, prefix in _OPTIONAL if not any(k.startswith(prefix) for k in tensors))
+  absent = tuple(prefix for _, prefix in OPTIONAL_MODULES if not any(k.startswith(prefix) for k in tensors))
   needed = [k for k in expected if not k.startswith(absent)]
   missing = [k for k in needed if k not in tensors]
   if missing:
@@ -454,14 +449,14 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
   for hf_name, path, kind in _TOP_MODULES:
     if (hf_name + ".").startswith(absent):
       continue
-    _put(params, path, read(hf_name, kind))  # E == H imports as "always": the projection is kept
+    put_path(params, path, read(hf_name, kind))  # E == H imports as "always": the projection is kept
   groups = []
   for g in range(G):
     group = []
     for k in range(K):
       block: dict = {}
       for hf_name, path, kind in _BLOCK_MODULES:
-        _put(block, path, read(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}", kind))
+        put_path(block, path, read(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}", kind))
       group.append(block)
     groups.append(group)
   mapping = hf_layer_to_group(cfg.num_hidden_layers, G)
@@ -472,14 +467,6 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
 # ----------------------------------------------------------------------------------------------------
 # Files.
 
-def _read_json(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"{path} is not valid JSON: {e}") from None
-
-
 def _read_hf_tensors(path: str) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file
 
@@ -489,7 +476,7 @@ def _read_hf_tensors(path: str) -> dict[str, np.ndarray]:
   index = os.path.join(path, HF_INDEX)
   if os.path.isfile(index):
     tensors = {}
-    for shard in sorted(set(_read_json(index)["weight_map"].values())):
+    for shard in sorted(set(files.read_json(index)["weight_map"].values())):
       tensors.update(load_file(os.path.join(path, shard)))
     return tensors
   legacy = os.path.join(path, HF_TORCH_WEIGHTS)
@@ -515,109 +502,7 @@ def load_hf(path: str) -> tuple[dict, dict]:
   config_file = os.path.join(path, "config.json")
   if not os.path.isfile(config_file):
     raise ConfigError(f"{path} has no config.json: not a Hugging Face model directory")
-  return from_hf_state_dict(_read_hf_tensors(path), _read_json(config_file), where=path)
-
-
-@contextlib.contextmanager
-def _staged(out_dir: str, readme: str | None) -> Iterator[str]:
-  """Yields a temporary sibling of out_dir (which must be missing or empty) to write into; when the
-  block completes, adds README.md and renames the sibling into place; it never outlives the block."""
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-    raise ConfigError(f"{out_dir} exists and is not an empty directory")
-  parent = os.path.dirname(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  try:
-    yield tmp
-    if readme:
-      with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
-        f.write(readme)
-    if os.path.isdir(out_dir):
-      os.rmdir(out_dir)  # empty (checked above)
-    os.replace(tmp, out_dir)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_json(path: str, obj: dict) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
-    f.write("\n")
-
-
-def write_tokenizer(spm_model_path: str, out_dir: str, do_lower_case: bool = True,
-                    model_max_length: int = 512) -> None:
-  """spiece.model, tokenizer.json and tokenizer_config.json that AlbertTokenizer.from_pretrained loads.
-
-  transformers 5.x builds AlbertTokenizer's normaliser itself (`` '' -> ", NFKD, strip accents,
-  lowercase, the model's precompiled charsmap; our tokenizer.preprocess_text) but takes the pieces and
-  scores from tokenizer.json. We write SentencePiece's scores as they are (the converter that runs from
-  spiece.model alone lowers pieces like "9," by 100, the original's comma quirk we do not reproduce),
-  and the user-defined symbols (. - ( ) ...) as ordinary pieces with SentencePiece's own bonus
-  (length * max_score - 0.1, unigram_model.cc) instead of the converter's added tokens, which split
-  them off before the word and so change the ids around them. The result gives our ids; known
-  exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
-  combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
-  """
-  from sentencepiece import sentencepiece_model_pb2
-
-  from albert_jax import tokenizer as tokenizer_lib
-
-  tokenizer_lib.load(spm_model_path)  # checks ALBERT's ids (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4)
-  proto = sentencepiece_model_pb2.ModelProto()
-  with open(spm_model_path, "rb") as f:
-    proto.ParseFromString(f.read())
-  NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
-  if proto.trainer_spec.model_type != 1:
-    raise ConfigError(f"{spm_model_path} is not a unigram SentencePiece model (AlbertTokenizer needs one)")
-  max_score = max(p.score for p in proto.pieces if p.type == NORMAL)
-  vocab = [[p.piece, float(len(p.piece) * max_score - 0.1) if p.type == USER_DEFINED else float(p.score)]
-           for p in proto.pieces]
-  names = {i: p.piece for i, p in enumerate(proto.pieces) if p.type in (UNKNOWN, CONTROL)}
-  pad, unk, cls, sep, mask = (names[i] for i in range(5))
-  normalizers = [{"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
-                 {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
-                 {"type": "NFKD"}, {"type": "StripAccents"}]
-  if do_lower_case:
-    normalizers.append({"type": "Lowercase"})
-  charsmap = proto.normalizer_spec.precompiled_charsmap
-  if charsmap:
-    normalizers.append({"type": "Precompiled",
-                        "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")})
-  normalizers.append({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})
-  special = lambda name: {"SpecialToken": {"id": name, "type_id": 0}}
-  tokenizer_json = {
-      "version": "1.0", "truncation": None, "padding": None,
-      "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                        "normalized": False, "special": True} for i, c in sorted(names.items())],
-      "normalizer": {"type": "Sequence", "normalizers": normalizers},
-      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-          {"type": "WhitespaceSplit"},
-          {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]},
-      "post_processor": {
-          "type": "TemplateProcessing",
-          "single": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep)],
-          "pair": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep),
-                   {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": sep, "type_id": 1}}],
-          "special_tokens": {cls: {"id": cls, "ids": [2], "tokens": [cls]},
-                             sep: {"id": sep, "ids": [3], "tokens": [sep]}}},
-      "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
-      "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
-  }
-  shutil.copyfile(spm_model_path, os.path.join(out_dir, "spiece.model"))
-  with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-    json.dump(tokenizer_json, f, ensure_ascii=False)
-  tokens = dict(bos_token=cls, eos_token=sep, unk_token=unk, sep_token=sep, pad_token=pad, cls_token=cls,
-                mask_token=mask)
-  _write_json(os.path.join(out_dir, "tokenizer_config.json"), {
-      "tokenizer_class": "AlbertTokenizer", "do_lower_case": bool(do_lower_case), "keep_accents": False,
-      "remove_space": True, "model_max_length": int(model_max_length),
-      # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
-      "model_input_names": ["input_ids", "token_type_ids", "attention_mask"], **tokens})
-  _write_json(os.path.join(out_dir, "special_tokens_map.json"), tokens)
+  return from_hf_state_dict(_read_hf_tensors(path), files.read_json(config_file), where=path)
 
 
 def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | None = None, *,
@@ -630,186 +515,15 @@ def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | 
   """
   from safetensors.numpy import save_file
 
-  cfg = _as_model_config(model_config)
+  cfg = model_lib.model_config(model_config)
   tensors, hf_config = to_hf_state_dict(params, cfg, unshare=unshare)
   if spm_model_path and not os.path.isfile(spm_model_path):
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
-  with _staged(out_dir, readme) as tmp:
+  with files.staged_dir(out_dir, readme) as tmp:
     save_file(tensors, os.path.join(tmp, HF_WEIGHTS), metadata={"format": "pt"})
-    _write_json(os.path.join(tmp, "config.json"), hf_config)
+    files.write_json(os.path.join(tmp, "config.json"), hf_config)
     if spm_model_path:
-      write_tokenizer(spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings)
+      tokenizer_lib.write_hf_tokenizer(spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings)
   return out_dir
 
 
-# ----------------------------------------------------------------------------------------------------
-# Our own export: parameters only, for JAX users.
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
-  out = {}
-  for key, value in tree.items():
-    name = f"{prefix}/{key}" if prefix else key
-    if isinstance(value, dict):
-      out.update(_flatten(value, name))
-    else:
-      out[name] = value
-  return out
-
-
-def _unflatten(flat: dict[str, np.ndarray]) -> dict:
-  tree: dict = {}
-  for name, value in flat.items():
-    _put(tree, tuple(name.split("/")), value)
-  return tree
-
-
-def save_jax(params: Any, model_config: Any, out_dir: str, spm_model_path: str | None = None, *,
-             do_lower_case: bool = True, extra: dict | None = None, readme: str | None = None) -> str:
-  """OUT/params.safetensors (our tree, '/'-joined names, float32), OUT/config.json ({"format":
-  "albert_jax", "model": every ModelConfig field, ...extra}), OUT/spiece.model. Any sharing mode."""
-  from safetensors.numpy import save_file
-
-  cfg = _as_model_config(model_config)
-  params = _plain(params)
-  for head in ("albert",) + _HEADS:
-    if head not in params:
-      raise ConfigError(f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params")
-  _check_shapes(params, cfg, "the parameters")
-  if spm_model_path and not os.path.isfile(spm_model_path):
-    raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
-  with _staged(out_dir, readme) as tmp:
-    flat = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in _flatten(params).items()}
-    save_file(flat, os.path.join(tmp, JAX_PARAMS), metadata={"format": JAX_FORMAT})
-    meta = {"format": JAX_FORMAT, "format_version": JAX_FORMAT_VERSION, "model": _config_dict(cfg),
-            "do_lower_case": bool(do_lower_case), **(extra or {})}
-    _write_json(os.path.join(tmp, "config.json"), meta)
-    if spm_model_path:
-      shutil.copyfile(spm_model_path, os.path.join(tmp, "spiece.model"))
-  return out_dir
-
-
-def _check_shapes(params: dict, cfg: model_lib.ModelConfig, what: str, optional: bool = False) -> None:
-  """Every leaf of `params` has the shape AlbertForPreTraining(cfg) initialises; with `optional`, the
-  modules a Hugging Face checkpoint may lack (_OPTIONAL) may be absent."""
-  want = jax.tree_util.tree_map(lambda s: tuple(s.shape), nn.unbox(model_lib.init_shapes(cfg)))
-  want_flat = _flatten(want)
-  got_flat = {k: tuple(np.shape(v)) for k, v in _flatten(params).items()}
-  if optional:
-    absent = tuple(p + "/" for p, _ in _OPTIONAL if not any(k.startswith(p + "/") for k in got_flat))
-    want_flat = {k: v for k, v in want_flat.items() if not k.startswith(absent)}
-  missing = sorted(set(want_flat) - set(got_flat))
-  extra = sorted(set(got_flat) - set(want_flat))
-  if missing or extra:
-    which = f"{missing[0]} is missing" if missing else f"{extra[0]} is not in this model"
-    raise ConfigError(f"{what} do not fit the model config: {which} "
-                      f"({len(missing)} missing, {len(extra)} unexpected)")
-  for k, shape in want_flat.items():
-    if got_flat[k] != shape:
-      raise ConfigError(f"{what} do not fit the model config: {k} has shape {got_flat[k]}, "
-                        f"the config implies {shape}")
-
-
-def load_jax_export(path: str) -> tuple[dict, dict]:
-  """(params, model_config) of an `albert_jax.export --format=jax` directory.
-
-  params is the AlbertForPreTraining tree (NumPy, in the model's param_dtype):
-    AlbertForPreTraining(model_config).apply({'params': params}, input_ids, token_type_ids,
-                                             attention_mask, masked_lm_positions)
-    AlbertModel(model_config).apply({'params': params['albert']}, input_ids, token_type_ids, attention_mask)
-  """
-  from safetensors.numpy import load_file
-
-  meta_file = os.path.join(path, "config.json")
-  if not os.path.isdir(path):
-    raise ConfigError(f"export directory not found: {path}")
-  if not os.path.isfile(meta_file) or not os.path.isfile(os.path.join(path, JAX_PARAMS)):
-    raise ConfigError(f"{path} is not an albert_jax export (no config.json and {JAX_PARAMS})")
-  meta = _read_json(meta_file)
-  if meta.get("format") != JAX_FORMAT:
-    raise ConfigError(f"{meta_file}: format is {meta.get('format')!r}, not {JAX_FORMAT!r}")
-  if meta.get("format_version", 0) > JAX_FORMAT_VERSION:
-    raise ConfigError(f"{path} was written by a newer albert_jax (format_version {meta['format_version']})")
-  cfg = model_lib.model_config(meta["model"])
-  params = _unflatten(load_file(os.path.join(path, JAX_PARAMS)))
-  _check_shapes(params, cfg, path)
-  dtype = np.dtype(cfg.params_dtype)
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype), params)
-  return params, _config_dict(cfg)
-
-
-# ----------------------------------------------------------------------------------------------------
-# --config.init_from.
-
-def is_hf_dir(path: str) -> bool:
-  config_file = os.path.join(path, "config.json")
-  return os.path.isfile(config_file) and _read_json(config_file).get("model_type") is not None
-
-
-def load_pretrained(path: str, model_config: Any = None, init_params: Any = None) -> tuple[dict, dict]:
-  """(params, model_config dict) from a Hugging Face ALBERT directory or one of our jax exports.
-
-  Alone: the checkpoint in its own layout and config. With `model_config` (a run's config.model): the
-  architecture (ARCHITECTURE_FIELDS) and the sharing must match, or a one-line ConfigError says what
-  differs; the parameters come back in that config's layout (scan or not, sharing="none" or G=L groups,
-  E == H with an identity projection dropped or added), cast to its param_dtype, and the returned config
-  is `model_config` itself. With `init_params` too (the run's fresh parameters, boxed or not): the pooler
-  and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
-  from them as they are, and the tree is checked leaf by leaf against them (shapes).
-  """
-  if not os.path.isdir(path):
-    raise ConfigError(f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
-                      f"--format=jax export)")
-  if os.path.isfile(os.path.join(path, JAX_PARAMS)):
-    params, src_config = load_jax_export(path)
-  elif is_hf_dir(path):
-    params, src_config = load_hf(path)
-  else:
-    raise ConfigError(f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
-                      f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})")
-  if model_config is None:
-    return params, src_config
-  src = model_lib.model_config(src_config)
-  cfg = _as_model_config(model_config)
-  diffs = [f"model.{k}: checkpoint {getattr(src, k)!r} != config {getattr(cfg, k)!r}"
-           for k in ARCHITECTURE_FIELDS if getattr(src, k) != getattr(cfg, k)]
-  if diffs:
-    raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
-  encoder = params["albert"]["encoder"]
-  mapping_in = encoder.pop("embedding_hidden_mapping_in", None)
-  if src.sharing in ("attention", "ffn"):  # one of our jax exports: only the same mode can hold it
-    if src.sharing != cfg.sharing:
-      raise ConfigError(f"init_from={path} has model.sharing={src.sharing!r}, the config {cfg.sharing!r}")
-    new_encoder = encoder
-  else:  # a layout change; a shared-attention/FFN config accepts layers whose shared part is identical
-    groups, mapping = encoder_groups(encoder, src)
-    new_encoder = encoder_tree(groups, mapping, cfg, f"init_from={path}")
-  E, H = cfg.embedding_size, cfg.hidden_size
-  if cfg.has_embedding_projection:
-    if mapping_in is None:  # our E == H "auto" model into an "always" run: the identity is exact
-      mapping_in = {"kernel": np.eye(E, dtype=np.float32), "bias": np.zeros(H, np.float32)}
-    new_encoder["embedding_hidden_mapping_in"] = mapping_in
-  elif mapping_in is not None:
-    if not (np.array_equal(mapping_in["kernel"], np.eye(E)) and not np.any(mapping_in["bias"])):
-      raise ConfigError(f"init_from={path} has a learned E->H projection (embedding_hidden_mapping_in) "
-                        f"with E == H; set --config.model.embedding_hidden_mapping=always")
-  params["albert"]["encoder"] = new_encoder
-  _check_shapes(params, cfg, f"init_from={path}", optional=True)
-  dtype = np.dtype(cfg.params_dtype)
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype), params)
-  if init_params is not None:
-    # Only the missing modules are taken, as they are (jax arrays stay on their devices, so this also
-    # works where parameters are sharded across hosts); everything else is compared by shape only.
-    fresh = nn.unbox(init_params)
-    for module, _ in _OPTIONAL:
-      keys = tuple(module.split("/"))
-      try:
-        _get(params, keys, "")
-      except ConfigError:
-        logging.warning("init_from=%s has no %s parameters: keeping their fresh initialisation", path,
-                        module)
-        _put(params, keys, _get(fresh, keys, "init_params"))
-    got = jax.tree_util.tree_map(np.shape, params)
-    want = jax.tree_util.tree_map(np.shape, fresh)
-    if got != want:
-      raise ConfigError(f"init_from={path}: its parameter tree does not match this model's")
-  return params, _config_dict(cfg)

@@ -8,6 +8,7 @@ import time
 from typing import Mapping
 
 import jax
+import numpy as np
 
 
 class MetricWriter:
@@ -71,3 +72,90 @@ def log(message: str) -> None:
   """Console output from process 0 only."""
   if jax.process_index() == 0:
     print(message, flush=True, file=sys.stdout)
+
+
+class Periodic:
+  """Due every `every_steps` steps, or once `every_seconds` have passed since it was last due (0: off;
+  a time policy for preemptible machines), and always at `last_step`.
+
+  With several processes the clock is read on process 0 and shared at step multiples of
+  `sync_every` (a collective every process joins), so all processes agree on when it is due.
+  """
+
+  def __init__(self, every_steps: int, every_seconds: float = 0, last_step: int | None = None,
+               sync_every: int = 10):
+    self.every_steps, self.every_seconds, self.last_step = every_steps, every_seconds, last_step
+    self.sync_every = sync_every
+    self._since = time.monotonic()
+
+  def _time_is_up(self, step: int) -> bool:
+    if not self.every_seconds:
+      return False
+    if jax.process_count() == 1:
+      return time.monotonic() - self._since >= self.every_seconds
+    if step % self.sync_every:
+      return False
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    up = np.int32(time.monotonic() - self._since >= self.every_seconds)
+    return bool(multihost_utils.broadcast_one_to_all(up))
+
+  def __call__(self, step: int) -> bool:
+    due = step % self.every_steps == 0 or step == self.last_step or self._time_is_up(step)
+    if due:
+      self._since = time.monotonic()
+    return due
+
+
+class Reporter:
+  """The training metrics of each step, read one step late so the host never waits for the device.
+
+  Every `log_every` steps: the console line (progress, ETA, loss, accuracies, rate, MFU), TensorBoard
+  train/ and perf/ scalars. Step time counts training steps only: evaluations and saves restart the
+  timing window (`restart_window`). A non-finite step raises FloatingPointError when halting.
+  """
+
+  def __init__(self, writer: MetricWriter, *, first_step: int, num_steps: int, log_every: int,
+               sequences_per_step: int, tokens_per_sequence: int, flops_per_step: float,
+               peak_flops: float, halt_on_nonfinite: bool):
+    self.writer, self.num_steps, self.log_every = writer, num_steps, log_every
+    self.sequences, self.tokens = sequences_per_step, tokens_per_sequence
+    self.flops, self.peak, self.halt = flops_per_step, peak_flops, halt_on_nonfinite
+    self.progress = Progress(first_step, num_steps)
+    self._pending = None
+    self.restart_window(first_step)
+
+  def restart_window(self, step_done: int) -> None:
+    self._window_start, self._window_step = time.perf_counter(), step_done
+
+  def push(self, step: int, metrics) -> None:
+    """Records this step's metrics (device arrays) and reports the previous step's."""
+    self.flush()
+    self._pending = (step, metrics)
+
+  def flush(self) -> None:
+    if self._pending is None:
+      return
+    step, metrics = self._pending
+    self._pending = None
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not host.pop("finite") and self.halt:
+      raise FloatingPointError(f"non-finite loss or gradients at step {step}; halting "
+                               f"(train.on_nonfinite=halt); the last checkpoint is intact")
+    if step % self.log_every and step != self.num_steps:
+      return
+    seconds = (time.perf_counter() - self._window_start) / max(step - self._window_step, 1)
+    perf = {"step_seconds": seconds, "sequences_per_second": self.sequences / seconds,
+            "tokens_per_second": self.sequences * self.tokens / seconds}
+    if self.peak:
+      perf["mfu"] = self.flops / seconds / self.peak
+    self.writer.write(step, host, prefix="train/")
+    self.writer.write(step, perf, prefix="perf/")
+    accuracies = " ".join(f"{short} {host[k]:.3f}" for k, short in (
+        ("masked_lm_accuracy", "mlm_acc"), ("sentence_order_accuracy", "sop_acc"), ("accuracy", "acc"))
+        if k in host)
+    log(f"{self.progress.line(step)} | loss {host['loss']:.3f} {accuracies} "
+        f"lr {host['learning_rate']:.2e} | {perf['sequences_per_second']:.1f} seq/s"
+        + (f" MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "")
+        + (f" | skipped {int(host['skipped_updates'])}" if host["skipped_updates"] else ""))
+    self.restart_window(step)

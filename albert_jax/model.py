@@ -35,35 +35,37 @@ REMAT_POLICIES = {
 }
 # The original's additive attention mask (modeling.py: adder = (1 - mask) * -10000).
 MASK_ADDER = -10000.0
-# Names of the logical axes used on parameters and activations; train.py maps them to mesh axes.
-LOGICAL_AXES = ("vocab", "embed", "hidden", "heads", "mlp", "layers", "classes", "positions",
-                "act_batch", "act_length", "act_embed", "act_hidden")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """The model section of the config as a frozen, hashable value (Flax modules hold it)."""
-  vocab_size: int = 30000
-  embedding_size: int = 128
-  hidden_size: int = 768
-  num_hidden_layers: int = 12
-  num_attention_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  hidden_dropout_prob: float = 0.0
-  attention_probs_dropout_prob: float = 0.0
-  layer_norm_eps: float = 1e-12
-  initializer_range: float = 0.02
-  sharing: str = "all"
-  num_hidden_groups: int = 1
-  inner_group_num: int = 1
-  embedding_hidden_mapping: str = "auto"
-  scan_layers: bool = True
-  remat: str = "none"
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  attention_impl: str = "einsum"
+  """The model section of the config as a frozen, hashable value (Flax modules hold it).
+
+  Its fields and their defaults are config_lib.base_config().model's: `model_config` builds it from
+  there, so the schema lives in one place.
+  """
+
+  vocab_size: int
+  embedding_size: int
+  hidden_size: int
+  num_hidden_layers: int
+  num_attention_heads: int
+  intermediate_size: int
+  max_position_embeddings: int
+  type_vocab_size: int
+  hidden_dropout_prob: float
+  attention_probs_dropout_prob: float
+  layer_norm_eps: float
+  initializer_range: float
+  sharing: str
+  num_hidden_groups: int
+  inner_group_num: int
+  embedding_hidden_mapping: str
+  scan_layers: bool
+  remat: str
+  dtype: str
+  param_dtype: str
+  attention_impl: str
 
   @property
   def has_embedding_projection(self) -> bool:
@@ -84,11 +86,11 @@ def model_config(config: Any) -> ModelConfig:
   if isinstance(config, ModelConfig):
     return config
   values = dict(config.items()) if hasattr(config, "items") else dict(config)
-  known = {f.name for f in dataclasses.fields(ModelConfig)}
-  unknown = sorted(set(values) - known)
+  defaults = config_lib.base_config().model.to_dict()
+  unknown = sorted(set(values) - set(defaults))
   if unknown:
     raise config_lib.ConfigError(f"unknown model config keys: {', '.join(unknown)}")
-  cfg = ModelConfig(**values)
+  cfg = ModelConfig(**{**defaults, **values})
   config_lib.validate_model(cfg)
   return cfg
 

@@ -19,7 +19,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from albert_jax import cli, data
+from albert_jax import cli, dataset, input_pipeline
 from albert_jax.config_lib import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
@@ -39,10 +39,10 @@ def main(argv) -> None:
   logging.set_verbosity(logging.INFO)
   try:
     if _INSPECT.value:
-      lines, stats = data.inspect(config, cli.workdir(_WORKDIR.value), num_examples=_NUM_EXAMPLES.value)
+      lines, stats = input_pipeline.inspect(config, cli.workdir(_WORKDIR.value), num_examples=_NUM_EXAMPLES.value)
       print("\n".join(lines))
     else:
-      stats = data.prepare(config, cli.workdir(_WORKDIR.value))
+      stats = dataset.prepare(config, cli.workdir(_WORKDIR.value))
       stats.pop("vocab_sha256", None)
     print(json.dumps(stats), flush=True)
   except (ConfigError, OSError) as e:

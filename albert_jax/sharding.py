@@ -63,6 +63,12 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
   return Mesh(array, MESH_AXES)
 
 
+def single_device_mesh(device=None) -> Mesh:
+  """A mesh of one device (this process's first by default): every array whole on it."""
+  device = jax.local_devices()[0] if device is None else device
+  return Mesh(np.asarray([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
+
+
 def data_parallel_size(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 

@@ -11,10 +11,13 @@ vocabulary; it is not reproduced.
 """
 from __future__ import annotations
 
+import base64
 import io
+import json
 import logging
 import os
 import re
+import shutil
 import unicodedata
 from typing import Iterable, Iterator, Sequence
 
@@ -185,3 +188,75 @@ class Tokenizer:
 def load(model_path: str, lower: bool = True, word_start_rule: str = "marker") -> Tokenizer:
   """Loads an ALBERT SentencePiece model (ours or a released spiece.model)."""
   return Tokenizer(model_path, lower=lower, word_start_rule=word_start_rule)
+
+
+def write_hf_tokenizer(spm_model_path: str, out_dir: str, do_lower_case: bool = True,
+                    model_max_length: int = 512) -> None:
+  """spiece.model, tokenizer.json and tokenizer_config.json that AlbertTokenizer.from_pretrained loads.
+
+  transformers 5.x builds AlbertTokenizer's normaliser itself (`` '' -> ", NFKD, strip accents,
+  lowercase, the model's precompiled charsmap; our tokenizer.preprocess_text) but takes the pieces and
+  scores from tokenizer.json. We write SentencePiece's scores as they are (the converter that runs from
+  spiece.model alone lowers pieces like "9," by 100, the original's comma quirk we do not reproduce),
+  and the user-defined symbols (. - ( ) ...) as ordinary pieces with SentencePiece's own bonus
+  (length * max_score - 0.1, unigram_model.cc) instead of the converter's added tokens, which split
+  them off before the word and so change the ids around them. The result gives our ids; known
+  exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
+  combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
+  """
+  from sentencepiece import sentencepiece_model_pb2
+
+  from albert_jax import files
+
+  load(spm_model_path)  # checks ALBERT's ids (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4)
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(spm_model_path, "rb") as f:
+    proto.ParseFromString(f.read())
+  NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
+  if proto.trainer_spec.model_type != 1:
+    raise ConfigError(f"{spm_model_path} is not a unigram SentencePiece model (AlbertTokenizer needs one)")
+  max_score = max(p.score for p in proto.pieces if p.type == NORMAL)
+  vocab = [[p.piece, float(len(p.piece) * max_score - 0.1) if p.type == USER_DEFINED else float(p.score)]
+           for p in proto.pieces]
+  names = {i: p.piece for i, p in enumerate(proto.pieces) if p.type in (UNKNOWN, CONTROL)}
+  pad, unk, cls, sep, mask = (names[i] for i in range(5))
+  normalizers = [{"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
+                 {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
+                 {"type": "NFKD"}, {"type": "StripAccents"}]
+  if do_lower_case:
+    normalizers.append({"type": "Lowercase"})
+  charsmap = proto.normalizer_spec.precompiled_charsmap
+  if charsmap:
+    normalizers.append({"type": "Precompiled",
+                        "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")})
+  normalizers.append({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})
+  special = lambda name: {"SpecialToken": {"id": name, "type_id": 0}}
+  tokenizer_json = {
+      "version": "1.0", "truncation": None, "padding": None,
+      "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                        "normalized": False, "special": True} for i, c in sorted(names.items())],
+      "normalizer": {"type": "Sequence", "normalizers": normalizers},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+          {"type": "WhitespaceSplit"},
+          {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]},
+      "post_processor": {
+          "type": "TemplateProcessing",
+          "single": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep)],
+          "pair": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep),
+                   {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": sep, "type_id": 1}}],
+          "special_tokens": {cls: {"id": cls, "ids": [2], "tokens": [cls]},
+                             sep: {"id": sep, "ids": [3], "tokens": [sep]}}},
+      "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+      "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
+  }
+  shutil.copyfile(spm_model_path, os.path.join(out_dir, "spiece.model"))
+  with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(tokenizer_json, f, ensure_ascii=False)
+  tokens = dict(bos_token=cls, eos_token=sep, unk_token=unk, sep_token=sep, pad_token=pad, cls_token=cls,
+                mask_token=mask)
+  files.write_json(os.path.join(out_dir, "tokenizer_config.json"), {
+      "tokenizer_class": "AlbertTokenizer", "do_lower_case": bool(do_lower_case), "keep_accents": False,
+      "remove_space": True, "model_max_length": int(model_max_length),
+      # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
+      "model_input_names": ["input_ids", "token_type_ids", "attention_mask"], **tokens})
+  files.write_json(os.path.join(out_dir, "special_tokens_map.json"), tokens)

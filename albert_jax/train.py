@@ -1,140 +1,111 @@
-"""Pretraining: the train state, one jitted and sharded train step, evaluation and the loop.
+"""Pretraining: one jitted, sharded train step, evaluation, and the loop.
 
-Read top to bottom: `train_and_evaluate` is organised in sections (workdir and config, mesh, data,
-model and optimizer, shapes and shardings, restore, compile, loop) like big_vision's trainer.
+Read top to bottom: `build` makes everything that depends only on the config and the mesh (the
+abstract state from state.py, the jitted init, train and eval steps); `train_and_evaluate` runs the
+loop in sections (config, mesh, data, model, restore, compile, loop) like big_vision's trainer.
+Fine-tuning (finetune.py) is the same trainer with another model and objective.
 """
+
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import time
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from flax import struct
 
-from albert_jax import checkpoint, config_lib, distributed, hardware, optim, sharding
+from albert_jax import checkpoint, config_lib, distributed, examples, hardware, optim, sharding
+from albert_jax import dataset, input_pipeline, pretrained
 from albert_jax import model as M
-from albert_jax.metrics import MetricWriter, Progress, log
-
-BATCH_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-              "masked_lm_weights", "sentence_order_label")
-
-
-@struct.dataclass
-class TrainState:
-  step: jax.Array      # int32 scalar: updates applied (or skipped) so far
-  params: Any
-  opt_state: Any
-  rng: jax.Array       # base key; the dropout key of step s is fold_in(rng, s): resumes are exact
-  skipped: jax.Array   # int32 scalar: updates skipped because the loss or gradients were not finite
+from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
+from albert_jax.state import AbstractState, TrainState, abstract_state
 
 
 # ----------------------------------------------------------------------------------------------------
-# Model, optimizer and state shapes.
-
-def boxed_param_shapes(config) -> Any:
-  """Abstract parameters with their logical-axis boxes (nothing allocated)."""
-  return M.init_shapes(config.model)
+# What a step minimises.
 
 
-def make_optimizer(config, boxed_params=None) -> optax.GradientTransformation:
-  boxed_params = boxed_param_shapes(config) if boxed_params is None else boxed_params
-  # Layers stacked by nn.scan (sharing none/attention/ffn) get one trust ratio per layer, as the
-  # original's separate variables did.
-  return optim.make_optimizer(config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params))
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """A trainer's loss, as sums that add up exactly across micro-batches.
+
+  sums(model, params, batch, rng): per-batch sums (rng None: deterministic, for evaluation);
+  loss(sums, batch): the loss of a micro-batch's sums, normalised by the whole step's `batch`;
+  metrics(sums): the logged metrics (with "loss") from sums over a step or an evaluation.
+  """
+
+  sums: Callable[..., dict]
+  loss: Callable[[dict, dict], jax.Array]
+  metrics: Callable[[dict], dict]
 
 
-def init_fn(config, tx) -> Callable[[jax.Array], TrainState]:
-  model = M.AlbertForPreTraining(config.model)
-
-  def init(rng):
-    params_rng, rng = jax.random.split(rng)
-    params = nn.unbox(model.init({"params": params_rng}, **M.dummy_inputs())["params"])
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng,
-                      skipped=jnp.zeros((), jnp.int32))
-
-  return init
+def _pretraining_sums(model, params, batch, rng):
+  out = model.apply(
+      {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+      batch["masked_lm_positions"], deterministic=rng is None,
+      rngs=None if rng is None else {"dropout": rng},
+  )
+  return M.loss_sums(out, batch)
 
 
-def state_shardings(abstract_state: TrainState, boxed_params, mesh) -> TrainState:
-  """Parameters by their logical axes; optimizer moments like their parameters; scalars replicated."""
-  param_shardings = sharding.logical_shardings(boxed_params, mesh)
-  params_def = jax.tree_util.tree_structure(abstract_state.params)
-  rep = sharding.replicated(mesh)
-
-  def like_params(subtree):
-    if jax.tree_util.tree_structure(subtree) == params_def:
-      return param_shardings
-    return rep
-
-  opt_shardings = jax.tree_util.tree_map(
-      like_params, abstract_state.opt_state,
-      is_leaf=lambda x: jax.tree_util.tree_structure(x) == params_def)
-  return TrainState(step=rep, params=param_shardings, opt_state=opt_shardings, rng=rep, skipped=rep)
+def _pretraining_loss(sums, batch):
+  # The MLM loss normalises by the whole step's weight (the original's formula), so micro-batches
+  # add up to exactly one step.
+  total_weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+  return sums["mlm_nll"] / (total_weight + 1e-5) + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
 
 
-def abstract_train_state(config) -> TrainState:
-  """ShapeDtypeStructs of the train state (what a restore targets)."""
-  boxed = boxed_param_shapes(config)
-  return jax.eval_shape(init_fn(config, make_optimizer(config, boxed)), jax.random.PRNGKey(0))
+PRETRAINING = Objective(sums=_pretraining_sums, loss=_pretraining_loss, metrics=M.metrics_from_sums)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Everything that depends only on the config and the mesh.
 
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
-  """Everything that depends only on the config and the mesh: shapes, shardings, jitted functions."""
-  tx: Any
-  schedule: Any
-  abstract: Any       # TrainState of ShapeDtypeStructs
-  shardings: Any      # TrainState of NamedShardings
-  init: Any           # rng -> sharded TrainState
-  train_step: Any     # (state, global batch) -> (state, metrics)
-  eval_step: Any      # (params, global batch) -> loss sums
+  abstract: AbstractState  # shapes, shardings, optimizer (state.py)
+  schedule: optax.Schedule
+  init: Callable[[jax.Array], TrainState]  # rng -> sharded TrainState
+  train_step: Callable  # (state, global batch) -> (state, metrics)
+  eval_step: Callable  # (params, global batch) -> sums
 
 
-def build(config, mesh) -> Trainer:
-  """Shapes first: eval_shape -> shardings -> jitted init/step with explicit in/out shardings."""
-  boxed = boxed_param_shapes(config)
-  tx = make_optimizer(config, boxed)
+def build(config, mesh, model=None, inputs=None, objective: Objective = PRETRAINING) -> Trainer:
+  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings."""
+  abstract = abstract_state(config, mesh, model, inputs)
   schedule = optim.make_schedule(config.train)
-  abstract = jax.eval_shape(init_fn(config, tx), jax.random.PRNGKey(0))
-  shardings = state_shardings(abstract, boxed, mesh)
+  shardings = abstract.shardings
   batch = sharding.batch_sharding(mesh)
+  step = make_train_step(abstract, objective, schedule, config.train.micro_batches)
+  eval_step = lambda params, b: objective.sums(abstract.model, params, b, None)  # noqa: E731
   return Trainer(
-      tx=tx, schedule=schedule, abstract=abstract, shardings=shardings,
-      init=jax.jit(init_fn(config, tx), out_shardings=shardings),
-      train_step=jax.jit(make_train_step(config, tx, schedule), in_shardings=(shardings, batch),
-                         out_shardings=(shardings, None), donate_argnums=0),
-      eval_step=jax.jit(make_eval_step(config), in_shardings=(shardings.params, batch)))
+      abstract=abstract, schedule=schedule,
+      init=jax.jit(abstract.init, out_shardings=shardings),
+      train_step=jax.jit(step, in_shardings=(shardings, batch), out_shardings=(shardings, None),
+                         donate_argnums=0),
+      eval_step=jax.jit(eval_step, in_shardings=(shardings.params, batch)),
+  )
 
 
-# ----------------------------------------------------------------------------------------------------
-# The train and eval steps (pure; jitted with shardings by the loop).
-
-def make_train_step(config, tx, schedule) -> Callable:
-  model = M.AlbertForPreTraining(config.model)
-  micro = config.train.micro_batches
-
-  def forward_sums(params, batch, rng):
-    out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                      batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng})
-    return M.loss_sums(out, batch)
+def make_train_step(abstract: AbstractState, objective: Objective, schedule, micro: int) -> Callable:
+  """The pure train step: gradients (over `micro` micro-batches), the update, and a skip of any
+  non-finite step (its loss or gradient norm): a non-finite state is never kept or saved."""
+  model, tx = abstract.model, abstract.tx
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(state.rng, state.step)
-    # The MLM loss normalises by the whole batch's weight: micro-batches add up to exactly one step.
-    total_weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-    batch_size = batch["sentence_order_label"].shape[0]
 
     def loss_fn(params, mb, key):
-      sums = forward_sums(params, mb, key)
-      return sums["mlm_nll"] / (total_weight + 1e-5) + sums["sop_nll"] / batch_size, sums
+      sums = objective.sums(model, params, mb, key)
+      return objective.loss(sums, batch), sums
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro == 1:
@@ -142,49 +113,51 @@ def make_train_step(config, tx, schedule) -> Callable:
     else:
       # [B, ...] -> [micro, B/micro, ...] taking every micro-th example, so each device keeps its rows.
       split = jax.tree_util.tree_map(
-          lambda x: jnp.moveaxis(x.reshape((x.shape[0] // micro, micro) + x.shape[1:]), 1, 0), batch)
+          lambda x: jnp.moveaxis(x.reshape((x.shape[0] // micro, micro) + x.shape[1:]), 1, 0), batch
+      )
 
       def accumulate(carry, inputs):
         i, mb = inputs
         (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
         return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
 
-      sums_shape = jax.eval_shape(forward_sums, state.params, jax.tree_util.tree_map(lambda x: x[0], split), rng)
+      first = jax.tree_util.tree_map(lambda x: x[0], split)
+      sums_shape = jax.eval_shape(lambda p: objective.sums(model, p, first, rng), state.params)
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
                jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
       (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(micro), split))
 
     grad_norm = optax.tree.norm(grads)
-    metrics = M.metrics_from_sums(sums)
+    metrics = objective.metrics(sums)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
-    # A non-finite step changes nothing but the counters: a non-finite state is never kept or saved.
-    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
-                              opt_state=keep(new_opt_state, state.opt_state),
-                              skipped=state.skipped + (~finite).astype(jnp.int32))
+    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+    new_state = state.replace(
+        step=state.step + 1, params=keep(new_params, state.params),
+        opt_state=keep(new_opt_state, state.opt_state),
+        skipped=state.skipped + (~finite).astype(jnp.int32),
+    )
     # The rate this step applied: the optimizer's own count, which a skipped step does not advance.
-    metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step - state.skipped), finite=finite,
-                   skipped_updates=new_state.skipped)
+    metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step - state.skipped),
+                   finite=finite, skipped_updates=new_state.skipped)
     return new_state, metrics
 
   return train_step
 
 
-def make_eval_step(config) -> Callable:
-  model = M.AlbertForPreTraining(config.model)
-
-  def eval_step(params, batch):
-    out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                      batch["masked_lm_positions"], deterministic=True)
-    return M.loss_sums(out, batch)
-
-  return eval_step
+def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> dict[str, float]:
+  """Sums `eval_step` over `num_batches` of `batches` (host batches) and returns the metrics."""
+  totals = None
+  for _ in range(num_batches):
+    sums = eval_step(params, sharding.global_batch(next(batches), mesh))
+    totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+  return {k: float(v) for k, v in metrics_fn(totals).items()}
 
 
 # ----------------------------------------------------------------------------------------------------
 # The loop.
+
 
 class _StopSignal:
   """SIGTERM (a TPU preemption notice, or `launch/tpu_pod.sh stop`) asks for a save and a clean exit."""
@@ -219,203 +192,141 @@ class _StopSignal:
     return previous is not None and bool(np.asarray(previous.addressable_data(0)))
 
 
-def evaluate(config, workdir, eval_fn, params, mesh) -> dict[str, float]:
-  """Runs config.train.eval_steps deterministic batches of the eval split."""
-  from albert_jax import data
+class _Profiler:
+  """train.profile_steps > 0: a jax profiler trace of that many steps, from the third step this
+  process runs (after compilation and warm-up), into <workdir>/profile (TensorBoard's profile tab)."""
 
-  it = data.make_iterator(config, workdir, split="eval")
-  totals = None
-  for _ in range(config.train.eval_steps):
-    sums = eval_fn(params, sharding.global_batch(next(it), mesh))
-    totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
-  return {k: float(v) for k, v in M.metrics_from_sums(totals).items()}
+  def __init__(self, workdir: str, first_step: int, num_steps: int):
+    self.logdir = os.path.join(workdir, "profile")
+    self.start, self.stop = first_step + 2, first_step + 2 + num_steps
+    self.active = False
+    self.enabled = num_steps > 0 and jax.process_index() == 0
+
+  def before(self, step: int) -> None:
+    if self.enabled and step == self.start:
+      jax.profiler.start_trace(self.logdir)
+      self.active = True
+
+  def after(self, step: int, outputs) -> None:
+    if self.active and step >= self.stop:
+      jax.block_until_ready(outputs)
+      jax.profiler.stop_trace()
+      self.active = False
+      log(f"profile of steps {self.start + 1}-{step} written to {self.logdir}")
+
+  def close(self) -> None:
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Trains config.train.num_steps steps in workdir, resuming from its latest checkpoint."""
-  from albert_jax import data
-
-  # --- Config and workdir ----------------------------------------------------------------------
+  # --- Config -----------------------------------------------------------------------------------
   config_lib.validate(config)
-  M.model_config(config.model)
   t = config.train
 
-  # --- Mesh ------------------------------------------------------------------------------------
+  # --- Mesh -------------------------------------------------------------------------------------
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(t, mesh)
   log(f"mesh: {sharding.describe(mesh)}; processes: {jax.process_count()}")
 
-  # --- Data ------------------------------------------------------------------------------------
-  _use_the_vocabulary_of_init_from(config)
+  # --- Data -------------------------------------------------------------------------------------
+  pretrained.use_its_vocabulary(config)
   # Process 0 prepares (once); the others then open what it built.
-  info = distributed.primary_first("prepare the data", lambda: data.prepare(config, workdir))
-  train_iter = data.make_iterator(config, workdir, split="train")
+  info = distributed.primary_first("prepare the data", lambda: dataset.prepare(config, workdir))
   log(f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
       f"vocabulary {info.get('spm_model_path')}")
 
-  # --- Model, optimizer, shapes and shardings ---------------------------------------------------
+  # --- Model, optimizer, shapes and shardings -------------------------------------------------
   trainer = build(config, mesh)
-  abstract, shardings = trainer.abstract, trainer.shardings
-  num_params = M.count_params(abstract.params)
-  log(f"model: {num_params:,} parameters ({M.count_params(abstract.params['albert']):,} backbone), "
+  params = trainer.abstract.shapes.params
+  log(f"model: {M.count_params(params):,} parameters ({M.count_params(params['albert']):,} backbone), "
       f"sharing={config.model.sharing}, L={config.model.num_hidden_layers}, H={config.model.hidden_size}, "
       f"E={config.model.embedding_size}")
 
-  # --- Restore or initialise ----------------------------------------------------------------------
-  ckpt = checkpoint.Checkpointer(workdir, t)
-  checkpoint.check_workdir(workdir, config)  # refuses a workdir holding another model's checkpoints
-  start = ckpt.latest_step()
-  distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
-  if start is not None:
-    state, data_state = ckpt.restore(start, checkpoint.abstract_with_shardings(abstract, shardings))
-    train_iter.set_state(data_state)
-    log(f"resumed from step {start} in {workdir}")
-  else:
+  # --- Restore or initialise --------------------------------------------------------------------
+  checkpoint.check_workdir(workdir, config)  # another model's checkpoints: refused before any write
+  with contextlib.ExitStack() as cleanup:
+    ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t))
+    train_iter = cleanup.enter_context(
+        contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train")))
+    start = ckpt.latest_step()
+    distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
+    if start is not None:
+      state, data_state = ckpt.restore(start, trainer.abstract.targets)
+      train_iter.set_state(data_state)
+      log(f"resumed from step {start} in {workdir}")
+    else:
+      with sharding.with_mesh(mesh):
+        state = trainer.init(jax.random.PRNGKey(config.seed))
+      if config.init_from:
+        state = state.replace(params=pretrained.init_params(
+            config, state.params, trainer.abstract.shardings.params))
+      start = 0
+    checkpoint.write_config(workdir, config)  # only now: a failed restore keeps the checkpoints' config
+
+    # --- Compile --------------------------------------------------------------------------------
+    batch = sharding.global_batch(next(train_iter), mesh)
+    compile_start = time.perf_counter()
     with sharding.with_mesh(mesh):
-      state = trainer.init(jax.random.PRNGKey(config.seed))
-    if config.init_from:
-      state = _init_from_pretrained(config, state, shardings.params)
-    start = 0
-  checkpoint.write_config(workdir, config)  # only now: a failed restore keeps the checkpoints' config
+      compiled = trainer.train_step.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - compile_start
+    memory = compiled.memory_analysis()
+    log(f"compiled the train step in {compile_seconds:.1f}s" + (
+        f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else ""))
 
-  # --- Compile ---------------------------------------------------------------------------------
-  first = sharding.global_batch(next(train_iter), mesh)
-  compile_start = time.perf_counter()
-  with sharding.with_mesh(mesh):
-    compiled = trainer.train_step.lower(state, first).compile()
-  compile_seconds = time.perf_counter() - compile_start
-  memory = compiled.memory_analysis()
-  log(f"compiled the train step in {compile_seconds:.1f}s" + (
-      f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else ""))
-
-  # --- Loop ------------------------------------------------------------------------------------
-  writer = MetricWriter(f"{workdir}/tensorboard")
-  writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
-  peak, peak_source = hardware.peak_flops_per_device()
-  # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every CPU
-  # "device" of a process on the same cores).
-  total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
-  flops_per_step = M.flops_per_example(config.model, config.data.max_seq_length,
-                                       config.data.max_predictions_per_seq) * t.batch_size
-  progress = Progress(start, t.num_steps)
-  pending = None  # metrics of the previous step, read one step late so the device never waits
-  # The timing window: its start time and the last step finished by then. Evaluation and saves
-  # restart it, so step time, sequences/s and MFU count training steps only.
-  window_start, window_step = time.perf_counter(), start
-  final: dict[str, Any] = {"start_step": start, "compile_seconds": compile_seconds}
-  eval_metrics: dict[str, float] = {}
-  batch = first
-  step = start
-
-  def restart_window(step_done: int) -> None:
-    nonlocal window_start, window_step
-    window_start, window_step = time.perf_counter(), step_done
-
-  def report(step_done: int, metrics: dict[str, Any]) -> None:
-    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not host.pop("finite") and t.on_nonfinite == "halt":
-      raise FloatingPointError(f"non-finite loss or gradients at step {step_done}; halting "
-                               f"(train.on_nonfinite=halt); the last checkpoint is intact")
-    final["train"] = host
-    if step_done % t.log_every == 0 or step_done == t.num_steps:
-      seconds = (time.perf_counter() - window_start) / max(step_done - window_step, 1)
-      perf = {"step_seconds": seconds, "sequences_per_second": t.batch_size / seconds,
-              "tokens_per_second": t.batch_size * config.data.max_seq_length / seconds}
-      if peak:
-        perf["mfu"] = flops_per_step / seconds / total_peak
-      writer.write(step_done, host, prefix="train/")
-      writer.write(step_done, perf, prefix="perf/")
-      log(f"{progress.line(step_done)} | loss {host['loss']:.3f} mlm_acc {host['masked_lm_accuracy']:.3f} "
-          f"sop_acc {host['sentence_order_accuracy']:.3f} lr {host['learning_rate']:.2e} "
-          f"| {perf['sequences_per_second']:.1f} seq/s"
-          + (f" MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "")
-          + (f" | skipped {int(host['skipped_updates'])}" if host["skipped_updates"] else ""))
-      final["perf"] = perf
-      restart_window(step_done)
-
-  with _StopSignal() as stop:
-    try:
-      while step < t.num_steps:
-        state, metrics = compiled(state, batch)
-        step += 1
-        if pending is not None:
-          report(*pending)
-        pending = (step, metrics)
-        data_state = train_iter.get_state()  # exactly `step` batches consumed
-        if step < t.num_steps:  # loads the next batch while the device runs this step
-          batch = sharding.global_batch(next(train_iter), mesh)
-        if step < t.num_steps and stop.should_stop():  # at the last step, finish as usual
-          report(*pending)
-          pending = None
-          ckpt.save(step, state, data_state)
-          ckpt.wait()
-          log(f"SIGTERM: saved step {step} to {workdir}/checkpoints; exiting")
-          final["preempted_at"] = step
-          break
-        if t.eval_steps and (step % t.eval_every == 0 or step == t.num_steps):
-          report(*pending)
-          pending = None
-          with sharding.with_mesh(mesh):
-            eval_metrics = evaluate(config, workdir, trainer.eval_step, state.params, mesh)
-          writer.write(step, eval_metrics, prefix="eval/")
-          log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
-          final["eval"] = eval_metrics
-          restart_window(step)
-        if step % t.checkpoint_every == 0 or step == t.num_steps:
-          if pending is not None:
-            report(*pending)  # checks finiteness first: a halting run does not save
-            pending = None
-          ckpt.save(step, state, data_state, eval_metrics if step % t.eval_every == 0
-                    or step == t.num_steps else None)
-          restart_window(step)  # the save copied the state to the host: `step` has finished
-      if pending is not None:
-        report(*pending)
-    finally:
-      ckpt.close()
-      writer.close()
-  final["step"] = step
-  final["params"] = state.params
+    # --- Loop -----------------------------------------------------------------------------------
+    writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
+    writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
+    peak, peak_source = hardware.peak_flops_per_device()
+    # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every
+    # CPU "device" of a process on the same cores).
+    total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
+    flops_per_step = t.batch_size * M.flops_per_example(
+        config.model, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    reporter = Reporter(writer, first_step=start, num_steps=t.num_steps, log_every=t.log_every,
+                        sequences_per_step=t.batch_size, tokens_per_sequence=config.data.max_seq_length,
+                        flops_per_step=flops_per_step, peak_flops=total_peak,
+                        halt_on_nonfinite=t.on_nonfinite == "halt")
+    eval_due = Periodic(t.eval_every, last_step=t.num_steps) if t.eval_steps else None
+    save_due = Periodic(t.checkpoint_every, every_seconds=t.checkpoint_every_seconds,
+                        last_step=t.num_steps)
+    profiler = _Profiler(workdir, start, t.profile_steps)
+    cleanup.callback(profiler.close)
+    eval_metrics: dict[str, float] = {}
+    step = start
+    stop = cleanup.enter_context(_StopSignal())
+    while step < t.num_steps:
+      profiler.before(step)
+      state, metrics = compiled(state, batch)
+      step += 1
+      reporter.push(step, metrics)  # logs the previous step's metrics: the device never waits
+      profiler.after(step, metrics)
+      data_state = train_iter.get_state()  # exactly `step` batches consumed
+      last = step == t.num_steps
+      if not last:  # loads the next batch while the device runs this step
+        batch = sharding.global_batch(next(train_iter), mesh)
+      if not last and stop.should_stop():  # at the last step, finish as usual
+        reporter.flush()
+        ckpt.save(step, state, data_state)
+        ckpt.wait()
+        log(f"SIGTERM: saved step {step} to {workdir}/checkpoints; exiting")
+        break
+      evaluated = eval_due is not None and eval_due(step)
+      if evaluated:
+        reporter.flush()
+        with sharding.with_mesh(mesh), contextlib.closing(
+            input_pipeline.make_iterator(config, workdir, split="eval")) as eval_batches:
+          eval_metrics = evaluate(trainer.eval_step, state.params, eval_batches, t.eval_steps, mesh,
+                                  M.metrics_from_sums)
+        writer.write(step, eval_metrics, prefix="eval/")
+        log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
+        reporter.restart_window(step)
+      if save_due(step):
+        reporter.flush()  # checks finiteness first: a halting run does not save
+        ckpt.save(step, state, data_state, eval_metrics if evaluated else None)
+        reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
+    reporter.flush()
   log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
       f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})")
-  return final
-
-
-def _use_the_vocabulary_of_init_from(config) -> None:
-  """Imported embeddings belong to the vocabulary they were trained with: the run uses that one.
-
-  init_from's spiece.model (every Hub ALBERT and every export of ours ships one) becomes
-  data.spm_model_path when none is set; a different one given there is refused. Without one in
-  init_from, data.spm_model_path must name it: a vocabulary trained anew would read the imported
-  embeddings with other pieces.
-  """
-  if not config.init_from:
-    return
-  from albert_jax import data  # pylint: disable=g-import-not-at-top
-
-  theirs = os.path.join(config.init_from, "spiece.model")
-  given = config.data.spm_model_path
-  if not os.path.isfile(theirs):
-    if not given:
-      raise config_lib.ConfigError(
-          f"{config.init_from} holds no spiece.model: set data.spm_model_path to the vocabulary its "
-          f"embeddings were trained with")
-    return
-  if not given:
-    config.data.spm_model_path = theirs
-    log(f"vocabulary: {theirs} (the one init_from's embeddings were trained with)")
-  elif not os.path.isfile(given) or data._sha256(given) != data._sha256(theirs):  # pylint: disable=protected-access
-    raise config_lib.ConfigError(
-        f"data.spm_model_path={given} is not the vocabulary of init_from ({theirs}); the imported "
-        f"embeddings would be read with other pieces")
-
-
-def _init_from_pretrained(config, state: TrainState, param_shardings) -> TrainState:
-  """Replaces the fresh parameters by a Hugging Face directory's or a jax export's (same shapes)."""
-  from albert_jax import hf
-
-  # Checks sizes and sharing (one-line error), lays the weights out for this config, and takes the
-  # modules a checkpoint lacks (AlbertForMaskedLM: pooler, SOP head) from the fresh parameters.
-  params, _ = hf.load_pretrained(config.init_from, config.model, init_params=state.params)
-  params = jax.tree_util.tree_map(lambda x, s: jax.device_put(np.asarray(x), s), params, param_shardings)
-  log(f"initialised parameters from {config.init_from}")
-  return state.replace(params=params)

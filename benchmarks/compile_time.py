@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
-from albert_jax import cli, config_lib  # noqa: E402
+from albert_jax import cli, config_lib, examples  # noqa: E402
 from albert_jax import model as albert_model  # noqa: E402
 
 MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
@@ -58,14 +58,10 @@ def model_config(*, layers: int, scan_layers: bool, hidden: int = 768, heads: in
 
 
 def abstract_batch(batch: int, seq: int, predictions: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The data pipeline's batch (CONTRACT "Batch keys/dtypes") as shapes only."""
-  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-  return {
-      "input_ids": i32(batch, seq), "input_mask": i32(batch, seq), "segment_ids": i32(batch, seq),
-      "masked_lm_positions": i32(batch, predictions), "masked_lm_ids": i32(batch, predictions),
-      "masked_lm_weights": jax.ShapeDtypeStruct((batch, predictions), jnp.float32),
-      "sentence_order_label": i32(batch),
-  }
+  """The data pipeline's batch (examples.FEATURES) as shapes only."""
+  dims = {"B": batch, "S": seq, "P": predictions}
+  return {k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype)
+          for k, (shape, dtype) in examples.FEATURES.items()}
 
 
 def train_style_step(cfg: albert_model.ModelConfig):

@@ -6,7 +6,7 @@
    of at least 8,000 characters, so examples fill the sequence) as BERT-format text files,
    `corpus_copies` times, and prepares it at sequence 128 (training an 8000-piece vocabulary) and 512 (reusing it):
    prepare throughput in MB of raw text per second, for tokenizing + pairing alone and end to end.
-2. Reads batches from each prepared dataset through albert_jax.data.make_iterator exactly as training
+2. Reads batches from each prepared dataset through albert_jax.input_pipeline.make_iterator exactly as training
    does (global shuffle, TFDS ArrayRecord reads, dynamic whole-word masking, batching) in one thread
    (data.prefetch=0, no workers) and reports examples per CPU-second of this process: examples/s
    per core. A TPU host training albert base needs (global batch 4096 / hosts) examples per step.
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from albert_jax import corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax import data  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax import dataset, input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpus to prepare.")
@@ -74,7 +74,7 @@ def _config(files: str, seq: int, spm_model_path: str = "", batch_size: int = 12
 
 
 def _pipeline_rate(config, workdir: str, batches: int) -> dict:
-  it = data.make_iterator(config, workdir, "train", process_index=0, process_count=1)
+  it = input_pipeline.make_iterator(config, workdir, "train", process_index=0, process_count=1)
   for _ in range(3):   # warm up: readers opened, first pages cached
     next(it)
   wall, cpu = time.perf_counter(), time.process_time()
@@ -97,7 +97,7 @@ def main(argv):
     workdir = os.path.join(root, f"seq{seq}")
     config = _config(files, seq, spm_path, _BATCH.value)
     t0 = time.perf_counter()
-    info = data.prepare(config, workdir)
+    info = dataset.prepare(config, workdir)
     fresh = info["seconds"] <= time.perf_counter() - t0 + 1
     spm_path = spm_path or info["spm_model_path"]
     rate = _pipeline_rate(config, workdir, _BATCHES.value)

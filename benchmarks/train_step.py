@@ -56,7 +56,7 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from albert_jax import cli, config_lib, hardware, sharding, train  # noqa: E402
+from albert_jax import cli, config_lib, examples, hardware, sharding, train  # noqa: E402
 from albert_jax import model as albert_model  # noqa: E402
 
 MODELS = ("albert_base", "albert_large")
@@ -98,15 +98,16 @@ def random_batch(batch: int, seq: int, predictions: int, vocab: int, seed: int =
   rng = np.random.default_rng(seed)
   positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
                                 for _ in range(batch)]), axis=1)
-  return {
-      "input_ids": rng.integers(5, vocab, (batch, seq)).astype(np.int32),
-      "input_mask": np.ones((batch, seq), np.int32),
-      "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0).astype(np.int32),
-      "masked_lm_positions": positions.astype(np.int32),
-      "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)).astype(np.int32),
-      "masked_lm_weights": np.ones((batch, predictions), np.float32),
-      "sentence_order_label": rng.integers(0, 2, (batch,)).astype(np.int32),
+  values = {
+      "input_ids": rng.integers(5, vocab, (batch, seq)),
+      "input_mask": np.ones((batch, seq)),
+      "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0),
+      "masked_lm_positions": positions,
+      "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
+      "masked_lm_weights": np.ones((batch, predictions)),
+      "sentence_order_label": rng.integers(0, 2, (batch,)),
   }
+  return {k: values[k].astype(dtype) for k, (_, dtype) in examples.FEATURES.items()}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax import corpus
-from albert_jax import data
+from albert_jax import dataset, examples, input_pipeline
 from albert_jax.config_lib import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +55,7 @@ def prepared(tmp_path_factory):
   files = _write_corpus(str(root / "corpus"), _topic_documents())
   config = _config(files)
   workdir = str(root / "work")
-  info = data.prepare(config, workdir)
+  info = dataset.prepare(config, workdir)
   return config, workdir, info
 
 
@@ -74,7 +74,7 @@ def _take(it, n):
 
 def _split_contents(info, split):
   import tensorflow_datasets as tfds
-  source = tfds.data_source(data.DATASET_NAME, split=split, data_dir=info["data_dir"], download=False)
+  source = tfds.data_source(dataset.DATASET_NAME, split=split, data_dir=info["data_dir"], download=False)
   return [tuple(source[i]["input_ids"].tolist()) for i in range(len(source))]
 
 
@@ -83,16 +83,16 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
   import tensorflow_datasets as tfds
   ddir = info["data_dir"]
   assert ddir == os.path.join(workdir, "data")
-  version_dir = os.path.join(ddir, data.DATASET_NAME, data.DATASET_VERSION)
-  assert any(f.startswith(f"{data.DATASET_NAME}-train.array_record") for f in os.listdir(version_dir))
+  version_dir = os.path.join(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
+  assert any(f.startswith(f"{dataset.DATASET_NAME}-train.array_record") for f in os.listdir(version_dir))
   builder = tfds.builder_from_directory(version_dir)
   assert builder.info.splits["train"].num_examples == info["num_train_examples"] > 1000
   assert builder.info.splits["eval"].num_examples == info["num_eval_examples"] > 20
   # Read back through tfds.data_source with TFDS's own decoding; the loader's fast decoding agrees.
-  source = tfds.data_source(data.DATASET_NAME, split="train", data_dir=ddir, download=False)
+  source = tfds.data_source(dataset.DATASET_NAME, split="train", data_dir=ddir, download=False)
   assert len(source) == info["num_train_examples"]
-  raw = data.open_source(ddir, "train")
-  loader = data._Loader(raw, SEQ, _NoMask(), seed=0)
+  raw = dataset.open_source(ddir, "train")
+  loader = input_pipeline._Loader(raw, SEQ, _NoMask(), seed=0)
   picks = np.array([0, 7, len(source) - 1])
   got = loader((np.zeros(3, np.int64), picks))
   for r, i in enumerate(picks):
@@ -102,7 +102,7 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
     np.testing.assert_array_equal(got["input_ids"][r, :n], ex["input_ids"])
     np.testing.assert_array_equal(got["segment_ids"][r, :n], ex["segment_ids"])
     assert got["sentence_order_label"][r] == ex["sentence_order_label"]
-  assert os.path.isfile(info["spm_model_path"]) and info["spm_model_path"] == data.spm_model_path(
+  assert os.path.isfile(info["spm_model_path"]) and info["spm_model_path"] == dataset.spm_model_path(
       config, workdir)
   assert info["documents"] == info["train_documents"] + info["eval_documents"] == len(_topic_documents())
   assert 0.45 <= info["sentence_order_label_1_fraction"] <= 0.55
@@ -118,32 +118,32 @@ class _NoMask:
 
 def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   config, workdir, info = prepared
-  stamp = os.path.getmtime(os.path.join(info["data_dir"], data.PREPARED_FILE))
-  assert data.prepare(config, workdir) == info
+  stamp = os.path.getmtime(os.path.join(info["data_dir"], dataset.PREPARED_FILE))
+  assert dataset.prepare(config, workdir) == info
   for field, value, name in [("max_seq_length", 128, "max_seq_length"), ("task", "nsp", "task"),
                              ("single_sentence_random_next", True, "single_sentence_random_next"),
                              ("do_lower_case", False, "do_lower_case")]:
     other = _config(config.data.input_files, **{field: value})
     with pytest.raises(ConfigError, match=f"prepared with other settings: .*{name}"):
-      data.prepare(other, workdir)
+      dataset.prepare(other, workdir)
   other = _config(config.data.input_files)
   other.seed = 1
   with pytest.raises(ConfigError, match="seed"):
-    data.make_iterator(other, workdir)
+    input_pipeline.make_iterator(other, workdir)
   # Bringing the very vocabulary the data was built with is accepted.
   same_vocab = _config(config.data.input_files, spm_model_path=info["spm_model_path"])
-  assert data.prepare(same_vocab, workdir)["num_train_examples"] == info["num_train_examples"]
-  assert os.path.getmtime(os.path.join(info["data_dir"], data.PREPARED_FILE)) == stamp
+  assert dataset.prepare(same_vocab, workdir)["num_train_examples"] == info["num_train_examples"]
+  assert os.path.getmtime(os.path.join(info["data_dir"], dataset.PREPARED_FILE)) == stamp
   # Masking settings are not part of the data: they may change freely.
   masking = _config(config.data.input_files, max_predictions_per_seq=5, static_masking=True)
-  assert next(data.make_iterator(masking, workdir, process_index=0, process_count=1))[
+  assert next(input_pipeline.make_iterator(masking, workdir, process_index=0, process_count=1))[
       "masked_lm_positions"].shape == (BATCH, 5)
 
 
 def test_batches_entry_point(prepared):
   config, workdir, _ = prepared
-  batch = next(data.batches(config, workdir))   # process index/count from jax: 0 of 1
-  assert sorted(batch) == sorted(data.FEATURE_KEYS)
+  batch = next(input_pipeline.batches(config, workdir))   # process index/count from jax: 0 of 1
+  assert sorted(batch) == sorted(examples.FEATURE_KEYS)
   shapes = {k: (v.shape, v.dtype.name) for k, v in batch.items()}
   assert shapes == {
       "input_ids": ((BATCH, SEQ), "int32"), "input_mask": ((BATCH, SEQ), "int32"),
@@ -167,11 +167,11 @@ def _unmasked_row(batch, r):
 def test_same_seed_same_batches_and_new_masks_each_epoch(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
-  it = data.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
   steps = 2 * n // BATCH + 1
   batches = _take(it, steps)
   threaded = _config(config.data.input_files, prefetch=2)   # a prefetch thread changes nothing
-  again = _take(data.make_iterator(threaded, workdir, process_index=0, process_count=1), 10)
+  again = _take(input_pipeline.make_iterator(threaded, workdir, process_index=0, process_count=1), 10)
   for a, b in zip(batches, again):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
@@ -191,7 +191,7 @@ def test_static_masking_repeats_with_period_dupe_factor(prepared):
   n = info["num_train_examples"]
   static = _config(config.data.input_files, static_masking=True, dupe_factor=2, shuffle=False)
   rows = [(key, b["masked_lm_positions"][r].tolist())
-          for b in _take(data.make_iterator(static, workdir, process_index=0, process_count=1),
+          for b in _take(input_pipeline.make_iterator(static, workdir, process_index=0, process_count=1),
                          3 * n // BATCH + 1)
           for r, key in enumerate(_unmasked(b))]
   e0, e1, e2 = (rows[i * n:(i + 1) * n] for i in range(3))
@@ -203,12 +203,12 @@ def test_static_masking_repeats_with_period_dupe_factor(prepared):
 def test_restored_iterator_continues_exactly(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
-  it = data.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
   stop = n // BATCH - 3            # mid-epoch, and the following batches cross into epoch 1
   _take(it, stop)
   state = json.loads(json.dumps(it.get_state()))
   reference = _take(it, 8)
-  resumed = data.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
   resumed.set_state(state)
   for a, b in zip(reference, _take(resumed, 8)):
     for k in a:
@@ -216,14 +216,14 @@ def test_restored_iterator_continues_exactly(prepared):
   other = _config(config.data.input_files)
   bad = dict(state, num_examples=n + 1)
   with pytest.raises(ConfigError, match="dataset of"):
-    data.make_iterator(other, workdir, process_index=0, process_count=1).set_state(bad)
+    input_pipeline.make_iterator(other, workdir, process_index=0, process_count=1).set_state(bad)
 
 
 def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
   steps = -(-n // BATCH)
-  hosts = [_take(data.make_iterator(config, workdir, process_index=h, process_count=2), steps)
+  hosts = [_take(input_pipeline.make_iterator(config, workdir, process_index=h, process_count=2), steps)
            for h in (0, 1)]
   assert hosts[0][0]["input_ids"].shape == (BATCH // 2, SEQ)
   # Global batch k is host 0's rows and host 1's rows interleaved (positions k*B + h + 2j).
@@ -243,13 +243,13 @@ def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
 
 def test_eval_is_deterministic_and_in_stored_order(prepared):
   config, workdir, info = prepared
-  first = _take(data.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
-  second = _take(data.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
+  first = _take(input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
+  second = _take(input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
   for a, b in zip(first, second):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
   stored = _split_contents(info, "eval")
-  it = data.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
+  it = input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
   rows = [(key, b["masked_lm_positions"][r].tolist()) for b in _take(it, 2 * len(stored) // BATCH + 1)
           for r, key in enumerate(_unmasked(b))]
   assert [k for k, _ in rows[:len(stored)]] == stored == [k for k, _ in rows[len(stored):2 * len(stored)]]
@@ -335,7 +335,7 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
     config.model.vocab_size = 2000
   workdir = tmp_path / "work"
   with pytest.raises(ConfigError, match=match) as err:
-    data.prepare(config, str(workdir))
+    dataset.prepare(config, str(workdir))
   assert "\n" not in str(err.value)
   # Nothing is left behind by the failed run (no data dir, no temporary directory).
   assert not workdir.exists() or os.listdir(workdir) == []
@@ -348,7 +348,7 @@ def test_remote_data_dir_is_one_line_and_creates_nothing(prepared, tmp_path, mon
   for data_dir, workdir in [("gs://bucket/data", "w"), ("", "gs://bucket/run")]:
     config.data.data_dir = data_dir
     with pytest.raises(ConfigError, match="prepared data must be on a local or mounted filesystem, not gs://"):
-      data.prepare(config, workdir)
+      dataset.prepare(config, workdir)
   assert os.listdir(tmp_path) == []   # no local directory named "gs:"
 
 
@@ -358,8 +358,8 @@ def test_damaged_prepared_json_is_one_line_and_kept(prepared, tmp_path, content)
   ddir = tmp_path / "work" / "data"
   ddir.mkdir(parents=True)
   (ddir / "prepared.json").write_text(content)
-  for call in (lambda: data.prepare(config, str(tmp_path / "work")),
-               lambda: data.make_iterator(config, str(tmp_path / "work"))):
+  for call in (lambda: dataset.prepare(config, str(tmp_path / "work")),
+               lambda: input_pipeline.make_iterator(config, str(tmp_path / "work"))):
     with pytest.raises(ConfigError, match=r"prepared.json is damaged .*remove .*data to prepare"):
       call()
   assert (ddir / "prepared.json").read_text() == content  # nothing overwritten
@@ -380,11 +380,11 @@ def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
   text = "\n\n".join("\n".join(doc) for doc in docs).encode() + b"\n\nbad \xc3\x28 line\nfine line.\n"
   (d / "a.txt").write_bytes(text)
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.1)
-  got = data.prepare(config, str(tmp_path / "work"))
+  got = dataset.prepare(config, str(tmp_path / "work"))
   assert got["non_utf8_lines_skipped"] == 1
   assert got["single_sentence_chunks"] >= 40 and got["truncated_pairs"] >= 20
   assert got["documents"] == 121
-  batch = next(data.make_iterator(config, str(tmp_path / "work"), process_index=0, process_count=1))
+  batch = next(input_pipeline.make_iterator(config, str(tmp_path / "work"), process_index=0, process_count=1))
   assert batch["input_ids"].shape == (BATCH, SEQ)
 
 
@@ -406,7 +406,7 @@ def test_builds_left_by_killed_prepares_are_removed(prepared, tmp_path):
   foreign = work / ".data.tmp-otherhost-1-x3"                 # another host's: never touched
   for p in (stale, running, foreign):
     (p / "albert_pretraining").mkdir(parents=True)
-  data.prepare(config, str(work))
+  dataset.prepare(config, str(work))
   assert sorted(os.listdir(work)) == sorted(["data", running.name, foreign.name])
 
 
@@ -418,23 +418,23 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
                            + "\n\n" + "\n".join(f"Line {i} of document two." for i in range(40)) + "\n")
   workdir = str(tmp_path / "work")
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.5)
-  before = data.prepare(config, workdir)
+  before = dataset.prepare(config, workdir)
   listing = sorted(os.listdir(before["data_dir"]))
   # An edit that keeps the file's size is another corpus too (its modification time moved).
   text = (d / "a.txt").read_text()
   (d / "a.txt").write_text("s" + text[1:])
   os.utime(d / "a.txt", ns=(os.stat(d / "a.txt").st_atime_ns, os.stat(d / "a.txt").st_mtime_ns + 10**9))
   with pytest.raises(ConfigError, match="corpus"):
-    data.prepare(config, workdir)
+    dataset.prepare(config, workdir)
   (d / "a.txt").write_text("changed corpus, and now \n")    # another corpus: refused, data kept
   with pytest.raises(ConfigError, match="corpus"):
-    data.prepare(config, workdir)
+    dataset.prepare(config, workdir)
   assert sorted(os.listdir(before["data_dir"])) == listing
   assert len(_split_contents(before, "train")) == before["num_train_examples"]
   # Training needs only the prepared data: the raw corpus may go away.
   os.remove(d / "a.txt")
-  assert data.prepare(config, workdir)["num_train_examples"] == before["num_train_examples"]
-  assert next(data.make_iterator(config, workdir, "eval", process_index=0, process_count=1))
+  assert dataset.prepare(config, workdir)["num_train_examples"] == before["num_train_examples"]
+  assert next(input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1))
 
 
 def test_tfds_text_source(prepared, tmp_path):
@@ -469,7 +469,7 @@ def test_tfds_text_source(prepared, tmp_path):
   assert np.mean([len(d) for d in docs]) > 10   # split back into sentences
   config = _config("", tfds_name="tiny_text", tfds_data_dir=str(tmp_path / "tfds"),
                    spm_model_path=info["spm_model_path"])
-  got = data.prepare(config, str(tmp_path / "work"))
+  got = dataset.prepare(config, str(tmp_path / "work"))
   assert got["documents"] == 40 and got["num_train_examples"] > 100
   with pytest.raises(ConfigError, match="cannot open TFDS dataset 'no_such_dataset'"):
     list(corpus.tfds_documents("no_such_dataset", data_dir=str(tmp_path / "tfds")))
@@ -507,9 +507,9 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
 
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
-  reference = _take(data.make_iterator(config, workdir, process_index=0, process_count=1), 4)
+  reference = _take(input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1), 4)
   workers = _config(config.data.input_files, num_workers=2, prefetch=2)
-  it = data.make_iterator(workers, workdir, process_index=0, process_count=1)
+  it = input_pipeline.make_iterator(workers, workdir, process_index=0, process_count=1)
   try:
     got = _take(it, 2)
     state = json.loads(json.dumps(it.get_state()))
@@ -520,14 +520,14 @@ def test_worker_processes_give_the_same_batches(prepared):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
       assert type(b[k]) is np.ndarray
-  resumed = data.make_iterator(workers, workdir, process_index=0, process_count=1)
+  resumed = input_pipeline.make_iterator(workers, workdir, process_index=0, process_count=1)
   try:
     resumed.set_state(state)
     np.testing.assert_array_equal(next(resumed)["input_ids"], reference[2]["input_ids"])
   finally:
     resumed.close()
   with pytest.raises(ConfigError, match="num_workers=2"):
-    data.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
+    input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
 
 
 def test_prepare_flag_errors_are_one_line(tmp_path):

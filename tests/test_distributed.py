@@ -3,7 +3,7 @@
 Two processes with 2 devices each train the tiny config (shrunk) and end with the same parameters as one
 process with 4 devices on the same global batch; their checkpoint restores and continues in a second
 two-process run; each process reads its own rows of every global batch (recorded by a thin wrapper
-around data.make_iterator). A process whose peer never joins, and hosts that run different configs,
+around input_pipeline.make_iterator). A process whose peer never joins, and hosts that run different configs,
 end with one `error: ...` line instead of hanging.
 """
 import collections
@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, data, distributed
+from albert_jax import checkpoint, dataset, distributed, input_pipeline
 from albert_jax.config_lib import ConfigError
 from tests.test_model import load_config
 
@@ -31,12 +31,12 @@ DATA = dict(max_seq_length=64, max_predictions_per_seq=10, max_documents=100)
 TRAIN = dict(batch_size=16, warmup_steps=2, log_every=1, eval_every=1000, eval_steps=1, checkpoint_every=2,
              keep_checkpoints=3)
 
-# Runs albert_jax.main with data.make_iterator wrapped so that every train batch this process reads is
+# Runs albert_jax.main with input_pipeline.make_iterator wrapped so that every train batch this process reads is
 # appended (input_ids rows) to $ALBERT_TEST_RECORD.<process index>.
 RECORDING_MAIN = r"""
 import json, os, runpy, sys
-from albert_jax import data
-make_iterator = data.make_iterator
+from albert_jax import dataset, input_pipeline
+make_iterator = input_pipeline.make_iterator
 
 class Recorder:
   def __init__(self, it, path):
@@ -58,7 +58,7 @@ def recording_make_iterator(config, workdir, split="train", *args, **kwargs):
   import jax
   return Recorder(it, os.environ["ALBERT_TEST_RECORD"] + f".{jax.process_index()}")
 
-data.make_iterator = recording_make_iterator
+input_pipeline.make_iterator = recording_make_iterator
 runpy.run_module("albert_jax.main", run_name="__main__", alter_sys=True)
 """
 
@@ -74,7 +74,7 @@ def small_config(data_dir):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   root = tmp_path_factory.mktemp("prepared")
-  data.prepare(small_config(str(root / "data")), str(root))
+  dataset.prepare(small_config(str(root / "data")), str(root))
   return str(root / "data")
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from albert_jax import config_lib, export, hf
+from albert_jax import config_lib, export, hf, jax_export, pretrained
 from albert_jax import model as M
 from albert_jax import tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
@@ -173,7 +173,7 @@ def test_sharing_none_and_e_eq_h_export_exactly(tmp_path):
   diff = max_diff(our_logits(params, cfg, x), hf_logits(model.eval(), x))
   print(f"sharing=none, E=H: max |ours - HF| = {diff:.2e}")
   assert diff < TOL
-  back, back_cfg = hf.load_pretrained(str(tmp_path / "out"), cfg)
+  back, back_cfg = pretrained.load_pretrained(str(tmp_path / "out"), cfg)
   assert_same_tree(back, params)
   assert back_cfg == dataclasses.asdict(M.model_config(cfg))
 
@@ -190,10 +190,10 @@ def test_shared_attention_is_refused_or_unshared_exactly(tmp_path):
   assert max_diff(our_logits(params, cfg, x), hf_logits(model, x)) < TOL
   # The unshared copy comes back as shared-attention exactly (its attention weights are identical in
   # every layer), not as shared-FFN.
-  back, _ = hf.load_pretrained(str(tmp_path / "unshared"), cfg)
+  back, _ = pretrained.load_pretrained(str(tmp_path / "unshared"), cfg)
   assert_same_tree(back, params)
   with pytest.raises(ConfigError, match="distinct feed_forward weights per layer"):
-    hf.load_pretrained(str(tmp_path / "unshared"), small(sharing="ffn"))
+    pretrained.load_pretrained(str(tmp_path / "unshared"), small(sharing="ffn"))
 
 
 def write_corpus(path, documents=200, seed=0):
@@ -230,7 +230,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   """A tiny model trained a few steps by the trainer, exported from its checkpoint by the CLI: no
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
   exported tokenizer gives our ids (special tokens included) on the run's own vocabulary."""
-  from albert_jax import data, train
+  from albert_jax import dataset, train
   from tests.test_model import load_config
 
   sentences = write_corpus(tmp_path / "corpus.txt")
@@ -263,7 +263,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   hf_model_, info = transformers.AlbertForPreTraining.from_pretrained(out, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
   tok = transformers.AlbertTokenizer.from_pretrained(out)
-  ours_tok = tokenizer_lib.load(data.spm_model_path(run_config, workdir))
+  ours_tok = tokenizer_lib.load(dataset.spm_model_path(run_config, workdir))
   assert [tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id] == [
       0, 1, 2, 3, 4]
   assert tok.convert_ids_to_tokens([0, 1, 2, 3, 4]) == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
@@ -293,13 +293,13 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   # The jax export: parameters only, the same numbers; load_pretrained reads both formats exactly.
   jax_out = export.export(workdir, str(tmp_path / "jax"), step="best", fmt="jax")
   assert sorted(os.listdir(jax_out)) == ["README.md", "config.json", "params.safetensors", "spiece.model"]
-  loaded, loaded_cfg = hf.load_jax_export(jax_out)
+  loaded, loaded_cfg = jax_export.load_jax_export(jax_out)
   assert loaded_cfg == dataclasses.asdict(M.model_config(cfg))
   backbone = jax.jit(M.AlbertModel(loaded_cfg).apply)({"params": loaded["albert"]}, xb["input_ids"],
                                                       xb["token_type_ids"], xb["attention_mask"])
   assert backbone["sequence_output"].shape == (3, xb["input_ids"].shape[1], 32)
   assert_same_tree(loaded, params)
-  from_hf, from_hf_cfg = hf.load_pretrained(out, cfg)
+  from_hf, from_hf_cfg = pretrained.load_pretrained(out, cfg)
   assert_same_tree(from_hf, params)
   assert from_hf_cfg == dataclasses.asdict(M.model_config(cfg))
 
@@ -348,7 +348,7 @@ def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):
   run = small(num_hidden_layers=4, sharing="all", num_hidden_groups=4)  # the same weights as 4 groups
   init = M.init_shapes(run)
   init = jax.tree_util.tree_map(lambda s: np.full(s.shape, 7.0, s.dtype), nn.unbox(init))
-  got, got_cfg = hf.load_pretrained(str(tmp_path / "mlm"), run, init_params=init)
+  got, got_cfg = pretrained.load_pretrained(str(tmp_path / "mlm"), run, init_params=init)
   assert got_cfg["num_hidden_groups"] == 4 and got_cfg["sharing"] == "all"
   assert np.all(got["sop_classifier"]["classifier"]["kernel"] == 7.0)  # from init_params
   assert np.all(got["albert"]["pooler"]["kernel"] == 7.0)
@@ -363,18 +363,18 @@ def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):
   ref = ref.logits.numpy()
   mlm, _ = our_logits(got, run, x)
   assert float(np.abs(mlm - np.take_along_axis(ref, x["masked_lm_positions"][..., None], 1)).max()) < TOL
-  unrolled, _ = hf.load_pretrained(str(tmp_path / "mlm"), small(num_hidden_layers=4, sharing="none",
+  unrolled, _ = pretrained.load_pretrained(str(tmp_path / "mlm"), small(num_hidden_layers=4, sharing="none",
                                                                 scan_layers=False))
   assert "albert_layer_groups_3" in unrolled["albert"]["encoder"]
   with pytest.raises(ConfigError, match="hidden_size: checkpoint 32 != config 64"):
-    hf.load_pretrained(str(tmp_path / "mlm"), small(num_hidden_layers=4, hidden_size=64))
+    pretrained.load_pretrained(str(tmp_path / "mlm"), small(num_hidden_layers=4, hidden_size=64))
   with pytest.raises(ConfigError, match="4 layer group.*sharing='all', num_hidden_groups=1"):
-    hf.load_pretrained(str(tmp_path / "mlm"), small(num_hidden_layers=4))
+    pretrained.load_pretrained(str(tmp_path / "mlm"), small(num_hidden_layers=4))
   # A learned E == H projection cannot go into an "auto" model (which has none).
   hf_model(embedding_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
            intermediate_size=48).save_pretrained(tmp_path / "eh")
   with pytest.raises(ConfigError, match="E == H; set --config.model.embedding_hidden_mapping=always"):
-    hf.load_pretrained(str(tmp_path / "eh"), small(num_hidden_layers=1, embedding_size=32))
+    pretrained.load_pretrained(str(tmp_path / "eh"), small(num_hidden_layers=1, embedding_size=32))
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
@@ -410,7 +410,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   with pytest.raises(ConfigError, match="untied MLM decoder"):
     hf.load_hf(str(tmp_path / "legacy"))
   with pytest.raises(ConfigError, match="neither a Hugging Face"):
-    hf.load_pretrained(str(tmp_path))
+    pretrained.load_pretrained(str(tmp_path))
   (tmp_path / "busy").mkdir()
   (tmp_path / "busy" / "x").write_text("x")
   cfg = small()

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, data, optim, sharding, train
+from albert_jax import checkpoint, dataset, input_pipeline, optim, sharding, train
 from albert_jax.config_lib import ConfigError
 from tests.test_model import load_config
 
@@ -47,12 +47,12 @@ def overrides(data_dir, **train_fields):
 def data_dir(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("prepared"))
   config = small_config(os.path.join(workdir, "data"))
-  data.prepare(config, workdir)
+  dataset.prepare(config, workdir)
   return os.path.join(workdir, "data")
 
 
 def first_batches(config, n):
-  it = data.make_iterator(config, "unused-workdir", split="train")
+  it = input_pipeline.make_iterator(config, "unused-workdir", split="train")
   return [next(it) for _ in range(n)]
 
 

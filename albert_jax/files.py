@@ -1,0 +1,49 @@
+"""Small file utilities shared by every writer: JSON in and out, and directories that appear whole."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from typing import Iterator
+
+from albert_jax.config_lib import ConfigError
+
+
+def read_json(path: str) -> dict:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+def write_json(path: str, obj: dict) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
+    f.write("\n")
+
+
+@contextlib.contextmanager
+def staged_dir(out_dir: str, readme: str | None) -> Iterator[str]:
+  """Yields a temporary sibling of out_dir (which must be missing or empty) to write into; when the
+  block completes, adds README.md and renames the sibling into place; it never outlives the block."""
+  out_dir = os.path.abspath(out_dir)
+  if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+    raise ConfigError(f"{out_dir} exists and is not an empty directory")
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  try:
+    yield tmp
+    if readme:
+      with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+        f.write(readme)
+    if os.path.isdir(out_dir):
+      os.rmdir(out_dir)  # empty (checked above)
+    os.replace(tmp, out_dir)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)

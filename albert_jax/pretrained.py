@@ -1,0 +1,141 @@
+"""--config.init_from: parameters from a Hugging Face ALBERT directory or one of our jax exports.
+
+The checkpoint's architecture must match the run's; its layout (scan or not, groups, E == H) is
+converted to the run's; the pooler and heads it lacks keep their fresh initialisation. Its vocabulary
+comes with it (`use_its_vocabulary`), since the embeddings belong to the pieces they were trained with.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from albert_jax import files
+from albert_jax import model as model_lib
+from albert_jax.metrics import log
+from albert_jax.config_lib import ConfigError
+from albert_jax.dataset import file_sha256
+from albert_jax.hf import (ARCHITECTURE_FIELDS, HF_WEIGHTS, OPTIONAL_MODULES, config_dict, encoder_groups,
+                           encoder_tree, get_path, load_hf, put_path)
+from albert_jax.jax_export import JAX_PARAMS, check_shapes, load_jax_export
+
+
+def is_hf_dir(path: str) -> bool:
+  config_file = os.path.join(path, "config.json")
+  return os.path.isfile(config_file) and files.read_json(config_file).get("model_type") is not None
+
+
+def load_pretrained(path: str, model_config: Any = None, init_params: Any = None) -> tuple[dict, dict]:
+  """(params, model_config dict) from a Hugging Face ALBERT directory or one of our jax exports.
+
+  Alone: the checkpoint in its own layout and config. With `model_config` (a run's config.model): the
+  architecture (ARCHITECTURE_FIELDS) and the sharing must match, or a one-line ConfigError says what
+  differs; the parameters come back in that config's layout (scan or not, sharing="none" or G=L groups,
+  E == H with an identity projection dropped or added), cast to its param_dtype, and the returned config
+  is `model_config` itself. With `init_params` too (the run's fresh parameters, boxed or not): the pooler
+  and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
+  from them as they are, and the tree is checked leaf by leaf against them (shapes).
+  """
+  if not os.path.isdir(path):
+    raise ConfigError(f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
+                      f"--format=jax export)")
+  if os.path.isfile(os.path.join(path, JAX_PARAMS)):
+    params, src_config = load_jax_export(path)
+  elif is_hf_dir(path):
+    params, src_config = load_hf(path)
+  else:
+    raise ConfigError(f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
+                      f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})")
+  if model_config is None:
+    return params, src_config
+  src = model_lib.model_config(src_config)
+  cfg = model_lib.model_config(model_config)
+  diffs = [f"model.{k}: checkpoint {getattr(src, k)!r} != config {getattr(cfg, k)!r}"
+           for k in ARCHITECTURE_FIELDS if getattr(src, k) != getattr(cfg, k)]
+  if diffs:
+    raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
+  encoder = params["albert"]["encoder"]
+  mapping_in = encoder.pop("embedding_hidden_mapping_in", None)
+  if src.sharing in ("attention", "ffn"):  # one of our jax exports: only the same mode can hold it
+    if src.sharing != cfg.sharing:
+      raise ConfigError(f"init_from={path} has model.sharing={src.sharing!r}, the config {cfg.sharing!r}")
+    new_encoder = encoder
+  else:  # a layout change; a shared-attention/FFN config accepts layers whose shared part is identical
+    groups, mapping = encoder_groups(encoder, src)
+    new_encoder = encoder_tree(groups, mapping, cfg, f"init_from={path}")
+  E, H = cfg.embedding_size, cfg.hidden_size
+  if cfg.has_embedding_projection:
+    if mapping_in is None:  # our E == H "auto" model into an "always" run: the identity is exact
+      mapping_in = {"kernel": np.eye(E, dtype=np.float32), "bias": np.zeros(H, np.float32)}
+    new_encoder["embedding_hidden_mapping_in"] = mapping_in
+  elif mapping_in is not None:
+    if not (np.array_equal(mapping_in["kernel"], np.eye(E)) and not np.any(mapping_in["bias"])):
+      raise ConfigError(f"init_from={path} has a learned E->H projection (embedding_hidden_mapping_in) "
+                        f"with E == H; set --config.model.embedding_hidden_mapping=always")
+  params["albert"]["encoder"] = new_encoder
+  check_shapes(params, cfg, f"init_from={path}", optional=True)
+  dtype = np.dtype(cfg.params_dtype)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype), params)
+  if init_params is not None:
+    # Only the missing modules are taken, as they are (jax arrays stay on their devices, so this also
+    # works where parameters are sharded across hosts); everything else is compared by shape only.
+    fresh = nn.unbox(init_params)
+    for module, _ in OPTIONAL_MODULES:
+      keys = tuple(module.split("/"))
+      try:
+        get_path(params, keys, "")
+      except ConfigError:
+        logging.warning("init_from=%s has no %s parameters: keeping their fresh initialisation", path,
+                        module)
+        put_path(params, keys, get_path(fresh, keys, "init_params"))
+    got = jax.tree_util.tree_map(np.shape, params)
+    want = jax.tree_util.tree_map(np.shape, fresh)
+    if got != want:
+      raise ConfigError(f"init_from={path}: its parameter tree does not match this model's")
+  return params, config_dict(cfg)
+
+
+def use_its_vocabulary(config) -> None:
+  """Imported embeddings belong to the vocabulary they were trained with: the run uses that one.
+
+  init_from's spiece.model (every Hub ALBERT and every export of ours ships one) becomes
+  data.spm_model_path when none is set; a different one given there is refused. Without one in
+  init_from, data.spm_model_path must name it: a vocabulary trained anew would read the imported
+  embeddings with other pieces.
+  """
+  if not config.init_from:
+    return
+  theirs = os.path.join(config.init_from, "spiece.model")
+  given = config.data.spm_model_path
+  if not os.path.isfile(theirs):
+    if not given:
+      raise ConfigError(
+          f"{config.init_from} holds no spiece.model: set data.spm_model_path to the vocabulary its "
+          f"embeddings were trained with")
+    return
+  if not given:
+    config.data.spm_model_path = theirs
+    log(f"vocabulary: {theirs} (the one init_from's embeddings were trained with)")
+  elif not os.path.isfile(given) or file_sha256(given) != file_sha256(theirs):
+    raise ConfigError(
+        f"data.spm_model_path={given} is not the vocabulary of init_from ({theirs}); the imported "
+        f"embeddings would be read with other pieces")
+
+
+def init_params(config, params, param_shardings):
+  """Replaces the fresh parameters by a Hugging Face directory's or a jax export's (same shapes)."""
+  # Checks sizes and sharing (one-line error), lays the weights out for this config, and takes the
+  # modules a checkpoint lacks (AlbertForMaskedLM: pooler, SOP head) from the fresh parameters.
+  params, _ = load_pretrained(config.init_from, config.model, init_params=params)
+  # Read weights are host NumPy (every host has all of them); the modules kept fresh are jax arrays
+  # already on their shardings, possibly spanning hosts under FSDP: they stay where they are.
+  params = jax.tree_util.tree_map(
+      lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x), s),
+      params, param_shardings)
+  log(f"initialised parameters from {config.init_from}")
+  return params

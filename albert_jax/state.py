@@ -1,0 +1,109 @@
+"""The train state and its abstract form, built once for every consumer.
+
+`abstract_state(config, mesh)` is the one place where the state's shapes and shardings come from
+(MaxText's get_abstract_state): `jax.eval_shape(init)` gives the shapes, the parameters' logical axis
+names (model.py boxes every parameter) give their shardings through sharding.LOGICAL_RULES, and the
+optimizer moments follow their parameters. The trainer jits `init` with those shardings, the
+checkpointer restores onto them, the estimate counts their bytes, and export reads parameters
+through them. Nothing here allocates a parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import Mesh
+
+from albert_jax import model as model_lib
+from albert_jax import optim, sharding
+
+
+@struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: updates applied (or skipped) so far
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # base key; the dropout key of step s is fold_in(rng, s): resumes are exact
+  skipped: jax.Array  # int32 scalar: updates skipped because the loss or gradients were not finite
+
+
+def model_and_inputs(config) -> tuple[nn.Module, dict]:
+  """The Flax module a config trains and the dummy inputs that initialise it."""
+  return model_lib.AlbertForPreTraining(config.model), model_lib.dummy_inputs()
+
+
+def make_optimizer(config, boxed_params) -> optax.GradientTransformation:
+  # Layers stacked by nn.scan (sharing none/attention/ffn) get one trust ratio per layer, as the
+  # original's separate variables did.
+  return optim.make_optimizer(config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params))
+
+
+def _shardings(shapes: TrainState, boxed_params, mesh: Mesh) -> TrainState:
+  """Parameters by their logical axes; optimizer moments like their parameters; scalars replicated."""
+  param_shardings = sharding.logical_shardings(boxed_params, mesh)
+  params_def = jax.tree_util.tree_structure(shapes.params)
+  rep = sharding.replicated(mesh)
+
+  def like_params(subtree):
+    return param_shardings if jax.tree_util.tree_structure(subtree) == params_def else rep
+
+  opt_shardings = jax.tree_util.tree_map(
+      like_params, shapes.opt_state, is_leaf=lambda x: jax.tree_util.tree_structure(x) == params_def
+  )
+  return TrainState(step=rep, params=param_shardings, opt_state=opt_shardings, rng=rep, skipped=rep)
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractState:
+  """Everything about the train state that depends only on the config and the mesh."""
+
+  model: nn.Module
+  tx: optax.GradientTransformation
+  boxed_params: Any  # abstract parameters with their logical-axis boxes
+  init: Callable[[jax.Array], TrainState]  # rng -> TrainState (pure; jit it with `shardings`)
+  shapes: TrainState  # of jax.ShapeDtypeStruct, without shardings
+  shardings: TrainState  # of NamedSharding on the mesh
+
+  @property
+  def targets(self) -> TrainState:
+    """ShapeDtypeStructs carrying their shardings: what a restore or an AOT compile targets."""
+    return with_shardings(self.shapes, self.shardings)
+
+
+def abstract_state(config, mesh: Mesh, model: nn.Module | None = None,
+                   inputs: dict | None = None) -> AbstractState:
+  """Shapes first: eval_shape(init) -> logical names -> shardings on `mesh`. `model` and `inputs`
+  default to the config's (pretraining); fine-tuning passes its own."""
+  if model is None:
+    model, inputs = model_and_inputs(config)
+  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs))["params"]
+  tx = make_optimizer(config, boxed)
+
+  def init(rng: jax.Array) -> TrainState:
+    params_rng, rng = jax.random.split(rng)
+    params = nn.unbox(model.init({"params": params_rng}, **inputs)["params"])
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=rng,
+        skipped=jnp.zeros((), jnp.int32),
+    )
+
+  shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
+  return AbstractState(
+      model=model, tx=tx, boxed_params=boxed, init=init, shapes=shapes,
+      shardings=_shardings(shapes, boxed, mesh),
+  )
+
+
+def with_shardings(tree: Any, shardings: Any) -> Any:
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
