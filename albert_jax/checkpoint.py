@@ -35,14 +35,14 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
+def check_workdir(workdir: str, config: ml_collections.ConfigDict, latest: int | None) -> None:
   """Refuses a workdir whose checkpoints hold another model's state (a one-line ConfigError).
 
-  Every process checks. latest_step() first and on every process: with several processes, opening
-  a checkpoint manager is a collective (Orbax barriers).
+  `latest` is the workdir's latest step as every process read it (latest_step) before anything was
+  written: reading it again here would race with process 0 creating the checkpoint directory.
   """
   path = config_path(workdir)
-  if latest_step(workdir) is not None and path.exists():
+  if latest is not None and path.exists():
     check_same_model(json.loads(path.read_text()), config.to_dict(), workdir)
 
 

@@ -246,13 +246,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       f"E={config.model.embedding_size}")
 
   # --- Restore or initialise --------------------------------------------------------------------
-  checkpoint.check_workdir(workdir, config)  # another model's checkpoints: refused before any write
+  # Before anything is written: every host agrees on the config and the step to resume from (a
+  # read-only look), and another model's checkpoints are refused.
+  start = checkpoint.latest_step(workdir)
+  distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
+  checkpoint.check_workdir(workdir, config, start)
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t))
     train_iter = cleanup.enter_context(
         contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train")))
-    start = ckpt.latest_step()
-    distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
     if start is not None:
       state, data_state = ckpt.restore(start, trainer.abstract.targets)
       train_iter.set_state(data_state)

@@ -43,23 +43,23 @@ def test_restore_returns_state_and_data_position(tmp_path):
 
 def test_config_of_another_model_is_refused_and_kept(tmp_path):
   config = base_config()
-  checkpoint.check_workdir(str(tmp_path), config)  # nothing saved yet: anything goes
+  checkpoint.check_workdir(str(tmp_path), config, checkpoint.latest_step(str(tmp_path)))  # nothing saved yet: anything goes
   checkpoint.write_config(str(tmp_path), config)
   save_steps(tmp_path, [(1, 0.1)])
   other = base_config()
   other.model.hidden_size = 1024
   with pytest.raises(ConfigError, match="another model .*hidden_size: checkpoint 768 != config 1024"):
-    checkpoint.check_workdir(str(tmp_path), other)
+    checkpoint.check_workdir(str(tmp_path), other, 1)
   # Another optimizer or layer layout changes the saved state's tree: refused before any restore.
   for section, field, value in [("train", "optimizer", "adamw"), ("model", "scan_layers", False)]:
     changed = base_config()
     changed[section][field] = value
     with pytest.raises(ConfigError, match=f"{section}.{field}: checkpoint .* != config {value!r}"):
-      checkpoint.check_workdir(str(tmp_path), changed)
+      checkpoint.check_workdir(str(tmp_path), changed, 1)
   assert checkpoint.read_config(str(tmp_path)).model.hidden_size == 768
   changed = base_config()
   changed.train.learning_rate = 1e-4  # not a shape: resuming with another learning rate is allowed
-  checkpoint.check_workdir(str(tmp_path), changed)
+  checkpoint.check_workdir(str(tmp_path), changed, 1)
   checkpoint.write_config(str(tmp_path), changed)
   assert checkpoint.read_config(str(tmp_path)).train.learning_rate == 1e-4
 
