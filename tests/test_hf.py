@@ -231,7 +231,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
   exported tokenizer gives our ids (special tokens included) on the run's own vocabulary."""
   from albert_jax import dataset, train
-  from tests.test_model import load_config
+  from tests.conftest import load_config
 
   sentences = write_corpus(tmp_path / "corpus.txt")
   config = load_config("tiny")

@@ -1,7 +1,4 @@
 """The model against REFERENCE section 1: parameter counts, sharing modes, numerics, masking of padding."""
-import importlib.util
-import os
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,15 +8,7 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax import model as M
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_config(name, arg=None):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+from tests.conftest import load_config
 
 
 def small(sharing="all", **fields):
