@@ -1,4 +1,4 @@
-"""Pretraining examples (REFERENCE section 3) on thousands of examples, with asserted statistics.
+"""Pretraining examples (docs/data.md) on thousands of examples, with asserted statistics.
 
 Documents are synthetic token ids with a known word-start table, so every property (order, origin
 document, word boundaries) can be checked exactly; SentencePiece itself is tested in

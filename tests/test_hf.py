@@ -1,4 +1,4 @@
-"""Hugging Face export/import against transformers' PyTorch ALBERT on CPU (REFERENCE section 5).
+"""Hugging Face export/import against transformers' PyTorch ALBERT on CPU (docs/huggingface.md).
 
 Parity: random transformers.AlbertForPreTraining models of several shapes, imported, give our MLM logits
 at the masked positions and SOP logits within 1e-5 (f32, padding in the batch); HF -> ours -> HF is
