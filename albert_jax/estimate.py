@@ -127,7 +127,6 @@ def model_bytes_per_sequence(config) -> float:
   """Bytes per sequence that the pretraining loss keeps for its backward pass: every layer application
   under the config's remat policy (stacked by nn.scan), the embeddings and both heads (the MLM logits
   and their log-softmax over the vocabulary at the masked positions), traced from the real model."""
-  S, P = config.data.max_seq_length, config.data.max_predictions_per_seq
   model = M.AlbertForPreTraining(M.model_config(config.model))
   params = nn.unbox(M.init_shapes(config.model))
 

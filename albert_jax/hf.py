@@ -27,14 +27,10 @@ Entry points: `load_hf`, `save_hf`. Our own format is jax_export.py (`save_jax`,
 """
 from __future__ import annotations
 
-import base64
-import contextlib
 import dataclasses
-import json
 import logging
 import os
-import shutil
-from typing import Any, Iterator
+from typing import Any
 
 import flax.linen as nn
 import jax

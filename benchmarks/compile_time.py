@@ -37,7 +37,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
 from albert_jax import cli, config_lib, examples  # noqa: E402

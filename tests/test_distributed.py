@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, dataset, distributed, input_pipeline
+from albert_jax import checkpoint, dataset, distributed
 from albert_jax.config_lib import ConfigError
 from tests.conftest import load_config
 
