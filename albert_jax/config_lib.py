@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Defaults: albert base, the paper's recipe (REFERENCE sections 1, 3 and 4)."""
+  """Defaults: albert base, the paper's recipe (docs/model.md, data.md, optimizer.md)."""
   c = ml_collections.ConfigDict()
   c.seed = 0
   # A Hugging Face ALBERT directory or one of our `jax` exports to initialise parameters from.
@@ -79,14 +79,14 @@ def base_config() -> ml_collections.ConfigDict:
       # Vocabulary training.
       spm_input_sentence_size=1_000_000,
       spm_character_coverage=0.99995,
-      # Examples (REFERENCE section 3).
+      # Examples (docs/data.md).
       max_seq_length=512,
       max_predictions_per_seq=20,   # the original's cap: only ~3.9% of a 512 sequence is masked
       masked_lm_prob=0.15,
       short_seq_prob=0.1,
       max_ngram=3,
-      # Which pieces begin a word for whole-word masking: "marker" (starts with "▁", REFERENCE
-      # section 3) | "original" (google-research/albert's rule: also lone punctuation, "<..." and
+      # Which pieces begin a word for whole-word masking: "marker" (starts with "▁", docs/data.md)
+      # | "original" (google-research/albert's rule: also lone punctuation, "<..." and
       # pieces with digits or non-English letters).
       word_start="marker",
       task="sop",             # sop | nsp

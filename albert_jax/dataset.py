@@ -22,7 +22,6 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Iterator
 
 import numpy as np
 from absl import logging

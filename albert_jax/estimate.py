@@ -7,7 +7,8 @@ r"""Pre-launch estimate: parameters, FLOPs, per-device memory, step time and run
 
 Answers, before a pod is paid for, whether a config fits the devices' memory and how long it runs:
   - parameters (model.param_counts) and analytic FLOPs per step (model.flops_per_example x batch:
-    per layer application, bidirectional attention, MLM head on the masked positions; REFERENCE 6);
+    per layer application, bidirectional attention, MLM head on the masked positions;
+    docs/performance.md);
   - per-device memory: the train state (parameters and optimizer moments sharded as the trainer shards
     them, on the config's mesh over --devices), gradients, the optimizer update, the batch, and the
     activations the backward pass needs under the config's remat policy, traced from the model itself
@@ -40,7 +41,7 @@ from albert_jax import model as M
 from albert_jax.config_lib import ConfigError
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
-# (REFERENCE section 6: NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s).
+# (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
 DEFAULT_MFU = 0.45
 # A fit needs headroom: XLA reserves part of device memory and fragments the rest.
 USABLE_MEMORY_FRACTION = 0.9
@@ -126,7 +127,6 @@ def model_bytes_per_sequence(config) -> float:
   """Bytes per sequence that the pretraining loss keeps for its backward pass: every layer application
   under the config's remat policy (stacked by nn.scan), the embeddings and both heads (the MLM logits
   and their log-softmax over the vocabulary at the masked positions), traced from the real model."""
-  S, P = config.data.max_seq_length, config.data.max_predictions_per_seq
   model = M.AlbertForPreTraining(M.model_config(config.model))
   params = nn.unbox(M.init_shapes(config.model))
 

@@ -1,4 +1,4 @@
-"""Pretraining examples (REFERENCE section 3), pure NumPy.
+"""Pretraining examples (docs/data.md), pure NumPy.
 
 Two stages, split where the original has none:
   1. `create_pairs` (at prepare time, once, deterministic from the seed): sentence chunks ->

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 # Dense bf16 peak per device as JAX counts devices (a TPU v3 chip shows 2 devices, one per core).
 PEAK_FLOPS = {
-    "tpu_v3": 123e12 / 2,   # per core; 123 TFLOP/s per chip (REFERENCE section 6)
+    "tpu_v3": 123e12 / 2,   # per core; 123 TFLOP/s per chip
     "tpu_v4": 275e12,       # per chip (megacore: one device)
     "tpu_v5e": 197e12,
     "tpu_v5p": 459e12,

@@ -1,6 +1,6 @@
 """Hugging Face transformers <-> albert_jax: the one place that maps parameter names and layouts.
 
-transformers 5.x has no Flax models, so an export is the PyTorch layout (REFERENCE section 5): a
+transformers 5.x has no Flax models, so an export is the PyTorch layout (docs/huggingface.md): a
 `model.safetensors` with the 32 untied tensors of `AlbertForPreTraining` (metadata {"format": "pt"}), a
 `config.json` with every size written out (AlbertConfig's defaults are xxlarge's), and the vocabulary as
 `spiece.model` + `tokenizer.json` + `tokenizer_config.json`. Nothing here imports torch or transformers:
@@ -22,19 +22,15 @@ group int(i / (L / G)). Ours:
 E == H: Hugging Face always has `embedding_hidden_mapping_in`; the original (our "auto") has none, so it
 is exported as the identity with a zero bias (exact), and an import sets embedding_hidden_mapping="always".
 
-Entry points: `load_hf`, `save_hf`, `save_jax`, `load_jax_export`, and `load_pretrained` (either format,
-optionally laid out and checked against a run's config: what --config.init_from uses).
+Entry points: `load_hf`, `save_hf`. Our own format is jax_export.py (`save_jax`, `load_jax_export`);
+`pretrained.load_pretrained` reads either, laid out for a run (what --config.init_from uses).
 """
 from __future__ import annotations
 
-import base64
-import contextlib
 import dataclasses
-import json
 import logging
 import os
-import shutil
-from typing import Any, Iterator
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -48,7 +44,7 @@ from albert_jax.config_lib import ConfigError
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 HF_TORCH_WEIGHTS = "pytorch_model.bin"
-# Activations that are exactly our jax.nn.gelu(approximate=True) (REFERENCE section 1).
+# Activations that are exactly our jax.nn.gelu(approximate=True) (docs/model.md, Numerics).
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 # Model fields that fix the parameters and what they compute; the rest (dtype, remat, dropout, scan) are
 # the run's choice. load_pretrained(path, model_config) checks these.

@@ -12,9 +12,9 @@ make_iterator(config, workdir, split) / batches(config, workdir, split)
   JSON) is the number of batches read, so a resumed run continues at exactly the next batch.
 
 Why masks are not stored: the original wrote dupe_factor=40 statically masked copies of the corpus;
-drawing them in the pipeline costs ~0.1 ms per example and gives a fresh mask every epoch (RoBERTa's
-dynamic masking). data.static_masking=True reuses masks with period dupe_factor (epoch % dupe_factor),
-which reproduces the original's regime.
+drawing them in the pipeline is cheap (docs/performance.md, Input pipeline) and gives a fresh mask
+every epoch (RoBERTa's dynamic masking). data.static_masking=True reuses masks with period
+dupe_factor (epoch % dupe_factor), which reproduces the original's regime.
 """
 from __future__ import annotations
 

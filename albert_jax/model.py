@@ -1,4 +1,4 @@
-"""ALBERT in Flax linen (Lan et al., ICLR 2020; REFERENCE section 1).
+"""ALBERT in Flax linen (Lan et al., ICLR 2020; docs/model.md).
 
 Embeddings at width E, projected to H; one post-LayerNorm transformer block shared across depth through
 `nn.scan` (or the paper's other sharing modes); an MLM head on gathered positions tied to the E-sized
@@ -130,10 +130,9 @@ def gelu_tanh(x):
 
   Why a custom derivative: differentiating the formula op by op makes the backward pass keep several
   [B, S, I] intermediates per layer (x^3, tanh, cdf, ...), which a scanned encoder stacks over all L
-  applications (for albert base, B=8 S=128: ~150 MB each). The rule computes the derivative in the same
-  fused pass as the value, so one tensor is kept instead: about 1/3 less temporary memory for the albert
-  base train step and a ~5% faster step on CPU (benchmarks/train_step.py). Same values; gradients equal
-  to float rounding.
+  applications. The rule computes the derivative in the same fused pass as the value, so one tensor
+  is kept instead: less temporary memory and a faster step (docs/performance.md). Same values;
+  gradients equal to float rounding.
   """
   return _gelu_tanh_parts(x)[0]
 
@@ -492,9 +491,10 @@ def param_counts(config: Any) -> dict[str, int]:
 
 
 def flops_per_example(config: Any, seq_len: int, num_predictions: int, training: bool = True) -> float:
-  """Analytic FLOPs for one sequence (REFERENCE section 6): counted per layer *application* (sharing
-  saves parameters, not FLOPs), bidirectional attention, MLM head only on the masked positions;
-  training = 3x forward."""
+  """Analytic FLOPs for one sequence (docs/performance.md, FLOP count).
+
+  Counted per layer *application* (sharing saves parameters, not FLOPs), bidirectional attention,
+  MLM head only on the masked positions; training = 3x forward."""
   cfg = model_config(config)
   H, I, E, V = cfg.hidden_size, cfg.intermediate_size, cfg.embedding_size, cfg.vocab_size
   depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)

@@ -1,6 +1,6 @@
 """The optimizer: the original ALBERT's LAMB, its learning-rate schedule and gradient clipping, as optax.
 
-What the paper trained with (Lan et al. 2020, section 4.1; REFERENCE section 4) is the original code's
+What the paper trained with (Lan et al. 2020, section 4.1; docs/optimizer.md) is the original code's
 `lamb_optimizer.LAMBOptimizer` driven by `optimization.create_optimizer` (google-research/albert). Both
 are reproduced here; `optax.lamb` differs from it (bias correction, trust ratio on every tensor), so it is
 offered only as a config choice (`train.optimizer=optax_lamb`), like `adamw`.

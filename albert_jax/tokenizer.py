@@ -1,9 +1,10 @@
 """SentencePiece vocabulary for ALBERT: training, loading, the original's text preprocessing.
 
 ALBERT uses a unigram SentencePiece model (paper section 4.1; google-research/albert README) with
-`pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4`, no bos/eos and character_coverage 0.99995 (REFERENCE
-section 2). Text goes through `preprocess_text` (the original tokenization.preprocess_text) before
-both training and encoding, so the vocabulary sees exactly what the encoder will see.
+`pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4`, no bos/eos and character_coverage 0.99995
+(docs/data.md, Vocabulary). Text goes through `preprocess_text` (the original
+tokenization.preprocess_text) before both training and encoding, so the vocabulary sees exactly what
+the encoder will see.
 
 Departure: the original FullTokenizer also splits a trailing comma off digit pieces such as "9,"
 ("▁9," -> "▁9", ","). That only matters for bit-exact compatibility with the released 30k-clean
@@ -33,7 +34,7 @@ USER_DEFINED_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
 WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it begins a word.
 
 # Which pieces begin a word, for whole-word masking (data.word_start):
-#   marker    a piece that starts with "▁" (REFERENCE section 3);
+#   marker    a piece that starts with "▁" (docs/data.md, whole-word masking);
 #   original  google-research/albert's _is_start_piece_sp: also a piece starting with "<", a lone
 #             punctuation piece, and a piece with any character that is neither a-z nor that
 #             punctuation (digits, accents, other scripts). Its "€"/"£" entries are UTF-8 bytes, which

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from albert_jax import checkpoint, config_lib, distributed, examples, hardware, optim, sharding
+from albert_jax import checkpoint, config_lib, distributed, hardware, optim, sharding
 from albert_jax import dataset, input_pipeline, pretrained
 from albert_jax import model as M
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log

@@ -37,7 +37,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
 from albert_jax import cli, config_lib, examples  # noqa: E402
@@ -49,7 +48,7 @@ MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
 def model_config(*, layers: int, scan_layers: bool, hidden: int = 768, heads: int = 12,
                  intermediate: int = 3072, embedding: int = 128, vocab: int = 30000,
                  sharing: str = "all", max_positions: int = 512) -> albert_model.ModelConfig:
-  """An albert-base-like model config (REFERENCE section 1) through the one schema, validated."""
+  """An albert-base-like model config (docs/model.md) through the one schema, validated."""
   config = config_lib.make(
       f"sharing={sharing}", vocab_size=vocab, embedding_size=embedding, hidden_size=hidden,
       num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=intermediate,

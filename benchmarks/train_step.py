@@ -3,10 +3,11 @@
 Why: the trainer's step is where pretraining time goes. This measures it as training runs it and sets
 it against two yardsticks taken in the same process, interleaved so that load on a shared machine hits
 every figure alike:
-  * MFU: analytic model FLOPs (`model.flops_per_example`, REFERENCE section 6: per layer application,
-    MLM head on the P masked positions, training = 3x forward) per second, over a matmul rate measured
-    here (`hardware.measured_matmul_flops`, a square matmul of --matmul_size in the compute dtype). On
-    a GPU/TPU with a datasheet entry in `hardware.PEAK_FLOPS`, bf16 runs use that peak instead.
+  * MFU: analytic model FLOPs (`model.flops_per_example`, docs/performance.md: per layer
+    application, MLM head on the P masked positions, training = 3x forward) per second, over a
+    matmul rate measured here (`hardware.measured_matmul_flops`, a square matmul of --matmul_size in
+    the compute dtype). On a GPU/TPU with a datasheet entry in `hardware.PEAK_FLOPS`, bf16 runs use
+    that peak instead.
   * The same step in PyTorch: `transformers.AlbertForPreTraining` of the same sizes (gelu_new, no
     dropout, as our v2-style config), float32, torch.optim.AdamW (torch has no LAMB; ours runs the
     original's LAMB, which does more work per parameter), step = zero_grad, forward, backward,

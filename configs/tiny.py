@@ -4,7 +4,7 @@
 Same code path as the real configs (vocabulary, TFDS data, LAMB, checkpoints, eval); only sizes differ:
 H=128, L=4 (one shared block), E=64, vocabulary 4000, sequence 128, batch 32, 1000 steps. A twentieth of
 the documents are held out and eval scores 8 batches (256 examples), so that sentence-order accuracy's
-noise at chance is +-0.031 (it was +-0.044 on 4 batches).
+noise at chance is +-0.031.
 """
 from albert_jax import config_lib
 

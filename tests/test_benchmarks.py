@@ -87,7 +87,7 @@ def test_train_step_tiny_with_torch(capsys):
 
   c = figures["config"]
   assert (c["batch"], c["seq"], c["predictions"], c["rounds"], c["backend"]) == (2, 16, 3, 2, "cpu")
-  # The analytic count for these sizes (REFERENCE section 6): 3 x forward, MLM head on P positions.
+  # The analytic count for these sizes (docs/performance.md): 3 x forward, MLM head on P positions.
   per_token = 2 * (2 * (4 * 32 * 32 + 2 * 32 * 64) + 4 * 16 * 32) + 2 * 16 * 32
   assert c["flops_per_step"] == 2 * 3 * (16 * per_token + 3 * 2 * (32 * 16 + 16 * 100))
   ours, matmul = figures["ours"], figures["matmul"]

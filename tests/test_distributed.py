@@ -20,9 +20,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, dataset, distributed, input_pipeline
+from albert_jax import checkpoint, dataset, distributed
 from albert_jax.config_lib import ConfigError
-from tests.test_model import load_config
+from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = dict(vocab_size=1000, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

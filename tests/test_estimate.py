@@ -11,7 +11,7 @@ from albert_jax import estimate as E
 from albert_jax import hardware
 from albert_jax import model as M
 from albert_jax.config_lib import ConfigError
-from tests.test_model import load_config
+from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

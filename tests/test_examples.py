@@ -1,4 +1,4 @@
-"""Pretraining examples (REFERENCE section 3) on thousands of examples, with asserted statistics.
+"""Pretraining examples (docs/data.md) on thousands of examples, with asserted statistics.
 
 Documents are synthetic token ids with a known word-start table, so every property (order, origin
 document, word boundaries) can be checked exactly; SentencePiece itself is tested in
@@ -75,7 +75,7 @@ def test_sop_label_balance_and_order(pairs):
   assert 0.45 <= labels.mean() <= 0.55
   # Label 0: A's sentences precede B's; label 1: swapped. Sentence j starts with marker 1000+j.
   for p in examples:
-    ids, seg = p["input_ids"], p["segment_ids"]
+    ids = p["input_ids"]
     a = ids[1:np.flatnonzero(ids == SEP_ID)[0]]
     b = ids[np.flatnonzero(ids == SEP_ID)[0] + 1:-1]
     ma = a[(a >= 1000) & (a < 1100)]

@@ -1,4 +1,4 @@
-"""Hugging Face export/import against transformers' PyTorch ALBERT on CPU (REFERENCE section 5).
+"""Hugging Face export/import against transformers' PyTorch ALBERT on CPU (docs/huggingface.md).
 
 Parity: random transformers.AlbertForPreTraining models of several shapes, imported, give our MLM logits
 at the masked positions and SOP logits within 1e-5 (f32, padding in the batch); HF -> ours -> HF is
@@ -231,7 +231,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
   exported tokenizer gives our ids (special tokens included) on the run's own vocabulary."""
   from albert_jax import dataset, train
-  from tests.test_model import load_config
+  from tests.conftest import load_config
 
   sentences = write_corpus(tmp_path / "corpus.txt")
   config = load_config("tiny")

@@ -1,7 +1,4 @@
-"""The model against REFERENCE section 1: parameter counts, sharing modes, numerics, masking of padding."""
-import importlib.util
-import os
-
+"""The model against docs/model.md: parameter counts, sharing, numerics, masking of padding."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,15 +8,7 @@ import pytest
 
 from albert_jax import config_lib
 from albert_jax import model as M
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_config(name, arg=None):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+from tests.conftest import load_config
 
 
 def small(sharing="all", **fields):
@@ -50,7 +39,7 @@ def init(cfg, inputs, seed=0):
 
 # --- parameter counts (jax.eval_shape: nothing allocated) ---------------------------------------
 
-RELEASED = {  # REFERENCE section 1: backbone, with MLM + SOP heads
+RELEASED = {  # docs/model.md, Parameter counts: backbone, with MLM + SOP heads
     "albert_base": (11_683_584, 11_813_810),
     "albert_large": (17_683_968, 17_847_474),
     "albert_xlarge": (58_724_864, 59_021_490),
@@ -69,7 +58,7 @@ def test_released_parameter_counts_exact(name):
     ("all", {64: 9.7e6, 128: 11.7e6, 256: 15.7e6, 768: 31.7e6}),
 ])
 def test_embedding_size_sweep_table3(sharing, expected):
-  """Paper Table 3 (albert base backbone). At E = H the REFERENCE figure counts the E->H projection,
+  """Paper Table 3 (albert base backbone). At E = H the figure expected here counts the E->H layer,
   which Hugging Face always has and the original drops when E == H: we match it with
   embedding_hidden_mapping="always" and are exactly H*H + H smaller with the original's "auto"."""
   for e, want in expected.items():

@@ -14,7 +14,7 @@ import pytest
 
 from albert_jax import checkpoint, dataset, input_pipeline, optim, sharding, train
 from albert_jax.config_lib import ConfigError
-from tests.test_model import load_config
+from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
