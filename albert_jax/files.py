@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -47,3 +48,18 @@ def staged_dir(out_dir: str, readme: str | None) -> Iterator[str]:
     os.replace(tmp, out_dir)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+class DiskFull(RuntimeError):
+  """No space left on the device being written (an environment fault, not bad input)."""
+
+
+def is_disk_full(e: BaseException | None) -> bool:
+  """Whether e, or an exception behind it, is ENOSPC (Orbax and TensorStore re-raise it as text)."""
+  while e is not None:
+    if isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+      return True
+    if "No space left on device" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False

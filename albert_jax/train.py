@@ -253,8 +253,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
         contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train")))
     start = ckpt.latest_step()
     distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
-    if start is not None:
-      state, data_state = ckpt.restore(start, trainer.abstract.targets)
+    if start is not None:  # the newest sound step; damaged newer ones are moved aside
+      start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
       train_iter.set_state(data_state)
       log(f"resumed from step {start} in {workdir}")
     else:
