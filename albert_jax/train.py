@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from albert_jax import checkpoint, config_lib, distributed, examples, hardware, optim, sharding
-from albert_jax import dataset, input_pipeline, pretrained
+from albert_jax import dataset, files, input_pipeline, pretrained
 from albert_jax import model as M
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.state import AbstractState, TrainState, abstract_state
@@ -221,15 +221,26 @@ class _Profiler:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Trains config.train.num_steps steps in workdir, resuming from its latest checkpoint."""
-  # --- Config -----------------------------------------------------------------------------------
+  """Trains config.train.num_steps steps in workdir, resuming from its latest sound checkpoint.
+
+  One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
+  """
   config_lib.validate(config)
+  if jax.process_index() != 0:
+    return _train_and_evaluate(config, workdir)
+  with files.workdir_lock(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
+  # --- Config -----------------------------------------------------------------------------------
   t = config.train
 
   # --- Mesh -------------------------------------------------------------------------------------
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(t, mesh)
   log(f"mesh: {sharding.describe(mesh)}; processes: {jax.process_count()}")
+  checkpoint.check_workdir(workdir, config)  # another model's checkpoints: refused before any write
 
   # --- Data -------------------------------------------------------------------------------------
   pretrained.use_its_vocabulary(config)
@@ -246,7 +257,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       f"E={config.model.embedding_size}")
 
   # --- Restore or initialise --------------------------------------------------------------------
-  checkpoint.check_workdir(workdir, config)  # another model's checkpoints: refused before any write
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t))
     train_iter = cleanup.enter_context(
@@ -326,6 +336,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       if save_due(step):
         reporter.flush()  # checks finiteness first: a halting run does not save
         ckpt.save(step, state, data_state, eval_metrics if evaluated else None)
+        log(f"saved step {step} to {workdir}/checkpoints")
         reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
     reporter.flush()
   log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "

@@ -3,6 +3,7 @@ one trainer per workdir, a full disk, one-line errors with one exit-code policy,
 import errno
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -103,3 +104,81 @@ def test_disk_full_error_is_recognised_through_a_chain():
   except ValueError as e:
     assert files.is_disk_full(e)
   assert not files.is_disk_full(ValueError("shape mismatch"))
+
+
+# --- the trainer as people run it --------------------------------------------------------------------
+
+from tests.test_train import data_dir, main_cmd  # noqa: E402,F401 (the prepared-data fixture)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def env(tmp_path):
+  # One compilation cache for the test's runs: identical programs compile once.
+  return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+              PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
+def run_main(tmp_path, workdir, data_dir, *extra, **train_fields):
+  return subprocess.run(main_cmd(workdir, data_dir, *extra, **train_fields), cwd=ROOT, env=env(tmp_path),
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
+  workdir = str(tmp_path / "w")
+  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "saved step 2 to" in r.stdout and "saved step 4 to" in r.stdout
+  # The console: our lines, no INFO line of Orbax, TFDS or absl.
+  assert not [l for l in (r.stdout + r.stderr).splitlines() if re.match(r"(INFO|I\d{4} )", l)], r.stderr
+  logs = os.listdir(os.path.join(workdir, "logs"))
+  assert len(logs) == 1 and "INFO" in open(os.path.join(workdir, "logs", logs[0])).read()
+  straight, _, _, _ = checkpoint.load_params(workdir, 4)
+  garble(tmp_path / "w" / "checkpoints" / "4")
+  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert re.search(r"checkpoint 4 is damaged \(.*\): moved to .*damaged/4-", r.stdout), r.stdout
+  assert "resumed from step 2" in r.stdout
+  again, _, step, _ = checkpoint.load_params(workdir, "latest")
+  assert step == 4
+  for x, y in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(again)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 1
+
+
+def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
+  workdir = tmp_path / "w"
+  first = subprocess.Popen(main_cmd(str(workdir), data_dir, num_steps=10_000, checkpoint_every=1, log_every=100),
+                           cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+  try:
+    for line in first.stdout:
+      if line.startswith("saved step"):
+        break
+    second = run_main(tmp_path, str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert second.stderr.strip().splitlines() == [
+        f"error: {workdir} is in use by another run (host {os.uname().nodename} pid {first.pid} since "
+        + second.stderr.split(" since ")[1].split(")")[0] + "); wait for it to finish, stop it, or use "
+        "another --workdir"], second.stderr
+  finally:
+    first.send_signal(signal.SIGTERM)
+    out = first.stdout.read()
+    assert first.wait(timeout=300) == 0, out[-2000:]
+  assert checkpoint.load_params(str(workdir), "latest")[2] >= 1  # the first run's checkpoints restore
+
+
+def test_lock_of_a_dead_process_is_taken_over(tmp_path):
+  holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from albert_jax import files\n"
+                             f"with files.workdir_lock({str(tmp_path)!r}):\n"
+                             "  print('held', flush=True); time.sleep(600)"],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == "held"
+  with pytest.raises(ConfigError, match=f"is in use by another run \\(host .* pid {holder.pid} since "):
+    with files.workdir_lock(str(tmp_path)):
+      pass
+  holder.send_signal(signal.SIGKILL)
+  holder.wait()
+  with files.workdir_lock(str(tmp_path)):  # the kernel released the dead process's lock
+    assert f"pid {os.getpid()} " in open(tmp_path / ".lock").read()
