@@ -280,14 +280,19 @@ def load_params(workdir: str, step: str | int = "latest"):
   step = resolve_step(workdir, step)
   # Onto this process's first device, whatever mesh (or pod) wrote the checkpoint: without a target
   # sharding Orbax refuses a checkpoint saved with another topology.
-  abstract = state_lib.abstract_state(config, sharding.single_device_mesh()).targets
+  # The parameters alone (a partial restore): the optimizer state is never read.
+  item = {"params": state_lib.abstract_state(config, sharding.single_device_mesh()).targets.params}
+  restore_args = jax.tree_util.tree_map(
+      lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
   with _manager(workdir, read_only=True) as mngr:
-    try:
-      restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-    except (ValueError, KeyError) as e:
-      raise ConfigError(_does_not_fit(step, workdir, e)) from None
     metrics = dict(mngr.metrics(step) or {})
-  return restored["state"].params, config, step, metrics
+  try:
+    with ocp.PyTreeCheckpointer() as reader:
+      restored = reader.restore(checkpoints_dir(workdir) / str(step) / "state", args=ocp.args.PyTreeRestore(
+          item=item, restore_args=restore_args, partial_restore=True))
+  except (ValueError, KeyError) as e:
+    raise ConfigError(_does_not_fit(step, workdir, e)) from None
+  return restored["params"], config, step, metrics
 
 
 def _does_not_fit(step: int, workdir: str, e: BaseException) -> str:
