@@ -211,7 +211,11 @@ class Checkpointer:
   def close(self) -> None:
     try:
       self.wait()
-    finally:
+    except BaseException:
+      with contextlib.suppress(Exception):  # it re-raises the failed save's error: keep the first
+        self.manager.close()
+      raise
+    with self._disk_full_as_one_line():
       self.manager.close()
 
   def __enter__(self) -> "Checkpointer":

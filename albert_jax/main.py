@@ -30,6 +30,10 @@ def run():
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
+    with cli.guard():  # a bad value: one line before anything is written
+      from albert_jax import config_lib
+
+      config_lib.validate(config)
     cli.setup_logging("main", workdir)
     with cli.guard():
       from albert_jax import distributed, train

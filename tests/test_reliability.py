@@ -182,3 +182,101 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
   holder.wait()
   with files.workdir_lock(str(tmp_path)):  # the kernel released the dead process's lock
     assert f"pid {os.getpid()} " in open(tmp_path / ".lock").read()
+
+
+# --- a full disk ---------------------------------------------------------------------------------------
+
+def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  mnt = tmp_path / "small"
+  mnt.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)]).returncode != 0:
+    pytest.skip("mount -t tmpfs is not permitted here")
+  try:
+    rng = np.random.default_rng(0)  # random floats do not compress: 1 MiB a step
+    abstract = {"w": jax.ShapeDtypeStruct((262144,), jnp.float32), "step": ABSTRACT["step"]}
+    first = {"w": jnp.asarray(rng.standard_normal(262144, np.float32)), "step": jnp.int32(1)}
+    ckpt = checkpoint.Checkpointer(str(mnt), TRAIN)
+    ckpt.save(1, first, {"position": 1})
+    ckpt.wait()
+    with pytest.raises(files.DiskFull) as e:
+      ckpt.save(2, dict(first, step=jnp.int32(2)), {"position": 2})
+      ckpt.close()
+    assert re.fullmatch(rf"no space left on device saving step 2 to {mnt}/checkpoints; .*", str(e.value))
+    with checkpoint.Checkpointer(str(mnt), TRAIN) as again:
+      step, state, data = again.restore_sound(abstract)
+    assert step == 1 and data == {"position": 1}
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(first["w"]))
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
+  from albert_jax import cli
+  save_steps(tmp_path, [1])
+  ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
+  ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
+  ckpt.wait()
+
+  def full(*_):
+    raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(errno.ENOSPC, "No space left on device")
+
+  ckpt.manager.wait_until_finished = full  # the OS's answer, at the point Orbax reports it
+  with pytest.raises(SystemExit) as e:
+    with cli.guard():
+      ckpt.close()
+  assert e.value.code == cli.ENVIRONMENT == 4
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: no space left on device saving step 2 to "), err
+  assert checkpoint.latest_step(str(tmp_path)) == 2
+
+
+# --- bad values and the exit-code policy -------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value,message", [
+    ("seed", -1, "seed=-1 must be an integer"),
+    ("data.max_documents", -1, "data.max_documents=-1 must be >= 0"),
+])
+def test_bad_config_values_are_refused(field, value, message):
+  from albert_jax import config_lib
+  config = config_lib.base_config()
+  section, _, key = field.rpartition(".")
+  (config[section] if section else config)[key] = value
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    config_lib.validate(config)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir="], "--workdir must name a directory"),
+    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=  "], "--workdir must name a directory"),
+    (["-m", "albert_jax.prepare", "--config=configs/tiny.py", "--workdir="], "--workdir must name a directory"),
+    (["-m", "albert_jax.estimate", "--config=configs/tiny.py", "--devices=0"], "--devices=0 must be >= 1"),
+    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=never_written", "--config.seed=-1"],
+     "seed=-1 must be an integer in [0, 2**31)"),
+])
+def test_bad_flags_are_one_line_exit_2(tmp_path, args, message):
+  r = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(env(tmp_path), PYTHONPATH=ROOT),
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = r.stderr.strip().splitlines()
+  assert lines[-1].startswith("error: ") and message in lines[-1], r.stderr[-2000:]
+  assert "Traceback" not in r.stderr
+  assert not os.path.exists(os.path.join(ROOT, "logs"))  # nothing written into the current directory
+  assert not os.path.exists(os.path.join(ROOT, "never_written"))
+
+
+def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_path, capsys):
+  from absl import flags
+  from albert_jax import cli, estimate, export, main, prepare  # noqa: F401 (importing defines no flag)
+  before = set(flags.FLAGS)
+  import importlib
+  for module in (estimate, export, main, prepare):
+    importlib.reload(module)
+  assert set(flags.FLAGS) == before
+  with pytest.raises(SystemExit) as e:
+    with cli.guard():
+      {}["missing"]  # noqa: B018 (a bug)
+  assert e.value.code == cli.INTERNAL == 1
+  (line,) = capsys.readouterr().err.strip().splitlines()
+  assert line.startswith("error: internal error: KeyError: ")
