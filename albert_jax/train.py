@@ -155,6 +155,37 @@ def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> 
   return {k: float(v) for k, v in metrics_fn(totals).items()}
 
 
+def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int = 3) -> list[str]:
+  """The model's top prediction for each masked word of a few held-out examples, as text.
+
+  Example lines use input_pipeline.render_example's marks ([MASK](original), ...); the line below
+  each lists original->predicted per target. Single-process runs only (the logits are read back on
+  this host); [] otherwise.
+  """
+  if jax.process_count() > 1:
+    return []
+  tok = input_pipeline.tokenizer_lib.load(dataset.spm_model_path(config, workdir),
+                                         config.data.do_lower_case, config.data.word_start)
+  with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
+    batch = next(batches)
+  with sharding.with_mesh(mesh):
+    out = jax.jit(lambda p, b: model.apply(
+        {"params": p}, b["input_ids"], b["segment_ids"], b["input_mask"], b["masked_lm_positions"],
+        deterministic=True)["mlm_logits"])(params, sharding.global_batch(batch, mesh))
+  predicted = np.asarray(jnp.argmax(out, -1))
+  marker = input_pipeline.tokenizer_lib.WORD_MARKER
+  piece = lambda i: tok.id_to_piece(int(i)).replace(marker, "") or marker  # noqa: E731
+  lines = []
+  for row in range(min(num_examples, len(batch["input_ids"]))):
+    k = int(batch["masked_lm_weights"][row].sum())
+    text = input_pipeline.render_example(tok, batch, row)
+    lines.append(f"  {text[:300]}{' ...' if len(text) > 300 else ''}")
+    pairs = [f"{piece(t)}->{piece(p)}" for t, p in zip(batch["masked_lm_ids"][row, :k],
+                                                       predicted[row, :k])]
+    lines.append(f"    predicted: {' '.join(pairs)}")
+  return lines
+
+
 # ----------------------------------------------------------------------------------------------------
 # The loop.
 
@@ -339,5 +370,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
         log(f"saved step {step} to {workdir}/checkpoints")
         reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
     reporter.flush()
+    if step == t.num_steps and t.eval_steps:  # what the model learned, in words
+      lines = fill_mask_lines(config, workdir, trainer.abstract.model, state.params, mesh)
+      if lines:
+        log(f"fill-mask on held-out examples at step {step} (original->predicted):\n" + "\n".join(lines))
   log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
       f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})")

@@ -130,6 +130,9 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "saved step 2 to" in r.stdout and "saved step 4 to" in r.stdout
+  # The end of the main job: the model's guesses for masked words of 3 held-out examples.
+  assert "fill-mask on held-out examples at step 4" in r.stdout
+  assert len(re.findall(r"^    predicted: \S+->\S+", r.stdout, re.M)) == 3, r.stdout
   # The console: our lines, no INFO line of Orbax, TFDS or absl.
   assert not [l for l in (r.stdout + r.stderr).splitlines() if re.match(r"(INFO|I\d{4} )", l)], r.stderr
   logs = os.listdir(os.path.join(workdir, "logs"))
