@@ -283,3 +283,23 @@ def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_
   assert e.value.code == cli.INTERNAL == 1
   (line,) = capsys.readouterr().err.strip().splitlines()
   assert line.startswith("error: internal error: KeyError: ")
+
+
+def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  mnt = tmp_path / "small"
+  mnt.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)]).returncode != 0:
+    pytest.skip("mount -t tmpfs is not permitted here")
+  try:
+    r = subprocess.run([sys.executable, "-m", "albert_jax.prepare", "--config=configs/tiny.py",
+                        f"--workdir={tmp_path / 'w'}", "--config.model.vocab_size=1000",
+                        "--config.data.max_documents=400", f"--config.data.data_dir={mnt}/data"],
+                       cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 4, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: no space left on device") and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(mnt / "data")  # no half-built dataset in place
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
