@@ -5,9 +5,9 @@ Layout: <workdir>/config.json (the resolved config of the run) and <workdir>/che
 run killed at any moment (SIGKILL during a save too) restarts from the latest complete checkpoint.
 Kept: the last `train.keep_checkpoints` plus the best by eval masked_lm_accuracy.
 
-A step that cannot be read back whole and finite (damaged storage, a garbled or truncated file) is
-moved aside to <workdir>/damaged/<step>-<UTC time> (never deleted) and the run resumes from the newest
-sound step. A full disk during a save is a DiskFull naming the path and the step; the steps already
+A step that cannot be read back whole and finite (damaged storage, a garbled or truncated file)
+is moved aside to <workdir>/damaged/<step>-<UTC time> (never deleted) and the run resumes from the
+newest sound step. A full disk during a save is a DiskFull naming the path and the step; the steps already
 written stay restorable.
 """
 from __future__ import annotations
@@ -163,11 +163,11 @@ class Checkpointer:
     return restored["state"], restored["data"]
 
   def restore_sound(self, abstract_state: Any) -> tuple[int | None, Any, Any]:
-    """(step, state, data state) of the newest sound checkpoint; (None, None, None) if there is none.
+    """(step, state, data state) of the newest sound checkpoint; (None, None, None) if none.
 
     Sound: it restores, its step counter is its step, and every floating-point leaf is finite.
-    Damaged newer steps are moved aside with one line each; when every step is damaged, a ConfigError
-    (after moving them all aside). A checkpoint of another model's shapes stays a ConfigError.
+    Damaged newer steps are moved aside with one line each; when every step is damaged, a
+    ConfigError (after moving them all aside). A checkpoint of another model's shapes stays a ConfigError.
     """
     moved = False
     for step in sorted(self.manager.all_steps(), reverse=True):

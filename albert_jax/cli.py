@@ -1,7 +1,7 @@
 """The command lines' shared edge (albert_jax.main, prepare, export, estimate).
 
-Every command defines its flags inside its `run()` (so importing any number of them defines none) and
-runs its work inside `guard`, which turns every exception into one line `error: ...` on stderr and
+Every command defines its flags inside its `run()` (so importing any number of them defines none)
+and runs its work inside `guard`, which turns every exception into one line `error: ...` on stderr and
 one exit status:
 
   0  done
@@ -153,7 +153,7 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
 
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
-  """Runs a command's work: any exception becomes one line and the exit status of the policy above."""
+  """Runs a command's work: any exception becomes one line and the exit status above."""
   from albert_jax import files
   try:
     yield
@@ -193,4 +193,5 @@ def _record(e: BaseException) -> str:
       return f" (traceback in {_log_file[0]})"
     except OSError:
       pass
-  return "" if "verbose" in flags.FLAGS and flags.FLAGS["verbose"].value else " (--verbose shows the traceback)"
+  verbose = "verbose" in flags.FLAGS and flags.FLAGS["verbose"].value
+  return "" if verbose else " (--verbose shows the traceback)"

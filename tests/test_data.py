@@ -533,7 +533,7 @@ def test_worker_processes_give_the_same_batches(prepared):
     assert len(_children()) >= 2  # the workers run ...
   finally:
     it.close()
-  assert _no_children_within(30)  # ... and close() ends them (the trainer closes each eval iterator)
+  assert _no_children_within(30)  # ... and close() ends them (as after each evaluation)
   for a, b in zip(reference, got):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
