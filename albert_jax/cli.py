@@ -1,8 +1,8 @@
 """The command lines' shared edge (albert_jax.main, prepare, export, estimate).
 
 Every command defines its flags inside its `run()` (so importing any number of them defines none)
-and runs its work inside `guard`, which turns every exception into one line `error: ...` on stderr and
-one exit status:
+and runs its work inside `guard`, which turns every exception into one line `error: ...` on
+stderr and one exit status:
 
   0  done
   1  an internal error (a bug): the full traceback is in <workdir>/logs/<command>-<time>.log, or on
