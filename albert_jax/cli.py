@@ -90,16 +90,21 @@ def define_verbose() -> None:
   flags.DEFINE_bool("verbose", False, "Also print the libraries' INFO lines and full tracebacks.")
 
 
+# Orbax warnings that describe how albert_jax uses it, not a problem: a save between evaluations has
+# no eval metrics; the read-only look at a workdir's steps before anything is written.
+_ROUTINE = ("did not provide metrics", "read_only=True", "Given directory is read only")
+
+
 class _Console(logging.Filter):
   """The console's lines: albert_jax's own INFO lines and everyone's warnings (all INFO lines when
-  verbose), less Orbax's warning for every save between evaluations (it has no eval metrics)."""
+  verbose), less Orbax's routine warnings."""
 
   def __init__(self, verbose: bool):
     super().__init__()
     self.verbose = verbose
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if "did not provide metrics" in record.getMessage():
+    if any(text in record.getMessage() for text in _ROUTINE):
       return False
     return self.verbose or _own(record) or record.levelno >= logging.WARNING
 
