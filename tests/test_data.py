@@ -506,11 +506,19 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
 
 
 def _children() -> list[int]:
+  """This process's child processes, less multiprocessing's resource tracker (one per process, kept
+  for its lifetime by design)."""
   pids = []
   for task in os.listdir("/proc/self/task"):
     with open(f"/proc/self/task/{task}/children") as f:
       pids += [int(p) for p in f.read().split()]
-  return pids
+  def is_tracker(pid):
+    try:
+      with open(f"/proc/{pid}/cmdline") as f:
+        return "resource_tracker" in f.read()
+    except OSError:  # already gone
+      return True
+  return [p for p in pids if not is_tracker(p)]
 
 
 def _no_children_within(seconds: float) -> bool:
@@ -533,7 +541,7 @@ def test_worker_processes_give_the_same_batches(prepared):
     assert len(_children()) >= 2  # the workers run ...
   finally:
     it.close()
-  assert _no_children_within(30)  # ... and close() ends them (as after each evaluation)
+  assert _no_children_within(30), _children()  # ... and close() ends them (as after each eval)
   for a, b in zip(reference, got):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
