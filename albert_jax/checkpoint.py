@@ -4,14 +4,22 @@ Layout: <workdir>/config.json (the resolved config of the run) and <workdir>/che
 {state, data}. Orbax writes each step into a temporary directory and renames it when complete, so a
 run killed at any moment (SIGKILL during a save too) restarts from the latest complete checkpoint.
 Kept: the last `train.keep_checkpoints` plus the best by eval masked_lm_accuracy.
+
+A step that cannot be read back whole and finite (damaged storage, a garbled or truncated file)
+is moved aside to <workdir>/damaged/<step>-<UTC time> (never deleted) and the run resumes from the
+newest sound step. A full disk during a save is a DiskFull naming the path and the step; the steps already
+written stay restorable.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
@@ -20,6 +28,8 @@ from orbax.checkpoint import checkpoint_managers
 from albert_jax import sharding
 from albert_jax import state as state_lib
 from albert_jax.config_lib import ConfigError
+from albert_jax.files import DiskFull, is_disk_full
+from albert_jax.metrics import log
 
 BEST_METRIC = "masked_lm_accuracy"
 
@@ -121,10 +131,26 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_state: Any, metrics: dict | None = None) -> None:
-    """Starts an async save; the state must be finite (the trainer never passes a non-finite one)."""
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    data=ocp.args.JsonSave(data_state)),
-                      metrics=dict(metrics) if metrics else None, force=True)
+    """Starts an async save; the state must be finite (the trainer never passes a non-finite one).
+
+    An earlier async save that ran out of disk surfaces here (or in wait/close) as a DiskFull.
+    """
+    with self._disk_full_as_one_line(step):
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      data=ocp.args.JsonSave(data_state)),
+                        metrics=dict(metrics) if metrics else None, force=True)
+    self._saving = step
+
+  @contextlib.contextmanager
+  def _disk_full_as_one_line(self, step: int | None = None):
+    try:
+      yield
+    except Exception as e:
+      if not is_disk_full(e):
+        raise
+      step = getattr(self, "_saving", None) or step
+      raise DiskFull(f"no space left on device saving step {step} to {checkpoints_dir(self.workdir)}; "
+                     f"earlier checkpoints are intact: free space and re-run to resume") from e
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
     """Restores onto the shardings carried by `abstract_state` (jax.ShapeDtypeStruct leaves)."""
@@ -136,18 +162,96 @@ class Checkpointer:
                         f"{str(e).splitlines()[0][:300]}") from None
     return restored["state"], restored["data"]
 
+  def restore_sound(self, abstract_state: Any) -> tuple[int | None, Any, Any]:
+    """(step, state, data state) of the newest sound checkpoint; (None, None, None) if none.
+
+    Sound: it restores, its step counter is its step, and every floating-point leaf is finite.
+    Damaged newer steps are moved aside with one line each; when every step is damaged, a
+    ConfigError (after moving them all aside). A checkpoint of another model's shapes stays a ConfigError.
+    """
+    moved = False
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        state, data_state = self.restore(step, abstract_state)
+        problem = damage(step, state)
+      except ConfigError:
+        if self._fits(step, abstract_state):
+          problem = "its files do not restore"
+        else:
+          raise
+      except Exception as e:  # any read failure of a step that fits: damaged storage
+        problem = f"it does not restore ({type(e).__name__})"
+      if problem is None:
+        if moved:
+          self.manager.reload()
+        return step, state, data_state
+      set_aside(self.workdir, step, problem)
+      moved = True
+    if moved:
+      self.manager.reload()
+      raise ConfigError(f"every checkpoint in {checkpoints_dir(self.workdir)} is damaged (moved to "
+                        f"{damaged_dir(self.workdir)}); start a new --workdir or restore them")
+    return None, None, None
+
+  def _fits(self, step: int, abstract_state: Any) -> bool:
+    """Whether step's recorded array shapes are the model's (True when they cannot be read)."""
+    try:
+      tree = ocp.StandardCheckpointer().metadata(
+          checkpoints_dir(self.workdir) / str(step) / "state").item_metadata.tree
+      saved = sorted(tuple(m.shape) for m in jax.tree_util.tree_leaves(tree))
+    except Exception:  # unreadable metadata: the step is damaged, not another model's
+      return True
+    wanted = sorted(tuple(a.shape) for a in jax.tree_util.tree_leaves(abstract_state))
+    return saved == wanted
+
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._disk_full_as_one_line():
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    except BaseException:
+      with contextlib.suppress(Exception):  # it re-raises the failed save's error: keep the first
+        self.manager.close()
+      raise
+    with self._disk_full_as_one_line():
+      self.manager.close()
 
   def __enter__(self) -> "Checkpointer":
     return self
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def damage(step: int, state: Any) -> str | None:
+  """Why a restored train state is not sound (None if it is): a wrong step counter or a non-finite
+  floating-point leaf (garbled bytes decode as NaN or infinity; missing chunks read as zeros, which
+  the counter catches)."""
+  counter = state.get("step") if isinstance(state, dict) else getattr(state, "step", None)
+  if counter is not None and int(jax.device_get(counter)) != step:
+    return f"its step counter reads {int(jax.device_get(counter))}"
+  floats = [x for x in jax.tree_util.tree_leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in floats])) if floats else True
+  return None if bool(finite) else "it holds non-finite values"
+
+
+def damaged_dir(workdir: str) -> epath.Path:
+  return checkpoints_dir(workdir).parent / "damaged"
+
+
+def set_aside(workdir: str, step: int, problem: str) -> epath.Path:
+  """Moves checkpoints/<step> to damaged/<step>-<UTC time> (process 0; kept for inspection)."""
+  target = damaged_dir(workdir) / f"{step}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+  if jax.process_index() == 0:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (checkpoints_dir(workdir) / str(step)).rename(target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"albert_jax set aside step {step}")
+  log(f"checkpoint {step} is damaged ({problem}): moved to {target}; trying the previous step")
+  return target
 
 
 def resolve_step(workdir: str, step: str | int) -> int:
@@ -180,14 +284,19 @@ def load_params(workdir: str, step: str | int = "latest"):
   step = resolve_step(workdir, step)
   # Onto this process's first device, whatever mesh (or pod) wrote the checkpoint: without a target
   # sharding Orbax refuses a checkpoint saved with another topology.
-  abstract = state_lib.abstract_state(config, sharding.single_device_mesh()).targets
+  # The parameters alone (a partial restore): the optimizer state is never read.
+  item = {"params": state_lib.abstract_state(config, sharding.single_device_mesh()).targets.params}
+  restore_args = jax.tree_util.tree_map(
+      lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
   with _manager(workdir, read_only=True) as mngr:
-    try:
-      restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-    except (ValueError, KeyError) as e:
-      raise ConfigError(_does_not_fit(step, workdir, e)) from None
     metrics = dict(mngr.metrics(step) or {})
-  return restored["state"].params, config, step, metrics
+  try:
+    with ocp.PyTreeCheckpointer() as reader:
+      restored = reader.restore(checkpoints_dir(workdir) / str(step) / "state", args=ocp.args.PyTreeRestore(
+          item=item, restore_args=restore_args, partial_restore=True))
+  except (ValueError, KeyError) as e:
+    raise ConfigError(_does_not_fit(step, workdir, e)) from None
+  return restored["params"], config, step, metrics
 
 
 def _does_not_fit(step: int, workdir: str, e: BaseException) -> str:

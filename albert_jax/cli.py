@@ -1,14 +1,36 @@
-"""The command lines' shared edge: every flag, config-file and config-value error becomes one line
-`error: ...` on stderr and a non-zero exit, never a traceback (albert_jax.main, prepare, export, estimate).
+"""The command lines' shared edge (albert_jax.main, prepare, export, estimate).
+
+Every command defines its flags inside its `run()` (so importing any number of them defines none)
+and runs its work inside `guard`, which turns every exception into one line `error: ...` on
+stderr and one exit status:
+
+  0  done
+  1  an internal error (a bug): the full traceback is in <workdir>/logs/<command>-<time>.log, or on
+     stderr with --verbose
+  2  bad input: a flag, config value, file or data that cannot be used, a workdir of another model
+     or in use by another run, a workdir whose checkpoints are all damaged
+  3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt)
+  4  an environment fault: no space left on the device, a lost peer host, another OS error
+
+By default the console shows what the command does; the libraries' INFO lines (Orbax, TFDS, absl)
+go to the log file only, and to stderr too with --verbose.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
+import time
+import traceback
+from typing import Iterator
 
 from absl import flags
+from absl import logging as absl_logging
 
 from albert_jax.config_lib import ConfigError
+
+BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT = 2, 1, 3, 4
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -55,8 +77,126 @@ def load_config(config_flag):
   return config
 
 
-def workdir(path: str) -> str:
-  """--workdir's value; one line if it names an existing file (not a directory)."""
+def workdir(path: str | None) -> str:
+  """--workdir's value; one line if it is empty or names an existing file (not a directory)."""
+  if not path or not path.strip():
+    fail("--workdir must name a directory (it is empty)")
   if "://" not in path and os.path.exists(path) and not os.path.isdir(path):
     fail(f"--workdir={path} is a file, not a directory")
   return path
+
+
+def define_verbose() -> None:
+  flags.DEFINE_bool("verbose", False, "Also print the libraries' INFO lines and full tracebacks.")
+
+
+# Orbax warnings that describe how albert_jax uses it, not a problem: a save between evaluations has
+# no eval metrics; the read-only look at a workdir's steps before anything is written.
+_ROUTINE = ("did not provide metrics", "read_only=True", "Given directory is read only")
+
+
+class _Console(logging.Filter):
+  """The console's lines: albert_jax's own INFO lines and everyone's warnings (all INFO lines when
+  verbose), less Orbax's routine warnings."""
+
+  def __init__(self, verbose: bool):
+    super().__init__()
+    self.verbose = verbose
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if any(text in record.getMessage() for text in _ROUTINE):
+      return False
+    return self.verbose or _own(record) or record.levelno >= logging.WARNING
+
+
+def _own(record: logging.LogRecord) -> bool:
+  return f"{os.sep}albert_jax{os.sep}" in record.pathname
+
+
+class _ConsoleFormat(logging.Formatter):
+  """albert_jax's INFO lines as plain sentences (like its progress lines); the rest as absl's."""
+
+  def __init__(self):
+    super().__init__()
+    self.absl = absl_logging.PythonFormatter()
+
+  def format(self, record: logging.LogRecord) -> str:
+    if _own(record) and record.levelno == logging.INFO:
+      return record.getMessage()
+    return self.absl.format(record)
+
+
+_log_file: list[str] = []
+
+
+def setup_logging(command: str, workdir: str | None = None) -> str | None:
+  """Console: warnings and errors only (INFO too with --verbose); everything at INFO also goes to
+  <workdir>/logs/<command>-<UTC time>.log when there is a local workdir. Returns the log's path."""
+  verbose = flags.FLAGS["verbose"].value if "verbose" in flags.FLAGS else False
+  absl_logging.set_verbosity(absl_logging.INFO)
+  handler = absl_logging.get_absl_handler()
+  handler.setLevel(logging.INFO)
+  handler.addFilter(_Console(verbose))
+  handler.python_handler.setFormatter(_ConsoleFormat())
+  logging.getLogger().setLevel(logging.INFO)
+  _log_file.clear()
+  if workdir and "://" not in workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
+    try:
+      logs = os.path.join(workdir, "logs")
+      os.makedirs(logs, exist_ok=True)
+      path = os.path.join(logs, f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
+                                f"{os.getpid()}.log")
+      file_handler = logging.FileHandler(path, encoding="utf-8")
+      file_handler.setLevel(logging.INFO)
+      file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+      logging.getLogger().addHandler(file_handler)
+      _log_file.append(path)
+    except OSError:  # a read-only workdir: console only
+      pass
+  return _log_file[0] if _log_file else None
+
+
+@contextlib.contextmanager
+def guard() -> Iterator[None]:
+  """Runs a command's work: any exception becomes one line and the exit status above."""
+  from albert_jax import files
+  try:
+    yield
+  except ConfigError as e:
+    fail(str(e), BAD_INPUT)
+  except FloatingPointError as e:
+    fail(str(e), NON_FINITE)
+  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+          UnicodeDecodeError) as e:
+    fail(f"{type(e).__name__}: {e}", BAD_INPUT)
+  except KeyboardInterrupt:
+    fail("interrupted", 130)
+  except Exception as e:  # noqa: BLE001 (the one place every remaining error is turned into a line)
+    where = _record(e)
+    if files.is_disk_full(e):
+      fail(one_line(e) if isinstance(e, files.DiskFull) else f"no space left on device: {one_line(e)}",
+           ENVIRONMENT)
+    if isinstance(e, OSError) or _lost_peer(e):
+      fail(f"{type(e).__name__}: {one_line(e)}{where}", ENVIRONMENT)
+    fail(f"internal error: {type(e).__name__}: {one_line(e)}{where}", INTERNAL)
+
+
+def _lost_peer(e: BaseException) -> bool:
+  text = str(e)
+  return any(k in text for k in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "heartbeat", "coordination service"))
+
+
+def _record(e: BaseException) -> str:
+  """Writes e's traceback to the log file (and to stderr with --verbose); ' (traceback in PATH)'."""
+  text = "".join(traceback.format_exception(e))
+  if "verbose" in flags.FLAGS and flags.FLAGS["verbose"].value:
+    print(text, file=sys.stderr, flush=True)
+  if _log_file:
+    try:
+      with open(_log_file[0], "a", encoding="utf-8") as f:
+        f.write(text)
+      return f" (traceback in {_log_file[0]})"
+    except OSError:
+      pass
+  verbose = "verbose" in flags.FLAGS and flags.FLAGS["verbose"].value
+  return "" if verbose else " (--verbose shows the traceback)"

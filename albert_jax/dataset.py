@@ -29,6 +29,7 @@ from absl import logging
 from albert_jax import config_lib
 from albert_jax import corpus as corpus_lib
 from albert_jax import examples as examples_lib
+from albert_jax import files
 from albert_jax import tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
@@ -537,7 +538,13 @@ def prepare(config, workdir: str) -> dict:
   os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would become the data directory's mode
   logging.info("preparing data in %s (building in %s)", ddir, tmp)
   try:
-    _build(config, tmp, fp)
+    try:
+      _build(config, tmp, fp)
+    except Exception as e:
+      if files.is_disk_full(e):
+        raise files.DiskFull(f"no space left on device preparing data in {ddir}; nothing was put in "
+                             f"place: free space and re-run") from e
+      raise
     try:
       os.rename(tmp, ddir)  # atomic; an empty directory is replaced
     except OSError as e:

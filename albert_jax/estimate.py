@@ -423,12 +423,16 @@ def run() -> None:
   compile_flag = flags.DEFINE_enum("compile", "auto", ["auto", "yes", "no"],
                                    "Compile the train step for the local backend for the compiler's memory "
                                    "analysis (auto: when the local devices can hold the mesh's model split).")
+  cli.define_verbose()
   flags.mark_flags_as_required(["config"])
 
   def main(argv):
     if len(argv) > 1:
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-    try:
+    if devices_flag.value is not None and devices_flag.value < 1:
+      cli.fail(f"--devices={devices_flag.value} must be >= 1")
+    cli.setup_logging("estimate", None)
+    with cli.guard():
       config = cli.load_config(config_flag)
       device = device_flag.value or hardware.device_name() or "cpu"
       devices = devices_flag.value or (8 if device_flag.value and device != "cpu" else jax.device_count())
@@ -440,8 +444,6 @@ def run() -> None:
           raise ConfigError(f"the {jax.local_device_count()} local devices cannot hold the mesh's "
                             f"fsdp={est.mesh['fsdp']} x tensor={est.mesh['tensor']} split")
       print(format_report(est), flush=True)
-    except ConfigError as e:
-      cli.fail(str(e))
 
   app.run(main, flags_parser=cli.parse_flags)
 

@@ -8,7 +8,7 @@ AlbertTokenizer.from_pretrained(OUT) load with no missing or unexpected keys (al
 model.safetensors, config.json, spiece.model, tokenizer.json, tokenizer_config.json and a model card.
 --format=jax writes parameters only (no optimizer state): params.safetensors, config.json with the
 resolved model config, spiece.model and a card; albert_jax.jax_export.load_jax_export(OUT) reads it back.
-Bad input exits with one line `error: ...` and status 2.
+Errors are one line `error: ...`; exit statuses: cli.py.
 """
 from __future__ import annotations
 
@@ -17,19 +17,10 @@ import shutil
 from typing import Any
 
 from absl import app, flags
+from etils import epath
 
 from albert_jax import cli
 from albert_jax.config_lib import ConfigError
-
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/ and config.json.")
-_OUTPUT = flags.DEFINE_string("output", None, "Directory to write (must not exist or be empty).")
-_STEP = flags.DEFINE_string("step", "latest", "latest | best (by eval masked_lm_accuracy) | a step number.")
-_FORMAT = flags.DEFINE_enum("format", "hf", ["hf", "jax"], "hf: transformers (PyTorch) layout; jax: ours.")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --output if it holds an earlier export.")
-_UNSHARE = flags.DEFINE_bool(
-    "unshare", False, "hf: write a shared-attention/shared-FFN model (paper Table 4) as L unshared layers "
-    "(the same outputs; the sharing is lost). Without it such models are refused.")
-_SPM = flags.DEFINE_string("spm_model_path", "", "Vocabulary to ship instead of the run's own.")
 
 FORMATS = ("hf", "jax")
 
@@ -155,7 +146,7 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
 def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf", overwrite: bool = False,
            unshare: bool = False, spm_model_path: str = "") -> str:
   """Reads a checkpoint of the run in `workdir` (parameters only) and writes it with write_export."""
-  if not workdir or not os.path.isdir(workdir):
+  if not workdir or ("://" not in workdir and not os.path.isdir(workdir)):  # gs://: Orbax reads it
     raise ConfigError(f"--workdir {workdir!r} is not a directory")
   if not output:
     raise ConfigError("--output is required")
@@ -169,7 +160,7 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
 
   params, config, step, metrics = checkpoint.load_params(workdir, step)
   spm = spm_model_path or dataset.spm_model_path(config, workdir)
-  if not os.path.isfile(spm):
+  if not (epath.Path(spm).exists() if "://" in spm else os.path.isfile(spm)):
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
   from albert_jax import tokenizer
 
@@ -180,19 +171,31 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
                       overwrite=overwrite, unshare=unshare, source=os.path.abspath(workdir))
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    out = export(_WORKDIR.value, _OUTPUT.value, _STEP.value, _FORMAT.value, _OVERWRITE.value,
-                 _UNSHARE.value, _SPM.value)
-  except ConfigError as e:
-    cli.fail(str(e))
-  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, OSError) as e:
-    cli.fail(f"{type(e).__name__}: {e}")
-  print(f"wrote {_FORMAT.value} export to {out}")
+def run() -> None:
+  """Defines the flags (here, not at import) and writes the export."""
+  workdir = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/ and config.json.")
+  output = flags.DEFINE_string("output", None, "Directory to write (must not exist or be empty).")
+  step = flags.DEFINE_string("step", "latest", "latest | best (by eval masked_lm_accuracy) | a step number.")
+  fmt = flags.DEFINE_enum("format", "hf", ["hf", "jax"], "hf: transformers (PyTorch) layout; jax: ours.")
+  overwrite = flags.DEFINE_bool("overwrite", False, "Replace --output if it holds an earlier export.")
+  unshare = flags.DEFINE_bool(
+      "unshare", False, "hf: write a shared-attention/shared-FFN model (paper Table 4) as L unshared "
+      "layers (the same outputs; the sharing is lost). Without it such models are refused.")
+  spm = flags.DEFINE_string("spm_model_path", "", "Vocabulary to ship instead of the run's own.")
+  cli.define_verbose()
+  flags.mark_flags_as_required(["workdir", "output"])
+
+  def main(argv):
+    if len(argv) > 1:
+      cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    cli.setup_logging("export", None)  # the workdir is read, never written
+    with cli.guard():
+      out = export(workdir.value, output.value, step.value, fmt.value, overwrite.value, unshare.value,
+                   spm.value)
+    print(f"wrote {fmt.value} export to {out}")
+
+  app.run(main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir", "output"])
-  app.run(main, flags_parser=cli.parse_flags)
+  run()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -47,3 +48,53 @@ def staged_dir(out_dir: str, readme: str | None) -> Iterator[str]:
     os.replace(tmp, out_dir)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+class DiskFull(RuntimeError):
+  """No space left on the device being written (an environment fault, not bad input)."""
+
+
+def is_disk_full(e: BaseException | None) -> bool:
+  """Whether e, or an exception behind it, is ENOSPC (Orbax and TensorStore re-raise it as text)."""
+  while e is not None:
+    if isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+      return True
+    if "No space left on device" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str) -> Iterator[None]:
+  """Holds <workdir>/.lock (fcntl.flock) for the block: one writer per workdir.
+
+  The file records the holder (host, pid, start time) for the refusal message. The kernel releases
+  the lock when its process dies, so a dead run's lock is simply taken over. gs:// has no such lock
+  (object stores have no flock): the block runs unlocked there.
+  """
+  if "://" in workdir:
+    yield
+    return
+  import fcntl
+  import socket
+  import time
+
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, ".lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+        raise
+      holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
+      raise ConfigError(f"{workdir} is in use by another run ({holder}); wait for it to finish, "
+                        f"stop it, or use another --workdir") from None
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()} since {started}\n".encode(), 0)
+    yield
+  finally:
+    os.close(fd)  # releases the lock; the file stays (removing it would race with a new holder)

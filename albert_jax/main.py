@@ -5,40 +5,42 @@ r"""Pretrain ALBERT: python -m albert_jax.main --config=configs/NAME.py[:variant
       --config.train.batch_size=512 --config.data.input_files='corpus/*.txt'
 
 The config is locked: a mistyped override is an error. Re-running the same command resumes from the
-latest checkpoint in --workdir. Bad input exits with one line `error: ...` and status 2.
+latest sound checkpoint in --workdir. Errors are one line `error: ...`; exit statuses: cli.py.
 """
 from __future__ import annotations
 
 from absl import app, flags
-from ml_collections import config_flags
-
-from albert_jax import cli
-from albert_jax.config_lib import ConfigError
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (local path or gs://): data, checkpoints, logs.")
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    from albert_jax import distributed, train
-
-    config = cli.load_config(_CONFIG)
-    distributed.initialize(config)
-    train.train_and_evaluate(config, cli.workdir(_WORKDIR.value))
-  except ConfigError as e:
-    cli.fail(str(e))
-  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, UnicodeDecodeError) as e:
-    cli.fail(f"{type(e).__name__}: {e}")
-  except FloatingPointError as e:
-    cli.fail(str(e), code=3)
 
 
 def run():
+  """Defines the flags (here, not at import) and runs the job."""
+  from ml_collections import config_flags
+
+  from albert_jax import cli
+
+  config_flag = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
+                                                lock_config=True)
+  workdir_flag = flags.DEFINE_string("workdir", None,
+                                     "Run directory (local path or gs://): data, checkpoints, logs.")
+  cli.define_verbose()
+  flags.mark_flags_as_required(["config", "workdir"])
+
+  def main(argv):
+    if len(argv) > 1:
+      cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    workdir = cli.workdir(workdir_flag.value)
+    config = cli.load_config(config_flag)
+    with cli.guard():  # a bad value: one line before anything is written
+      from albert_jax import config_lib
+
+      config_lib.validate(config)
+    cli.setup_logging("main", workdir)
+    with cli.guard():
+      from albert_jax import distributed, train
+
+      distributed.initialize(config)
+      train.train_and_evaluate(config, workdir)
+
   app.run(main, flags_parser=cli.parse_flags)
 
 

@@ -14,40 +14,44 @@ from __future__ import annotations
 
 import json
 
-from absl import app
-from absl import flags
-from absl import logging
-from ml_collections import config_flags
+from absl import app, flags
 
-from albert_jax import cli, dataset, input_pipeline
-from albert_jax.config_lib import ConfigError
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; data goes to <workdir>/data unless "
-                               "config.data.data_dir is set.")
-_INSPECT = flags.DEFINE_bool("inspect", False, "Print decoded masked examples and statistics.")
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 3, "How many examples --inspect prints.")
+from albert_jax import cli
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  if not _WORKDIR.value:
-    cli.fail("--config and --workdir are required")
-  config = cli.load_config(_CONFIG)
-  logging.set_verbosity(logging.INFO)
-  try:
-    if _INSPECT.value:
-      lines, stats = input_pipeline.inspect(config, cli.workdir(_WORKDIR.value), num_examples=_NUM_EXAMPLES.value)
-      print("\n".join(lines))
-    else:
-      stats = dataset.prepare(config, cli.workdir(_WORKDIR.value))
-      stats.pop("vocab_sha256", None)
-    print(json.dumps(stats), flush=True)
-  except (ConfigError, OSError) as e:
-    cli.fail(str(e), code=1)
+def run() -> None:
+  """Defines the flags (here, not at import) and prepares or inspects the data."""
+  from ml_collections import config_flags
+
+  config_flag = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
+                                                lock_config=True)
+  workdir_flag = flags.DEFINE_string("workdir", None, "Run directory; data goes to <workdir>/data unless "
+                                     "config.data.data_dir is set.")
+  inspect_flag = flags.DEFINE_bool("inspect", False, "Print decoded masked examples and statistics.")
+  num_examples_flag = flags.DEFINE_integer("num_examples", 3, "How many examples --inspect prints.")
+  cli.define_verbose()
+
+  def main(argv) -> None:
+    if len(argv) > 1:
+      cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["config"].present:
+      cli.fail("--config and --workdir are required")
+    workdir = cli.workdir(workdir_flag.value)
+    config = cli.load_config(config_flag)
+    cli.setup_logging("prepare", workdir)
+    with cli.guard():
+      from albert_jax import dataset, input_pipeline
+
+      if inspect_flag.value:
+        lines, stats = input_pipeline.inspect(config, workdir, num_examples=num_examples_flag.value)
+        print("\n".join(lines))
+      else:
+        stats = dataset.prepare(config, workdir)
+        stats.pop("vocab_sha256", None)
+      print(json.dumps(stats), flush=True)
+
+  app.run(main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  run()

@@ -10,6 +10,8 @@ import math
 import flax.linen as nn
 import jax
 import numpy as np
+from absl import logging
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from albert_jax.config_lib import ConfigError
@@ -57,8 +59,12 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_config, len(devices))
   try:
-    array = jax.experimental.mesh_utils.create_device_mesh(shape, devices)
-  except Exception:  # e.g. CPU devices without topology: plain order is fine there
+    array = mesh_utils.create_device_mesh(shape, devices)
+  except Exception as e:  # noqa: BLE001 (any topology failure falls back, said once below)
+    # CPU devices have no topology: plain order is all there is. Elsewhere, say so.
+    if devices[0].platform != "cpu":
+      logging.warning("the %s devices' topology gives no %s mesh (%s); using plain device order, "
+                      "which may be slower", devices[0].platform, shape, e)
     array = np.asarray(devices).reshape(shape)
   return Mesh(array, MESH_AXES)
 

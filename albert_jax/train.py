@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from albert_jax import checkpoint, config_lib, distributed, hardware, optim, sharding
-from albert_jax import dataset, input_pipeline, pretrained
+from albert_jax import dataset, files, input_pipeline, pretrained
 from albert_jax import model as M
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.state import AbstractState, TrainState, abstract_state
@@ -155,6 +155,37 @@ def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> 
   return {k: float(v) for k, v in metrics_fn(totals).items()}
 
 
+def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int = 3) -> list[str]:
+  """The model's top prediction for each masked word of a few held-out examples, as text.
+
+  Example lines use input_pipeline.render_example's marks ([MASK](original), ...); the line below
+  each lists original->predicted per target. Single-process runs only (the logits are read back on
+  this host); [] otherwise.
+  """
+  if jax.process_count() > 1:
+    return []
+  tok = input_pipeline.tokenizer_lib.load(dataset.spm_model_path(config, workdir),
+                                         config.data.do_lower_case, config.data.word_start)
+  with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
+    batch = next(batches)
+  with sharding.with_mesh(mesh):
+    out = jax.jit(lambda p, b: model.apply(
+        {"params": p}, b["input_ids"], b["segment_ids"], b["input_mask"], b["masked_lm_positions"],
+        deterministic=True)["mlm_logits"])(params, sharding.global_batch(batch, mesh))
+  predicted = np.asarray(jnp.argmax(out, -1))
+  marker = input_pipeline.tokenizer_lib.WORD_MARKER
+  piece = lambda i: tok.id_to_piece(int(i)).replace(marker, "") or marker  # noqa: E731
+  lines = []
+  for row in range(min(num_examples, len(batch["input_ids"]))):
+    k = int(batch["masked_lm_weights"][row].sum())
+    text = input_pipeline.render_example(tok, batch, row)
+    lines.append(f"  {text[:300]}{' ...' if len(text) > 300 else ''}")
+    pairs = [f"{piece(t)}->{piece(p)}" for t, p in zip(batch["masked_lm_ids"][row, :k],
+                                                       predicted[row, :k])]
+    lines.append(f"    predicted: {' '.join(pairs)}")
+  return lines
+
+
 # ----------------------------------------------------------------------------------------------------
 # The loop.
 
@@ -221,15 +252,30 @@ class _Profiler:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Trains config.train.num_steps steps in workdir, resuming from its latest checkpoint."""
-  # --- Config -----------------------------------------------------------------------------------
+  """Trains config.train.num_steps steps in workdir, resuming from its latest sound checkpoint.
+
+  One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
+  """
   config_lib.validate(config)
+  if jax.process_index() != 0:
+    return _train_and_evaluate(config, workdir)
+  with files.workdir_lock(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
+  # --- Config -----------------------------------------------------------------------------------
   t = config.train
 
   # --- Mesh -------------------------------------------------------------------------------------
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(t, mesh)
   log(f"mesh: {sharding.describe(mesh)}; processes: {jax.process_count()}")
+  # Before anything is written: every host agrees on the config and the step to resume from (a
+  # read-only look), and another model's checkpoints are refused.
+  start = checkpoint.latest_step(workdir)
+  distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
+  checkpoint.check_workdir(workdir, config, start)
 
   # --- Data -------------------------------------------------------------------------------------
   pretrained.use_its_vocabulary(config)
@@ -246,17 +292,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       f"E={config.model.embedding_size}")
 
   # --- Restore or initialise --------------------------------------------------------------------
-  # Before anything is written: every host agrees on the config and the step to resume from (a
-  # read-only look), and another model's checkpoints are refused.
-  start = checkpoint.latest_step(workdir)
-  distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
-  checkpoint.check_workdir(workdir, config, start)
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t))
     train_iter = cleanup.enter_context(
         contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train")))
-    if start is not None:
-      state, data_state = ckpt.restore(start, trainer.abstract.targets)
+    state = None
+    if start is not None:  # the newest sound step; damaged newer ones are moved aside
+      start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
+    if state is not None:
       train_iter.set_state(data_state)
       log(f"resumed from step {start} in {workdir}")
     else:
@@ -328,7 +371,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
       if save_due(step):
         reporter.flush()  # checks finiteness first: a halting run does not save
         ckpt.save(step, state, data_state, eval_metrics if evaluated else None)
+        log(f"saved step {step} to {workdir}/checkpoints")
         reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
     reporter.flush()
+    if step == t.num_steps and t.eval_steps:  # what the model learned, in words
+      lines = fill_mask_lines(config, workdir, trainer.abstract.model, state.params, mesh)
+      if lines:
+        log(f"fill-mask on held-out examples at step {step} (original->predicted):\n" + "\n".join(lines))
   log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
       f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})")

@@ -89,8 +89,12 @@ Example (v3-64 Spot slice):
   export TPU_NAME=albert-pod ZONE=europe-west4-a
   $PROG create --spot
   $PROG setup
+  $PROG prepare --config=configs/albert_base.py --workdir=gs://BUCKET/albert_base \\
+      --config.data.data_dir=/mnt/BUCKET/data
   $PROG train --config=configs/albert_base.py --workdir=gs://BUCKET/albert_base \\
-      --config.data.data_dir=gs://BUCKET/data --config.train.batch_size=4096
+      --config.data.data_dir=/mnt/BUCKET/data --config.train.batch_size=4096
+  (prepared data must be a filesystem path every worker reads, not gs://: e.g. the bucket
+  mounted at /mnt/BUCKET with gcsfuse on every worker, or a copy on each worker's disk)
   $PROG logs
   $PROG stop && $PROG delete
 EOF

@@ -283,7 +283,7 @@ def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
   bad = subprocess.run([sys.executable, "-m", "albert_jax.prepare", f"--config={cfg}",
                         f"--workdir={tmp_path / 'w'}", f"--config.data.input_files={tmp_path}/nope*.txt"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-  assert bad.returncode == 1
+  assert bad.returncode == 2  # bad input (cli.py)
   assert bad.stderr.strip().splitlines()[-1].startswith("error: data.input_files: no file matches")
   assert "Traceback" not in bad.stderr
 
@@ -505,6 +505,30 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
   assert corpus._paragraph_sentences(ast.get_docstring(dumps)) in module_docs   # exactly one document
 
 
+def _children() -> list[int]:
+  """This process's child processes, less multiprocessing's resource tracker (one per process, kept
+  for its lifetime by design)."""
+  pids = []
+  for task in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{task}/children") as f:
+      pids += [int(p) for p in f.read().split()]
+  def is_tracker(pid):
+    try:
+      with open(f"/proc/{pid}/cmdline") as f:
+        return "resource_tracker" in f.read()
+    except OSError:  # already gone
+      return True
+  return [p for p in pids if not is_tracker(p)]
+
+
+def _no_children_within(seconds: float) -> bool:
+  import time
+  deadline = time.time() + seconds
+  while _children() and time.time() < deadline:
+    time.sleep(0.1)
+  return not _children()
+
+
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
   reference = _take(input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1), 4)
@@ -514,8 +538,10 @@ def test_worker_processes_give_the_same_batches(prepared):
     got = _take(it, 2)
     state = json.loads(json.dumps(it.get_state()))
     got += _take(it, 2)
+    assert len(_children()) >= 2  # the workers run ...
   finally:
     it.close()
+  assert _no_children_within(30), _children()  # ... and close() ends them (as after each eval)
   for a, b in zip(reference, got):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])

@@ -1,0 +1,306 @@
+"""Reliability on real Orbax checkpoints, real processes and real disks: damaged checkpoints set aside,
+one trainer per workdir, a full disk, one-line errors with one exit-code policy, a quiet console."""
+import errno
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax import checkpoint, files
+from albert_jax.config_lib import ConfigError
+
+TRAIN = ml_collections.ConfigDict(dict(keep_checkpoints=5, keep_best=True))
+ABSTRACT = {"w": jax.ShapeDtypeStruct((4096,), jnp.float32), "step": jax.ShapeDtypeStruct((), jnp.int32)}
+
+
+def save_steps(workdir, steps):
+  with checkpoint.Checkpointer(str(workdir), TRAIN) as ckpt:
+    for step in steps:
+      ckpt.save(step, {"w": jnp.full((4096,), float(step)), "step": jnp.int32(step)}, {"position": step})
+
+
+def largest_state_file(step_dir):
+  paths = [os.path.join(r, f) for r, _, fs in os.walk(step_dir / "state") for f in fs]
+  return max(paths, key=os.path.getsize)
+
+
+def garble(step_dir):
+  path = largest_state_file(step_dir)
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    f.write(b"\xff" * 64)
+
+
+def truncate(step_dir):
+  path = largest_state_file(step_dir)
+  os.truncate(path, os.path.getsize(path) // 2)
+
+
+def delete_manifest(step_dir):
+  os.remove(step_dir / "state" / "manifest.ocdbt")
+
+
+def delete_data_files(step_dir):
+  for r, _, fs in os.walk(step_dir / "state"):
+    for f in fs:
+      if os.path.basename(r) == "d":
+        os.remove(os.path.join(r, f))
+
+
+def file_list(root):
+  return sorted(os.path.relpath(os.path.join(r, f), root) for r, _, fs in os.walk(root) for f in fs)
+
+
+@pytest.mark.parametrize("harm", [garble, truncate, delete_manifest, delete_data_files])
+def test_damaged_newest_step_is_set_aside_and_the_previous_restored(tmp_path, harm):
+  save_steps(tmp_path, [1, 2, 3])
+  step3 = tmp_path / "checkpoints" / "3"
+  harm(step3)
+  kept = file_list(step3)
+  with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+    step, state, data = ckpt.restore_sound(ABSTRACT)
+    assert step == 2 and data == {"position": 2}
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.full((4096,), 2.0, np.float32))
+    assert ckpt.latest_step() == 2
+  assert not step3.exists()
+  (aside,) = os.listdir(tmp_path / "damaged")
+  assert re.fullmatch(r"3-\d{8}T\d{6}Z", aside)
+  assert file_list(tmp_path / "damaged" / aside) == kept  # nothing deleted
+
+
+def test_every_step_damaged_is_one_line_and_nothing_is_deleted(tmp_path):
+  save_steps(tmp_path, [1, 2])
+  for step in (1, 2):
+    garble(tmp_path / "checkpoints" / str(step))
+  with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+    with pytest.raises(ConfigError, match="every checkpoint in .* is damaged") as e:
+      ckpt.restore_sound(ABSTRACT)
+  assert "\n" not in str(e.value)
+  assert sorted(n.split("-")[0] for n in os.listdir(tmp_path / "damaged")) == ["1", "2"]
+
+
+def test_another_models_checkpoint_is_not_called_damaged(tmp_path):
+  save_steps(tmp_path, [1])
+  other = dict(ABSTRACT, w=jax.ShapeDtypeStruct((128,), jnp.float32))
+  with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+    with pytest.raises(ConfigError, match="does not fit this model"):
+      ckpt.restore_sound(other)
+  assert os.listdir(tmp_path / "checkpoints") and not (tmp_path / "damaged").exists()
+
+
+def test_disk_full_error_is_recognised_through_a_chain():
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as inner:
+      raise ValueError("RESOURCE_EXHAUSTED: writing chunk") from inner
+  except ValueError as e:
+    assert files.is_disk_full(e)
+  assert not files.is_disk_full(ValueError("shape mismatch"))
+
+
+# --- the trainer as people run it --------------------------------------------------------------------
+
+from tests.test_train import data_dir, main_cmd  # noqa: E402,F401 (the prepared-data fixture)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def env(tmp_path):
+  # One compilation cache for the test's runs: identical programs compile once.
+  return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+              PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
+def run_main(tmp_path, workdir, data_dir, *extra, **train_fields):
+  return subprocess.run(main_cmd(workdir, data_dir, *extra, **train_fields), cwd=ROOT, env=env(tmp_path),
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
+  workdir = str(tmp_path / "w")
+  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "saved step 2 to" in r.stdout and "saved step 4 to" in r.stdout
+  # The end of the main job: the model's guesses for masked words of 3 held-out examples.
+  assert "fill-mask on held-out examples at step 4" in r.stdout
+  assert len(re.findall(r"^    predicted: \S+->\S+", r.stdout, re.M)) == 3, r.stdout
+  # The console: our lines, no INFO line of Orbax, TFDS or absl.
+  assert not [l for l in (r.stdout + r.stderr).splitlines() if re.match(r"(INFO|I\d{4} |W\d{4} )", l)], r.stderr
+  logs = os.listdir(os.path.join(workdir, "logs"))
+  assert len(logs) == 1 and "INFO" in open(os.path.join(workdir, "logs", logs[0])).read()
+  straight, _, _, _ = checkpoint.load_params(workdir, 4)
+  garble(tmp_path / "w" / "checkpoints" / "4")
+  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert re.search(r"checkpoint 4 is damaged \(.*\): moved to .*damaged/4-", r.stdout), r.stdout
+  assert "resumed from step 2" in r.stdout
+  again, _, step, _ = checkpoint.load_params(workdir, "latest")
+  assert step == 4
+  for x, y in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(again)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 1
+
+
+def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
+  workdir = tmp_path / "w"
+  first = subprocess.Popen(main_cmd(str(workdir), data_dir, num_steps=10_000, checkpoint_every=1, log_every=100),
+                           cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+  try:
+    for line in first.stdout:
+      if line.startswith("saved step"):
+        break
+    second = run_main(tmp_path, str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert second.stderr.strip().splitlines() == [
+        f"error: {workdir} is in use by another run (host {os.uname().nodename} pid {first.pid} since "
+        + second.stderr.split(" since ")[1].split(")")[0] + "); wait for it to finish, stop it, or use "
+        "another --workdir"], second.stderr
+  finally:
+    first.send_signal(signal.SIGTERM)
+    out = first.stdout.read()
+    assert first.wait(timeout=300) == 0, out[-2000:]
+  assert checkpoint.load_params(str(workdir), "latest")[2] >= 1  # the first run's checkpoints restore
+
+
+def test_lock_of_a_dead_process_is_taken_over(tmp_path):
+  holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from albert_jax import files\n"
+                             f"with files.workdir_lock({str(tmp_path)!r}):\n"
+                             "  print('held', flush=True); time.sleep(600)"],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == "held"
+  with pytest.raises(ConfigError, match=f"is in use by another run \\(host .* pid {holder.pid} since "):
+    with files.workdir_lock(str(tmp_path)):
+      pass
+  holder.send_signal(signal.SIGKILL)
+  holder.wait()
+  with files.workdir_lock(str(tmp_path)):  # the kernel released the dead process's lock
+    assert f"pid {os.getpid()} " in open(tmp_path / ".lock").read()
+
+
+# --- a full disk ---------------------------------------------------------------------------------------
+
+def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  mnt = tmp_path / "small"
+  mnt.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)]).returncode != 0:
+    pytest.skip("mount -t tmpfs is not permitted here")
+  try:
+    rng = np.random.default_rng(0)  # random floats do not compress: 1 MiB a step
+    abstract = {"w": jax.ShapeDtypeStruct((262144,), jnp.float32), "step": ABSTRACT["step"]}
+    first = {"w": jnp.asarray(rng.standard_normal(262144, np.float32)), "step": jnp.int32(1)}
+    ckpt = checkpoint.Checkpointer(str(mnt), TRAIN)
+    ckpt.save(1, first, {"position": 1})
+    ckpt.wait()
+    with pytest.raises(files.DiskFull) as e:
+      ckpt.save(2, dict(first, step=jnp.int32(2)), {"position": 2})
+      ckpt.close()
+    assert re.fullmatch(rf"no space left on device saving step 2 to {mnt}/checkpoints; .*", str(e.value))
+    with checkpoint.Checkpointer(str(mnt), TRAIN) as again:
+      step, state, data = again.restore_sound(abstract)
+    assert step == 1 and data == {"position": 1}
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(first["w"]))
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
+  from albert_jax import cli
+  save_steps(tmp_path, [1])
+  ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
+  ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
+  ckpt.wait()
+
+  def full(*_):
+    raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(errno.ENOSPC, "No space left on device")
+
+  ckpt.manager.wait_until_finished = full  # the OS's answer, at the point Orbax reports it
+  with pytest.raises(SystemExit) as e:
+    with cli.guard():
+      ckpt.close()
+  assert e.value.code == cli.ENVIRONMENT == 4
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: no space left on device saving step 2 to "), err
+  assert checkpoint.latest_step(str(tmp_path)) == 2
+
+
+# --- bad values and the exit-code policy -------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value,message", [
+    ("seed", -1, "seed=-1 must be an integer"),
+    ("data.max_documents", -1, "data.max_documents=-1 must be >= 0"),
+])
+def test_bad_config_values_are_refused(field, value, message):
+  from albert_jax import config_lib
+  config = config_lib.base_config()
+  section, _, key = field.rpartition(".")
+  (config[section] if section else config)[key] = value
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    config_lib.validate(config)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir="], "--workdir must name a directory"),
+    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=  "], "--workdir must name a directory"),
+    (["-m", "albert_jax.prepare", "--config=configs/tiny.py", "--workdir="], "--workdir must name a directory"),
+    (["-m", "albert_jax.estimate", "--config=configs/tiny.py", "--devices=0"], "--devices=0 must be >= 1"),
+    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=never_written", "--config.seed=-1"],
+     "seed=-1 must be an integer in [0, 2**31)"),
+])
+def test_bad_flags_are_one_line_exit_2(tmp_path, args, message):
+  r = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(env(tmp_path), PYTHONPATH=ROOT),
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = r.stderr.strip().splitlines()
+  assert lines[-1].startswith("error: ") and message in lines[-1], r.stderr[-2000:]
+  assert "Traceback" not in r.stderr
+  assert not os.path.exists(os.path.join(ROOT, "logs"))  # nothing written into the current directory
+  assert not os.path.exists(os.path.join(ROOT, "never_written"))
+
+
+def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_path, capsys):
+  from absl import flags
+  from albert_jax import cli, estimate, export, main, prepare  # noqa: F401 (importing defines no flag)
+  before = set(flags.FLAGS)
+  import importlib
+  for module in (estimate, export, main, prepare):
+    importlib.reload(module)
+  assert set(flags.FLAGS) == before
+  with pytest.raises(SystemExit) as e:
+    with cli.guard():
+      {}["missing"]  # noqa: B018 (a bug)
+  assert e.value.code == cli.INTERNAL == 1
+  (line,) = capsys.readouterr().err.strip().splitlines()
+  assert line.startswith("error: internal error: KeyError: ")
+
+
+def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  mnt = tmp_path / "small"
+  mnt.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)]).returncode != 0:
+    pytest.skip("mount -t tmpfs is not permitted here")
+  try:
+    r = subprocess.run([sys.executable, "-m", "albert_jax.prepare", "--config=configs/tiny.py",
+                        f"--workdir={tmp_path / 'w'}", "--config.model.vocab_size=1000",
+                        "--config.data.max_documents=400", f"--config.data.data_dir={mnt}/data"],
+                       cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 4, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: no space left on device preparing data in {mnt}/data; "), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not os.path.exists(mnt / "data")  # no half-built dataset in place
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
