@@ -697,6 +697,8 @@ def prepare(config, workdir: str) -> dict:
   if os.path.exists(ddir) and not os.path.isdir(ddir):
     raise ConfigError(f"{ddir} exists and is not a directory")
   fp = fingerprint(config)
+  if config.data.beam_runner:
+    _beam_options(config)  # Beam installed and its options parse: before any long work
   parent = os.path.dirname(ddir)
   os.makedirs(parent, exist_ok=True)
   _remove_interrupted_builds(ddir)
