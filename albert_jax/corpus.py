@@ -11,6 +11,9 @@ Three sources, chosen by config.data (first that is set wins):
     with `ast` (nothing is imported or executed): one document per pydoc topic and per docstring of
     two or more sentences. About 4,200 documents, 1.9 MB of English text.
 
+shards() cuts a corpus into pieces that shard_documents() reads on their own (prepare's worker
+processes, a Beam pipeline), the same pieces whatever the number of readers.
+
 Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip") or is a one-line
 error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
 unprepared TFDS datasets are ConfigErrors with one-line messages.

@@ -1,8 +1,10 @@
 """The prepared pretraining dataset: built once into a TFDS dataset on disk (read by input_pipeline.py).
 
 prepare(config, workdir)
-  vocabulary (trained on the corpus, or config.data.spm_model_path) -> documents (corpus.py) ->
-  unmasked sentence pairs (examples.create_pairs, deterministic from config.seed) -> a real TFDS
+  vocabulary (trained on the corpus, or config.data.spm_model_path) -> shards of documents
+  (corpus.shards) -> unmasked sentence pairs (shard_examples: examples.create_pairs, a pure function
+  of config.seed and the shard, on data.num_prepare_workers processes or an Apache Beam pipeline
+  with data.beam_runner, so the same dataset whatever the parallelism) -> a real TFDS
   dataset (a tfds.core.GeneratorBasedBuilder, ArrayRecord files, splits "train" and "eval") in
   config.data.data_dir or <workdir>/data, with spiece.model and prepared.json (settings fingerprint
   and statistics) beside it. Everything is built in a temporary directory and renamed into place,
@@ -240,7 +242,7 @@ def _builder_class():
                    "Learning of Language Representations}, author={Lan, Zhenzhong and others}, "
                    "booktitle={ICLR}, year={2020}}",
           # TFDS shuffles each split by a hash of the example keys ("<seed>/<shard>/<n>"): one
-          # global order, the same from every writer (here, or a Beam pipeline), drawn from the seed.
+          # global order, the same from every writer (here or in Beam), drawn from the seed.
           disable_shuffling=False,
       )
 
@@ -611,7 +613,8 @@ def _build(config, out: str, fp: dict) -> dict:
     logging.info("writing the TFDS dataset (%s train, %s eval examples)",
                  f"{len(staged['train'].lengths):,}", f"{len(staged['eval'].lengths):,}")
     builder = _builder_class()(
-        split_examples={split: (lambda s=split: staged[s].examples(config.seed)) for split in SPLITS},
+        split_examples={split: (lambda s=split: staged[s].examples(config.seed))
+                        for split in SPLITS},
         data_dir=out, file_format="array_record")
     with contextlib.redirect_stdout(sys.stderr):  # TFDS prints; keep stdout for our results
       builder.download_and_prepare(download_config=tfds.download.DownloadConfig(

@@ -8,7 +8,8 @@ trains a vocabulary on it once, then prepares it with data.num_prepare_workers=1
 (0: os.cpu_count()), each in a fresh process, and reports MB/s of raw text (sharding, tokenizing,
 pairing and writing the TFDS dataset; vocabulary training excluded), MB per CPU-second (all
 processes), the speed-up and its ratio to the worker count (the goal: >= 0.8), and the peak
-resident memory of the main process and of the largest worker. The last line is one JSON object with all figures.
+resident memory of the main process and of the largest worker. The last line is one JSON object
+with all figures.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from albert_jax import corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax import tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where corpus and data go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 10, "Copies of the built-in corpus to prepare.")
@@ -78,7 +79,7 @@ def main(argv):
       f.write(text)
   vocab = os.path.join(_WORKDIR.value, "spiece.model")
   if not os.path.exists(vocab):
-    tokenizer_lib.train([s for d in docs for s in d], vocab, _VOCAB)
+    tokenizer.train([s for d in docs for s in d], vocab, _VOCAB)
   files = os.path.join(text_dir, "*.txt")
   workers = _WORKERS.value or os.cpu_count() or 1
   one = _run(files, vocab, os.path.join(_WORKDIR.value, "w1"), 1)
