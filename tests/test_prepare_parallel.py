@@ -162,3 +162,24 @@ def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, 
   message = str(e.value)
   assert "\n" not in message and str(victim) in message
   assert os.listdir(workdir) == []   # no data directory, no build left behind
+
+
+def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path):
+  lines = []
+  for i in range(2000):
+    lines += [f"Sentence {i} one.", f"Sentence {i} two.", ""]
+  lines[4501] = "bad \udce9"   # the 4502nd line is not UTF-8
+  path = tmp_path / "a.txt"
+  path.write_bytes(b"".join(l.encode("utf-8", "surrogateescape") + b"\n" for l in lines))
+  data = config_lib.base_config().data
+  data.update(input_files=str(path), max_documents=1900)
+  shards = corpus.shards(data, 4096, 100)
+  assert len(shards) > 10 and sum(s["docs"] for s in shards) == 1900
+  read = [(i, doc) for s in shards for i, doc in corpus.shard_documents(data, s)]
+  assert [i for i, _ in read] == list(range(1900))
+  assert [doc for _, doc in read] == list(corpus.documents(data))
+  assert read[1500][1] == ["Sentence 1500 one."]   # its bad second line skipped
+  data.non_utf8 = "error"
+  with pytest.raises(ConfigError, match=r"a\.txt:4502: not valid UTF-8"):
+    for s in shards:
+      list(corpus.shard_documents(data, s))
