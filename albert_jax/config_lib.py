@@ -76,8 +76,15 @@ def base_config() -> ml_collections.ConfigDict:
       builtin_corpus="python_docs",
       non_utf8="skip",        # skip (and count) | error
       eval_fraction=0.02,     # of documents held out for the eval split
-      # Vocabulary training.
-      spm_input_sentence_size=1_000_000,
+      # prepare's worker processes (tokenizing and pairing): 0 = every core (os.cpu_count()).
+      num_prepare_workers=0,
+      # Run prepare as an Apache Beam pipeline (pip install -e ".[beam]"): "" (not), DirectRunner,
+      # DataflowRunner, ...; beam_options: comma-separated pipeline flags passed through.
+      beam_runner="",
+      beam_options="",
+      # Vocabulary training: on a seeded sample of at most this many sentences (spm_train's
+      # input_sentence_size), so its memory does not grow with the corpus.
+      vocab_sample_sentences=1_000_000,
       spm_character_coverage=0.99995,
       # Examples (docs/data.md).
       max_seq_length=512,
@@ -240,6 +247,10 @@ def validate_data(d, model) -> None:
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
   _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
+  _check(d.num_prepare_workers >= 0,
+         f"data.num_prepare_workers={d.num_prepare_workers} must be >= 0 (0: every core)")
+  _check(d.vocab_sample_sentences > 0,
+         f"data.vocab_sample_sentences={d.vocab_sample_sentences} must be positive")
 
 
 def validate_train(t) -> None:

@@ -11,6 +11,9 @@ Three sources, chosen by config.data (first that is set wins):
     with `ast` (nothing is imported or executed): one document per pydoc topic and per docstring of
     two or more sentences. About 4,200 documents, 1.9 MB of English text.
 
+shards() cuts a corpus into pieces that shard_documents() reads on their own (prepare's worker
+processes, a Beam pipeline), the same pieces whatever the number of readers.
+
 Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip") or is a one-line
 error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
 unprepared TFDS datasets are ConfigErrors with one-line messages.
@@ -140,6 +143,62 @@ def resolve_input_files(spec: str) -> list[str]:
   return files
 
 
+def _open(path: str):
+  try:
+    return open(path, "rb")
+  except OSError as e:
+    raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _file_range_documents(path: str, start: int, end: int | None, first_line: int, max_docs: int,
+                          non_utf8: str, stats: CorpusStats, progress_base: int = 0
+                          ) -> Iterator[list[str]]:
+  """Documents of one text file that begin in bytes [start, end) (end None: to the end), at most
+  max_docs of them (0: all); first_line is the number of lines before `start`.
+
+  A document is a run of lines that are not blank (ASCII whitespace only), so shards() finds the
+  boundaries without decoding; its sentences are the lines that decode as UTF-8 and are not empty
+  once stripped. A document left with no sentence is yielded as [] (it still takes its place).
+  """
+  raw = _open(path)
+  with raw:
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+    if start:
+      raw.seek(start)
+    pos, lineno, emitted, doc, in_doc = start, first_line, 0, [], False
+
+    def finish():
+      stats.documents += bool(doc)
+      stats.sentences += len(doc)
+      stats.progress_done = progress_base + raw.tell()
+      return doc
+
+    try:
+      for line in stream:
+        if end is not None and pos >= end and not in_doc:
+          break
+        pos += len(line)
+        lineno += 1
+        if not line.strip():
+          if in_doc:
+            yield finish()
+            emitted += 1
+            doc, in_doc = [], False
+            if max_docs and emitted >= max_docs:
+              return
+          continue
+        in_doc = True
+        text = _decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
+        text = text.strip() if text is not None else ""
+        if text:
+          doc.append(text)
+          stats.bytes += len(line)
+    except (OSError, EOFError, zlib.error) as e:
+      raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+    if in_doc:
+      yield finish()
+
+
 def text_file_documents(files: list[str], non_utf8: str = "skip",
                         stats: CorpusStats | None = None) -> Iterator[list[str]]:
   """Documents of BERT-format text files: one sentence per line, blank lines between documents.
@@ -150,36 +209,9 @@ def text_file_documents(files: list[str], non_utf8: str = "skip",
   stats.progress_total = sum(os.path.getsize(f) for f in files)
   done_before = 0
   for path in files:
-    try:
-      raw = open(path, "rb")
-    except OSError as e:
-      raise ConfigError(f"cannot read {path}: {e.strerror}") from None
     stats.files += 1
-    with raw:
-      stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
-      doc: list[str] = []
-      lineno = 0
-      try:
-        for line in stream:
-          lineno += 1
-          text = _decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
-          if text is None:
-            continue
-          text = text.strip()
-          if text:
-            doc.append(text)
-            stats.bytes += len(line)
-          elif doc:
-            stats.documents += 1
-            stats.sentences += len(doc)
-            stats.progress_done = done_before + raw.tell()
-            yield doc
-            doc = []
-      except (OSError, EOFError, zlib.error) as e:
-        raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+    for doc in _file_range_documents(path, 0, None, 0, 0, non_utf8, stats, done_before):
       if doc:
-        stats.documents += 1
-        stats.sentences += len(doc)
         yield doc
     done_before += os.path.getsize(path)
     stats.progress_done = done_before
@@ -187,6 +219,44 @@ def text_file_documents(files: list[str], non_utf8: str = "skip",
 
 # ----------------------------------------------------------------------------------------------
 # TFDS datasets.
+
+def _tfds_source(name: str, split: str, data_dir: str):
+  """tfds.data_source over a prepared TFDS dataset (ArrayRecord: random access, no TensorFlow)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(
+        f"cannot open TFDS dataset {name!r} split {split!r} (data dir {data_dir or 'default'}) "
+        f"with tfds.data_source: {first}; prepare it in ArrayRecord format (tfds build {name} "
+        f"--file_format=array_record)") from None
+
+
+def _record_sentences(record, name: str, index: int, text_feature: str, non_utf8: str,
+                      stats: CorpusStats) -> list[str]:
+  if text_feature not in record:
+    raise ConfigError(f"TFDS dataset {name!r} has no feature {text_feature!r} (data.text_feature); "
+                      f"it has {sorted(record)}")
+  text = record[text_feature]
+  if isinstance(text, bytes):
+    text = _decode(text, non_utf8, stats, f"TFDS dataset {name!r} record {index}", "records")
+    if text is None:
+      return []
+  sentences = split_sentences(str(text))
+  if sentences:
+    stats.documents += 1
+    stats.sentences += len(sentences)
+    stats.bytes += sum(len(s.encode("utf-8")) for s in sentences)
+  return sentences
+
+
+def _tfds_records(data, begin: int, end: int, stats: CorpusStats) -> Iterator[list[str]]:
+  """Sentences of records [begin, end) of config.data's TFDS dataset ([] for an empty one)."""
+  source = _tfds_source(data.tfds_name, data.tfds_split, data.tfds_data_dir)
+  for i in range(begin, end):
+    yield _record_sentences(source[i], data.tfds_name, i, data.text_feature, data.non_utf8, stats)
+
 
 def tfds_documents(name: str, split: str = "train", text_feature: str = "text", data_dir: str = "",
                    non_utf8: str = "skip", stats: CorpusStats | None = None) -> Iterator[list[str]]:
@@ -198,18 +268,14 @@ def tfds_documents(name: str, split: str = "train", text_feature: str = "text", 
   stats = stats if stats is not None else CorpusStats()
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+    source = _tfds_source(name, split, data_dir)
     records = (source[i] for i in range(len(source)))
     stats.progress_total = len(source)
-  except Exception as e:  # pylint: disable=broad-except
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  except ConfigError as e:
     try:
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
     except ImportError:
-      raise ConfigError(
-          f"cannot open TFDS dataset {name!r} split {split!r} (data dir {data_dir or 'default'}) "
-          f"with tfds.data_source: {first}; prepare it in ArrayRecord format (tfds build {name} "
-          f"--file_format=array_record) or install TensorFlow") from None
+      raise ConfigError(f"{e}, or install TensorFlow") from None
     try:
       ds = tfds.load(name, split=split, data_dir=data_dir or None, download=False)
       stats.progress_total = 0
@@ -218,21 +284,10 @@ def tfds_documents(name: str, split: str = "train", text_feature: str = "text", 
       raise ConfigError(f"cannot open TFDS dataset {name!r} split {split!r}: "
                         f"{str(e2).strip().splitlines()[0]}") from None
   for record in records:
-    if text_feature not in record:
-      raise ConfigError(f"TFDS dataset {name!r} has no feature {text_feature!r} (data.text_feature); "
-                        f"it has {sorted(record)}")
-    text = record[text_feature]
     stats.progress_done += 1
-    if isinstance(text, bytes):
-      text = _decode(text, non_utf8, stats, f"TFDS dataset {name!r} record {stats.progress_done - 1}",
-                     "records")
-      if text is None:
-        continue
-    sentences = split_sentences(str(text))
+    sentences = _record_sentences(record, name, stats.progress_done - 1, text_feature, non_utf8,
+                                  stats)
     if sentences:
-      stats.documents += 1
-      stats.sentences += len(sentences)
-      stats.bytes += sum(len(s.encode("utf-8")) for s in sentences)
       yield sentences
 
 
@@ -386,3 +441,93 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
     if data.max_documents and i >= data.max_documents:
       break
     yield doc
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Shards: the units prepare's workers (or a Beam pipeline) read independently.
+
+def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
+  """Cuts the corpus into shards, each read on its own by shard_documents().
+
+  The cut depends only on the corpus and the two sizes, never on how many workers read it, so
+  the examples made from each shard are the same whatever the parallelism. Text files are cut
+  at document boundaries every ~shard_bytes (a .gz file, which cannot be entered in the middle,
+  is one shard) by a scan that reads bytes without decoding them; TFDS datasets and the built-in
+  corpus every shard_documents documents. Each shard records the global index of its first
+  document (which decides the eval split) and how many documents it holds (data.max_documents
+  is applied here).
+  """
+  kind = source_kind(data)
+  limit = data.max_documents or float("inf")
+  out: list[dict] = []
+  total = 0
+
+  def add(**fields):
+    out.append(dict(fields, index=len(out), first_doc=total))
+
+  if kind == "files":
+    for path in resolve_input_files(data.input_files):
+      if total >= limit:
+        break
+      raw = _open(path)
+      with raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+        start, start_line, pos, lineno, docs, in_doc = 0, 0, 0, 0, 0, False
+        try:
+          for line in stream:
+            blank = not line.strip()
+            if blank and in_doc:
+              docs += 1
+              in_doc = False
+              if total + docs >= limit:
+                break
+              if pos - start >= shard_bytes and not path.endswith(".gz"):
+                add(kind=kind, path=path, start=start, end=pos, first_line=start_line, docs=docs)
+                total += docs
+                start, start_line, docs = pos, lineno, 0
+            in_doc = in_doc or not blank
+            pos += len(line)
+            lineno += 1
+        except (OSError, EOFError, zlib.error) as e:
+          raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+        docs += in_doc
+        if docs:
+          add(kind=kind, path=path, start=start, end=None, first_line=start_line, docs=docs)
+          total += docs
+  else:
+    if kind == "tfds":
+      num = len(_tfds_source(data.tfds_name, data.tfds_split, data.tfds_data_dir))
+    else:
+      num = len(list(python_docs_documents()))
+    num = int(min(num, limit))
+    for begin in range(0, num, shard_documents):
+      n = min(shard_documents, num - begin)
+      if kind == "builtin":
+        add(kind=kind, docs=n, documents=_PYTHON_DOCS[begin:begin + n])
+      else:
+        add(kind=kind, docs=n)
+      total += n
+  return out
+
+
+def shard_documents(data, shard: dict, stats: CorpusStats | None = None
+                    ) -> Iterator[tuple[int, list[str]]]:
+  """(global document index, sentences) for each document of a shard made by shards()."""
+  stats = stats if stats is not None else CorpusStats()
+  index = shard["first_doc"]
+  if shard["kind"] == "files":
+    stats.files += 1
+    it = _file_range_documents(shard["path"], shard["start"], shard["end"], shard["first_line"],
+                               shard["docs"], data.non_utf8, stats)
+  elif shard["kind"] == "builtin":
+    it = iter(shard["documents"])
+    for doc in shard["documents"]:
+      stats.documents += 1
+      stats.sentences += len(doc)
+      stats.bytes += sum(len(s.encode("utf-8")) for s in doc)
+  else:
+    it = _tfds_records(data, index, index + shard["docs"], stats)
+  for doc in it:
+    yield index, doc
+    index += 1

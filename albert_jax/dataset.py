@@ -1,8 +1,10 @@
 """The prepared pretraining dataset: built once into a TFDS dataset on disk (read by input_pipeline.py).
 
 prepare(config, workdir)
-  vocabulary (trained on the corpus, or config.data.spm_model_path) -> documents (corpus.py) ->
-  unmasked sentence pairs (examples.create_pairs, deterministic from config.seed) -> a real TFDS
+  vocabulary (trained on the corpus, or config.data.spm_model_path) -> shards of documents
+  (corpus.shards) -> unmasked sentence pairs (shard_examples: examples.create_pairs, a pure function
+  of config.seed and the shard, on data.num_prepare_workers processes or an Apache Beam pipeline
+  with data.beam_runner, so the same dataset whatever the parallelism) -> a real TFDS
   dataset (a tfds.core.GeneratorBasedBuilder, ArrayRecord files, splits "train" and "eval") in
   config.data.data_dir or <workdir>/data, with spiece.model and prepared.json (settings fingerprint
   and statistics) beside it. Everything is built in a temporary directory and renamed into place,
@@ -12,16 +14,21 @@ prepare(config, workdir)
 from __future__ import annotations
 
 import array
+import collections
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import socket
 import sys
 import tempfile
 import time
+import types
+from typing import Any, Iterator
 
 import numpy as np
 from absl import logging
@@ -35,11 +42,17 @@ from albert_jax.config_lib import ConfigError
 
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"
-FORMAT_VERSION = 1           # of prepared.json and the example layout
+FORMAT_VERSION = 2           # of prepared.json and the example layout (2: sharded, key-shuffled)
 SPLITS = ("train", "eval")
 PREPARED_FILE = "prepared.json"
 VOCAB_FILE = "spiece.model"
-SHARD_DOCUMENTS = 10_000     # documents tokenized and paired together (random-B pool)
+# The corpus is cut into shards of about SHARD_BYTES of text (text files) or SHARD_DOCUMENTS
+# documents (TFDS, built-in), each made into examples on its own from the seed and its index: the
+# dataset is the same whatever the number of workers. Within a shard, the documents of a split
+# are paired in groups of at most GROUP_DOCUMENTS (the pool a random B is drawn from).
+SHARD_BYTES = 1 << 20
+SHARD_DOCUMENTS = 2_000
+GROUP_DOCUMENTS = 10_000
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,7 +111,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
       vocab = {"source": "file", "sha256": file_sha256(path)}
   else:
     vocab = {"source": "trained", "character_coverage": d.spm_character_coverage,
-             "input_sentence_size": d.spm_input_sentence_size}
+             "sample_sentences": d.vocab_sample_sentences}
   return {
       "format": FORMAT_VERSION,
       "vocab": vocab,
@@ -210,8 +223,9 @@ def _builder_class():
     def code_path(cls):
       return None
 
-    def __init__(self, *, split_examples=None, **kwargs):
+    def __init__(self, *, split_examples=None, beam_examples=None, **kwargs):
       self._split_examples = split_examples or {}
+      self._beam_examples = beam_examples
       super().__init__(**kwargs)
 
     def _info(self):
@@ -228,11 +242,15 @@ def _builder_class():
           citation="@inproceedings{lan2020albert, title={ALBERT: A Lite BERT for Self-supervised "
                    "Learning of Language Representations}, author={Lan, Zhenzhong and others}, "
                    "booktitle={ICLR}, year={2020}}",
-          disable_shuffling=True,  # prepare already shuffled, deterministically from the seed
+          # TFDS shuffles each split by a hash of the example keys ("<seed>/<shard>/<n>"): one
+          # global order, the same from every writer (here or in Beam), drawn from the seed.
+          disable_shuffling=False,
       )
 
     def _split_generators(self, dl_manager):
       del dl_manager
+      if self._beam_examples is not None:
+        return {split: self._beam_examples(split) for split in SPLITS}
       return {split: self._generate_examples(make) for split, make in self._split_examples.items()}
 
     def _generate_examples(self, make):
@@ -285,48 +303,143 @@ def _fraction(stats: corpus_lib.CorpusStats, max_documents: int) -> float | None
   return max(fractions) if fractions else None
 
 
+def _job_data(data) -> Any:
+  """The config.data fields a shard's worker needs, in a form any process can unpickle."""
+  return types.SimpleNamespace(**data.to_dict())
+
+
+_TOKENIZERS: dict = {}   # per worker process: loaded once, used for every shard
+
+
+def shard_examples(data, seed: int, vocab_path: str, shard: dict, splits=SPLITS,
+                   num_threads: int = 1) -> dict:
+  """The examples of one shard (corpus.shards), a pure function of seed, shard and settings.
+
+  Runs in prepare's worker processes and in Beam workers alike. Documents go to the eval split by
+  their global index (_is_eval); each split's documents are tokenized and paired in groups of
+  GROUP_DOCUMENTS with a generator seeded by (seed, split, shard, group). Returns, per split,
+  the examples as flat arrays (tokens, segments, lengths, labels), and the shard's statistics.
+  """
+  key = (vocab_path, data.do_lower_case)
+  if key not in _TOKENIZERS:
+    _TOKENIZERS.clear()
+    _TOKENIZERS[key] = tokenizer_lib.load(vocab_path, data.do_lower_case)
+  tok = _TOKENIZERS[key]
+  cstats = corpus_lib.CorpusStats()
+  pair_stats: dict = {}
+  docs: dict = {split: [] for split in splits}
+  doc_counts = {split: 0 for split in splits}
+  pairs: dict = {split: [] for split in splits}
+  groups = {split: 0 for split in splits}
+
+  def flush(split: str):
+    if not docs[split]:
+      return
+    ids = tok.encode_batch([s for doc in docs[split] for s in doc], num_threads=num_threads)
+    tokenized, i = [], 0
+    for doc in docs[split]:
+      tokenized.append(ids[i:i + len(doc)])
+      i += len(doc)
+    rng = np.random.default_rng([seed, SPLITS.index(split), shard["index"], groups[split]])
+    pairs[split].extend(examples_lib.create_pairs(
+        tokenized, rng, max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
+        task=data.task, single_sentence_random_next=data.single_sentence_random_next,
+        stats=pair_stats))
+    docs[split] = []
+    groups[split] += 1
+
+  for index, doc in corpus_lib.shard_documents(data, shard, cstats):
+    split = "eval" if _is_eval(index, seed, data.eval_fraction) else "train"
+    if split not in docs or not doc:
+      continue
+    docs[split].append(doc)
+    doc_counts[split] += 1
+    if len(docs[split]) >= GROUP_DOCUMENTS:
+      flush(split)
+  max_num_tokens = data.max_seq_length - 3
+  out = {}
+  for split in splits:
+    flush(split)
+    ps = pairs[split]
+    out[split] = {
+        "tokens": np.concatenate([p["input_ids"] for p in ps] or [np.zeros(0)]).astype("<i4"),
+        "segments": np.concatenate([p["segment_ids"] for p in ps] or [np.zeros(0)]).astype(np.int8),
+        "lengths": np.array([len(p["input_ids"]) for p in ps], np.int64),
+        "labels": np.array([p["sentence_order_label"] for p in ps], np.int8),
+        "short_targets": int(sum(p["target_length"] < max_num_tokens for p in ps)),
+        "documents": doc_counts[split],
+    }
+  return {"shard": shard["index"], "splits": out, "corpus": dataclasses.asdict(cstats),
+          "pairs": pair_stats}
+
+
+def _shard_job(job) -> dict:
+  return shard_examples(*job)
+
+
+def _split_records(seed: int, shard: int, arrays: dict) -> Iterator[tuple[str, dict]]:
+  """(key, example) of one shard's split; the key decides the example's place in the shuffle."""
+  offsets = np.concatenate([[0], np.cumsum(arrays["lengths"])])
+  for n in range(len(arrays["lengths"])):
+    a, b = offsets[n], offsets[n + 1]
+    yield f"{seed}/{shard}/{n}", {"input_ids": np.asarray(arrays["tokens"][a:b], np.int32),
+                                  "segment_ids": np.asarray(arrays["segments"][a:b], np.int8),
+                                  "sentence_order_label": int(arrays["labels"][n])}
+
+
+def _beam_split_records(shard: dict, data, seed: int, vocab_path: str, split: str):
+  """A Beam FlatMap: the (key, example) records of one shard's split."""
+  result = shard_examples(data, seed, vocab_path, shard, (split,))
+  yield from _split_records(seed, shard["index"], result["splits"][split])
+
+
 class _Staging:
-  """Examples of one split in flat files while the corpus is read (TFDS writes splits one at a time)."""
+  """Examples of one split in flat files while the shards are made (TFDS writes one split at a
+  time): memory holds a few numbers per example, not the examples."""
 
   def __init__(self, directory: str, split: str):
     self.tokens_path = os.path.join(directory, f"{split}.tokens")
     self.segments_path = os.path.join(directory, f"{split}.segments")
     self._tokens = open(self.tokens_path, "wb")
     self._segments = open(self.segments_path, "wb")
-    self.offsets = array.array("q")
+    self.shards = array.array("q")    # per shard: its index, first example, example count
     self.lengths = array.array("i")
     self.labels = array.array("b")
     self.size = 0
     self.short_targets = 0
     self.num_tokens = 0
+    self.documents = 0
 
-  def add(self, pairs: list[dict], max_num_tokens: int):
-    for p in pairs:
-      ids = p["input_ids"]
-      self.offsets.append(self.size)
-      self.lengths.append(len(ids))
-      self.labels.append(p["sentence_order_label"])
-      self._tokens.write(ids.astype("<i4").tobytes())
-      self._segments.write(p["segment_ids"].astype(np.int8).tobytes())
-      self.size += len(ids)
-      self.short_targets += p["target_length"] < max_num_tokens
-    self.num_tokens += sum(len(p["input_ids"]) for p in pairs)
+  def add(self, shard: int, arrays: dict):
+    self.shards.extend([shard, len(self.lengths), len(arrays["lengths"])])
+    self.lengths.extend(arrays["lengths"].tolist())
+    self.labels.extend(arrays["labels"].tolist())
+    self._tokens.write(arrays["tokens"].tobytes())
+    self._segments.write(arrays["segments"].tobytes())
+    self.size += len(arrays["tokens"])
+    self.num_tokens += len(arrays["tokens"])
+    self.short_targets += arrays["short_targets"]
+    self.documents += arrays["documents"]
 
   def close(self):
     self._tokens.close()
     self._segments.close()
 
-  def examples(self, order: np.ndarray):
-    """(key, example) in `order`, the form a TFDS split generator yields."""
+  def examples(self, seed: int):
+    """(key, example) of every staged example, the form a TFDS split generator yields."""
     if not len(self.lengths):
       return
     tokens = np.memmap(self.tokens_path, dtype="<i4", mode="r")
     segments = np.memmap(self.segments_path, dtype=np.int8, mode="r")
-    for key, i in enumerate(order.tolist()):
-      off, n = self.offsets[i], self.lengths[i]
-      yield key, {"input_ids": np.asarray(tokens[off:off + n], np.int32),
-                  "segment_ids": np.asarray(segments[off:off + n]),
-                  "sentence_order_label": int(self.labels[i])}
+    lengths = np.frombuffer(self.lengths, np.int32)
+    labels = np.frombuffer(self.labels, np.int8)
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    for i in range(0, len(self.shards), 3):
+      shard, first, count = self.shards[i:i + 3]
+      a, b = offsets[first], offsets[first + count]
+      yield from _split_records(seed, shard, {
+          "tokens": tokens[a:b], "segments": segments[a:b], "labels": labels[first:first + count],
+          "lengths": lengths[first:first + count]})
 
 
 def _is_eval(doc_index: int, seed: int, eval_fraction: float) -> bool:
@@ -350,10 +463,114 @@ def _train_vocab(config, out_dir: str) -> float:
                config.model.vocab_size)
   tokenizer_lib.train(sentences(), os.path.join(out_dir, VOCAB_FILE), config.model.vocab_size,
                       lower=d.do_lower_case, character_coverage=d.spm_character_coverage,
-                      input_sentence_size=d.spm_input_sentence_size, seed=config.seed)
+                      input_sentence_size=d.vocab_sample_sentences, seed=config.seed)
   if stats.documents == 0:
     raise ConfigError("the corpus has no documents")
   return time.time() - t0
+
+
+def num_workers(config) -> int:
+  """prepare's worker processes: data.num_prepare_workers, or every core when 0."""
+  return config.data.num_prepare_workers or os.cpu_count() or 1
+
+
+def _make_shards(config, data, shards: list[dict], vocab_path: str, staging_dir: str):
+  """Makes every shard's examples on num_workers(config) processes, staged in shard order."""
+  staged = {split: _Staging(staging_dir, split) for split in SPLITS}
+  cstats = corpus_lib.CorpusStats()
+  pair_stats: dict = collections.Counter()
+  workers = min(num_workers(config), len(shards))
+  # One worker runs here; more are spawned (fork is unsafe once JAX has started threads), each
+  # tokenizing on one thread.
+  jobs = [(data, config.seed, vocab_path, shard, SPLITS, 1 if workers > 1 else -1)
+          for shard in shards]
+  progress = _Progress(f"prepare: tokenizing and pairing ({len(shards)} shards, {workers} workers)")
+  logging.info("making examples from %d shards on %d worker processes", len(shards), workers)
+  with contextlib.ExitStack() as stack:
+    if workers > 1:
+      pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+      results = pool.imap(_shard_job, jobs)
+    else:
+      results = map(_shard_job, jobs)
+    for done, result in enumerate(results, 1):
+      for split in SPLITS:
+        staged[split].add(result["shard"], result["splits"][split])
+      for field, value in result["corpus"].items():
+        setattr(cstats, field, getattr(cstats, field) + value)
+      pair_stats.update(result["pairs"])
+      progress.update(cstats.documents, cstats.bytes, done / len(shards))
+  for split in SPLITS:
+    staged[split].close()
+  progress.update(cstats.documents, cstats.bytes, 1.0, force=True)
+  return staged, cstats, pair_stats
+
+
+def _staged_stats(staged: dict, cstats, pair_stats: dict) -> dict:
+  n_train, n_eval = len(staged["train"].lengths), len(staged["eval"].lengths)
+  n = max(n_train + n_eval, 1)
+  tokens = staged["train"].num_tokens + staged["eval"].num_tokens
+  all_labels = np.concatenate([np.frombuffer(staged[s].labels, np.int8) for s in SPLITS])
+  return {
+      "documents": cstats.documents,
+      "train_documents": staged["train"].documents,
+      "eval_documents": staged["eval"].documents,
+      "sentences": cstats.sentences,
+      "raw_text_mb": round(cstats.bytes / 1e6, 3),
+      "non_utf8_lines_skipped": cstats.non_utf8_lines,
+      "tokens": tokens,
+      "train_examples": n_train,
+      "eval_examples": n_eval,
+      "mean_example_tokens": round(tokens / n, 1),
+      "short_target_fraction": round((staged["train"].short_targets
+                                      + staged["eval"].short_targets) / n, 4),
+      "sentence_order_label_1_fraction": round(float(all_labels.mean()), 4) if n_train + n_eval
+                                         else 0.0,
+      "single_sentence_chunks": pair_stats.get("single_sentence_chunks", 0),
+      "skipped_chunks": pair_stats.get("skipped_chunks", 0),
+      "truncated_pairs": pair_stats.get("truncated", 0),
+  }
+
+
+def _beam_options(config):
+  try:
+    from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ConfigError(f"data.beam_runner={config.data.beam_runner!r} needs Apache Beam: "
+                      f"pip install -e \".[beam]\"") from None
+  flags = [f.strip() for f in config.data.beam_options.split(",") if f.strip()]
+  return pipeline_options.PipelineOptions(flags)
+
+
+def _build_with_beam(config, data, shards, vocab_path: str, out: str, download_dir: str) -> dict:
+  """Builds the dataset as an Apache Beam pipeline (TFDS's Beam support) on data.beam_runner.
+
+  Each split is a PCollection of the shards' records, made by the same shard_examples as the
+  worker processes, so the dataset is the same. Statistics are those TFDS counts plus the
+  shards' document counts (the per-example statistics are not gathered).
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  options = _beam_options(config)
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+
+  def split_examples(split):
+    return (f"Shards{split}" >> beam.Create(shards)
+            | f"Examples{split}" >> beam.FlatMap(_beam_split_records, data, config.seed,
+                                                 vocab_path, split))
+
+  builder = _builder_class()(beam_examples=split_examples, data_dir=out,
+                             file_format="array_record")
+  logging.info("making and writing examples with Apache Beam (%s, %d shards)",
+               config.data.beam_runner, len(shards))
+  with contextlib.redirect_stdout(sys.stderr):
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS,
+        beam_runner=config.data.beam_runner, beam_options=options), download_dir=download_dir)
+  info = builder.info.splits
+  docs = sum(shard["docs"] for shard in shards)
+  period = max(2, int(round(1 / config.data.eval_fraction)))
+  return {"documents": docs, "train_examples": info["train"].num_examples,
+          "eval_examples": info["eval"].num_examples, "raw_text_mb": None,
+          "train_documents": docs - docs // period, "eval_documents": docs // period}
 
 
 def _build(config, out: str, fp: dict) -> dict:
@@ -375,106 +592,61 @@ def _build(config, out: str, fp: dict) -> dict:
     raise ConfigError(f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size="
                       f"{config.model.vocab_size}")
 
-  # Read, tokenize and pair the corpus, one shard of documents at a time.
+  # Cut the corpus into shards; make each into examples (in worker processes, or a Beam pipeline).
   t0 = time.time()
+  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS)
+  if not shards:
+    raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
+  data = _job_data(d)
   staging_dir = os.path.join(out, "staging")
   os.makedirs(staging_dir)
-  staged = {split: _Staging(staging_dir, split) for split in SPLITS}
-  cstats = corpus_lib.CorpusStats()
-  pair_stats: dict = {}
-  docs = {split: [] for split in SPLITS}
-  shard_index = {split: 0 for split in SPLITS}
-  doc_counts = {split: 0 for split in SPLITS}
-  max_num_tokens = d.max_seq_length - 3
-  progress = _Progress("prepare: tokenizing and pairing")
-
-  def flush(split: str):
-    if not docs[split]:
-      return
-    texts = [s for doc in docs[split] for s in doc]
-    ids = tok.encode_batch(texts)
-    tokenized, i = [], 0
-    for doc in docs[split]:
-      tokenized.append(ids[i:i + len(doc)])
-      i += len(doc)
-    rng = np.random.default_rng([config.seed, SPLITS.index(split), shard_index[split]])
-    pairs = examples_lib.create_pairs(
-        tokenized, rng, max_seq_length=d.max_seq_length, short_seq_prob=d.short_seq_prob,
-        task=d.task, single_sentence_random_next=d.single_sentence_random_next, stats=pair_stats)
-    staged[split].add(pairs, max_num_tokens)
-    docs[split] = []
-    shard_index[split] += 1
-
-  for doc_index, doc in enumerate(corpus_lib.documents(d, cstats)):
-    split = "eval" if _is_eval(doc_index, config.seed, d.eval_fraction) else "train"
-    docs[split].append(doc)
-    doc_counts[split] += 1
-    if len(docs[split]) >= (SHARD_DOCUMENTS if split == "train" else SHARD_DOCUMENTS // 10):
-      flush(split)
-    progress.update(cstats.documents, cstats.bytes, _fraction(cstats, d.max_documents))
-  for split in SPLITS:
-    flush(split)
-    staged[split].close()
-  progress.update(cstats.documents, cstats.bytes, 1.0, force=True)
-  if cstats.documents == 0:
-    raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
-  for split in SPLITS:
-    if not len(staged[split].lengths):
-      raise ConfigError(
-          f"the corpus gives no {split} examples ({cstats.documents} documents, {doc_counts[split]} "
-          f"for {split}); use more text or a larger data.eval_fraction")
-  examples_seconds = time.time() - t0
-
-  # Store as a TFDS dataset, each split in an order shuffled once from the seed.
-  t0 = time.time()
-  logging.info("writing the TFDS dataset (%s train, %s eval examples)",
-               f"{len(staged['train'].lengths):,}", f"{len(staged['eval'].lengths):,}")
-  orders = {split: np.random.default_rng([config.seed, 7, i]).permutation(len(staged[split].lengths))
-            for i, split in enumerate(SPLITS)}
   tfds.disable_progress_bar()
-  builder = _builder_class()(
-      split_examples={split: (lambda s=split: staged[s].examples(orders[s])) for split in SPLITS},
-      data_dir=out, file_format="array_record")
-  with contextlib.redirect_stdout(sys.stderr):  # TFDS prints; keep stdout for our results
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS),
-        download_dir=os.path.join(staging_dir, "downloads"))
+  download_dir = os.path.join(staging_dir, "downloads")
+  if d.beam_runner:
+    built = _build_with_beam(config, data, shards, vocab_path, out, download_dir)
+    examples_seconds, write_seconds = time.time() - t0, 0.0
+    staged = cstats = None
+  else:
+    staged, cstats, pair_stats = _make_shards(config, data, shards, vocab_path, staging_dir)
+    examples_seconds = time.time() - t0
+    # Store as a TFDS dataset: TFDS shuffles each split by the hash of the keys.
+    t0 = time.time()
+    logging.info("writing the TFDS dataset (%s train, %s eval examples)",
+                 f"{len(staged['train'].lengths):,}", f"{len(staged['eval'].lengths):,}")
+    builder = _builder_class()(
+        split_examples={split: (lambda s=split: staged[s].examples(config.seed))
+                        for split in SPLITS},
+        data_dir=out, file_format="array_record")
+    with contextlib.redirect_stdout(sys.stderr):  # TFDS prints; keep stdout for our results
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS),
+          download_dir=download_dir)
+    write_seconds = time.time() - t0
+    built = _staged_stats(staged, cstats, pair_stats)
   shutil.rmtree(staging_dir)
-  write_seconds = time.time() - t0
+  for split in SPLITS:
+    if not built[f"{split}_examples"]:
+      raise ConfigError(
+          f"the corpus gives no {split} examples ({built['documents']} documents, "
+          f"{built[f'{split}_documents']} for {split}); use more text or a larger "
+          f"data.eval_fraction")
 
   total = time.time() - t_start
-  n_train, n_eval = len(staged["train"].lengths), len(staged["eval"].lengths)
-  all_labels = np.concatenate([np.frombuffer(staged[s].labels, np.int8) for s in SPLITS])
-  stats = {
-      "documents": cstats.documents,
-      "train_documents": doc_counts["train"],
-      "eval_documents": doc_counts["eval"],
-      "sentences": cstats.sentences,
-      "raw_text_mb": round(cstats.bytes / 1e6, 3),
-      "non_utf8_lines_skipped": cstats.non_utf8_lines,
-      "tokens": staged["train"].num_tokens + staged["eval"].num_tokens,
-      "train_examples": n_train,
-      "eval_examples": n_eval,
-      "mean_example_tokens": round((staged["train"].num_tokens + staged["eval"].num_tokens)
-                                   / (n_train + n_eval), 1),
-      "short_target_fraction": round((staged["train"].short_targets + staged["eval"].short_targets)
-                                     / (n_train + n_eval), 4),
-      "sentence_order_label_1_fraction": round(float(all_labels.mean()), 4),
-      "single_sentence_chunks": pair_stats.get("single_sentence_chunks", 0),
-      "skipped_chunks": pair_stats.get("skipped_chunks", 0),
-      "truncated_pairs": pair_stats.get("truncated", 0),
+  stats = dict(built, **{
       "vocab_size": tok.vocab_size,
       "max_seq_length": d.max_seq_length,
+      "shards": len(shards),
       "seconds": round(total, 1),
       "vocab_seconds": round(vocab_seconds, 1),
       "examples_seconds": round(examples_seconds, 1),
       "write_seconds": round(write_seconds, 1),
-      "mb_per_second": round(cstats.bytes / 1e6 / max(examples_seconds, 1e-9), 3),
-  }
-  if cstats.non_utf8_lines:
+      "mb_per_second": (round(built["raw_text_mb"] / max(examples_seconds + write_seconds, 1e-9), 3)
+                        if built.get("raw_text_mb") is not None else None),
+  })
+  if stats.get("non_utf8_lines_skipped"):
     logging.warning("skipped %d lines that are not valid UTF-8 (data.non_utf8=skip)",
-                    cstats.non_utf8_lines)
-  if stats["skipped_chunks"]:
+                    stats["non_utf8_lines_skipped"])
+  if stats.get("skipped_chunks"):
     logging.warning("%d chunks could not form a pair (a one-token sentence alone) and were skipped",
                     stats["skipped_chunks"])
   prepared = {"fingerprint": fp, "vocab_sha256": file_sha256(vocab_path), "stats": stats,
@@ -529,6 +701,8 @@ def prepare(config, workdir: str) -> dict:
   if os.path.exists(ddir) and not os.path.isdir(ddir):
     raise ConfigError(f"{ddir} exists and is not a directory")
   fp = fingerprint(config)
+  if config.data.beam_runner:
+    _beam_options(config)  # Beam installed and its options parse: before any long work
   parent = os.path.dirname(ddir)
   os.makedirs(parent, exist_ok=True)
   _remove_interrupted_builds(ddir)

@@ -1,0 +1,185 @@
+"""prepare on many cores and as a Beam pipeline: the same dataset, bounded memory, atomic failure.
+
+The corpus is the interpreter's pydoc topics written as BERT-format text files here; shards are
+made small (dataset.SHARD_BYTES) so that even this corpus is cut into many of them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from albert_jax import config_lib
+from albert_jax import corpus
+from albert_jax import dataset
+from albert_jax import tokenizer as tokenizer_lib
+from albert_jax.config_lib import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _documents():
+  from pydoc_data import topics
+  return [corpus._paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+
+
+def _write(path, documents):
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n\n".join("\n".join(doc) for doc in documents if doc) + "\n")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("parallel")
+  docs = _documents()
+  os.makedirs(root / "corpus")
+  for i in range(3):   # three files, several shards each
+    _write(str(root / "corpus" / f"part-{i}.txt"), docs[i::3])
+  vocab = tokenizer_lib.train([s for d in docs for s in d], str(root / "spiece.model"), 1000)
+  return root, vocab
+
+
+def _config(setup, **fields):
+  root, vocab = setup
+  c = config_lib.base_config()
+  c.model.vocab_size = 1000
+  c.data.update(input_files=str(root / "corpus" / "*.txt"), spm_model_path=vocab,
+                max_seq_length=64, max_predictions_per_seq=10, eval_fraction=0.1)
+  c.data.update(**fields)
+  return c
+
+
+def _records(ddir):
+  """The serialized records of both splits, in order."""
+  out = {}
+  for split in dataset.SPLITS:
+    source = dataset.open_source(ddir, split, raw=True)
+    out[split] = [bytes(source[i]) for i in range(len(source))]
+  return out
+
+
+def _examples(ddir):
+  """The decoded examples of both splits, in order."""
+  out = {}
+  for split in dataset.SPLITS:
+    source = dataset.open_source(ddir, split, raw=False)
+    out[split] = [(tuple(e["input_ids"].tolist()), tuple(e["segment_ids"].tolist()),
+                   int(e["sentence_order_label"])) for e in (source[i] for i in range(len(source)))]
+  return out
+
+
+def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkeypatch):
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  built = {}
+  runs = [("1", {"num_prepare_workers": 1}), ("2", {"num_prepare_workers": 2})]
+  try:
+    import apache_beam  # pylint: disable=unused-import
+    runs.append(("beam", {"beam_runner": "DirectRunner", "beam_options":
+                          "--direct_num_workers=2,--direct_running_mode=multi_processing"}))
+  except ImportError:
+    pass
+  for name, fields in runs:
+    info = dataset.prepare(_config(setup, **fields), str(tmp_path / name))
+    assert info["shards"] > 5
+    built[name] = info["data_dir"]
+  one = _examples(built["1"])
+  assert len(one["train"]) > 300 and len(one["eval"]) > 20
+  assert len(set(one["train"])) > 0.95 * len(one["train"])
+  # Worker processes: byte-identical records. Beam: the same examples in the same order (its
+  # workers' protobuf writes the features in another order).
+  assert _records(built["2"]) == _records(built["1"])
+  for name, ddir in built.items():
+    assert _examples(ddir) == one, name
+  if "beam" not in built:
+    pytest.skip("apache-beam is not installed: the Beam DirectRunner build was not compared")
+
+
+def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypatch):
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  c = _config(setup, num_prepare_workers=1)
+  a = _records(dataset.prepare(c, str(tmp_path / "a"))["data_dir"])
+  c.seed = 1
+  b = _records(dataset.prepare(c, str(tmp_path / "b"))["data_dir"])
+  assert a["train"][:50] != b["train"][:50]
+
+
+_RSS = """
+import json, resource, sys
+from albert_jax import config_lib, dataset
+c = config_lib.base_config()
+c.model.vocab_size = 1000
+c.data.update(input_files=sys.argv[1], spm_model_path=sys.argv[2], max_seq_length=64,
+              num_prepare_workers=1)
+info = dataset.prepare(c, sys.argv[3])
+print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "mb": info["raw_text_mb"]}))
+"""
+
+
+def test_peak_memory_does_not_grow_with_the_corpus(setup, tmp_path):
+  root, vocab = setup
+  docs = _documents()[::2]
+  _write(str(tmp_path / "small.txt"), docs)
+  _write(str(tmp_path / "large.txt"), docs * 10)
+  peak = {}
+  for name in ("small", "large"):
+    run = subprocess.run([sys.executable, "-c", _RSS, str(tmp_path / f"{name}.txt"), vocab,
+                          str(tmp_path / f"work-{name}")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    peak[name] = json.loads(run.stdout.strip().splitlines()[-1])
+  assert peak["large"]["mb"] > 9 * peak["small"]["mb"]
+  assert peak["large"]["rss_kb"] < 1.5 * peak["small"]["rss_kb"], peak
+  print(peak)
+
+
+@pytest.mark.parametrize("bad", ["non_utf8", "unreadable"])
+def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, tmp_path, bad):
+  root, _ = setup
+  docs = _documents()
+  files = tmp_path / "corpus"
+  os.makedirs(files)
+  for i in range(3):
+    _write(str(files / f"part-{i}.txt"), docs[i::3])
+  victim = files / "part-1.txt"
+  if bad == "non_utf8":
+    text = victim.read_bytes()
+    middle = text.index(b"\n", len(text) // 2) + 1
+    victim.write_bytes(text[:middle] + b"caf\xe9 au lait\n" + text[middle:])
+  else:
+    os.chmod(victim, 0)
+    if os.access(victim, os.R_OK):   # root reads every file: a link to nothing cannot be read
+      os.remove(victim)
+      os.symlink(str(tmp_path / "gone.txt"), victim)
+  workdir = tmp_path / "work"
+  os.makedirs(workdir)
+  c = _config(setup, input_files=str(files / "*.txt"), non_utf8="error", num_prepare_workers=2)
+  with pytest.raises(ConfigError) as e:
+    dataset.prepare(c, str(workdir))
+  message = str(e.value)
+  assert "\n" not in message and str(victim) in message
+  assert os.listdir(workdir) == []   # no data directory, no build left behind
+
+
+def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path):
+  lines = []
+  for i in range(2000):
+    lines += [f"Sentence {i} one.", f"Sentence {i} two.", ""]
+  lines[4501] = "bad \udce9"   # the 4502nd line is not UTF-8
+  path = tmp_path / "a.txt"
+  path.write_bytes(b"".join(l.encode("utf-8", "surrogateescape") + b"\n" for l in lines))
+  data = config_lib.base_config().data
+  data.update(input_files=str(path), max_documents=1900)
+  shards = corpus.shards(data, 4096, 100)
+  assert len(shards) > 10 and sum(s["docs"] for s in shards) == 1900
+  read = [(i, doc) for s in shards for i, doc in corpus.shard_documents(data, s)]
+  assert [i for i, _ in read] == list(range(1900))
+  assert [doc for _, doc in read] == list(corpus.documents(data))
+  assert read[1500][1] == ["Sentence 1500 one."]   # its bad second line skipped
+  data.non_utf8 = "error"
+  with pytest.raises(ConfigError, match=r"a\.txt:4502: not valid UTF-8"):
+    for s in shards:
+      list(corpus.shard_documents(data, s))
