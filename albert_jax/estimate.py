@@ -90,11 +90,13 @@ def state_bytes(config, mesh) -> dict[str, int]:
 # ----------------------------------------------------------------------------------------------------
 # Activations: traced from the model, not hand-counted.
 
-def _residual_bytes(fn, *args) -> int:
-  """Bytes of what jax.vjp keeps for the backward pass of fn(*args): the leaves of its vjp function,
-  traced from shapes (jax.eval_shape: nothing is computed or allocated)."""
+def _residual_bytes(fn, *args, only=None) -> int:
+  """Bytes of what jax.vjp keeps for the backward pass of fn(*args): the leaves of its vjp function
+  (those whose shape `only` accepts, if given), traced from shapes (jax.eval_shape: nothing is
+  computed or allocated)."""
   residuals = jax.eval_shape(lambda *a: jax.vjp(fn, *a)[1], *args)
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(residuals))
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(residuals)
+             if only is None or only(x.shape))
 
 
 def _per_sequence(residual_bytes_at_batch) -> float:
@@ -103,7 +105,7 @@ def _per_sequence(residual_bytes_at_batch) -> float:
   return float(residual_bytes_at_batch(2) - residual_bytes_at_batch(1))
 
 
-def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None) -> float:
+def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, only=None) -> float:
   """Bytes per token that one application of the block keeps for its backward pass under a remat
   policy (default: the config's), traced from model.AlbertLayer.
 
@@ -112,6 +114,7 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None) 
   attention tensors per token (at S = 512 the attention alone is 2 x 4 x n x 512 bytes per token);
   `full` and `nothing_saveable` keep the block input (H); `dots_saveable` the input and every matmul
   output (7H + I + nS); `dots_with_no_batch_dims_saveable` drops the attention einsums from those.
+  `only(shape)` counts only the residuals it accepts (default all).
   """
   cfg = M.model_config(model_config)
   remat = cfg.remat if remat is None else remat
@@ -126,7 +129,7 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None) 
 
   fn = apply if remat == "none" else jax.checkpoint(apply, policy=M.REMAT_POLICIES[remat])
   x = lambda b: jax.ShapeDtypeStruct((b, S, H), cfg.compute_dtype)
-  return _per_sequence(lambda b: _residual_bytes(fn, params, x(b))) / S
+  return _per_sequence(lambda b: _residual_bytes(fn, params, x(b), only=only)) / S
 
 
 def model_bytes_per_sequence(config) -> float:
@@ -167,16 +170,30 @@ def backward_bytes_per_token(config) -> float:
   return per_token * (1.0 if cfg.remat == "none" else 1.5)
 
 
+def fused_bytes_per_sequence(config) -> float:
+  """Bytes per sequence of the residuals jax keeps that the compiler does not store: of the
+  [heads, S, S] attention tensors of a layer application (without remat, the softmax's exponentials
+  and its probabilities), XLA keeps one, fusing the softmax's backward into it."""
+  cfg = M.model_config(config.model)
+  n, S = cfg.num_attention_heads, config.data.max_seq_length
+  attention = lambda shape: tuple(shape[-3:]) == (n, S, S)  # noqa: E731
+  per_token = layer_bytes_per_token(config.model, S, only=attention)
+  one = n * S * 4  # one float32 [heads, S] row per token (the scores are float32 in every dtype)
+  depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)
+  return max(per_token - one, 0.0) * S * depth
+
+
 def activation_bytes(config, sequences: int, tensor: int = 1) -> dict[str, float]:
   """Per-device activation bytes of one (micro-)step over `sequences` sequences on the device.
 
-  saved: what the forward pass keeps until the backward pass (model_bytes_per_sequence, traced).
+  saved: what the forward pass keeps until the backward pass (model_bytes_per_sequence, traced),
+  less what the compiler fuses away (fused_bytes_per_sequence).
   working: the backward pass's working set for the layer it is in (backward_bytes_per_token).
   A tensor axis (heads and FFN split, Megatron-style) divides both by its size: a lower bound, as the
   H-sized activations stay replicated over that axis.
   """
   tokens = sequences * config.data.max_seq_length
-  saved = model_bytes_per_sequence(config) * sequences / tensor
+  saved = (model_bytes_per_sequence(config) - fused_bytes_per_sequence(config)) * sequences / tensor
   working = backward_bytes_per_token(config) * tokens / tensor
   return {"saved": saved, "working": working}
 
@@ -542,6 +559,7 @@ def run() -> None:
   flags.mark_flags_as_required(["config"])
 
   argv_all = list(sys.argv)
+  tpu_compile.quiet_libtpu()
 
   def main(argv):
     if len(argv) > 1:

@@ -11,7 +11,10 @@ times and collective speeds are not measured: only memory, compilation and the c
 from __future__ import annotations
 
 import dataclasses
+import glob
+import logging
 import math
+import os
 import re
 import time
 from typing import Any
@@ -87,6 +90,18 @@ def slice_for(device: str, devices: int) -> Slice:
   return parse_slice(f"{family}-{devices // per_chip * (2 if counts_cores else 1)}")
 
 
+def quiet_libtpu() -> None:
+  """Off a TPU VM, libtpu looks for the VM's metadata and prints warnings when it finds none; these
+  settings (only where unset, and only on a host without TPU chips) tell it there is none to find."""
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v3-8"),
+                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0")):
+    os.environ.setdefault(key, value)
+  # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
 def available() -> bool:
   try:
     import libtpu  # noqa: F401
@@ -99,6 +114,7 @@ def topology_devices(tpu: Slice) -> list:
   """The slice's devices from its topology (no TPU needed; libtpu compiles for them)."""
   if not available():
     raise ConfigError(INSTALL_HINT)
+  quiet_libtpu()
   from jax.experimental import topologies
   kwargs = {"chip_config_name": tpu.chip_config_name} if tpu.chip_config_name else {}
   try:
@@ -183,13 +199,19 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
 # Compiling.
 
 _EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED")
-_NEEDED = re.compile(r"(?:Used|used|requires?|needs?)\s+([0-9.]+)([KMGT]?)(?:i?B)?\b")
+# libtpu's forms: "the total memory required for HLO temporaries (256.21G) exceeds available HBM
+# (15.48G)", "Used 20.31G of 15.48G hbm", "program hbm requirement 17.5G".
+_NEEDED = re.compile(r"required for [^(]*\(([0-9.]+)([KMGT]?)\)|[Uu]sed ([0-9.]+)([KMGT]?) of|"
+                     r"requirement ([0-9.]+)([KMGT]?)")
 _AVAILABLE = re.compile(r"available HBM \(?([0-9.]+)([KMGT]?)")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def _figure(match) -> float | None:
-  return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+  if not match:
+    return None
+  number, unit = [g for g in match.groups() if g is not None][:2]
+  return float(number) * _UNITS[unit]
 
 
 def compile_step(config, tpu: Slice) -> dict[str, Any]:
