@@ -108,7 +108,7 @@ def plain_params(params: Any) -> dict:
   def to_dict(tree):
     if hasattr(tree, "items"):
       return {k: to_dict(v) for k, v in tree.items()}
-    return np.asarray(jax.deviceget_path(tree))
+    return np.asarray(jax.device_get(tree))
   return to_dict(params)
 
 

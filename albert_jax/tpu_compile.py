@@ -91,12 +91,15 @@ def slice_for(device: str, devices: int) -> Slice:
 
 
 def quiet_libtpu() -> None:
-  """Off a TPU VM, libtpu looks for the VM's metadata and prints warnings when it finds none; these
-  settings (only where unset, and only on a host without TPU chips) tell it there is none to find."""
+  """Off a TPU VM, libtpu looks for the VM's metadata and prints warnings when it finds none, and
+  takes a lock file that lets one process at a time compile; these settings (only where unset, and
+  only on a host without TPU chips, where the lock protects no chip) tell it there is nothing to find
+  and no chip to share."""
   if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
     return
   for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v3-8"),
-                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0")):
+                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0"),
+                     ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
     os.environ.setdefault(key, value)
   # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
