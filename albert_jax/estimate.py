@@ -24,7 +24,8 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
 Peaks and memory per device: albert_jax/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
-in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...).
+in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 1 when the TPU
+compiler finds that the config as given does not fit the slice (2 for bad input).
 """
 from __future__ import annotations
 
@@ -604,6 +605,8 @@ def run() -> None:
         print("\n".join(lines), flush=True)
     except ConfigError as e:
       cli.fail(str(e))
+    if est.tpu is not None and not est.tpu["fits"]:
+      sys.exit(1)  # for scripts (launch/tpu_pod.sh): the config as given does not fit the slice
 
   app.run(main, flags_parser=cli.parse_flags)
 
