@@ -177,11 +177,23 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
       return
     runs[name] = runs.get(name, 0) + times
     for line in computations[name]:
-      trip = _TRIP_COUNT.search(line)
       for group in _CALLEE.findall(line):
         for callee in re.split(r",\s*%?", group):
-          factor = int(trip.group(1)) if (trip and f"body=%{callee}" in line.replace(" ", "")) else 1
-          visit(callee, times * factor, depth + 1)
+          is_body = re.search(rf"body=%?{re.escape(callee)}\b", line) is not None
+          visit(callee, times * (trip_count(line) if is_body else 1), depth + 1)
+
+  def trip_count(line) -> int:
+    """A while loop's iterations: XLA's known trip count, else the bound of its condition's
+    `i < N` (the TPU compiler's form for jax's loops, which count from 0 by 1)."""
+    known = _TRIP_COUNT.search(line)
+    if known:
+      return int(known.group(1))
+    cond = re.search(r"condition=%?([\w.\-]+)", line)
+    body = computations.get(cond.group(1), []) if cond else []
+    bounds = [int(c) for l in body for c in re.findall(r"= s32\[\][^ ]* constant\((\d+)\)", l)]
+    if len(bounds) == 1 and any("direction=LT" in l for l in body):
+      return bounds[0]
+    return 1
 
   visit(entry, 1)
   found = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
