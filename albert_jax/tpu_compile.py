@@ -8,6 +8,7 @@ compile time, and the collectives of the compiled step. A config that does not f
 with RESOURCE_EXHAUSTED, reported here as needed and available bytes. Nothing runs on a TPU, so step
 times and collective speeds are not measured: only memory, compilation and the communication plan.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,22 +20,23 @@ import re
 import time
 from typing import Any
 
-import jax
 
 from albert_jax import config_lib, examples, hardware, sharding, train
 from albert_jax.config_lib import ConfigError
 
-INSTALL_HINT = 'the TPU compiler needs libtpu: pip install -e ".[tpu]" (or "jax[tpu]==<your jax version>")'
+INSTALL_HINT = (
+  'the TPU compiler needs libtpu: pip install -e ".[tpu]" (or "jax[tpu]==<your jax version>")'
+)
 
 # Slice families: (topology prefix, estimate device key, jax devices per chip, the slice name counts
 # cores (True) or chips (False), topology dimensions, chip_config_name).
 _FAMILIES = {
-    "v2": ("v2", None, 2, True, 2, None),
-    "v3": ("v3", "tpu_v3", 2, True, 2, None),
-    "v4": ("v4", "tpu_v4", 1, True, 3, "megacore"),
-    "v5p": ("v5p", "tpu_v5p", 1, True, 3, "megacore"),
-    "v5litepod": ("v5e", "tpu_v5e", 1, False, 2, None),
-    "v5e": ("v5e", "tpu_v5e", 1, False, 2, None),
+  "v2": ("v2", None, 2, True, 2, None),
+  "v3": ("v3", "tpu_v3", 2, True, 2, None),
+  "v4": ("v4", "tpu_v4", 1, True, 3, "megacore"),
+  "v5p": ("v5p", "tpu_v5p", 1, True, 3, "megacore"),
+  "v5litepod": ("v5e", "tpu_v5e", 1, False, 2, None),
+  "v5e": ("v5e", "tpu_v5e", 1, False, 2, None),
 }
 # The device key of --device and the slice family that names its slices.
 _FAMILY_OF_DEVICE = {"tpu_v3": "v3", "tpu_v4": "v4", "tpu_v5p": "v5p", "tpu_v5e": "v5litepod"}
@@ -42,10 +44,10 @@ _FAMILY_OF_DEVICE = {"tpu_v3": "v3", "tpu_v4": "v4", "tpu_v5p": "v5p", "tpu_v5e"
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
-  name: str           # as Cloud TPU names it: v3-32, v4-64, v5litepod-16
-  topology: str       # as the compiler names it: v3:4x4, v4:2x2x4, v5e:4x4
-  device: str         # hardware.PEAK_FLOPS key
-  devices: int        # jax devices (v3: 2 per chip; v4/v5p megacore and v5e: 1 per chip)
+  name: str  # as Cloud TPU names it: v3-32, v4-64, v5litepod-16
+  topology: str  # as the compiler names it: v3:4x4, v4:2x2x4, v5e:4x4
+  device: str  # hardware.PEAK_FLOPS key
+  devices: int  # jax devices (v3: 2 per chip; v4/v5p megacore and v5e: 1 per chip)
   chip_config_name: str | None
 
 
@@ -65,26 +67,38 @@ def parse_slice(name: str) -> Slice:
   """A Cloud TPU accelerator type (v3-8, v3-256, v4-32, v5litepod-16, v5p-8) as a topology."""
   m = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v5e)-(\d+)", name.strip().lower())
   if not m:
-    raise ConfigError(f"--slice={name!r} is not a TPU slice name such as v3-8, v3-256, v4-32, v5p-8 or "
-                      "v5litepod-16")
+    raise ConfigError(
+      f"--slice={name!r} is not a TPU slice name such as v3-8, v3-256, v4-32, v5p-8 or v5litepod-16"
+    )
   prefix, device, per_chip, counts_cores, dims, chip_config = _FAMILIES[m.group(1)]
   n = int(m.group(2))
   chips = n // 2 if counts_cores else n
   if device is None:
-    raise ConfigError(f"--slice={name!r}: {m.group(1)} slices are not supported (v3, v4, v5p, v5e are)")
+    raise ConfigError(
+      f"--slice={name!r}: {m.group(1)} slices are not supported (v3, v4, v5p, v5e are)"
+    )
   if chips < 1 or chips & (chips - 1) or (counts_cores and n % 2):
-    raise ConfigError(f"--slice={name!r}: the number of {'cores' if counts_cores else 'chips'} must be "
-                      f"a power of two{' (2 cores per chip)' if counts_cores else ''}")
+    raise ConfigError(
+      f"--slice={name!r}: the number of {'cores' if counts_cores else 'chips'} must be "
+      f"a power of two{' (2 cores per chip)' if counts_cores else ''}"
+    )
   topology = f"{prefix}:{'x'.join(map(str, _grid(chips, dims)))}"
-  return Slice(name=f"{m.group(1)}-{n}", topology=topology, device=device, devices=chips * per_chip,
-               chip_config_name=chip_config)
+  return Slice(
+    name=f"{m.group(1)}-{n}",
+    topology=topology,
+    device=device,
+    devices=chips * per_chip,
+    chip_config_name=chip_config,
+  )
 
 
 def slice_for(device: str, devices: int) -> Slice:
   """The slice of `devices` jax devices of kind `device` (tpu_v3 x 32 -> v3-32, tpu_v4 x 16 -> v4-32)."""
   if device not in _FAMILY_OF_DEVICE:
-    raise ConfigError(f"--device={device!r} is not a TPU; the TPU compiler needs one of "
-                      f"{', '.join(_FAMILY_OF_DEVICE)}")
+    raise ConfigError(
+      f"--device={device!r} is not a TPU; the TPU compiler needs one of "
+      f"{', '.join(_FAMILY_OF_DEVICE)}"
+    )
   family = _FAMILY_OF_DEVICE[device]
   per_chip, counts_cores = _FAMILIES[family][2], _FAMILIES[family][3]
   return parse_slice(f"{family}-{devices // per_chip * (2 if counts_cores else 1)}")
@@ -97,9 +111,13 @@ def quiet_libtpu() -> None:
   and no chip to share."""
   if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
     return
-  for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v3-8"),
-                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0"),
-                     ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
+  for key, value in (
+    ("TPU_SKIP_MDS_QUERY", "1"),
+    ("TPU_ACCELERATOR_TYPE", "v3-8"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ("TPU_WORKER_ID", "0"),
+    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+  ):
     os.environ.setdefault(key, value)
   # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
@@ -119,16 +137,21 @@ def topology_devices(tpu: Slice) -> list:
     raise ConfigError(INSTALL_HINT)
   quiet_libtpu()
   from jax.experimental import topologies
+
   kwargs = {"chip_config_name": tpu.chip_config_name} if tpu.chip_config_name else {}
   try:
     topology = topologies.get_topology_desc(topology_name=tpu.topology, platform="tpu", **kwargs)
   except Exception as e:  # libtpu's own error, e.g. a topology it does not know
-    raise ConfigError(f"the TPU compiler does not know the topology {tpu.topology} of {tpu.name}: "
-                      f"{str(e).splitlines()[0]}") from None
+    raise ConfigError(
+      f"the TPU compiler does not know the topology {tpu.topology} of {tpu.name}: "
+      f"{str(e).splitlines()[0]}"
+    ) from None
   devices = list(topology.devices)
   if len(devices) != tpu.devices:
-    raise ConfigError(f"the topology {tpu.topology} of {tpu.name} has {len(devices)} devices, "
-                      f"expected {tpu.devices}")
+    raise ConfigError(
+      f"the topology {tpu.topology} of {tpu.name} has {len(devices)} devices, "
+      f"expected {tpu.devices}"
+    )
   return devices
 
 
@@ -136,13 +159,32 @@ def topology_devices(tpu: Slice) -> list:
 # Collectives in the compiled HLO.
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-          "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+_BYTES = {
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+}
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s([a-z][a-z\-]*)\((.*)$")
-_CALLEE = re.compile(r"\b(?:calls|body|to_apply|branch_computations|true_computation|"
-                     r"false_computation)=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?")
+_CALLEE = re.compile(
+  r"\b(?:calls|body|to_apply|branch_computations|true_computation|"
+  r"false_computation)=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?"
+)
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
@@ -203,7 +245,7 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
       if not m:
         continue
       shape, op = m.group(1), m.group(2)
-      kind = op[:-len("-done")] if op.endswith("-done") else op
+      kind = op[: -len("-done")] if op.endswith("-done") else op
       if kind in found and not op.endswith("-start"):
         found[kind]["count"] += times
         found[kind]["bytes"] += times * _shape_bytes(shape)
@@ -216,8 +258,10 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
 _EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED")
 # libtpu's forms: "the total memory required for HLO temporaries (256.21G) exceeds available HBM
 # (15.48G)", "Used 20.31G of 15.48G hbm", "program hbm requirement 17.5G".
-_NEEDED = re.compile(r"required for [^(]*\(([0-9.]+)([KMGT]?)\)|[Uu]sed ([0-9.]+)([KMGT]?) of|"
-                     r"requirement ([0-9.]+)([KMGT]?)")
+_NEEDED = re.compile(
+  r"required for [^(]*\(([0-9.]+)([KMGT]?)\)|[Uu]sed ([0-9.]+)([KMGT]?) of|"
+  r"requirement ([0-9.]+)([KMGT]?)"
+)
 _AVAILABLE = re.compile(r"available HBM \(?([0-9.]+)([KMGT]?)")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -247,18 +291,41 @@ def compile_step(config, tpu: Slice) -> dict[str, Any]:
     message = str(e)
     if not _EXHAUSTED.search(message):
       raise
-    line = next((l for l in message.splitlines() if "RESOURCE_EXHAUSTED" in l), message.splitlines()[0])
-    return {"fits": False, "slice": tpu.name, "compile_seconds": time.perf_counter() - start,
-            "needed": _figure(_NEEDED.search(message)), "available": _figure(_AVAILABLE.search(message)),
-            "message": line.strip()[:300], "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}}
+    line = next(
+      (l for l in message.splitlines() if "RESOURCE_EXHAUSTED" in l), message.splitlines()[0]
+    )
+    return {
+      "fits": False,
+      "slice": tpu.name,
+      "compile_seconds": time.perf_counter() - start,
+      "needed": _figure(_NEEDED.search(message)),
+      "available": _figure(_AVAILABLE.search(message)),
+      "message": line.strip()[:300],
+      "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
+    }
   seconds = time.perf_counter() - start
   m = compiled.memory_analysis()
-  args, out, alias, temp = (m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-                            m.temp_size_in_bytes)
+  args, out, alias, temp = (
+    m.argument_size_in_bytes,
+    m.output_size_in_bytes,
+    m.alias_size_in_bytes,
+    m.temp_size_in_bytes,
+  )
   total = args + out - alias + temp
   memory = hardware.DEVICE_MEMORY[tpu.device]
-  return {"fits": total <= memory, "slice": tpu.name, "topology": tpu.topology,
-          "device_kind": devices[0].device_kind, "devices": len(devices),
-          "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}, "compile_seconds": seconds,
-          "arguments": args, "outputs": out, "aliased": alias, "temp": temp, "total": total,
-          "device_memory": memory, "collectives": collectives(compiled.as_text())}
+  return {
+    "fits": total <= memory,
+    "slice": tpu.name,
+    "topology": tpu.topology,
+    "device_kind": devices[0].device_kind,
+    "devices": len(devices),
+    "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
+    "compile_seconds": seconds,
+    "arguments": args,
+    "outputs": out,
+    "aliased": alias,
+    "temp": temp,
+    "total": total,
+    "device_memory": memory,
+    "collectives": collectives(compiled.as_text()),
+  }

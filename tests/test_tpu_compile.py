@@ -1,6 +1,7 @@
 """The train step compiled for TPU slices by the TPU compiler (libtpu) on this CPU host: slice names,
 the compiler's memory against the chip's and the analytic estimate's, a config that does not fit,
 --fit's search, and the collectives counted from compiled HLO."""
+
 import os
 import re
 import subprocess
@@ -19,15 +20,26 @@ from tests.test_model import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
-needs_libtpu = pytest.mark.skipif(not T.available(), reason='needs libtpu: pip install -e ".[test]"')
+needs_libtpu = pytest.mark.skipif(
+  not T.available(), reason='needs libtpu: pip install -e ".[test]"'
+)
 
 
-@pytest.mark.parametrize("name, topology, device, devices", [
-    ("v3-8", "v3:2x2", "tpu_v3", 8), ("v3-32", "v3:4x4", "tpu_v3", 32), ("v3-64", "v3:4x8", "tpu_v3", 64),
-    ("v3-128", "v3:8x8", "tpu_v3", 128), ("v3-256", "v3:8x16", "tpu_v3", 256),
-    ("v4-8", "v4:2x2x1", "tpu_v4", 4), ("v4-32", "v4:2x2x4", "tpu_v4", 16),
-    ("v4-64", "v4:2x4x4", "tpu_v4", 32), ("v5p-8", "v5p:2x2x1", "tpu_v5p", 4),
-    ("v5litepod-16", "v5e:4x4", "tpu_v5e", 16)])
+@pytest.mark.parametrize(
+  "name, topology, device, devices",
+  [
+    ("v3-8", "v3:2x2", "tpu_v3", 8),
+    ("v3-32", "v3:4x4", "tpu_v3", 32),
+    ("v3-64", "v3:4x8", "tpu_v3", 64),
+    ("v3-128", "v3:8x8", "tpu_v3", 128),
+    ("v3-256", "v3:8x16", "tpu_v3", 256),
+    ("v4-8", "v4:2x2x1", "tpu_v4", 4),
+    ("v4-32", "v4:2x2x4", "tpu_v4", 16),
+    ("v4-64", "v4:2x4x4", "tpu_v4", 32),
+    ("v5p-8", "v5p:2x2x1", "tpu_v5p", 4),
+    ("v5litepod-16", "v5e:4x4", "tpu_v5e", 16),
+  ],
+)
 def test_slice_names_as_users_know_them(name, topology, device, devices):
   s = T.parse_slice(name)
   assert (s.topology, s.device, s.devices) == (topology, device, devices)
@@ -35,8 +47,12 @@ def test_slice_names_as_users_know_them(name, topology, device, devices):
 
 
 def test_bad_slice_names_are_config_errors():
-  for bad, message in (("v3-12", "power of two"), ("v9-8", "not a TPU slice name"), ("v3-7", "power of two"),
-                       ("v2-8", "not supported")):
+  for bad, message in (
+    ("v3-12", "power of two"),
+    ("v9-8", "not a TPU slice name"),
+    ("v3-7", "power of two"),
+    ("v2-8", "not supported"),
+  ):
     with pytest.raises(ConfigError, match=message):
       T.parse_slice(bad)
   with pytest.raises(ConfigError, match="is not a TPU"):
@@ -59,8 +75,14 @@ def test_collectives_count_every_loop_iteration():
 
 def run_cli(*args, timeout=900):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  return subprocess.run([sys.executable, "-m", "albert_jax.estimate", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout, env=dict(env, JAX_PLATFORMS="cpu"))
+  return subprocess.run(
+    [sys.executable, "-m", "albert_jax.estimate", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=dict(env, JAX_PLATFORMS="cpu"),
+  )
 
 
 @needs_libtpu
@@ -104,7 +126,9 @@ def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256():
   assert "does not fit: needs" in r.stdout  # as it is (no remat, 16 sequences per core)
   command = r.stdout.strip().splitlines()[-1].strip()
   assert command.startswith("python -m albert_jax.main --config=configs/albert_xxlarge.py ")
-  overrides = dict(a[len("--config."):].split("=", 1) for a in command.split() if a.startswith("--config."))
+  overrides = dict(
+    a[len("--config.") :].split("=", 1) for a in command.split() if a.startswith("--config.")
+  )
   assert overrides and set(overrides) <= {"model.remat", "train.micro_batches", "mesh.fsdp"}
   # The printed command compiles, and fits.
   config = load_config("albert_xxlarge")
