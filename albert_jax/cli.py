@@ -11,6 +11,7 @@ stderr and one exit status:
      or in use by another run, a workdir whose checkpoints are all damaged
   3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt)
   4  an environment fault: no space left on the device, a lost peer host, another OS error
+  5  estimate: the config, as given, does not fit the memory of the slice it was compiled for
 
 By default the console shows what the command does; the libraries' INFO lines (Orbax, TFDS, absl)
 go to the log file only, and to stderr too with --verbose.
@@ -30,7 +31,7 @@ from absl import logging as absl_logging
 
 from albert_jax.config_lib import ConfigError
 
-BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT = 2, 1, 3, 4
+BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT, DOES_NOT_FIT = 2, 1, 3, 4, 5
 
 
 def fail(message: str, code: int = 2) -> None:

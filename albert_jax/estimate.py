@@ -4,6 +4,8 @@ r"""Pre-launch estimate: parameters, FLOPs, per-device memory, step time and run
   python -m albert_jax.estimate --config=configs/bert_large.py --device=tpu_v3 --devices=512 \
       --config.train.num_steps=400000
   python -m albert_jax.estimate --config=configs/albert_base.py --device=h100 --devices=8 --mfu=0.4
+  python -m albert_jax.estimate --config=configs/albert_base.py --slice=v3-8      # the TPU compiler
+  python -m albert_jax.estimate --config=configs/albert_xxlarge.py --slice=v3-256 --fit
 
 Answers, before a pod is paid for, whether a config fits the devices' memory and how long it runs:
   - parameters (model.param_counts) and analytic FLOPs per step (model.flops_per_example x batch:
@@ -16,16 +18,22 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
   - the compiler's memory analysis of the real train step (train.build), compiled from abstract shapes
     for the local backend at the same per-device batch (CPU here, the TPU/GPU when run on one): a check
     of the analytic figures (within a few percent on CPU in float32; tests/test_estimate.py);
+  - with --slice=v3-32 (or --device=tpu_v3 --devices=32 --compile) and libtpu installed: the real
+    train step compiled for that TPU slice by the TPU compiler on this machine (tpu_compile.py): the
+    per-device memory the TPU would allocate, against the chip's HBM, and the step's collectives;
+    --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
 Peaks and memory per device: albert_jax/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
-in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...).
+in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 1 when the TPU
+compiler finds that the config as given does not fit the slice (2 for bad input).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -35,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax import config_lib, examples, hardware, sharding, train
+from albert_jax import config_lib, examples, hardware, sharding, tpu_compile, train
 from albert_jax import state as state_lib
 from albert_jax import model as M
 from albert_jax.config_lib import ConfigError
@@ -84,11 +92,13 @@ def state_bytes(config, mesh) -> dict[str, int]:
 # ----------------------------------------------------------------------------------------------------
 # Activations: traced from the model, not hand-counted.
 
-def _residual_bytes(fn, *args) -> int:
-  """Bytes of what jax.vjp keeps for the backward pass of fn(*args): the leaves of its vjp function,
-  traced from shapes (jax.eval_shape: nothing is computed or allocated)."""
+def _residual_bytes(fn, *args, only=None) -> int:
+  """Bytes of what jax.vjp keeps for the backward pass of fn(*args): the leaves of its vjp function
+  (those whose shape `only` accepts, if given), traced from shapes (jax.eval_shape: nothing is
+  computed or allocated)."""
   residuals = jax.eval_shape(lambda *a: jax.vjp(fn, *a)[1], *args)
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(residuals))
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(residuals)
+             if only is None or only(x.shape))
 
 
 def _per_sequence(residual_bytes_at_batch) -> float:
@@ -97,7 +107,7 @@ def _per_sequence(residual_bytes_at_batch) -> float:
   return float(residual_bytes_at_batch(2) - residual_bytes_at_batch(1))
 
 
-def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None) -> float:
+def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, only=None) -> float:
   """Bytes per token that one application of the block keeps for its backward pass under a remat
   policy (default: the config's), traced from model.AlbertLayer.
 
@@ -106,6 +116,7 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None) 
   attention tensors per token (at S = 512 the attention alone is 2 x 4 x n x 512 bytes per token);
   `full` and `nothing_saveable` keep the block input (H); `dots_saveable` the input and every matmul
   output (7H + I + nS); `dots_with_no_batch_dims_saveable` drops the attention einsums from those.
+  `only(shape)` counts only the residuals it accepts (default all).
   """
   cfg = M.model_config(model_config)
   remat = cfg.remat if remat is None else remat
@@ -120,7 +131,7 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None) 
 
   fn = apply if remat == "none" else jax.checkpoint(apply, policy=M.REMAT_POLICIES[remat])
   x = lambda b: jax.ShapeDtypeStruct((b, S, H), cfg.compute_dtype)
-  return _per_sequence(lambda b: _residual_bytes(fn, params, x(b))) / S
+  return _per_sequence(lambda b: _residual_bytes(fn, params, x(b), only=only)) / S
 
 
 def model_bytes_per_sequence(config) -> float:
@@ -150,26 +161,45 @@ def backward_bytes_per_token(config) -> float:
   outputs (q, k, v, context, attention output, LayerNorm output, FFN in and out: 9H + 2I in the compute
   dtype) and the float32 attention scores and probabilities (2nS): F per token. Without remat the
   forward's copies are already among the saved activations and are freed as their cotangents appear,
-  adding about F; under a remat policy the recomputed forward and the cotangents overlap, about 1.5 F.
-  Both factors were measured against XLA's buffer assignment on CPU (tests/test_estimate.py).
+  adding about F; under a remat policy the recomputed forward and the cotangents overlap, about 1.25 F
+  (the TPU compiler's buffer assignment for albert_xxlarge with remat=full; XLA:CPU's needs up to
+  1.5 F: tests/test_estimate.py allows for it).
   """
   cfg = M.model_config(config.model)
   H, I, n, S = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, config.data.max_seq_length
   c = np.dtype(cfg.compute_dtype).itemsize
   per_token = (9 * H + 2 * I) * c + 2 * n * S * 4
-  return per_token * (1.0 if cfg.remat == "none" else 1.5)
+  return per_token * (1.0 if cfg.remat == "none" else 1.25)
+
+
+def fused_bytes_per_sequence(config) -> float:
+  """Bytes per sequence of the residuals jax keeps that the compiler does not store, per layer
+  application: of the [heads, S, S] attention tensors (without remat, the softmax's exponentials and
+  its probabilities) XLA keeps one, fusing the softmax's backward into it; and without remat it
+  recomputes each of the block's two LayerNorms' centred input (H float32 per token) inside the
+  backward fusion rather than storing it. Calibrated against the TPU compiler (tests/test_tpu_compile.py
+  and benchmarks/tpu_compile.py)."""
+  cfg = M.model_config(config.model)
+  n, S, H = cfg.num_attention_heads, config.data.max_seq_length, cfg.hidden_size
+  attention = lambda shape: tuple(shape[-3:]) == (n, S, S)  # noqa: E731
+  per_token = layer_bytes_per_token(config.model, S, only=attention)
+  one = n * S * 4  # one float32 [heads, S] row per token (the scores are float32 in every dtype)
+  fused = max(per_token - one, 0.0) + (2 * H * 4 if cfg.remat == "none" else 0)
+  depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)
+  return fused * S * depth
 
 
 def activation_bytes(config, sequences: int, tensor: int = 1) -> dict[str, float]:
   """Per-device activation bytes of one (micro-)step over `sequences` sequences on the device.
 
-  saved: what the forward pass keeps until the backward pass (model_bytes_per_sequence, traced).
+  saved: what the forward pass keeps until the backward pass (model_bytes_per_sequence, traced),
+  less what the compiler fuses away (fused_bytes_per_sequence).
   working: the backward pass's working set for the layer it is in (backward_bytes_per_token).
   A tensor axis (heads and FFN split, Megatron-style) divides both by its size: a lower bound, as the
   H-sized activations stay replicated over that axis.
   """
   tokens = sequences * config.data.max_seq_length
-  saved = model_bytes_per_sequence(config) * sequences / tensor
+  saved = (model_bytes_per_sequence(config) - fused_bytes_per_sequence(config)) * sequences / tensor
   working = backward_bytes_per_token(config) * tokens / tensor
   return {"saved": saved, "working": working}
 
@@ -215,6 +245,8 @@ class Estimate:
   remat: str
   dtype: str
   compiled: dict[str, Any] | None = None
+  tpu: dict[str, Any] | None = None  # the TPU compiler's view (tpu_compile.compile_step)
+  fit: dict[str, Any] | None = None  # --fit's answer
 
   @property
   def total_seconds(self) -> float:
@@ -334,6 +366,58 @@ def compare_with_compiler(config, est: Estimate) -> dict[str, Any] | None:
   return result
 
 
+def _with(config, overrides: dict[str, Any]):
+  """A copy of `config` with dotted-path overrides ({"model.remat": "full"})."""
+  config = config.copy_and_resolve_references()
+  for path, value in overrides.items():
+    section, key = path.split(".")
+    config[section][key] = value
+  return config
+
+
+def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
+  """The changes --fit tries, smallest first: each remat policy of the model's menu that saves more
+  than the config's, then micro-batches under remat=full, then fsdp (with micro-batches)."""
+  menu = ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full"]
+  current = config.model.remat if config.model.remat in menu else "full"
+  out = [{"model.remat": r} for r in menu[menu.index(current) + 1:]]
+  remat = {"model.remat": "full"} if current != "full" else {}
+  fsdp = 1
+  while fsdp <= devices and len(out) < 24:
+    dp = abstract_mesh(_with(config, {"mesh.fsdp": fsdp, "mesh.data": -1}), devices).shape
+    per_device = config.train.batch_size // (dp["data"] * dp["fsdp"])
+    micro = 1 if fsdp > 1 else 2
+    while micro <= per_device:
+      out.append({**remat, "train.micro_batches": micro, **({"mesh.fsdp": fsdp} if fsdp > 1 else {})})
+      micro *= 2
+    fsdp *= 2
+  return out
+
+
+def fit(config, tpu: tpu_compile.Slice, mfu: float = DEFAULT_MFU, on_try=None) -> dict[str, Any]:
+  """The first of fit_candidates that the TPU compiler fits on `tpu`, with its compiler memory and
+  predicted step time (remat's recomputation counted); {"overrides": None} when none does."""
+  for overrides in fit_candidates(config, tpu.devices):
+    candidate = _with(config, overrides)
+    try:
+      est = estimate(candidate, tpu.device, tpu.devices, mfu)
+    except ConfigError:  # e.g. micro-batches the data-parallel devices cannot split
+      continue
+    result = tpu_compile.compile_step(candidate, tpu)
+    if on_try:
+      on_try(overrides, result)
+    if result["fits"]:
+      extra = est.recompute_flops_per_step / est.flops_per_step
+      return {"overrides": overrides, "compiled": result, "step_seconds": est.step_seconds * (1 + extra)}
+  return {"overrides": None}
+
+
+def command_line(config_name: str, overrides: dict[str, Any], given: list[str]) -> str:
+  """The pretraining command line of a config with --fit's overrides after the ones given."""
+  args = [f"--config={config_name}", *given, *(f"--config.{k}={v}" for k, v in overrides.items())]
+  return "python -m albert_jax.main " + " ".join(args) + " --workdir=DIR"
+
+
 # ----------------------------------------------------------------------------------------------------
 # Report.
 
@@ -347,6 +431,50 @@ def _duration(seconds: float) -> str:
   if seconds >= 3600:
     return f"{seconds / 3600:.1f} h"
   return f"{seconds / 60:.1f} min"
+
+
+def _collectives(found: dict[str, dict[str, float]]) -> str:
+  parts = [f"{k} {v['count']:.0f} ({v['bytes'] / 2**20:,.1f} MiB)" for k, v in found.items() if v["count"]]
+  return ", ".join(parts) or "none"
+
+
+def format_tpu(est: Estimate) -> list[str]:
+  """The TPU compiler's lines of the report."""
+  t = est.tpu
+  mesh = " x ".join(f"{a}={s}" for a, s in t["mesh"].items())
+  if not t["fits"] and "arguments" not in t:
+    needed = _gib(t["needed"]) if t["needed"] else "more"
+    have = _gib(t["available"]) if t["available"] else "the chip's HBM"
+    return [f"TPU compiler ({t['slice']}, mesh {mesh}): does not fit: needs {needed}, {have} available "
+            f"(compile stopped after {t['compile_seconds']:.0f}s)"]
+  a = est.memory["total"]
+  lines = [
+      f"TPU compiler ({t['slice']} = {t['topology']}: {t['devices']} x {t['device_kind']}, mesh {mesh}; "
+      f"compiled on this host in {t['compile_seconds']:.0f}s), per device:",
+      f"  arguments {_gib(t['arguments'])} + temporaries {_gib(t['temp'])} + outputs "
+      f"{_gib(t['outputs'])} - aliased {_gib(t['aliased'])} = {_gib(t['total'])} of "
+      f"{_gib(t['device_memory'])} HBM: " + ("fits" if t["fits"] else "DOES NOT FIT")
+      + f"; analytic {_gib(a)} ({100 * (a / t['total'] - 1):+.0f}%)",
+      f"  collectives per step: {_collectives(t['collectives'])}; the gradients' all-reduce is "
+      f"{est.params_total * 4 / 2**20:,.1f} MiB (parameters x 4 bytes)",
+  ]
+  return lines
+
+
+def format_fit(est: Estimate, config_name: str, given: list[str]) -> list[str]:
+  f = est.fit
+  if f is None:
+    return []
+  if est.tpu is not None and est.tpu["fits"]:
+    return [f"--fit: the config fits {est.tpu['slice']} as it is"]
+  if f["overrides"] is None:
+    return [f"--fit: no remat policy, micro-batch count or fsdp split fits {est.tpu['slice']}"]
+  c = f["compiled"]
+  change = " ".join(f"--config.{k}={v}" for k, v in f["overrides"].items())
+  return [f"--fit: {change} fits {c['slice']}: {_gib(c['total'])} of {_gib(c['device_memory'])} per "
+          f"device (TPU compiler), predicted step time {f['step_seconds']:.3f} s at {100 * est.mfu:.0f}% "
+          "MFU (remat's recomputation included):",
+          "  " + command_line(config_name, f["overrides"], given)]
 
 
 def format_report(est: Estimate) -> str:
@@ -374,7 +502,9 @@ def format_report(est: Estimate) -> str:
       + f" (keeping {100 * (1 - USABLE_MEMORY_FRACTION):.0f}% free)",
   ]
   c = est.compiled
-  if c is None:
+  if c is None and est.tpu is not None:
+    pass
+  elif c is None:
     lines.append("compiler memory analysis: not run (--compile=no, or the local devices cannot hold the "
                  "mesh's fsdp x tensor split)")
   elif not c.get("available"):
@@ -388,6 +518,8 @@ def format_report(est: Estimate) -> str:
         f"({100 * (a / c['total'] - 1):+.0f}%)"
         + ("; XLA:CPU computes bfloat16 in float32, so it needs more than a TPU or GPU would"
            if c["backend"] == "cpu" and est.dtype != "float32" else ""))
+  if est.tpu is not None:
+    lines += format_tpu(est)
   lines += [
       f"predicted step time: {est.step_seconds:.3f} s at {100 * est.mfu:.0f}% MFU "
       f"({est.batch_size * est.seq_len / est.step_seconds:,.0f} tokens/s)",
@@ -420,11 +552,21 @@ def run() -> None:
   devices_flag = flags.DEFINE_integer("devices", None, "Number of devices as jax counts them (default: 8 "
                                       "with --device, else this machine's).")
   mfu_flag = flags.DEFINE_float("mfu", DEFAULT_MFU, "Model FLOPs utilisation the predicted times assume.")
-  compile_flag = flags.DEFINE_enum("compile", "auto", ["auto", "yes", "no"],
-                                   "Compile the train step for the local backend for the compiler's memory "
-                                   "analysis (auto: when the local devices can hold the mesh's model split).")
+  # --compile alone means yes (a boolean flag's form); --compile=auto|yes|no as before.
+  compile_flag = flags.DEFINE_flag(flags.Flag(
+      flags.EnumParser(["auto", "yes", "no", "true", "false"]), flags.ArgumentSerializer(), "compile",
+      "auto", "Compile the train step: for a TPU --device (or --slice), with the TPU compiler for that "
+      "slice (needs libtpu); otherwise for the local backend, at the same per-device batch (auto: the "
+      "local compile, when the local devices can hold the mesh's model split).", boolean=True))
+  slice_flag = flags.DEFINE_string("slice", None, "A TPU slice (v3-8, v3-256, v4-32, v5p-8, "
+                                   "v5litepod-16): sets --device and --devices and compiles for it.")
+  fit_flag = flags.DEFINE_bool("fit", False, "When the config does not fit the TPU slice, search the "
+                               "smallest change that does (remat, micro-batches, fsdp), compiling each.")
   cli.define_verbose()
   flags.mark_flags_as_required(["config"])
+
+  argv_all = list(sys.argv)
+  tpu_compile.quiet_libtpu()
 
   def main(argv):
     if len(argv) > 1:
@@ -434,16 +576,39 @@ def run() -> None:
     cli.setup_logging("estimate", None)
     with cli.guard():
       config = cli.load_config(config_flag)
-      device = device_flag.value or hardware.device_name() or "cpu"
-      devices = devices_flag.value or (8 if device_flag.value and device != "cpu" else jax.device_count())
-      est = estimate(config, device, devices, mfu_flag.value,
-                     config_name=config_flags.get_config_filename(flags.FLAGS["config"]))
-      if compile_flag.value != "no":
+      compile_ = {"true": "yes", "false": "no"}.get(compile_flag.value, compile_flag.value)
+      tpu = tpu_compile.parse_slice(slice_flag.value) if slice_flag.value else None
+      if tpu and ((device_flag.value and device_flag.value != tpu.device)
+                  or (devices_flag.value and devices_flag.value != tpu.devices)):
+        raise ConfigError(f"--slice={tpu.name} is {tpu.devices} x {tpu.device}; --device/--devices "
+                          "say otherwise")
+      device = tpu.device if tpu else device_flag.value or hardware.device_name() or "cpu"
+      devices = tpu.devices if tpu else devices_flag.value or (
+          8 if device_flag.value and device != "cpu" else jax.device_count())
+      if tpu is None and device_flag.value and (compile_ == "yes" or fit_flag.value):
+        if device.startswith("tpu_"):
+          tpu = tpu_compile.slice_for(device, devices)
+      if fit_flag.value and tpu is None:
+        raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
+      config_name = config_flags.get_config_filename(flags.FLAGS["config"])
+      est = estimate(config, device, devices, mfu_flag.value, config_name=config_name)
+      if tpu is not None and compile_ != "no":
+        est.tpu = tpu_compile.compile_step(config, tpu)
+        if fit_flag.value and not est.tpu["fits"]:
+          est.fit = fit(config, tpu, mfu_flag.value)
+      elif compile_ != "no":
         est.compiled = compare_with_compiler(config, est)
-        if est.compiled is None and compile_flag.value == "yes":
+        if est.compiled is None and compile_ == "yes":
           raise ConfigError(f"the {jax.local_device_count()} local devices cannot hold the mesh's "
                             f"fsdp={est.mesh['fsdp']} x tensor={est.mesh['tensor']} split")
       print(format_report(est), flush=True)
+      if fit_flag.value:
+        given = [a for a in argv_all if a.startswith("--config.")]
+        lines = ["--fit: nothing compiled (--compile=no)"] if est.tpu is None else format_fit(
+            est, config_name, given)
+        print("\n".join(lines), flush=True)
+    if est.tpu is not None and not est.tpu["fits"]:
+      sys.exit(cli.DOES_NOT_FIT)  # for scripts (launch/tpu_pod.sh): the config as given does not fit
 
   app.run(main, flags_parser=cli.parse_flags)
 

@@ -82,8 +82,14 @@ Options (environment variable in brackets):
   --lines=N                 logs: lines of history to show (default 100)
   --no-follow               logs: print and exit instead of following
   --prepare                 logs: show the prepare log (worker 0) instead of the training log
+  --skip-check              create, train: skip the local check [ALBERT_JAX_SKIP_CHECK=1]
   --dry-run                 print every command instead of running it
   -h, --help                show this help
+
+Before create (when --config is given) and train, the config is compiled locally for the slice
+(--accelerator-type) by the TPU compiler: python -m albert_jax.estimate --slice=TYPE --compile.
+A config that does not fit stops here, before a slice is paid for. This needs albert_jax with
+libtpu in the local python [ALBERT_JAX_PYTHON] (default python3): pip install -e ".[tpu]".
 
 Example (v3-64 Spot slice):
   export TPU_NAME=albert-pod ZONE=europe-west4-a
@@ -202,10 +208,30 @@ check_module_args() {
   MODULE_ARGS=(--config="$CONFIG" --workdir="$WORKDIR" ${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"})
 }
 
+# Compiles the config (and its overrides) for the slice locally with the TPU compiler; stops here
+# when it does not fit (estimate exits 5) or cannot be checked.
+compile_check() {
+  if ((SKIP_CHECK)) || [[ -z $CONFIG ]]; then
+    return 0
+  fi
+  local repo_root status=0
+  repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  cd "$repo_root"
+  run "$LOCAL_PYTHON" -m albert_jax.estimate --config="$CONFIG" \
+    ${OVERRIDES[@]+"${OVERRIDES[@]}"} --slice="$ACCELERATOR_TYPE" --compile || status=$?
+  cd - > /dev/null
+  if ((status == 5)); then
+    die "the config does not fit a $ACCELERATOR_TYPE (above); --skip-check launches anyway" 5
+  elif ((status)); then
+    die "the local check failed (above); --skip-check launches without it" "$status"
+  fi
+}
+
 cmd_create() {
   if ((SPOT && PREEMPTIBLE)); then
     die "--spot and --preemptible are mutually exclusive"
   fi
+  compile_check
   local extra=()
   if ((SPOT)); then extra+=(--spot); fi
   if ((PREEMPTIBLE)); then extra+=(--preemptible); fi
@@ -257,6 +283,7 @@ cmd_setup() {
 
 cmd_train() {
   check_module_args
+  compile_check
   # Two rounds: first check that every worker is idle, so a refusal on one worker never leaves the
   # others started (and hung waiting for it); then start all workers in one call.
   remote all "$(busy_check)$(ready_check)"
@@ -332,8 +359,12 @@ SHOW_PREPARE=0
 SPOT=0
 PREEMPTIBLE=0
 DRY_RUN=0
+SKIP_CHECK=0
+if [[ ${ALBERT_JAX_SKIP_CHECK:-0} == 1 ]]; then SKIP_CHECK=1; fi
+LOCAL_PYTHON="${ALBERT_JAX_PYTHON:-python3}"
 SUBCOMMAND=""
 PASSTHROUGH=()
+OVERRIDES=()
 MODULE_ARGS=()
 TARBALL=""
 
@@ -350,7 +381,11 @@ while (($#)); do
     --preemptible) PREEMPTIBLE=1 ;;
     --no-follow) FOLLOW=0 ;;
     --prepare) SHOW_PREPARE=1 ;;
-    --config.*) PASSTHROUGH+=("$arg") ;;
+    --skip-check) SKIP_CHECK=1 ;;
+    --config.*)
+      PASSTHROUGH+=("$arg")
+      OVERRIDES+=("$arg")
+      ;;
     --)
       PASSTHROUGH+=("$@")
       break

@@ -19,3 +19,7 @@ def load_config(name, arg=None):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: tens of seconds (e.g. a TPU compile); runs in CI too")

@@ -41,6 +41,7 @@ def _env(**extra: str) -> dict[str, str]:
   """The environment without the variables the script reads, plus `extra`."""
   env = {k: v for k, v in os.environ.items()
          if k not in ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE", "RUNTIME_VERSION")}
+  env["ALBERT_JAX_SKIP_CHECK"] = "1"  # the local TPU compile check: tests/test_tpu_compile.py
   env.update(extra)
   return env
 
@@ -371,3 +372,34 @@ def test_script_and_remote_command_lines_are_shellcheck_clean(tmp_path):
   proc = subprocess.run([shellcheck, "-s", "bash", "-e", "SC2016", *map(str, remote)],
                         capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stdout
+
+
+def test_train_and_create_check_the_config_locally_first():
+  check, *_ = _dry("train", *TRAIN_ARGS, ALBERT_JAX_SKIP_CHECK="0")
+  assert check == ["python3", "-m", "albert_jax.estimate", TRAIN_ARGS[0], *OVERRIDES, "--slice=v3-64",
+                   "--compile"]
+  check, create = _dry("create", "--accelerator-type=v3-8", "--config=configs/albert_base.py",
+                       ALBERT_JAX_SKIP_CHECK="0", ALBERT_JAX_PYTHON="/opt/py")
+  assert check[0] == "/opt/py" and check[-2:] == ["--slice=v3-8", "--compile"]
+  assert create[4] == "create"
+  assert [c[0] for c in _dry("create", "--config=configs/albert_base.py", "--skip-check",
+                             ALBERT_JAX_SKIP_CHECK="0")] == ["gcloud"]
+
+
+@pytest.mark.slow
+def test_a_config_that_does_not_fit_stops_before_create(fake_gcloud):
+  from albert_jax import tpu_compile
+  if not tpu_compile.available():
+    pytest.skip('needs libtpu: pip install -e ".[test]"')
+  env, log = fake_gcloud
+  env.update(ALBERT_JAX_SKIP_CHECK="0", ALBERT_JAX_PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  # albert_base at batch 4096 is 512 sequences per core of a v3-8.
+  proc = subprocess.run(["bash", str(SCRIPT), "create", "--accelerator-type=v3-8",
+                         "--config=configs/albert_base.py"], capture_output=True, text=True, env=env,
+                        timeout=600, check=False)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "does not fit: needs" in proc.stdout
+  assert proc.stderr.strip().splitlines()[-1].endswith(
+      "error: the config does not fit a v3-8 (above); --skip-check launches anyway")
+  assert not log.exists()  # no gcloud call: nothing created

@@ -1,0 +1,115 @@
+"""Every config compiled for TPU slices by the TPU compiler on this host (needs libtpu: `.[tpu]`).
+
+For each config x slice: the seconds the compile takes here, the compiler's per-device memory against
+the chip's HBM (or "does not fit" with the figures libtpu gives), the analytic estimate beside it and
+their ratio, and the compiled step's collective bytes per device against the analytic gradient
+all-reduce (parameters x 4 bytes).
+
+  python benchmarks/tpu_compile.py                                  # the table of the README
+  python benchmarks/tpu_compile.py --configs=albert_base --slices=v3-8 --batch=128
+  python benchmarks/tpu_compile.py --configs=albert_xxlarge:remat=full --slices=v3-256
+
+Prints a table and, last, one JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from albert_jax import tpu_compile  # noqa: E402
+
+tpu_compile.quiet_libtpu()
+
+from albert_jax import cli  # noqa: E402
+from albert_jax import estimate as E  # noqa: E402
+from albert_jax.config_lib import ConfigError  # noqa: E402
+
+CONFIGS = (
+  "albert_base",
+  "albert_large",
+  "albert_xlarge",
+  "albert_xxlarge",
+  "albert_xxlarge:remat=full",
+  "bert_base",
+  "bert_large",
+)
+
+
+def load(spec: str):
+  name, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location(
+    name, os.path.join(ROOT, "configs", f"{name}.py")
+  )
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def measure(spec: str, slice_name: str, batch: int | None) -> dict:
+  config = load(spec)
+  if batch:
+    config.train.batch_size = batch
+  tpu = tpu_compile.parse_slice(slice_name)
+  est = E.estimate(config, tpu.device, tpu.devices)
+  result = tpu_compile.compile_step(config, tpu)
+  row = {
+    "config": spec,
+    "slice": slice_name,
+    "batch": config.train.batch_size,
+    "per_device": est.sequences_per_device,
+    "analytic": est.memory["total"],
+    "grad_allreduce": est.params_total * 4,
+    **result,
+  }
+  return row
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--configs", default=",".join(CONFIGS))
+  parser.add_argument("--slices", default="v3-256")
+  parser.add_argument(
+    "--batch", type=int, default=0, help="global batch (default: the config's, 4096)"
+  )
+  args = parser.parse_args(argv)
+  rows = []
+  gib = 2**30
+  print(
+    f"{'config':28} {'slice':8} {'seq/dev':>7} {'compile s':>9} {'compiler GiB':>12} "
+    f"{'analytic GiB':>12} {'ratio':>6} {'fits':>5} {'collective MiB':>14} {'params x4 MiB':>13}"
+  )
+  try:
+    for spec in args.configs.split(","):
+      for slice_name in args.slices.split(","):
+        r = measure(spec, slice_name, args.batch or None)
+        rows.append(r)
+        if "total" in r:
+          coll = sum(v["bytes"] for v in r["collectives"].values()) / 2**20
+          print(
+            f"{spec:28} {slice_name:8} {r['per_device']:7d} {r['compile_seconds']:9.0f} "
+            f"{r['total'] / gib:12.2f} {r['analytic'] / gib:12.2f} {r['analytic'] / r['total']:6.2f} "
+            f"{'yes' if r['fits'] else 'no':>5} {coll:14,.1f} {r['grad_allreduce'] / 2**20:13,.1f}",
+            flush=True,
+          )
+        else:
+          needed = f"{r['needed'] / gib:.2f}" if r["needed"] else "?"
+          print(
+            f"{spec:28} {slice_name:8} {r['per_device']:7d} {r['compile_seconds']:9.0f} "
+            f"{'>' + needed:>12} {r['analytic'] / gib:12.2f} {'':6} {'no':>5}  (temporaries alone "
+            f"exceed {r['available'] / gib:.2f} GiB)",
+            flush=True,
+          )
+  except ConfigError as e:
+    cli.fail(str(e))
+  print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+  main()

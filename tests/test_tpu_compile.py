@@ -1,0 +1,147 @@
+"""The train step compiled for TPU slices by the TPU compiler (libtpu) on this CPU host: slice names,
+the compiler's memory against the chip's and the analytic estimate's, a config that does not fit,
+--fit's search, and the collectives counted from compiled HLO."""
+
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from albert_jax import estimate as E
+from albert_jax import hardware
+from albert_jax import tpu_compile as T
+from albert_jax.config_lib import ConfigError
+from tests.test_model import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 2**30
+needs_libtpu = pytest.mark.skipif(
+  not T.available(), reason='needs libtpu: pip install -e ".[test]"'
+)
+
+
+@pytest.mark.parametrize(
+  "name, topology, device, devices",
+  [
+    ("v3-8", "v3:2x2", "tpu_v3", 8),
+    ("v3-32", "v3:4x4", "tpu_v3", 32),
+    ("v3-64", "v3:4x8", "tpu_v3", 64),
+    ("v3-128", "v3:8x8", "tpu_v3", 128),
+    ("v3-256", "v3:8x16", "tpu_v3", 256),
+    ("v4-8", "v4:2x2x1", "tpu_v4", 4),
+    ("v4-32", "v4:2x2x4", "tpu_v4", 16),
+    ("v4-64", "v4:2x4x4", "tpu_v4", 32),
+    ("v5p-8", "v5p:2x2x1", "tpu_v5p", 4),
+    ("v5litepod-16", "v5e:4x4", "tpu_v5e", 16),
+  ],
+)
+def test_slice_names_as_users_know_them(name, topology, device, devices):
+  s = T.parse_slice(name)
+  assert (s.topology, s.device, s.devices) == (topology, device, devices)
+  assert T.slice_for(device, devices) == s or s.name.startswith("v5litepod")
+
+
+def test_bad_slice_names_are_config_errors():
+  for bad, message in (
+    ("v3-12", "power of two"),
+    ("v9-8", "not a TPU slice name"),
+    ("v3-7", "power of two"),
+    ("v2-8", "not supported"),
+  ):
+    with pytest.raises(ConfigError, match=message):
+      T.parse_slice(bad)
+  with pytest.raises(ConfigError, match="is not a TPU"):
+    T.slice_for("h100", 8)
+
+
+def test_collectives_count_every_loop_iteration():
+  """A psum inside a 3-step scan, compiled on the 8 CPU devices: 3 all-reduces per call."""
+  mesh = jax.make_mesh((8,), ("d",))
+
+  def f(x):
+    return jax.lax.scan(lambda c, _: (c + jax.lax.psum(c, "d"), None), x, None, length=3)[0]
+
+  g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+  x = jax.ShapeDtypeStruct((8, 256), jnp.float32, sharding=NamedSharding(mesh, P("d")))
+  found = T.collectives(g.lower(x).compile().as_text())
+  assert found["all-reduce"] == {"count": 3, "bytes": 3 * 256 * 4}
+  assert found["all-gather"]["count"] == found["all-to-all"]["count"] == 0
+
+
+def run_cli(*args, timeout=900):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return subprocess.run(
+    [sys.executable, "-m", "albert_jax.estimate", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=dict(env, JAX_PLATFORMS="cpu"),
+  )
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_albert_base_compiles_for_a_v3_8_within_its_hbm_and_the_estimate():
+  config = load_config("albert_base")
+  config.train.batch_size = 128  # 16 sequences of 512 tokens per core
+  tpu = T.parse_slice("v3-8")
+  compiled = T.compile_step(config, tpu)
+  assert jax.default_backend() == "cpu"  # compiled for the TPU, nothing moved off the CPU
+  assert compiled["fits"] and compiled["device_kind"] == "TPU v3" and compiled["devices"] == 8
+  assert compiled["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+  assert 2 * GIB < compiled["total"] <= hardware.DEVICE_MEMORY["tpu_v3"]
+  analytic = E.estimate(config, "tpu_v3", 8).memory["total"]
+  assert analytic == pytest.approx(compiled["total"], rel=0.10)
+  # Data parallel: the gradients are all-reduced once per step, about parameters x 4 bytes.
+  params_bytes = E.estimate(config, "tpu_v3", 8).params_total * 4
+  reduced = compiled["collectives"]["all-reduce"]["bytes"]
+  assert params_bytes <= reduced < 2 * params_bytes
+  assert compiled["collectives"]["all-gather"]["count"] == 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_a_config_that_cannot_fit_is_reported_with_its_figures():
+  r = run_cli("--config=configs/albert_base.py", "--slice=v3-8")  # 512 sequences of 512 per core
+  assert r.returncode == 5, r.stderr[-2000:]  # 5: does not fit (2 would be bad input)
+  line = next(l for l in r.stdout.splitlines() if l.startswith("TPU compiler"))
+  m = re.search(r"does not fit: needs ([0-9.]+) GiB, ([0-9.]+) GiB available", line)
+  assert m, line
+  needed, available = float(m.group(1)), float(m.group(2))
+  assert available == pytest.approx(15.48, abs=0.01) and needed > 10 * available
+  assert "Traceback" not in r.stderr and "WARNING" not in r.stderr
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256():
+  r = run_cli("--config=configs/albert_xxlarge.py", "--slice=v3-256", "--fit")
+  assert r.returncode == 5, r.stderr[-2000:]  # the config as given does not fit
+  assert "does not fit: needs" in r.stdout  # as it is (no remat, 16 sequences per core)
+  command = r.stdout.strip().splitlines()[-1].strip()
+  assert command.startswith("python -m albert_jax.main --config=configs/albert_xxlarge.py ")
+  overrides = dict(
+    a[len("--config.") :].split("=", 1) for a in command.split() if a.startswith("--config.")
+  )
+  assert overrides and set(overrides) <= {"model.remat", "train.micro_batches", "mesh.fsdp"}
+  # The printed command compiles, and fits.
+  config = load_config("albert_xxlarge")
+  for path, value in overrides.items():
+    section, key = path.split(".")
+    config[section][key] = type(config[section][key])(value)
+  compiled = T.compile_step(config, T.parse_slice("v3-256"))
+  assert compiled["fits"] and compiled["total"] <= hardware.DEVICE_MEMORY["tpu_v3"]
+  step = float(re.search(r"predicted step time ([0-9.]+) s", r.stdout).group(1))
+  assert step > E.estimate(config, "tpu_v3", 256).step_seconds  # remat's recomputation included
+
+
+def test_without_libtpu_compile_says_what_to_install(monkeypatch):
+  monkeypatch.setattr(T, "available", lambda: False)
+  with pytest.raises(ConfigError, match=re.escape('pip install -e ".[tpu]"')):
+    T.topology_devices(T.parse_slice("v3-8"))
