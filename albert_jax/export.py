@@ -137,7 +137,10 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
   try:
     if fmt == "hf":
       hf.save_hf(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
-                 unshare=unshare, readme=readme)
+                 unshare=unshare, readme=readme, task=config.get("task"))
+    elif "task" in config:
+      raise ConfigError("--format=jax holds pretraining parameters; export a fine-tuned model with "
+                        "--format=hf")
     else:
       extra = {"step": int(step), "metrics": metrics, "source": source}
       if "data" in config:

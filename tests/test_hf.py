@@ -321,22 +321,21 @@ def checkpoint_params(workdir):
 # --- --config.init_from: layouts, heads, mismatches ------------------------------------------------
 
 def test_init_from_brings_its_vocabulary(tmp_path):
-  from albert_jax import train
   from pydoc_data import topics
   sentences = [l for t in sorted(topics.topics)[:40] for l in topics.topics[t].splitlines() if l.strip()]
   ours = tokenizer_lib.train(sentences, str(tmp_path / "ours" / "spiece.model"), 300)
   other = tokenizer_lib.train(sentences[::2], str(tmp_path / "other" / "spiece.model"), 300)
   config = config_lib.base_config()
   config.init_from = str(tmp_path / "ours")
-  train._use_the_vocabulary_of_init_from(config)   # none set: init_from's own is used
+  pretrained.use_its_vocabulary(config)   # none set: init_from's own is used
   assert config.data.spm_model_path == ours
-  train._use_the_vocabulary_of_init_from(config)   # the same one given: fine
+  pretrained.use_its_vocabulary(config)   # the same one given: fine
   config.data.spm_model_path = other
   with pytest.raises(ConfigError, match="is not the vocabulary of init_from"):
-    train._use_the_vocabulary_of_init_from(config)
+    pretrained.use_its_vocabulary(config)
   config.init_from, config.data.spm_model_path = str(tmp_path), ""
   with pytest.raises(ConfigError, match="holds no spiece.model: set data.spm_model_path"):
-    train._use_the_vocabulary_of_init_from(config)
+    pretrained.use_its_vocabulary(config)
 
 def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):
   # An AlbertForMaskedLM checkpoint has no pooler and no SOP head.
