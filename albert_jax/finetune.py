@@ -453,19 +453,14 @@ def _write_json(path: str, value) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Command line.
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/finetune/glue.py:task=NAME[,...]",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: seed_<k>/, eval_results.json, predictions/.")
-
-
 def main(argv):
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   if not flags.FLAGS["verbosity"].present:  # library INFO lines (Orbax's) only on request
     logging.set_verbosity(logging.WARNING)
   try:
-    config = cli.load_config(_CONFIG)
-    finetune(config, cli.workdir(_WORKDIR.value))
+    config = cli.load_config(flags.FLAGS["config"])
+    finetune(config, cli.workdir(flags.FLAGS.workdir))
   except ConfigError as e:
     cli.fail(str(e))
   except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
@@ -475,5 +470,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Defined here, not at import: the library is imported beside other CLIs (export's --workdir).
+  config_flags.DEFINE_config_file("config", None, "configs/finetune/glue.py:task=NAME[,...]",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory: seed_<k>/, eval_results.json, predictions/.")
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main, flags_parser=cli.parse_flags)

@@ -125,6 +125,8 @@ def _rows(path: str) -> tuple[list[str] | None, list]:
 def read_examples(path: str, task: Task, split: str) -> tuple[list, list, list, list]:
   """(text_a, text_b or None each, label strings or None each, index) of the file's examples."""
   _, rows = _rows(path)
+  if not rows:
+    raise ConfigError(f"{path} holds no examples")
   test = split == "test"
   a_col, b_col = (task.test_text_a, task.test_text_b) if test else (task.text_a, task.text_b)
   label_col = None if test else task.label

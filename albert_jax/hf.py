@@ -403,8 +403,8 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
       out[_join(prefix, suffix)] = np.ascontiguousarray(x.T if transpose else x)
 
   for hf_name, path, kind in _TOP_MODULES:
-    if task is not None and path[0] in HEADS:
-      continue
+    if task is not None and (path[0] in HEADS or (path[-1] == "pooler" and heads == ("qa_outputs",))):
+      continue  # AlbertForQuestionAnswering has no pooler
     if path[-1] == "embedding_hidden_mapping_in" and not cfg.has_embedding_projection:
       # The original has no projection when E == H; Hugging Face always has one: the identity is exact.
       add(hf_name, {"kernel": np.eye(cfg.embedding_size, dtype=np.float32),
@@ -420,7 +420,8 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
   if task is not None:
     head = heads[0]
     add(head, params[head], "dense")
-    expected = {k: v for k, v in expected.items() if not k.startswith(tuple(h + "." for h in HEADS))}
+    dropped = tuple(h + "." for h in HEADS) + (("albert.pooler.",) if head == "qa_outputs" else ())
+    expected = {k: v for k, v in expected.items() if not k.startswith(dropped)}
     expected.update({f"{head}.weight": out[f"{head}.weight"].shape, f"{head}.bias": out[f"{head}.bias"].shape})
     hf_config = finetuned_hf_config(hf_config, task, out[f"{head}.bias"].shape[0])
   got = {k: v.shape for k, v in out.items()}
