@@ -72,7 +72,7 @@ def ft_config(env, **train):
   config.init_from = str(env / "init")
   config.data.glue_dir = str(env / "glue")
   config.data.max_seq_length = 32
-  config.train.update(dict(batch_size=16, num_steps=40, warmup_steps=4, learning_rate=2e-3,
+  config.train.update(dict(batch_size=16, num_steps=40, warmup_steps=4, learning_rate=5e-3,
                            eval_every=20, checkpoint_every=20, log_every=20, keep_checkpoints=5),
                       **train)
   return config
@@ -167,7 +167,9 @@ def test_finetuning_learns_and_summarises_seeds(run):
   assert [s["seed"] for s in seeds] == [0, 1]
   accuracies = [s["metrics"]["accuracy"] for s in seeds]
   assert max(accuracies) >= 0.85, accuracies  # chance is 0.5
-  assert accuracies[0] != accuracies[1] or seeds[0]["metrics"] != seeds[1]["metrics"]
+  losses = [[json.loads(l)["train/loss"] for l in open(os.path.join(
+      workdir, f"seed_{k}", "tensorboard", "metrics.jsonl")) if "train/loss" in l] for k in (0, 1)]
+  assert len(losses[0]) == 2 and losses[0] != losses[1]  # other seeds: other dropout, order, head
   summary = out["summary"]
   assert summary["accuracy"]["mean"] == pytest.approx(np.mean(accuracies))
   assert summary["accuracy"]["std"] == pytest.approx(np.std(accuracies))
@@ -299,3 +301,15 @@ def test_cli_errors_are_one_line(env, tmp_path, args, match):
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
+
+
+def test_benchmark_tiny():
+  """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("ft_bench", os.path.join(ROOT, "benchmarks", "finetune.py"))
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  figures = bench.benchmark(batch=2, seq=16, steps=2, tiny=True)
+  assert figures["ours_sequences_per_second"] > 0 and figures["torch_sequences_per_second"] > 0
+  assert figures["ours_over_torch"] == pytest.approx(
+      figures["ours_sequences_per_second"] / figures["torch_sequences_per_second"], rel=1e-3)
