@@ -171,7 +171,9 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
   from albert_jax import checkpoint, dataset
 
   params, config, step, metrics = checkpoint.load_params(workdir, step)
-  spm = spm_model_path or dataset.spm_model_path(config, workdir)
+  # A fine-tuning run records the vocabulary it used (init_from's); a pretraining run has its own.
+  spm = spm_model_path or (config.data.spm_model_path if "task" in config
+                           else dataset.spm_model_path(config, workdir))
   if not os.path.isfile(spm):
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
   from albert_jax import tokenizer
