@@ -313,3 +313,49 @@ def test_benchmark_tiny():
   assert figures["ours_sequences_per_second"] > 0 and figures["torch_sequences_per_second"] > 0
   assert figures["ours_over_torch"] == pytest.approx(
       figures["ours_sequences_per_second"] / figures["torch_sequences_per_second"], rel=1e-3)
+
+
+# --- SQuAD and RACE through the whole path (learning not required) -----------------------------------
+
+def _tiny_run(env, tmp_path, task, train_file, eval_file, **data):
+  config = _glue_config(f"task={task}")
+  config.init_from = str(env / "init")
+  config.data.update(dict(train_file=str(train_file), eval_file=str(eval_file), max_seq_length=32),
+                     **data)
+  config.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_every=2, checkpoint_every=2,
+                      log_every=1)
+  return finetune.finetune(config, str(tmp_path / "run"))
+
+
+def test_squad_v2_runs_end_to_end(env, tmp_path):
+  words = "the film was good and the story was very bright but the plot was sad".split()
+  rng = np.random.default_rng(0)
+  paragraphs = []
+  for p in range(6):
+    context = " ".join(rng.choice(words, 20))
+    answer = context.split()[3]
+    start = len(" ".join(context.split()[:3])) + 1
+    paragraphs.append({"context": context, "qas": [
+        {"id": f"q{p}a", "question": "what was it", "is_impossible": False,
+         "answers": [{"text": answer, "answer_start": start}]},
+        {"id": f"q{p}b", "question": "who made it", "is_impossible": True, "answers": []}]})
+  path = tmp_path / "squad.json"
+  path.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+  out = _tiny_run(env, tmp_path, "squad_v2", path, path, doc_stride=8, max_query_length=8)
+  metrics = out["seeds"][0]["metrics"]
+  assert {"exact_match", "f1"} <= set(metrics) and 0 <= metrics["f1"] <= 100
+  assert out["seeds"][0]["best_step"] == 2 and out["summary"]["metric"] == "f1"
+
+
+def test_race_runs_end_to_end(env, tmp_path):
+  for split in ("train", "dev"):
+    for k in range(4):
+      (tmp_path / split / "high").mkdir(parents=True, exist_ok=True)
+      (tmp_path / split / "high" / f"{k}.txt").write_text(json.dumps({
+          "id": f"{split}{k}", "article": "the film was good and the story was bright",
+          "questions": ["the film was _ .", "the story was _ ."],
+          "options": [["good", "bad", "sad", "dull"], ["dull", "bright", "ugly", "poor"]],
+          "answers": ["A", "B"]}))
+  out = _tiny_run(env, tmp_path, "race", tmp_path / "train", tmp_path / "dev", max_qa_length=16)
+  metrics = out["seeds"][0]["metrics"]
+  assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
