@@ -280,18 +280,26 @@ def _forward(model, kind):
   return forward
 
 
-def run_seed(config, workdir: str, task, data: dict) -> dict:
-  """Trains one seed in `workdir` (resuming), and returns its best checkpoint's step and metrics."""
+def build(config):
+  """(mesh, trainer, forward): built once and shared by every seed (one compilation)."""
   from albert_jax import model as M
   from albert_jax import train
 
-  t = config.train
   mesh = sharding.make_mesh(config.mesh)
-  sharding.check_batch(t, mesh)
+  sharding.check_batch(config.train, mesh)
   model, inputs = M.finetune_model(config)
   trainer = train.build(config, mesh, model=model, inputs=inputs, objective=objective(config.task.kind))
   forward = jax.jit(_forward(trainer.abstract.model, config.task.kind),
                     in_shardings=(trainer.abstract.shardings.params, sharding.batch_sharding(mesh)))
+  return mesh, trainer, forward
+
+
+def run_seed(config, workdir: str, task, data: dict, built) -> dict:
+  """Trains one seed in `workdir` (resuming), and returns its best checkpoint's step and metrics."""
+  from albert_jax import train
+
+  t = config.train
+  mesh, trainer, forward = built
   eval_arrays = data["eval"][0] if "eval" in data else None
   checkpoint.check_workdir(workdir, config)
   result_path = os.path.join(workdir, "result.json")
@@ -393,6 +401,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   log(f"task {config.task.name}: " + ", ".join(f"{len(a['input_ids'])} {s}" for s, (a, _) in data.items())
       + f" examples; vocabulary {config.data.spm_model_path}")
   os.makedirs(workdir, exist_ok=True)
+  built = build(config)
   results = []
   for k in range(config.seeds):
     seed_config = copy.deepcopy(config)
@@ -401,7 +410,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     seed_dir = os.path.join(workdir, f"seed_{k}")
     log(f"seed {k + 1}/{config.seeds} (seed={seed_config.seed}) in {seed_dir}")
     start = time.perf_counter()
-    result = run_seed(seed_config, seed_dir, task, data)
+    result = run_seed(seed_config, seed_dir, task, data, built)
     log(f"seed {seed_config.seed}: best step {result['best_step']} " + " ".join(
         f"{m} {v:.4f}" for m, v in result["metrics"].items()) + f" ({time.perf_counter() - start:.0f}s)")
     results.append(result)
