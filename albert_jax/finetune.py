@@ -31,10 +31,21 @@ from albert_jax.config_lib import ConfigError
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 
 # Fields that fix the parameter tree; with model_from_init_from they are taken from init_from.
-LAYOUT_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
-                 "num_attention_heads", "intermediate_size", "max_position_embeddings",
-                 "type_vocab_size", "layer_norm_eps", "sharing", "num_hidden_groups", "inner_group_num",
-                 "embedding_hidden_mapping")
+LAYOUT_FIELDS = (
+  "vocab_size",
+  "embedding_size",
+  "hidden_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "intermediate_size",
+  "max_position_embeddings",
+  "type_vocab_size",
+  "layer_norm_eps",
+  "sharing",
+  "num_hidden_groups",
+  "inner_group_num",
+  "embedding_hidden_mapping",
+)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -42,8 +53,14 @@ LAYOUT_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_laye
 
 
 def _apply(model, params, batch, rng):
-  return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                     deterministic=rng is None, rngs=None if rng is None else {"dropout": rng})
+  return model.apply(
+    {"params": params},
+    batch["input_ids"],
+    batch["segment_ids"],
+    batch["input_mask"],
+    deterministic=rng is None,
+    rngs=None if rng is None else {"dropout": rng},
+  )
 
 
 def _classification_sums(model, params, batch, rng):
@@ -72,8 +89,14 @@ def _squad_sums(model, params, batch, rng):
     logp = jax.nn.log_softmax(logits, axis=-1)
     return jnp.sum(w * -jnp.take_along_axis(logp, positions[:, None], axis=-1)[:, 0])
 
-  return {"nll": (nll(out["start_logits"], batch["start_positions"])
-                  + nll(out["end_logits"], batch["end_positions"])) / 2, "examples": jnp.sum(w)}
+  return {
+    "nll": (
+      nll(out["start_logits"], batch["start_positions"])
+      + nll(out["end_logits"], batch["end_positions"])
+    )
+    / 2,
+    "examples": jnp.sum(w),
+  }
 
 
 def _step_loss(key):
@@ -85,12 +108,18 @@ def objective(kind: str):
   from albert_jax.train import Objective
 
   if kind == "regression":
-    return Objective(sums=_regression_sums, loss=_step_loss("squared_error"),
-                     metrics=lambda s: {"loss": s["squared_error"] / s["examples"]})
+    return Objective(
+      sums=_regression_sums,
+      loss=_step_loss("squared_error"),
+      metrics=lambda s: {"loss": s["squared_error"] / s["examples"]},
+    )
   if kind in ("squad_v1", "squad_v2"):
-    return Objective(sums=_squad_sums, loss=_step_loss("nll"),
-                     metrics=lambda s: {"loss": s["nll"] / s["examples"]})
-  return Objective(sums=_classification_sums, loss=_step_loss("nll"), metrics=_classification_metrics)
+    return Objective(
+      sums=_squad_sums, loss=_step_loss("nll"), metrics=lambda s: {"loss": s["nll"] / s["examples"]}
+    )
+  return Objective(
+    sums=_classification_sums, loss=_step_loss("nll"), metrics=_classification_metrics
+  )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -98,8 +127,9 @@ def objective(kind: str):
 
 
 def _is_workdir(path: str) -> bool:
-  return (os.path.isfile(os.path.join(path, "config.json"))
-          and checkpoint.checkpoints_dir(path).exists())
+  return (
+    os.path.isfile(os.path.join(path, "config.json")) and checkpoint.checkpoints_dir(path).exists()
+  )
 
 
 def resolve_init_from(config) -> None:
@@ -108,8 +138,10 @@ def resolve_init_from(config) -> None:
 
   path = config.init_from
   if not os.path.isdir(path):
-    raise ConfigError(f"init_from={path} is not a directory (a pretraining workdir, a --format=jax "
-                      f"export or a Hugging Face ALBERT directory)")
+    raise ConfigError(
+      f"init_from={path} is not a directory (a pretraining workdir, a --format=jax "
+      f"export or a Hugging Face ALBERT directory)"
+    )
   if _is_workdir(path):
     source = checkpoint.read_config(path)
     theirs_model = source.model.to_dict()
@@ -124,8 +156,11 @@ def resolve_init_from(config) -> None:
       for k in LAYOUT_FIELDS + ("scan_layers",):
         if k in theirs_model and (k in fields or k in LAYOUT_FIELDS[9:]):
           config.model[k] = theirs_model[k]
-    diffs = [f"model.{k}: init_from {theirs_model.get(k)!r} != config {config.model[k]!r}"
-             for k in fields if k in theirs_model and theirs_model[k] != config.model[k]]
+    diffs = [
+      f"model.{k}: init_from {theirs_model.get(k)!r} != config {config.model[k]!r}"
+      for k in fields
+      if k in theirs_model and theirs_model[k] != config.model[k]
+    ]
     if diffs:
       raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
     given = config.data.spm_model_path
@@ -160,8 +195,10 @@ def init_backbone(config, fresh: dict, param_shardings) -> dict:
   if got != want:
     raise ConfigError(f"init_from={path}: its backbone does not match this model's parameters")
   return jax.tree_util.tree_map(
-      lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x, np.float32), s),
-      params, param_shardings)
+    lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x, np.float32), s),
+    params,
+    param_shardings,
+  )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -187,15 +224,27 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
       from albert_jax import race
 
       examples = race.read_race(path)
-      out[split] = (race.make_features(examples, tok, max_seq_length=config.data.max_seq_length,
-                                       max_qa_length=config.data.max_qa_length), None)
+      out[split] = (
+        race.make_features(
+          examples,
+          tok,
+          max_seq_length=config.data.max_seq_length,
+          max_qa_length=config.data.max_qa_length,
+        ),
+        None,
+      )
     else:
       from albert_jax import squad
 
       examples = squad.read_squad(path, version_2=kind == "squad_v2")
       arrays, features = squad.make_features(
-          examples, tok, max_seq_length=config.data.max_seq_length, doc_stride=config.data.doc_stride,
-          max_query_length=config.data.max_query_length, is_training=split == "train")
+        examples,
+        tok,
+        max_seq_length=config.data.max_seq_length,
+        doc_stride=config.data.doc_stride,
+        max_query_length=config.data.max_query_length,
+        is_training=split == "train",
+      )
       out[split] = (arrays, (examples, features))
     arrays = out[split][0]
     arrays["weight"] = np.ones(len(arrays["input_ids"]), np.float32)
@@ -212,8 +261,9 @@ class Batches:
     self.arrays, self.batch_size, self.seed = arrays, batch_size, seed
     self.n = len(arrays["input_ids"])
     if self.n < batch_size:
-      raise ConfigError(f"the training file has {self.n} examples, fewer than train.batch_size="
-                        f"{batch_size}")
+      raise ConfigError(
+        f"the training file has {self.n} examples, fewer than train.batch_size={batch_size}"
+      )
     self.epoch, self.position = 0, 0
 
   def get_state(self) -> dict:
@@ -226,7 +276,7 @@ class Batches:
     if self.position + self.batch_size > self.n:
       self.epoch, self.position = self.epoch + 1, 0
     order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
-    rows = order[self.position:self.position + self.batch_size]
+    rows = order[self.position : self.position + self.batch_size]
     self.position += self.batch_size
     return {k: v[rows] for k, v in self.arrays.items()}
 
@@ -235,10 +285,12 @@ def padded_batches(arrays: dict, batch_size: int):
   """Every example once, in order; the last batch padded with weight-0 rows."""
   n = len(arrays["input_ids"])
   for start in range(0, n, batch_size):
-    batch = {k: v[start:start + batch_size] for k, v in arrays.items()}
+    batch = {k: v[start : start + batch_size] for k, v in arrays.items()}
     short = batch_size - len(batch["input_ids"])
     if short:
-      batch = {k: np.concatenate([v, np.zeros((short,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+      batch = {
+        k: np.concatenate([v, np.zeros((short,) + v.shape[1:], v.dtype)]) for k, v in batch.items()
+      }
     yield batch
 
 
@@ -256,9 +308,16 @@ def task_metrics(config, task, outputs: dict, arrays: dict, extra) -> dict[str, 
     from albert_jax import squad
 
     examples, features = extra
-    predictions = squad.postprocess(examples, features, outputs["start_logits"], outputs["end_logits"],
-                                    version_2=kind == "squad_v2")
-    return {k: float(v) for k, v in squad.evaluate(examples, predictions, kind == "squad_v2").items()}
+    predictions = squad.postprocess(
+      examples,
+      features,
+      outputs["start_logits"],
+      outputs["end_logits"],
+      version_2=kind == "squad_v2",
+    )
+    return {
+      k: float(v) for k, v in squad.evaluate(examples, predictions, kind == "squad_v2").items()
+    }
   if kind == "race":
     pred = np.argmax(outputs["logits"], axis=-1)
     return {"accuracy": float(np.mean(pred == arrays["label"]))}
@@ -277,6 +336,7 @@ def _forward(model, kind):
     if kind in ("squad_v1", "squad_v2"):
       return {"start_logits": out["start_logits"], "end_logits": out["end_logits"]}
     return {"logits": out["logits"]}
+
   return forward
 
 
@@ -288,9 +348,13 @@ def build(config):
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(config.train, mesh)
   model, inputs = M.finetune_model(config)
-  trainer = train.build(config, mesh, model=model, inputs=inputs, objective=objective(config.task.kind))
-  forward = jax.jit(_forward(trainer.abstract.model, config.task.kind),
-                    in_shardings=(trainer.abstract.shardings.params, sharding.batch_sharding(mesh)))
+  trainer = train.build(
+    config, mesh, model=model, inputs=inputs, objective=objective(config.task.kind)
+  )
+  forward = jax.jit(
+    _forward(trainer.abstract.model, config.task.kind),
+    in_shardings=(trainer.abstract.shardings.params, sharding.batch_sharding(mesh)),
+  )
   return mesh, trainer, forward
 
 
@@ -314,17 +378,27 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     else:
       with sharding.with_mesh(mesh):
         state = trainer.init(jax.random.PRNGKey(config.seed))
-      state = state.replace(params=init_backbone(config, state.params,
-                                                 trainer.abstract.shardings.params))
+      state = state.replace(
+        params=init_backbone(config, state.params, trainer.abstract.shardings.params)
+      )
       start = 0
     checkpoint.write_config(workdir, config)
     writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
-    reporter = Reporter(writer, first_step=start, num_steps=t.num_steps, log_every=t.log_every,
-                        sequences_per_step=t.batch_size, tokens_per_sequence=config.data.max_seq_length,
-                        flops_per_step=0.0, peak_flops=0.0, halt_on_nonfinite=t.on_nonfinite == "halt")
+    reporter = Reporter(
+      writer,
+      first_step=start,
+      num_steps=t.num_steps,
+      log_every=t.log_every,
+      sequences_per_step=t.batch_size,
+      tokens_per_sequence=config.data.max_seq_length,
+      flops_per_step=0.0,
+      peak_flops=0.0,
+      halt_on_nonfinite=t.on_nonfinite == "halt",
+    )
     eval_due = Periodic(t.eval_every, last_step=t.num_steps)
-    save_due = Periodic(t.checkpoint_every, every_seconds=t.checkpoint_every_seconds,
-                        last_step=t.num_steps)
+    save_due = Periodic(
+      t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
+    )
     stop = cleanup.enter_context(train._StopSignal())  # noqa: SLF001
     step = start
     while step < t.num_steps:
@@ -398,8 +472,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   task = glue.task_of(config) if config.task.kind in glue.GENERIC else None
   resolve_init_from(config)
   data = load_data(config, task)
-  log(f"task {config.task.name}: " + ", ".join(f"{len(a['input_ids'])} {s}" for s, (a, _) in data.items())
-      + f" examples; vocabulary {config.data.spm_model_path}")
+  log(
+    f"task {config.task.name}: "
+    + ", ".join(f"{len(a['input_ids'])} {s}" for s, (a, _) in data.items())
+    + f" examples; vocabulary {config.data.spm_model_path}"
+  )
   os.makedirs(workdir, exist_ok=True)
   built = build(config)
   results = []
@@ -411,12 +488,18 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     log(f"seed {k + 1}/{config.seeds} (seed={seed_config.seed}) in {seed_dir}")
     start = time.perf_counter()
     result = run_seed(seed_config, seed_dir, task, data, built)
-    log(f"seed {seed_config.seed}: best step {result['best_step']} " + " ".join(
-        f"{m} {v:.4f}" for m, v in result["metrics"].items()) + f" ({time.perf_counter() - start:.0f}s)")
+    log(
+      f"seed {seed_config.seed}: best step {result['best_step']} "
+      + " ".join(f"{m} {v:.4f}" for m, v in result["metrics"].items())
+      + f" ({time.perf_counter() - start:.0f}s)"
+    )
     results.append(result)
   summary = summarize(results, config.task.metric)
-  out = {"task": config.task.name, "summary": summary,
-         "seeds": [{k: v for k, v in r.items() if k != "test_outputs"} for r in results]}
+  out = {
+    "task": config.task.name,
+    "summary": summary,
+    "seeds": [{k: v for k, v in r.items() if k != "test_outputs"} for r in results],
+  }
   if jax.process_index() == 0:
     _write_json(os.path.join(workdir, "eval_results.json"), out)
     best = next((r for r in results if r["seed"] == summary.get("best_seed")), results[-1])
@@ -424,13 +507,21 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
       os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
       logits = best["test_outputs"]["logits"]
       pred = logits[:, 0] if task.kind == "regression" else np.argmax(logits, axis=-1)
-      glue.write_submission(os.path.join(workdir, "predictions", task.submission), task,
-                            data["test"][1], pred)
-  log(f"{config.task.metric}: " + (f"{summary[config.task.metric]['mean']:.4f} +- "
-                                   f"{summary[config.task.metric]['std']:.4f} over {len(results)} "
-                                   f"seed(s); best {summary['best'][config.task.metric]:.4f} (seed "
-                                   f"{summary['best_seed']})" if "best" in summary else "no eval file")
-      + f"; results in {workdir}/eval_results.json")
+      glue.write_submission(
+        os.path.join(workdir, "predictions", task.submission), task, data["test"][1], pred
+      )
+  log(
+    f"{config.task.metric}: "
+    + (
+      f"{summary[config.task.metric]['mean']:.4f} +- "
+      f"{summary[config.task.metric]['std']:.4f} over {len(results)} "
+      f"seed(s); best {summary['best'][config.task.metric]:.4f} (seed "
+      f"{summary['best_seed']})"
+      if "best" in summary
+      else "no eval file"
+    )
+    + f"; results in {workdir}/eval_results.json"
+  )
   return out
 
 
@@ -462,6 +553,7 @@ def _write_json(path: str, value) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Command line.
 
+
 def main(argv):
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -480,8 +572,9 @@ def main(argv):
 
 if __name__ == "__main__":
   # Defined here, not at import: the library is imported beside other CLIs (export's --workdir).
-  config_flags.DEFINE_config_file("config", None, "configs/finetune/glue.py:task=NAME[,...]",
-                                  lock_config=True)
+  config_flags.DEFINE_config_file(
+    "config", None, "configs/finetune/glue.py:task=NAME[,...]", lock_config=True
+  )
   flags.DEFINE_string("workdir", None, "Run directory: seed_<k>/, eval_results.json, predictions/.")
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main, flags_parser=cli.parse_flags)

@@ -22,37 +22,106 @@ from albert_jax.tokenizer import CLS_ID, SEP_ID
 @dataclasses.dataclass(frozen=True)
 class Task:
   name: str
-  kind: str               # classification | regression
+  kind: str  # classification | regression
   labels: tuple[str, ...]  # () for regression
-  metric: str             # the metric that picks the best checkpoint
-  text_a: str | int       # header name, or a column number for a headerless file
+  metric: str  # the metric that picks the best checkpoint
+  text_a: str | int  # header name, or a column number for a headerless file
   text_b: str | int | None
   label: str | int
   test_text_a: str | int
   test_text_b: str | int | None
-  submission: str         # GLUE's file name for the test predictions
-  header: bool = True     # train/dev files have a header row
-  index: str = "index"    # the test files' index column
+  submission: str  # GLUE's file name for the test predictions
+  header: bool = True  # train/dev files have a header row
+  index: str = "index"  # the test files' index column
 
 
 _NLI = ("sentence1", "sentence2")
 GLUE_TASKS = {
-    "cola": Task("cola", "classification", ("0", "1"), "matthews_corr", 3, None, 1, "sentence", None,
-                 "CoLA.tsv", header=False),
-    "sst2": Task("sst2", "classification", ("0", "1"), "accuracy", "sentence", None, "label",
-                 "sentence", None, "SST-2.tsv"),
-    "mrpc": Task("mrpc", "classification", ("0", "1"), "f1", "#1 String", "#2 String", "Quality",
-                 "#1 String", "#2 String", "MRPC.tsv", index="index"),
-    "stsb": Task("stsb", "regression", (), "pearson", *_NLI, "score", *_NLI, "STS-B.tsv"),
-    "qqp": Task("qqp", "classification", ("0", "1"), "f1", "question1", "question2", "is_duplicate",
-                "question1", "question2", "QQP.tsv", index="id"),
-    "mnli": Task("mnli", "classification", ("contradiction", "entailment", "neutral"), "accuracy",
-                 *_NLI, "gold_label", *_NLI, "MNLI-m.tsv"),
-    "qnli": Task("qnli", "classification", ("entailment", "not_entailment"), "accuracy", "question",
-                 "sentence", "label", "question", "sentence", "QNLI.tsv"),
-    "rte": Task("rte", "classification", ("entailment", "not_entailment"), "accuracy", *_NLI, "label",
-                *_NLI, "RTE.tsv"),
-    "wnli": Task("wnli", "classification", ("0", "1"), "accuracy", *_NLI, "label", *_NLI, "WNLI.tsv"),
+  "cola": Task(
+    "cola",
+    "classification",
+    ("0", "1"),
+    "matthews_corr",
+    3,
+    None,
+    1,
+    "sentence",
+    None,
+    "CoLA.tsv",
+    header=False,
+  ),
+  "sst2": Task(
+    "sst2",
+    "classification",
+    ("0", "1"),
+    "accuracy",
+    "sentence",
+    None,
+    "label",
+    "sentence",
+    None,
+    "SST-2.tsv",
+  ),
+  "mrpc": Task(
+    "mrpc",
+    "classification",
+    ("0", "1"),
+    "f1",
+    "#1 String",
+    "#2 String",
+    "Quality",
+    "#1 String",
+    "#2 String",
+    "MRPC.tsv",
+    index="index",
+  ),
+  "stsb": Task("stsb", "regression", (), "pearson", *_NLI, "score", *_NLI, "STS-B.tsv"),
+  "qqp": Task(
+    "qqp",
+    "classification",
+    ("0", "1"),
+    "f1",
+    "question1",
+    "question2",
+    "is_duplicate",
+    "question1",
+    "question2",
+    "QQP.tsv",
+    index="id",
+  ),
+  "mnli": Task(
+    "mnli",
+    "classification",
+    ("contradiction", "entailment", "neutral"),
+    "accuracy",
+    *_NLI,
+    "gold_label",
+    *_NLI,
+    "MNLI-m.tsv",
+  ),
+  "qnli": Task(
+    "qnli",
+    "classification",
+    ("entailment", "not_entailment"),
+    "accuracy",
+    "question",
+    "sentence",
+    "label",
+    "question",
+    "sentence",
+    "QNLI.tsv",
+  ),
+  "rte": Task(
+    "rte",
+    "classification",
+    ("entailment", "not_entailment"),
+    "accuracy",
+    *_NLI,
+    "label",
+    *_NLI,
+    "RTE.tsv",
+  ),
+  "wnli": Task("wnli", "classification", ("0", "1"), "accuracy", *_NLI, "label", *_NLI, "WNLI.tsv"),
 }
 # GLUE's default file names inside data.glue_dir.
 SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
@@ -70,21 +139,36 @@ def task_of(config) -> Task:
   if name in GLUE_TASKS:
     return GLUE_TASKS[name]
   if name not in GENERIC:
-    raise ConfigError(f"task.name={name!r} is not a GLUE task ({', '.join(GLUE_TASKS)}) or one of "
-                      f"{GENERIC}")
+    raise ConfigError(
+      f"task.name={name!r} is not a GLUE task ({', '.join(GLUE_TASKS)}) or one of {GENERIC}"
+    )
   labels = tuple(l.strip() for l in d.labels.split(",") if l.strip())
   if name == "classification" and len(labels) < 2:
     raise ConfigError("task classification needs data.labels: the label set, comma-separated")
   b = _column(d.text_b_column) if d.text_b_column else None
   a = _column(d.text_a_column)
-  return Task(name, name, labels if name == "classification" else (), config.task.metric, a, b,
-              _column(d.label_column), a, b, f"{name}.tsv", index=d.index_column)
+  return Task(
+    name,
+    name,
+    labels if name == "classification" else (),
+    config.task.metric,
+    a,
+    b,
+    _column(d.label_column),
+    a,
+    b,
+    f"{name}.tsv",
+    index=d.index_column,
+  )
 
 
 def split_path(config, split: str) -> str:
   """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set)."""
-  given = {"train": config.data.train_file, "eval": config.data.eval_file,
-           "test": config.data.test_file}[split]
+  given = {
+    "train": config.data.train_file,
+    "eval": config.data.eval_file,
+    "test": config.data.test_file,
+  }[split]
   if given or not config.data.glue_dir:
     return given
   names = MNLI_SPLIT_FILES if config.task.name == "mnli" else SPLIT_FILES
@@ -146,8 +230,11 @@ def read_examples(path: str, task: Task, split: str) -> tuple[list, list, list, 
         raise ConfigError(f"{path} has no column {c!r} (its header: {', '.join(header or [])})")
       return names[c]
 
-    positions = {c: position(c) for c in (a_col, b_col, label_col, task.index if test else None)
-                 if c not in (None, "")}
+    positions = {
+      c: position(c)
+      for c in (a_col, b_col, label_col, task.index if test else None)
+      if c not in (None, "")
+    }
 
     def get(row, c, n):
       i = positions[c]
@@ -179,13 +266,16 @@ def label_ids(labels: list, task: Task, path: str) -> np.ndarray:
       return np.asarray([float(l) for l in labels], np.float32)
     except ValueError:
       bad = next(l for l in labels if not _is_float(l))
-      raise ConfigError(f"{path}: label {bad!r} is not a number (task {task.name} is a "
-                        f"regression)") from None
+      raise ConfigError(
+        f"{path}: label {bad!r} is not a number (task {task.name} is a regression)"
+      ) from None
   index = {l: i for i, l in enumerate(task.labels)}
   for n, l in enumerate(labels):
     if l not in index:
-      raise ConfigError(f"{path}: example {n + 1} has label {l!r}, not one of task {task.name}'s "
-                        f"{list(task.labels)}")
+      raise ConfigError(
+        f"{path}: example {n + 1} has label {l!r}, not one of task {task.name}'s "
+        f"{list(task.labels)}"
+      )
   return np.asarray([index[l] for l in labels], np.int32)
 
 
@@ -218,11 +308,11 @@ def encode_pairs(tokenizer, text_a: list[str], text_b: list, max_seq_length: int
       tokens = [CLS_ID] + a + [SEP_ID] + b + [SEP_ID]
       segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
     else:
-      tokens = [CLS_ID] + a[:s - 2] + [SEP_ID]
+      tokens = [CLS_ID] + a[: s - 2] + [SEP_ID]
       segments = [0] * len(tokens)
-    out["input_ids"][i, :len(tokens)] = tokens
-    out["input_mask"][i, :len(tokens)] = 1
-    out["segment_ids"][i, :len(tokens)] = segments
+    out["input_ids"][i, : len(tokens)] = tokens
+    out["input_mask"][i, : len(tokens)] = 1
+    out["segment_ids"][i, : len(tokens)] = segments
   return out
 
 
@@ -298,8 +388,12 @@ def compute_metrics(task: Task, labels: np.ndarray, outputs: np.ndarray) -> dict
   if task.kind == "regression":
     pred = np.asarray(outputs, np.float64).reshape(-1)
     r, rho = pearson(pred, labels), spearman(pred, labels)
-    return {"pearson": r, "spearman": rho, "corr": (r + rho) / 2,
-            "mse": float(np.mean((pred - labels) ** 2))}
+    return {
+      "pearson": r,
+      "spearman": rho,
+      "corr": (r + rho) / 2,
+      "mse": float(np.mean((pred - labels) ** 2)),
+    }
   pred = np.argmax(outputs, axis=-1)
   metrics = {"accuracy": float(np.mean(pred == labels))}
   if task.name in ("mrpc", "qqp") or len(task.labels) == 2:

@@ -13,6 +13,7 @@ of sequences per second, compile and two warm-up steps excluded. "ours / theirs"
 
 Prints a short table and, last, one JSON line with every figure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,16 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Any, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":
   os.environ["XLA_FLAGS"] = " ".join(
-      f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f)
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if "xla_force_host_platform_device_count" not in f
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -36,14 +39,22 @@ import numpy as np  # noqa: E402
 from albert_jax import config_lib, finetune, sharding, train  # noqa: E402
 from albert_jax import model as albert_model  # noqa: E402
 
-TINY = dict(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=64)
+TINY = dict(
+  vocab_size=100,
+  embedding_size=16,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=2,
+  intermediate_size=64,
+  max_position_embeddings=64,
+)
 
 
 def _helpers():
   """benchmarks/train_step.py's timing helpers."""
-  spec = importlib.util.spec_from_file_location("train_step", os.path.join(ROOT, "benchmarks",
-                                                                           "train_step.py"))
+  spec = importlib.util.spec_from_file_location(
+    "train_step", os.path.join(ROOT, "benchmarks", "train_step.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -62,17 +73,21 @@ def make_config(batch: int, seq: int, tiny: bool):
 
 def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)
-  return {"input_ids": rng.integers(5, vocab, (batch, seq)).astype(np.int32),
-          "input_mask": np.ones((batch, seq), np.int32),
-          "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0).astype(np.int32),
-          "label": rng.integers(0, 2, (batch,)).astype(np.int32),
-          "weight": np.ones((batch,), np.float32)}
+  return {
+    "input_ids": rng.integers(5, vocab, (batch, seq)).astype(np.int32),
+    "input_mask": np.ones((batch, seq), np.int32),
+    "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0).astype(np.int32),
+    "label": rng.integers(0, 2, (batch,)).astype(np.int32),
+    "weight": np.ones((batch,), np.float32),
+  }
 
 
 def ours(config, batch):
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
   model, inputs = albert_model.finetune_model(config)
-  trainer = train.build(config, mesh, model=model, inputs=inputs, objective=finetune.objective("classification"))
+  trainer = train.build(
+    config, mesh, model=model, inputs=inputs, objective=finetune.objective("classification")
+  )
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(0))
     global_batch = sharding.global_batch(batch, mesh)
@@ -91,17 +106,30 @@ def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
   import transformers
 
   torch.manual_seed(0)
-  model = transformers.AlbertForSequenceClassification(transformers.AlbertConfig(
-      vocab_size=cfg.vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
-      num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-      intermediate_size=cfg.intermediate_size, hidden_act="gelu_new",
-      hidden_dropout_prob=cfg.hidden_dropout_prob, attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-      classifier_dropout_prob=dropout, max_position_embeddings=cfg.max_position_embeddings,
-      num_labels=2)).train()
+  model = transformers.AlbertForSequenceClassification(
+    transformers.AlbertConfig(
+      vocab_size=cfg.vocab_size,
+      embedding_size=cfg.embedding_size,
+      hidden_size=cfg.hidden_size,
+      num_hidden_layers=cfg.num_hidden_layers,
+      num_attention_heads=cfg.num_attention_heads,
+      intermediate_size=cfg.intermediate_size,
+      hidden_act="gelu_new",
+      hidden_dropout_prob=cfg.hidden_dropout_prob,
+      attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+      classifier_dropout_prob=dropout,
+      max_position_embeddings=cfg.max_position_embeddings,
+      num_labels=2,
+    )
+  ).train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.01)
   to = lambda x: torch.as_tensor(x, dtype=torch.long)  # noqa: E731
-  args = dict(input_ids=to(batch["input_ids"]), attention_mask=to(batch["input_mask"]),
-              token_type_ids=to(batch["segment_ids"]), labels=to(batch["label"]))
+  args = dict(
+    input_ids=to(batch["input_ids"]),
+    attention_mask=to(batch["input_mask"]),
+    token_type_ids=to(batch["segment_ids"]),
+    labels=to(batch["label"]),
+  )
 
   def step():
     optimizer.zero_grad(set_to_none=True)
@@ -114,13 +142,16 @@ def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
   return step
 
 
-def benchmark(*, batch: int = 8, seq: int = 128, steps: int = 10, tiny: bool = False) -> dict[str, Any]:
+def benchmark(
+  *, batch: int = 8, seq: int = 128, steps: int = 10, tiny: bool = False
+) -> dict[str, Any]:
   helpers = _helpers()
   config = make_config(batch, seq, tiny)
   data = random_batch(batch, seq, config.model.vocab_size)
-  contenders = {"ours": ours(config, data),
-                "torch": theirs(albert_model.model_config(config.model), data,
-                                config.task.classifier_dropout)}
+  contenders = {
+    "ours": ours(config, data),
+    "torch": theirs(albert_model.model_config(config.model), data, config.task.classifier_dropout),
+  }
   for step in contenders.values():  # two warm-up steps each
     step()
     step()
@@ -132,12 +163,18 @@ def benchmark(*, batch: int = 8, seq: int = 128, steps: int = 10, tiny: bool = F
       seconds[name].append(w)
       wall, cpu = wall + w, cpu + c
   rates = {name: batch / statistics.median(s) for name, s in seconds.items()}
-  return {"model": "tiny" if tiny else "albert_base", "batch": batch, "seq": seq, "steps": steps,
-          "ours_sequences_per_second": helpers._sig(rates["ours"]),  # noqa: SLF001
-          "torch_sequences_per_second": helpers._sig(rates["torch"]),  # noqa: SLF001
-          "ours_over_torch": helpers._sig(rates["ours"] / rates["torch"]),  # noqa: SLF001
-          "cpu_util": helpers._sig(cpu / wall), "device": str(jax.devices()[0]),  # noqa: SLF001
-          "load_average": os.getloadavg()[0]}
+  return {
+    "model": "tiny" if tiny else "albert_base",
+    "batch": batch,
+    "seq": seq,
+    "steps": steps,
+    "ours_sequences_per_second": helpers._sig(rates["ours"]),  # noqa: SLF001
+    "torch_sequences_per_second": helpers._sig(rates["torch"]),  # noqa: SLF001
+    "ours_over_torch": helpers._sig(rates["ours"] / rates["torch"]),  # noqa: SLF001
+    "cpu_util": helpers._sig(cpu / wall),
+    "device": str(jax.devices()[0]),  # noqa: SLF001
+    "load_average": os.getloadavg()[0],
+  }
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -150,9 +187,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   if args.tiny and args.seq > TINY["max_position_embeddings"]:
     args.seq = 32
   figures = benchmark(batch=args.batch, seq=args.seq, steps=args.steps, tiny=args.tiny)
-  print(f"{figures['model']} B={args.batch} S={args.seq}: ours {figures['ours_sequences_per_second']} "
-        f"seq/s, torch {figures['torch_sequences_per_second']} seq/s, ours/torch "
-        f"{figures['ours_over_torch']} (cpu_util {figures['cpu_util']})")
+  print(
+    f"{figures['model']} B={args.batch} S={args.seq}: ours {figures['ours_sequences_per_second']} "
+    f"seq/s, torch {figures['torch_sequences_per_second']} seq/s, ours/torch "
+    f"{figures['ours_over_torch']} (cpu_util {figures['cpu_util']})"
+  )
   print(json.dumps(figures))
   return figures
 
