@@ -67,7 +67,8 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
               f"peak learning rate: {train.learning_rate}"]
   data = getattr(config, "data", None)
   if data is not None:
-    lines += [f"- sequence length: {data.max_seq_length}, task: {data.task}, "
+    task = config.task.name if "task" in config else data.task
+    lines += [f"- sequence length: {data.max_seq_length}, task: {task}, "
               f"lowercased: {bool(data.do_lower_case)}"]
   lines += ["", "## Eval metrics", ""]
   if metrics:
@@ -76,7 +77,17 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   else:
     lines += ["No eval metrics were recorded for this checkpoint."]
   lines += ["", "## How to load", ""]
-  if fmt == "hf":
+  if "task" in config:  # a fine-tuned model: its own head class
+    from albert_jax.hf import FINETUNED
+
+    cls = FINETUNED[config.task.kind][0]
+    lines[lines.index(f"{CARD_MARKER} (step {step})") + 2] = (
+        f"ALBERT fine-tuned on {config.task.name} by albert_jax"
+        + (f" (run `{source}`)" if source else "") + ".")
+    lines += ["```python", f"from transformers import {cls}, AlbertTokenizer",
+              f'model = {cls}.from_pretrained("PATH")',
+              'tokenizer = AlbertTokenizer.from_pretrained("PATH")', "```"]
+  elif fmt == "hf":
     lines += ["```python", "from transformers import AlbertForPreTraining, AlbertTokenizer",
               'model = AlbertForPreTraining.from_pretrained("PATH")',
               'tokenizer = AlbertTokenizer.from_pretrained("PATH")', "```", "",
