@@ -106,7 +106,8 @@ def make_features(examples: Sequence[RaceExample], tokenizer: tokenizer_lib.Toke
                   max_seq_length: int, max_qa_length: int) -> dict[str, np.ndarray]:
   """input_ids/input_mask/segment_ids [N, NUM_CHOICES, S] int32 and label [N] int32."""
   if max_qa_length < 1 or max_seq_length - 3 - max_qa_length < 1:
-    raise ConfigError(f"max_seq_length={max_seq_length} must exceed max_qa_length={max_qa_length} + 3")
+    raise ConfigError(
+        f"max_seq_length={max_seq_length} must exceed max_qa_length={max_qa_length} + 3")
   n = len(examples)
   arrays = {name: np.zeros((n, NUM_CHOICES, max_seq_length), np.int32)
             for name in ("input_ids", "input_mask", "segment_ids")}

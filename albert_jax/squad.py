@@ -13,10 +13,10 @@ The original run_squad (google-research/albert squad_utils) in our own code:
   evaluate        the official scripts' exact match and F1 (v1.1 evaluate-v1.1.py, v2.0
                   evaluate-v2.0.py), 0-100.
 
-Alignment: SentencePiece sees preprocessed text (lowercased, accents stripped, whitespace collapsed),
-whose characters do not line up with the original context. We preprocess character by character,
-keeping for every preprocessed character the index of the original character it came from, then
-align the pieces' text to the preprocessed text (difflib matching blocks, which also absorbs
+Alignment: SentencePiece sees preprocessed text (lowercased, accents stripped, whitespace
+collapsed), whose characters do not line up with the original context. We preprocess character by
+character, keeping for every preprocessed character the range of original characters it came from,
+then align the pieces' text to the preprocessed text (difflib matching blocks, which also absorb
 SentencePiece's own normalisation and unknown pieces). Each piece thus owns a span of the original
 context, so answers map to pieces exactly and predicted spans come back as original text.
 
@@ -115,7 +115,7 @@ def read_squad(path: str, version_2: bool) -> list[SquadExample]:
 # Pieces aligned to the original text.
 
 def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[int]]:
-  """tokenizer.preprocess_text, one character at a time, with each output character's source range."""
+  """tokenizer.preprocess_text one character at a time, with each output character's source."""
   out, source, source_end = [], [], []
   i, pending_space = 0, False
   while i < len(text):
@@ -201,7 +201,7 @@ def _windows(num_pieces: int, max_len: int, doc_stride: int) -> list[tuple[int, 
 
 
 def _max_context(windows: list[tuple[int, int]], w: int, piece: int) -> bool:
-  """Whether window w gives `piece` its most context (min of left/right context, + 0.01 * length)."""
+  """Whether window w gives `piece` its most context (min of left/right context + 0.01 * length)."""
   best, best_score = None, None
   for i, (start, length) in enumerate(windows):
     if not start <= piece < start + length:

@@ -1,4 +1,4 @@
-"""SQuAD: a real SentencePiece model, hand-made SQuAD files, windows, post-processing, official EM/F1."""
+"""SQuAD: a real SentencePiece model, hand-made SQuAD files, windows, post-processing, EM/F1."""
 import json
 
 import numpy as np
@@ -49,7 +49,8 @@ def v2_file(tmp_path):
           _qa("city", "Where is it?", CONTEXT, "ZÜRICH"),
           _qa("who", "Who opened it?", CONTEXT, "``Hans'' Müller", "Hans"),
           _qa("none", "What does it sell to dogs?", CONTEXT, impossible=True)]},
-      {"context": LONG, "qas": [_qa("bridge", "Where is the treasure?", LONG, "under the old bridge")]}])
+      {"context": LONG,
+       "qas": [_qa("bridge", "Where is the treasure?", LONG, "under the old bridge")]}])
 
 
 def test_read_squad(v2_file):
@@ -104,7 +105,8 @@ def test_windows_cover_the_context_with_the_stride(tok, v2_file):
   # The answer is labelled in the windows that hold all of it and nowhere else.
   ex = examples[0]
   a = int(np.nonzero(features[0].piece_spans[:, 1] > ex.answer_starts[0])[0][0])
-  b = int(np.nonzero(features[0].piece_spans[:, 0] < ex.answer_starts[0] + len(ex.answers[0]))[0][-1])
+  answer_end = ex.answer_starts[0] + len(ex.answers[0])
+  b = int(np.nonzero(features[0].piece_spans[:, 0] < answer_end)[0][-1])
   for r, f in enumerate(features):
     inside = f.window_start <= a and b < f.window_start + f.window_length
     assert (arrays["start_positions"][r] > 0) == inside
@@ -143,7 +145,7 @@ def test_postprocess_picks_the_best_span(tok, v2_file):
   assert preds == {"cafe": "Café  Müller", "city": "ZÜRICH", "who": "``Hans'' Müller",
                    "none": "The", "bridge": "under the old bridge"}
   result = squad.evaluate(examples, preds, version_2=True)
-  # "The" normalises to "" (articles go), which the official v2 script counts as a right null answer.
+  # "The" normalises to "" (articles go): the official v2 script counts it as a right null answer.
   assert result["exact_match"] == result["f1"] == pytest.approx(100.0)
   # A higher-scoring end before the start and a span longer than max_answer_length are skipped.
   a = pos[0][4]
