@@ -1,4 +1,4 @@
-r"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and sentence-pair accuracy.
+r"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and sentence-pair scores.
 
   python -m albert_jax.evaluate --checkpoint=runs/tiny --data=runs/tiny
   python -m albert_jax.evaluate --checkpoint=exports/tiny-jax --data=runs/nsp/data --batches=8
@@ -55,7 +55,7 @@ def load_model(path: str, step: str | int = "latest") -> dict:
     meta = files.read_json(os.path.join(path, "config.json"))
     return dict(params=params, model=model, task=meta.get("task", "unknown"),
                 step=meta.get("step"), vocab=os.path.join(path, "spiece.model"), run_config=None)
-  raise ConfigError(f"--checkpoint {path} is neither a run's workdir (config.json and checkpoints/) "
+  raise ConfigError(f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
                     f"nor an albert_jax export (export --format=jax)")
 
 
@@ -71,8 +71,8 @@ def data_config(data: str, batch_size: int, masking_from=None):
     raise ConfigError(f"--data {data!r} is not a directory")
   if not os.path.isfile(os.path.join(data, dataset.PREPARED_FILE)):
     if not os.path.isfile(os.path.join(data, "config.json")):
-      raise ConfigError(f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) nor a "
-                        f"run's config.json")
+      raise ConfigError(f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) "
+                        f"nor a run's config.json")
     masking_from = checkpoint.read_config(data)
     data = dataset.data_dir(masking_from, data)
   ddir = os.path.abspath(data)
@@ -86,7 +86,8 @@ def data_config(data: str, batch_size: int, masking_from=None):
     c.seed = fp["seed"]
     c.model.vocab_size = fp["vocab_size"]
     d.update(data_dir=ddir, do_lower_case=fp["do_lower_case"], max_seq_length=fp["max_seq_length"],
-             short_seq_prob=fp["short_seq_prob"], task=fp["task"], eval_fraction=fp["eval_fraction"],
+             short_seq_prob=fp["short_seq_prob"], task=fp["task"],
+             eval_fraction=fp["eval_fraction"],
              single_sentence_random_next=fp["single_sentence_random_next"],
              max_documents=corpus["max_documents"], builtin_corpus="")
     if fp["vocab"]["source"] == "file":
@@ -102,7 +103,8 @@ def data_config(data: str, batch_size: int, masking_from=None):
     else:
       d.builtin_corpus = corpus["name"]
   except (KeyError, TypeError) as e:
-    raise ConfigError(f"{ddir}/{dataset.PREPARED_FILE} lacks {e}: prepared by another version?") from None
+    raise ConfigError(
+        f"{ddir}/{dataset.PREPARED_FILE} lacks {e}: prepared by another version?") from None
   if masking_from is not None:
     for key in _MASKING:
       d[key] = masking_from.data[key]

@@ -36,7 +36,8 @@ def _check(result, data_task, model_task, examples):
   assert KEYS <= set(result)
   assert result["data_task"] == data_task and result["model_task"] == model_task
   assert result["examples"] == examples
-  assert 0.0 <= result["masked_lm_accuracy"] <= 1.0 and 0.0 <= result["sentence_pair_accuracy"] <= 1.0
+  assert 0.0 <= result["masked_lm_accuracy"] <= 1.0
+  assert 0.0 <= result["sentence_pair_accuracy"] <= 1.0
   assert 0.0 < result["masked_lm_loss"] < 10.0 and 0.0 < result["sentence_pair_loss"] < 5.0
 
 
