@@ -146,16 +146,38 @@ def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[i
   return "".join(out), source, source_end
 
 
+def _align(joined: str, norm: str) -> np.ndarray:
+  """For each character of `joined` (the pieces' text), its position in `norm`, or -1.
+
+  The two agree but for spaces (SentencePiece's leading "▁") until SentencePiece's normalisation
+  or an unknown piece makes them differ; from there difflib aligns the rest.
+  """
+  to_norm = np.full(len(joined) + 1, -1, np.int64)
+  i = j = 0
+  while i < len(joined) and j < len(norm):
+    if joined[i] == norm[j]:
+      to_norm[i] = j
+      i += 1
+      j += 1
+    elif joined[i] == " ":
+      i += 1
+    elif norm[j] == " ":
+      j += 1
+    else:
+      matcher = difflib.SequenceMatcher(None, joined[i:], norm[j:], autojunk=False)
+      for a, b, size in matcher.get_matching_blocks():
+        to_norm[i + a:i + a + size] = np.arange(j + b, j + b + size)
+      break
+  return to_norm
+
+
 def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[int], np.ndarray]:
   """The piece ids of `text` and each piece's [start, end) in `text` (empty for a bare "▁")."""
   norm, source, source_end = _preprocess_with_map(text, tok.lower)
   ids = tok.sp.encode(norm)
   pieces = [tok.id_to_piece(i).replace(tokenizer_lib.WORD_MARKER, " ") for i in ids]
   joined = "".join(pieces)
-  to_norm = np.full(len(joined) + 1, -1, np.int64)
-  matcher = difflib.SequenceMatcher(None, joined, norm, autojunk=False)
-  for a, b, size in matcher.get_matching_blocks():
-    to_norm[a:a + size] = np.arange(b, b + size)
+  to_norm = _align(joined, norm)
   # Piece k owns the preprocessed characters from its first matched one up to the next piece's.
   bounds, pos, last = [], 0, 0
   for p in pieces:
@@ -166,14 +188,18 @@ def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[in
       last = int(matched[-1]) + 1
     pos += len(p)
   bounds.append(len(norm))
-  spans = np.zeros((len(ids), 2), np.int64)
-  for k in range(len(ids)):
-    chars = [j for j in range(bounds[k], bounds[k + 1]) if norm[j] != " "]
-    if chars:
-      spans[k] = source[chars[0]], source_end[chars[-1]]
-    else:  # a piece of only whitespace or of nothing: an empty span where it stands
-      at = source[bounds[k]] if bounds[k] < len(source) else len(text)
-      spans[k] = at, at
+  bounds = np.array(bounds)
+  source = np.array(source + [len(text)], np.int64)
+  source_end = np.array(source_end + [len(text)], np.int64)
+  # Its first and last non-space characters give its span; a piece of only whitespace (a bare
+  # "▁") or of nothing gets an empty span where it stands.
+  chars = np.array([j for j, c in enumerate(norm) if c != " "] + [len(norm)], np.int64)
+  first = chars[np.searchsorted(chars, bounds[:-1])]
+  last = chars[np.maximum(np.searchsorted(chars, bounds[1:]) - 1, 0)]
+  some = (first < bounds[1:]) & (last >= bounds[:-1])
+  empty_at = source[bounds[:-1]]
+  spans = np.stack([np.where(some, source[first], empty_at),
+                    np.where(some, source_end[last], empty_at)], axis=1)
   return ids, spans
 
 
@@ -200,16 +226,18 @@ def _windows(num_pieces: int, max_len: int, doc_stride: int) -> list[tuple[int, 
     start += min(length, doc_stride)
 
 
-def _max_context(windows: list[tuple[int, int]], w: int, piece: int) -> bool:
-  """Whether window w gives `piece` its most context (min of left/right context + 0.01 * length)."""
-  best, best_score = None, None
-  for i, (start, length) in enumerate(windows):
-    if not start <= piece < start + length:
-      continue
-    score = min(piece - start, start + length - 1 - piece) + 0.01 * length
-    if best_score is None or score > best_score:
-      best, best_score = i, score
-  return best == w
+def _max_context(windows: list[tuple[int, int]], num_pieces: int) -> np.ndarray:
+  """For each piece, the window that gives it the most context: the highest min(left context,
+  right context) + 0.01 * window length, the first such window on a tie (the original's rule)."""
+  best = np.zeros(num_pieces, np.int64)
+  best_score = np.full(num_pieces, -np.inf)
+  for w, (start, length) in enumerate(windows):
+    k = np.arange(start, start + length)
+    score = np.minimum(k - start, start + length - 1 - k) + 0.01 * length
+    better = score > best_score[k]
+    best[k[better]] = w
+    best_score[k[better]] = score[better]
+  return best
 
 
 def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tokenizer, *,
@@ -228,9 +256,12 @@ def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tok
                       f"question of up to {max_query_length} pieces")
   rows, features = [], []
   questions = tokenizer.encode_batch([ex.question for ex in examples])
+  contexts: dict = {}
   for index, ex in enumerate(examples):
     query = questions[index][:max_query_length]
-    ids, spans = _pieces_with_spans(tokenizer, ex.context)
+    if ex.context not in contexts:  # a paragraph's questions come together
+      contexts = {ex.context: _pieces_with_spans(tokenizer, ex.context)}
+    ids, spans = contexts[ex.context]
     answer = None
     if is_training and not ex.is_impossible and ex.answers:
       answer = _answer_pieces(spans, ex.answer_starts[0],
@@ -240,6 +271,7 @@ def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tok
                           f"context")
     doc_offset = len(query) + 2
     windows = _windows(len(ids), max_seq_length - len(query) - 3, doc_stride)
+    best_window = _max_context(windows, len(ids))
     for w, (start, length) in enumerate(windows):
       tokens = ([tokenizer_lib.CLS_ID] + query + [tokenizer_lib.SEP_ID] + ids[start:start + length]
                 + [tokenizer_lib.SEP_ID])
@@ -249,7 +281,7 @@ def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tok
       rows.append((tokens, doc_offset, s, e))
       features.append(SquadFeature(
           example_index=index, doc_offset=doc_offset, window_start=start, window_length=length,
-          max_context=np.array([_max_context(windows, w, start + k) for k in range(length)], bool),
+          max_context=best_window[start:start + length] == w,
           piece_spans=spans))
   n = len(rows)
   arrays = {name: np.zeros((n, max_seq_length), np.int32)
