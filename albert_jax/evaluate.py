@@ -41,20 +41,31 @@ def _is_workdir(path: str) -> bool:
 def load_model(path: str, step: str | int = "latest") -> dict:
   """{params, model (the model config), task, vocab (spiece.model path), step, run_config} of a
   workdir checkpoint or a jax export."""
-  from albert_jax import checkpoint, dataset, files, jax_export
+  if _checkpoint_kind(path) == "workdir":
+    from albert_jax import checkpoint, dataset
+
+    params, config, step, _ = checkpoint.load_params(path, step)
+    return dict(params=params, model=config.model, task=config.data.task, step=step,
+                vocab=dataset.spm_model_path(config, path), run_config=config)
+  from albert_jax import files, jax_export
+
+  params, model = jax_export.load_jax_export(path)
+  meta = files.read_json(os.path.join(path, "config.json"))
+  return dict(params=params, model=model, task=meta.get("task", "unknown"),
+              step=meta.get("step"), vocab=os.path.join(path, "spiece.model"), run_config=None)
+
+
+def _checkpoint_kind(path: str) -> str:
+  """'workdir' or 'export' (cheap: reads no parameters), else a one-line ConfigError."""
+  from albert_jax import files
 
   if not path or not os.path.isdir(path):
     raise ConfigError(f"--checkpoint {path!r} is not a directory")
   if _is_workdir(path):
-    params, config, step, _ = checkpoint.load_params(path, step)
-    return dict(params=params, model=config.model, task=config.data.task, step=step,
-                vocab=dataset.spm_model_path(config, path), run_config=config)
-  if os.path.isfile(os.path.join(path, "config.json")) and files.read_json(
-      os.path.join(path, "config.json")).get("format") == jax_export.JAX_FORMAT:
-    params, model = jax_export.load_jax_export(path)
-    meta = files.read_json(os.path.join(path, "config.json"))
-    return dict(params=params, model=model, task=meta.get("task", "unknown"),
-                step=meta.get("step"), vocab=os.path.join(path, "spiece.model"), run_config=None)
+    return "workdir"
+  meta = os.path.join(path, "config.json")
+  if os.path.isfile(meta) and files.read_json(meta).get("format") == "albert_jax":  # JAX_FORMAT
+    return "export"
   raise ConfigError(f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
                     f"nor an albert_jax export (export --format=jax)")
 
@@ -116,13 +127,15 @@ def data_config(data: str, batch_size: int, masking_from=None):
 def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | int = "latest",
           batches: int = 0, batch_size: int = 32) -> dict:
   """The intrinsic metrics of the model at `checkpoint_path` on `split` of the prepared `data`."""
+  if batch_size < 1 or batches < 0:
+    raise ConfigError("--batch_size must be positive and --batches not negative")
+  _checkpoint_kind(checkpoint_path)
+  data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
   import jax
 
   from albert_jax import dataset, input_pipeline, sharding, train
   from albert_jax import model as model_lib
 
-  if batch_size < 1 or batches < 0:
-    raise ConfigError("--batch_size must be positive and --batches not negative")
   loaded = load_model(checkpoint_path, step)
   config, prepared = data_config(data, batch_size, loaded["run_config"])
   if not os.path.isfile(loaded["vocab"]):
