@@ -20,6 +20,7 @@ line `error: ...` and status 2.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -124,6 +125,18 @@ def data_config(data: str, batch_size: int, masking_from=None):
   return c, prepared
 
 
+@functools.lru_cache(maxsize=4)
+def _eval_step(cfg):
+  """The jitted pretraining sums of AlbertForPreTraining(cfg), compiled once per model and shape."""
+  import jax
+
+  from albert_jax import model as model_lib
+  from albert_jax import train
+
+  model = model_lib.AlbertForPreTraining(cfg)
+  return jax.jit(lambda p, b: train.PRETRAINING.sums(model, p, b, None))
+
+
 def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | int = "latest",
           batches: int = 0, batch_size: int = 32) -> dict:
   """The intrinsic metrics of the model at `checkpoint_path` on `split` of the prepared `data`."""
@@ -131,8 +144,6 @@ def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | i
     raise ConfigError("--batch_size must be positive and --batches not negative")
   _checkpoint_kind(checkpoint_path)
   data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
-  import jax
-
   from albert_jax import dataset, input_pipeline, sharding, train
   from albert_jax import model as model_lib
 
@@ -151,14 +162,12 @@ def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | i
   num_examples = prepared["stats"][f"{split}_examples"]
   batches = batches or max(1, num_examples // batch_size)
 
-  model = model_lib.AlbertForPreTraining(cfg)
   mesh = sharding.single_device_mesh()
-  eval_step = jax.jit(lambda p, b: train.PRETRAINING.sums(model, p, b, None))
   # TFDS may print while opening the data; stdout is kept for the result line.
   with contextlib.redirect_stdout(sys.stderr):
     it = input_pipeline.make_iterator(config, "", split, process_index=0, process_count=1)
   try:
-    metrics = train.evaluate(eval_step, loaded["params"], it, batches, mesh,
+    metrics = train.evaluate(_eval_step(cfg), loaded["params"], it, batches, mesh,
                              model_lib.metrics_from_sums)
   finally:
     it.close()
