@@ -175,7 +175,9 @@ def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[in
   """The piece ids of `text` and each piece's [start, end) in `text` (empty for a bare "▁")."""
   norm, source, source_end = _preprocess_with_map(text, tok.lower)
   ids = tok.sp.encode(norm)
-  pieces = [tok.id_to_piece(i).replace(tokenizer_lib.WORD_MARKER, " ") for i in ids]
+  # An unknown piece's text ("<unk>") is not in the text: a character that matches nothing.
+  pieces = [tok.id_to_piece(i).replace(tokenizer_lib.WORD_MARKER, " ")
+            if i != tokenizer_lib.UNK_ID else "\0" for i in ids]
   joined = "".join(pieces)
   to_norm = _align(joined, norm)
   # Piece k owns the preprocessed characters from its first matched one up to the next piece's.

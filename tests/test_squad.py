@@ -226,3 +226,22 @@ def test_bad_files_give_one_line(tmp_path, content, message):
   with pytest.raises(ConfigError, match=message) as e:
     squad.read_squad(str(path), version_2=False)
   assert "\n" not in str(e.value)
+
+
+def test_unknown_pieces_and_normalised_characters_keep_their_text(tok):
+  # "☃" and "北京" are not in the vocabulary; SentencePiece rewrites "ﬁ" to "fi" and "½" to "1⁄2".
+  context = "The ☃ snowman stood in 北京 by ﬁelds; ½ of the town."
+  ids, spans = squad._pieces_with_spans(tok, context)  # pylint: disable=protected-access
+  unknown = [context[a:b] for i, (a, b) in zip(ids, spans) if i == tokenizer.UNK_ID]
+  assert unknown[:2] == ["☃", "北京"]
+  # The pieces tile the text but for spaces (the three pieces of "½" share its one character).
+  distinct = dict.fromkeys((int(a), int(b)) for a, b in spans)
+  assert "".join(context[a:b] for a, b in distinct) == context.replace(" ", "")
+  examples = [squad.SquadExample("q", "Where?", context, ["北京"], [context.index("北京")]),
+              squad.SquadExample("r", "What?", context, ["ﬁelds"], [context.index("ﬁelds")])]
+  arrays, features = squad.make_features(examples, tok, max_seq_length=64, doc_stride=32,
+                                         max_query_length=8, is_training=True)
+  for r, (ex, f) in enumerate(zip(examples, features)):
+    a = arrays["start_positions"][r] - f.doc_offset + f.window_start
+    b = arrays["end_positions"][r] - f.doc_offset + f.window_start
+    assert context[f.piece_spans[a, 0]:f.piece_spans[b, 1]] == ex.answers[0]
