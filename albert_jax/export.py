@@ -156,6 +156,7 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
       extra = {"step": int(step), "metrics": metrics, "source": source}
       if "data" in config:
         extra["max_seq_length"] = int(config.data.max_seq_length)
+        extra["task"] = str(config.data.task)  # which sentence-pair task the head learned
       jax_export.save_jax(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
                   extra=extra, readme=readme)
     if os.path.isdir(output):
