@@ -365,7 +365,12 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
   t = config.train
   mesh, trainer, forward = built
   eval_arrays = data["eval"][0] if "eval" in data else None
-  checkpoint.check_workdir(workdir, config)
+  # Another model's checkpoints are refused before anything is written (check_workdir's test, here
+  # with the step read once, as the pretraining loop does).
+  latest = checkpoint.latest_step(workdir)
+  if latest is not None and checkpoint.config_path(workdir).exists():
+    saved = json.loads(checkpoint.config_path(workdir).read_text())
+    checkpoint.check_same_model(saved, config.to_dict(), workdir)
   result_path = os.path.join(workdir, "result.json")
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t, metric=config.task.metric))
