@@ -93,16 +93,22 @@ def checkpoints_dir(workdir: str) -> epath.Path:
   return epath.Path(root) / "checkpoints"
 
 
-def _manager(workdir: str, train_config=None, read_only: bool = False) -> ocp.CheckpointManager:
+def best_metric(config) -> str:
+  """The eval metric that ranks a run's checkpoints: a fine-tuning task's, else masked_lm_accuracy."""
+  return config.task.metric if config is not None and "task" in config else BEST_METRIC
+
+
+def _manager(workdir: str, train_config=None, read_only: bool = False,
+             metric: str = BEST_METRIC) -> ocp.CheckpointManager:
   keep = train_config.keep_checkpoints if train_config is not None else 5
   policies = [checkpoint_managers.LatestN(n=keep)]
   if train_config is None or train_config.keep_best:
-    policies.append(checkpoint_managers.BestN(get_metric_fn=lambda m: m[BEST_METRIC], reverse=False, n=1,
+    policies.append(checkpoint_managers.BestN(get_metric_fn=lambda m: m[metric], reverse=False, n=1,
                                               keep_checkpoints_without_metrics=False))
   options = ocp.CheckpointManagerOptions(
       # best_fn makes Orbax record each save's metrics (and answer best_step); what is kept is decided
       # by the preservation policy alone.
-      best_fn=lambda m: m[BEST_METRIC], best_mode="max", keep_checkpoints_without_metrics=True,
+      best_fn=lambda m: m[metric], best_mode="max", keep_checkpoints_without_metrics=True,
       preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
       enable_async_checkpointing=not read_only,
       cleanup_tmp_directories=not read_only,
@@ -123,9 +129,9 @@ def latest_step(workdir: str) -> int | None:
 class Checkpointer:
   """Saves (async) and restores the train state and the data iterator state of one run."""
 
-  def __init__(self, workdir: str, train_config):
+  def __init__(self, workdir: str, train_config, metric: str = BEST_METRIC):
     self.workdir = workdir
-    self.manager = _manager(workdir, train_config)
+    self.manager = _manager(workdir, train_config, metric=metric)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -254,11 +260,11 @@ def set_aside(workdir: str, step: int, problem: str) -> epath.Path:
   return target
 
 
-def resolve_step(workdir: str, step: str | int) -> int:
+def resolve_step(workdir: str, step: str | int, metric: str = BEST_METRIC) -> int:
   """'latest', 'best' or a step number -> an existing step, or a one-line ConfigError."""
   if not checkpoints_dir(workdir).exists():
     raise ConfigError(f"{workdir} holds no checkpoints")
-  with _manager(workdir, read_only=True) as mngr:
+  with _manager(workdir, read_only=True, metric=metric) as mngr:
     steps = mngr.all_steps()
     if not steps:
       raise ConfigError(f"{workdir} holds no complete checkpoint")
@@ -281,7 +287,7 @@ def resolve_step(workdir: str, step: str | int) -> int:
 def load_params(workdir: str, step: str | int = "latest"):
   """(params, config, step, metrics) of a run's checkpoint, parameters only, on the default device."""
   config = read_config(workdir)
-  step = resolve_step(workdir, step)
+  step = resolve_step(workdir, step, best_metric(config))
   # Onto this process's first device, whatever mesh (or pod) wrote the checkpoint: without a target
   # sharding Orbax refuses a checkpoint saved with another topology.
   # The parameters alone (a partial restore): the optimizer state is never read.

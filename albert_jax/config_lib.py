@@ -147,6 +147,78 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+FINETUNE_KINDS = ("classification", "regression", "squad_v1", "squad_v2", "race")
+
+
+def finetune_base_config() -> ml_collections.ConfigDict:
+  """Fine-tuning defaults: the pretraining schema's model, train and mesh sections, the original's
+  fine-tuning optimiser (AdamW, eps 1e-6, weight decay 0.01, clip 1.0, linear warmup and decay), and
+  the task and its data. configs/finetune/*.py set a task's Table 14 values."""
+  base = base_config()
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.seeds = 1             # runs with seeds seed, seed+1, ...: <workdir>/seed_<k>/, summary mean +- std
+  # Required: one of our pretraining workdirs, a --format=jax export or a Hugging Face ALBERT directory.
+  c.init_from = ""
+  # True: the architecture (sizes, sharing, groups) is init_from's; False: config.model's, which must
+  # then match it.
+  c.model_from_init_from = True
+  c.model = base.model
+  c.train = base.train
+  c.train.update(optimizer="adamw", weight_decay=0.01, epsilon=1e-6, batch_size=32, num_steps=1000,
+                 warmup_steps=100, learning_rate=2e-5, log_every=50, eval_every=500, eval_steps=0,
+                 checkpoint_every=500, keep_checkpoints=1)
+  c.task = ml_collections.ConfigDict(dict(
+      name="",               # a GLUE task (cola, sst2, ...), classification, regression, squad_v1/v2, race
+      kind="classification",  # classification | regression | squad_v1 | squad_v2 | race
+      metric="accuracy",     # the eval metric that picks each seed's best checkpoint
+      classifier_dropout=0.1,
+  ))
+  c.data = ml_collections.ConfigDict(dict(
+      glue_dir="",           # a directory holding train.tsv / dev.tsv / test.tsv (GLUE's names)
+      train_file="",         # override the files: TSV, CSV or JSONL
+      eval_file="",
+      test_file="",
+      # Generic tasks: the columns (header names or, for a headerless file, 0-based numbers).
+      text_a_column="sentence",
+      text_b_column="",
+      label_column="label",
+      index_column="",
+      labels="",             # classification: the label set, comma-separated ("" for GLUE tasks)
+      spm_model_path="",     # "" takes init_from's vocabulary
+      do_lower_case=True,
+      max_seq_length=512,
+      # SQuAD and RACE.
+      doc_stride=128,
+      max_query_length=64,
+      max_qa_length=128,
+  ))
+  c.mesh = base.mesh
+  c.distributed = base.distributed
+  return c
+
+
+def validate_finetune(config) -> None:
+  """Validates a fine-tuning config before anything is read, compiled or written."""
+  _check(isinstance(config.seed, int) and 0 <= config.seed < 2**31,
+         f"seed={config.seed!r} must be an integer in [0, 2**31)")
+  _check(config.seeds >= 1, f"seeds={config.seeds} must be >= 1")
+  _check(bool(config.init_from), "init_from is required: a pretraining workdir, a --format=jax export "
+         "or a Hugging Face ALBERT directory")
+  validate_model(config.model)
+  validate_train(config.train)
+  t, d = config.task, config.data
+  _check(t.kind in FINETUNE_KINDS, f"task.kind={t.kind!r} is not one of {FINETUNE_KINDS}")
+  _check(0.0 <= t.classifier_dropout < 1.0,
+         f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}")
+  _check(8 <= d.max_seq_length <= config.model.max_position_embeddings,
+         f"data.max_seq_length={d.max_seq_length} must be in [8, model.max_position_embeddings="
+         f"{config.model.max_position_embeddings}]")
+  for axis in ("data", "fsdp", "tensor"):
+    _check(config.mesh[axis] == -1 or config.mesh[axis] >= 1,
+           f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer")
+
+
 def parse_arg(arg: str | None, **defaults):
   """Parses 'k=v,k2=v2' (the part after ':' in --config=file.py:k=v) into a ConfigDict of typed values."""
   parsed = ml_collections.ConfigDict(defaults)

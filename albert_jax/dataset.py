@@ -127,6 +127,37 @@ def fingerprint(config, must_exist: bool = True) -> dict:
   }
 
 
+def config_for_prepared(data_dir: str, prepared: dict):
+  """The inverse of `fingerprint`: a base config whose data side opens the prepared `data_dir`
+  (prepared.json's contents `prepared`), whichever run prepared it (e.g. to score any checkpoint on
+  it). Corpus files that are not known here are recorded as unknown, and not compared."""
+  try:
+    fp, corpus = prepared["fingerprint"], prepared["fingerprint"]["corpus"]
+    c = config_lib.base_config()
+    d = c.data
+    c.seed = fp["seed"]
+    c.model.vocab_size = fp["vocab_size"]
+    d.update(data_dir=data_dir, do_lower_case=fp["do_lower_case"], max_seq_length=fp["max_seq_length"],
+             short_seq_prob=fp["short_seq_prob"], task=fp["task"], eval_fraction=fp["eval_fraction"],
+             single_sentence_random_next=fp["single_sentence_random_next"],
+             max_documents=corpus["max_documents"], builtin_corpus="")
+    if fp["vocab"]["source"] == "file":
+      d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
+    else:
+      d.spm_character_coverage = fp["vocab"]["character_coverage"]
+      d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
+    if corpus["source"] == "files":
+      d.input_files = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
+    elif corpus["source"] == "tfds":
+      d.update(tfds_name=corpus["name"], tfds_split=corpus["split"],
+               text_feature=corpus["text_feature"], tfds_data_dir=corpus["data_dir"])
+    else:
+      d.builtin_corpus = corpus["name"]
+  except (KeyError, TypeError) as e:
+    raise ConfigError(f"{data_dir}/{PREPARED_FILE} lacks {e}: prepared by another version?") from None
+  return c
+
+
 def _differences(stored: dict, current: dict) -> list[str]:
   """Human-readable differences between a stored and a wanted fingerprint (None: unknown, skipped)."""
   diffs = []

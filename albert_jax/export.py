@@ -58,7 +58,8 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
               f"peak learning rate: {train.learning_rate}"]
   data = getattr(config, "data", None)
   if data is not None:
-    lines += [f"- sequence length: {data.max_seq_length}, task: {data.task}, "
+    task = config.task.name if "task" in config else data.task
+    lines += [f"- sequence length: {data.max_seq_length}, task: {task}, "
               f"lowercased: {bool(data.do_lower_case)}"]
   lines += ["", "## Eval metrics", ""]
   if metrics:
@@ -67,7 +68,17 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   else:
     lines += ["No eval metrics were recorded for this checkpoint."]
   lines += ["", "## How to load", ""]
-  if fmt == "hf":
+  if "task" in config:  # a fine-tuned model: its own head class
+    from albert_jax.hf import FINETUNED
+
+    cls = FINETUNED[config.task.kind][0]
+    lines[lines.index(f"{CARD_MARKER} (step {step})") + 2] = (
+        f"ALBERT fine-tuned on {config.task.name} by albert_jax"
+        + (f" (run `{source}`)" if source else "") + ".")
+    lines += ["```python", f"from transformers import {cls}, AlbertTokenizer",
+              f'model = {cls}.from_pretrained("PATH")',
+              'tokenizer = AlbertTokenizer.from_pretrained("PATH")', "```"]
+  elif fmt == "hf":
     lines += ["```python", "from transformers import AlbertForPreTraining, AlbertTokenizer",
               'model = AlbertForPreTraining.from_pretrained("PATH")',
               'tokenizer = AlbertTokenizer.from_pretrained("PATH")', "```", "",
@@ -128,11 +139,15 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
   try:
     if fmt == "hf":
       hf.save_hf(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
-                 unshare=unshare, readme=readme)
+                 unshare=unshare, readme=readme, task=config.get("task"))
+    elif "task" in config:
+      raise ConfigError("--format=jax holds pretraining parameters; export a fine-tuned model with "
+                        "--format=hf")
     else:
       extra = {"step": int(step), "metrics": metrics, "source": source}
       if "data" in config:
         extra["max_seq_length"] = int(config.data.max_seq_length)
+        extra["task"] = str(config.data.task)  # which sentence-pair task the head learned
       jax_export.save_jax(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
                   extra=extra, readme=readme)
     if os.path.isdir(output):
@@ -159,7 +174,9 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
   from albert_jax import checkpoint, dataset
 
   params, config, step, metrics = checkpoint.load_params(workdir, step)
-  spm = spm_model_path or dataset.spm_model_path(config, workdir)
+  # A fine-tuning run records the vocabulary it used (init_from's); a pretraining run has its own.
+  spm = spm_model_path or (config.data.spm_model_path if "task" in config
+                           else dataset.spm_model_path(config, workdir))
   if not (epath.Path(spm).exists() if "://" in spm else os.path.isfile(spm)):
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
   from albert_jax import tokenizer

@@ -351,11 +351,35 @@ def _expected_hf_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-def to_hf_state_dict(params: Any, config: Any, unshare: bool = False) -> tuple[dict[str, np.ndarray], dict]:
-  """(Hugging Face tensors as float32 NumPy, config.json dict) for our AlbertForPreTraining params."""
+# A fine-tuning task kind -> (Hugging Face class, its head module: a dense layer in both trees).
+FINETUNED = {"classification": ("AlbertForSequenceClassification", "classifier"),
+             "regression": ("AlbertForSequenceClassification", "classifier"),
+             "squad_v1": ("AlbertForQuestionAnswering", "qa_outputs"),
+             "squad_v2": ("AlbertForQuestionAnswering", "qa_outputs"),
+             "race": ("AlbertForMultipleChoice", "classifier")}
+
+
+def finetuned_hf_config(hf_config: dict, task: Any, head_outputs: int) -> dict:
+  """config.json fields of a fine-tuned model: its class, and its labels for sequence classification."""
+  architecture, _ = FINETUNED[task.kind]
+  out = {**hf_config, "architectures": [architecture]}
+  if architecture == "AlbertForSequenceClassification":
+    labels = [l for l in task.labels.split(",") if l] if task.kind == "classification" else ["score"]
+    out.update(num_labels=head_outputs, id2label={str(i): l for i, l in enumerate(labels)},
+               label2id={l: i for i, l in enumerate(labels)},
+               problem_type=("regression" if task.kind == "regression"
+                             else "single_label_classification"))
+  return out
+
+
+def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
+                     task: Any = None) -> tuple[dict[str, np.ndarray], dict]:
+  """(Hugging Face tensors as float32 NumPy, config.json dict) for our AlbertForPreTraining params, or,
+  with `task` (a fine-tuning config's task section), for a fine-tuned model's backbone and head."""
   cfg = model_lib.model_config(config)
   params = plain_params(params)
-  for head in ("albert",) + HEADS:
+  heads = HEADS if task is None else (FINETUNED[task.kind][1],)
+  for head in ("albert",) + heads:
     if head not in params:
       raise ConfigError(f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params")
   encoder = params["albert"]["encoder"]
@@ -375,6 +399,8 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False) -> tuple[d
       out[_join(prefix, suffix)] = np.ascontiguousarray(x.T if transpose else x)
 
   for hf_name, path, kind in _TOP_MODULES:
+    if task is not None and (path[0] in HEADS or (path[-1] == "pooler" and heads == ("qa_outputs",))):
+      continue  # AlbertForQuestionAnswering has no pooler
     if path[-1] == "embedding_hidden_mapping_in" and not cfg.has_embedding_projection:
       # The original has no projection when E == H; Hugging Face always has one: the identity is exact.
       add(hf_name, {"kernel": np.eye(cfg.embedding_size, dtype=np.float32),
@@ -387,6 +413,13 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False) -> tuple[d
         add(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}",
             get_path(block, path, "the model"), kind)
   expected = _expected_hf_shapes(hf_config)
+  if task is not None:
+    head = heads[0]
+    add(head, params[head], "dense")
+    dropped = tuple(h + "." for h in HEADS) + (("albert.pooler.",) if head == "qa_outputs" else ())
+    expected = {k: v for k, v in expected.items() if not k.startswith(dropped)}
+    expected.update({f"{head}.weight": out[f"{head}.weight"].shape, f"{head}.bias": out[f"{head}.bias"].shape})
+    hf_config = finetuned_hf_config(hf_config, task, out[f"{head}.bias"].shape[0])
   got = {k: v.shape for k, v in out.items()}
   if got != expected:  # a mapping bug, not user input
     raise AssertionError(f"export produced {sorted(set(got) ^ set(expected))} / shapes differ")
@@ -502,7 +535,8 @@ def load_hf(path: str) -> tuple[dict, dict]:
 
 
 def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | None = None, *,
-            do_lower_case: bool = True, unshare: bool = False, readme: str | None = None) -> str:
+            do_lower_case: bool = True, unshare: bool = False, readme: str | None = None,
+            task: Any = None) -> str:
   """Writes a directory transformers.AlbertForPreTraining.from_pretrained loads with no missing or
   unexpected keys (and AlbertTokenizer.from_pretrained too when spm_model_path is given).
 
@@ -512,7 +546,7 @@ def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | 
   from safetensors.numpy import save_file
 
   cfg = model_lib.model_config(model_config)
-  tensors, hf_config = to_hf_state_dict(params, cfg, unshare=unshare)
+  tensors, hf_config = to_hf_state_dict(params, cfg, unshare=unshare, task=task)
   if spm_model_path and not os.path.isfile(spm_model_path):
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
   with files.staged_dir(out_dir, readme) as tmp:

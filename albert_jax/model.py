@@ -423,6 +423,59 @@ class _SopHead(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Fine-tuning heads (the original's run_classifier / run_squad / run_race; Hugging Face's names).
+
+
+class AlbertForSequenceClassification(nn.Module):
+  """Backbone + dropout(classifier_dropout) + dense H->num_labels on the pooled output.
+
+  num_labels=1 is regression (STS-B). Returns {'logits': [B, num_labels] float32, ...backbone outputs}.
+  """
+  config: Any
+  num_labels: int
+  classifier_dropout: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
+    cfg = model_config(self.config)
+    out = AlbertModel(cfg, deterministic, name="albert")(input_ids, token_type_ids, attention_mask)
+    pooled = nn.Dropout(self.classifier_dropout)(out["pooled_output"], deterministic=deterministic)
+    logits = _dense(cfg, self.num_labels, ("hidden", "classes"), "classifier")(pooled)
+    return {**out, "logits": logits.astype(jnp.float32)}
+
+
+class AlbertForQuestionAnswering(nn.Module):
+  """Backbone + dense H->2 on every token: start and end logits [B, S] float32."""
+  config: Any
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
+    cfg = model_config(self.config)
+    out = AlbertModel(cfg, deterministic, name="albert")(input_ids, token_type_ids, attention_mask)
+    logits = _dense(cfg, 2, ("hidden", "classes"), "qa_outputs")(out["sequence_output"])
+    logits = logits.astype(jnp.float32)
+    return {**out, "start_logits": logits[..., 0], "end_logits": logits[..., 1]}
+
+
+class AlbertForMultipleChoice(nn.Module):
+  """Inputs [B, C, S]: one score per (question, option) pair from its pooled output (dropout, dense
+  H->1); logits [B, C] float32, a softmax over the options."""
+  config: Any
+  classifier_dropout: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
+    cfg = model_config(self.config)
+    batch, choices, seq = input_ids.shape
+    flat = lambda x: x.reshape(batch * choices, seq)  # noqa: E731
+    out = AlbertModel(cfg, deterministic, name="albert")(
+        flat(input_ids), flat(token_type_ids), flat(attention_mask))
+    pooled = nn.Dropout(self.classifier_dropout)(out["pooled_output"], deterministic=deterministic)
+    scores = _dense(cfg, 1, ("hidden", "classes"), "classifier")(pooled).astype(jnp.float32)
+    return {**out, "logits": scores.reshape(batch, choices)}
+
+
+# ----------------------------------------------------------------------------------------------------
 # Losses and metrics, computed as the original does (run_pretraining.py).
 
 def loss_sums(outputs, batch) -> dict[str, jax.Array]:
@@ -471,6 +524,22 @@ def dummy_inputs(batch: int = 1, seq: int = 8, predictions: int = 2):
   ids = jnp.zeros((batch, seq), jnp.int32)
   return dict(input_ids=ids, token_type_ids=ids, attention_mask=jnp.ones_like(ids),
               masked_lm_positions=jnp.zeros((batch, predictions), jnp.int32))
+
+
+def finetune_model(config: Any) -> tuple[nn.Module, dict]:
+  """The head model of a fine-tuning config (its task section) and dummy inputs to initialise it."""
+  kind, dropout = config.task.kind, config.task.classifier_dropout
+  ids = jnp.zeros((1, 8), jnp.int32)
+  if kind in ("squad_v1", "squad_v2"):
+    model = AlbertForQuestionAnswering(model_config(config.model))
+  elif kind == "race":
+    model = AlbertForMultipleChoice(model_config(config.model), dropout)
+    ids = jnp.zeros((1, 4, 8), jnp.int32)
+  else:
+    labels = [l for l in config.task.labels.split(",") if l]
+    num_labels = 1 if kind == "regression" else len(labels)
+    model = AlbertForSequenceClassification(model_config(config.model), num_labels, dropout)
+  return model, dict(input_ids=ids, token_type_ids=ids, attention_mask=jnp.ones_like(ids))
 
 
 def init_shapes(config: Any):

@@ -35,6 +35,8 @@ class TrainState:
 
 def model_and_inputs(config) -> tuple[nn.Module, dict]:
   """The Flax module a config trains and the dummy inputs that initialise it."""
+  if "task" in config:  # a fine-tuning config (config_lib.finetune_base_config)
+    return model_lib.finetune_model(config)
   return model_lib.AlbertForPreTraining(config.model), model_lib.dummy_inputs()
 
 

@@ -1,0 +1,192 @@
+r"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and sentence-pair scores.
+
+  python -m albert_jax.evaluate --checkpoint=runs/tiny --data=runs/tiny
+  python -m albert_jax.evaluate --checkpoint=exports/tiny-jax --data=runs/nsp/data --batches=8
+
+--checkpoint is a run's workdir (its latest checkpoint, or --step) or an `albert_jax.export
+--format=jax` directory; --data is prepared data (a directory holding prepared.json) or a workdir
+whose prepared data to use. Any model scores any prepared split with the same vocabulary: a model
+pretrained with sentence-order prediction (data.task=sop) can be scored on data prepared for next
+sentence prediction (data.task=nsp) and vice versa, since both heads are the same binary classifier
+on the pooled output. Masks come from the input pipeline, a pure function of the data's seed, so
+the eval split is masked identically on every call. The masking settings (max_predictions_per_seq,
+masked_lm_prob, max_ngram, word_start) are those of the --data workdir's config, else of the
+checkpoint's run, else the defaults.
+
+Prints one JSON line: masked_lm_accuracy, masked_lm_loss, sentence_pair_accuracy,
+sentence_pair_loss, data_task, model_task, examples (and split, step). Bad input exits with one
+line `error: ...` and status 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+
+from albert_jax import cli
+from albert_jax.config_lib import ConfigError
+
+# Masking settings: not part of the prepared data (masks are drawn in the input pipeline).
+_MASKING = ("max_predictions_per_seq", "masked_lm_prob", "max_ngram", "word_start")
+
+
+def _is_workdir(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
+      os.path.join(path, "checkpoints"))
+
+
+def load_model(path: str, step: str | int = "latest") -> dict:
+  """{params, model (the model config), task, vocab (spiece.model path), step, run_config} of a
+  workdir checkpoint or a jax export."""
+  if _checkpoint_kind(path) == "workdir":
+    from albert_jax import checkpoint, dataset
+
+    params, config, step, _ = checkpoint.load_params(path, step)
+    return dict(params=params, model=config.model, task=config.data.task, step=step,
+                vocab=dataset.spm_model_path(config, path), run_config=config)
+  from albert_jax import files, jax_export
+
+  params, model = jax_export.load_jax_export(path)
+  meta = files.read_json(os.path.join(path, "config.json"))
+  return dict(params=params, model=model, task=meta.get("task", "unknown"),
+              step=meta.get("step"), vocab=os.path.join(path, "spiece.model"), run_config=None)
+
+
+def _checkpoint_kind(path: str) -> str:
+  """'workdir' or 'export' (cheap: reads no parameters), else a one-line ConfigError."""
+  from albert_jax import files
+
+  if not path or not os.path.isdir(path):
+    raise ConfigError(f"--checkpoint {path!r} is not a directory")
+  if _is_workdir(path):
+    return "workdir"
+  meta = os.path.join(path, "config.json")
+  if os.path.isfile(meta) and files.read_json(meta).get("format") == "albert_jax":  # JAX_FORMAT
+    return "export"
+  raise ConfigError(f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
+                    f"nor an albert_jax export (export --format=jax)")
+
+
+def data_config(data: str, batch_size: int, masking_from=None):
+  """(config, prepared.json) for input_pipeline.make_iterator over the prepared data `data`.
+
+  The data side is rebuilt from prepared.json's fingerprint (what the examples were made with),
+  so the pipeline's own check accepts it whichever run prepared it.
+  """
+  from albert_jax import checkpoint, config_lib, dataset, files
+
+  if not data or not os.path.isdir(data):
+    raise ConfigError(f"--data {data!r} is not a directory")
+  if not os.path.isfile(os.path.join(data, dataset.PREPARED_FILE)):
+    if not os.path.isfile(os.path.join(data, "config.json")):
+      raise ConfigError(f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) "
+                        f"nor a run's config.json")
+    masking_from = checkpoint.read_config(data)
+    data = dataset.data_dir(masking_from, data)
+  ddir = os.path.abspath(data)
+  if not os.path.isfile(os.path.join(ddir, dataset.PREPARED_FILE)):
+    raise ConfigError(f"no prepared data in {ddir}")
+  prepared = files.read_json(os.path.join(ddir, dataset.PREPARED_FILE))
+  c = dataset.config_for_prepared(ddir, prepared)
+  d = c.data
+  if masking_from is not None:
+    for key in _MASKING:
+      d[key] = masking_from.data[key]
+  c.train.batch_size = batch_size
+  c.data.shuffle = False
+  return c, prepared
+
+
+@functools.lru_cache(maxsize=4)
+def _eval_step(cfg):
+  """The jitted pretraining sums of AlbertForPreTraining(cfg), compiled once per model and shape."""
+  import jax
+
+  from albert_jax import model as model_lib
+  from albert_jax import train
+
+  model = model_lib.AlbertForPreTraining(cfg)
+  return jax.jit(lambda p, b: train.PRETRAINING.sums(model, p, b, None))
+
+
+def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | int = "latest",
+          batches: int = 0, batch_size: int = 32) -> dict:
+  """The intrinsic metrics of the model at `checkpoint_path` on `split` of the prepared `data`."""
+  if batch_size < 1 or batches < 0:
+    raise ConfigError("--batch_size must be positive and --batches not negative")
+  _checkpoint_kind(checkpoint_path)
+  data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
+  from albert_jax import dataset, input_pipeline, sharding, train
+  from albert_jax import model as model_lib
+
+  loaded = load_model(checkpoint_path, step)
+  config, prepared = data_config(data, batch_size, loaded["run_config"])
+  if not os.path.isfile(loaded["vocab"]):
+    raise ConfigError(f"the vocabulary of {checkpoint_path} ({loaded['vocab']}) is missing; "
+                      f"the vocabularies cannot be compared")
+  if dataset.file_sha256(loaded["vocab"]) != prepared["vocab_sha256"]:
+    raise ConfigError(f"{checkpoint_path} and the data in {config.data.data_dir} use different "
+                      f"vocabularies (spiece.model sha256 differs)")
+  cfg = model_lib.model_config(loaded["model"])
+  if config.data.max_seq_length > cfg.max_position_embeddings:
+    raise ConfigError(f"the data's max_seq_length={config.data.max_seq_length} exceeds the model's "
+                      f"max_position_embeddings={cfg.max_position_embeddings}")
+  num_examples = prepared["stats"][f"{split}_examples"]
+  batches = batches or max(1, num_examples // batch_size)
+
+  mesh = sharding.single_device_mesh()
+  # TFDS may print while opening the data; stdout is kept for the result line.
+  with contextlib.redirect_stdout(sys.stderr):
+    it = input_pipeline.make_iterator(config, "", split, process_index=0, process_count=1)
+  try:
+    metrics = train.evaluate(_eval_step(cfg), loaded["params"], it, batches, mesh,
+                             model_lib.metrics_from_sums)
+  finally:
+    it.close()
+  return {
+      "masked_lm_accuracy": metrics["masked_lm_accuracy"],
+      "masked_lm_loss": metrics["masked_lm_loss"],
+      "sentence_pair_accuracy": metrics["sentence_order_accuracy"],
+      "sentence_pair_loss": metrics["sentence_order_loss"],
+      "data_task": config.data.task,
+      "model_task": loaded["task"],
+      "examples": batches * batch_size,
+      "split": split,
+      "step": loaded["step"],
+  }
+
+
+def define_flags() -> None:
+  """The command line's flags (defined on demand: other CLIs define flags of the same names)."""
+  flags.DEFINE_string("checkpoint", None, "A run's workdir or a --format=jax export.")
+  flags.DEFINE_string("data", None, "Prepared data (holding prepared.json) or a workdir.")
+  flags.DEFINE_enum("split", "eval", ["train", "eval"], "Which prepared split to score.")
+  flags.DEFINE_string("step", "latest", "Workdir checkpoints: latest | best | a step number.")
+  flags.DEFINE_integer("batches", 0, "Batches to score; 0: one pass over the split.")
+  flags.DEFINE_integer("batch_size", 32, "Examples per batch.")
+  flags.mark_flags_as_required(["checkpoint", "data"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  f = flags.FLAGS
+  if not f["verbosity"].present:  # library INFO and WARNING lines (Orbax's) only on request (-v 0)
+    logging.set_verbosity(logging.ERROR)
+  try:
+    result = score(f.checkpoint, f.data, split=f.split, step=f.step, batches=f.batches,
+                   batch_size=f.batch_size)
+  except ConfigError as e:
+    cli.fail(str(e))
+  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
+    cli.fail(f"{type(e).__name__}: {e}")
+  print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main, flags_parser=cli.parse_flags)

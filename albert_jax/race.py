@@ -1,0 +1,128 @@
+"""RACE (reading comprehension, 4-way multiple choice) for fine-tuning: reading and features.
+
+The data is the RACE release's layout: a directory tree (train/, dev/, test/ with high/ and middle/)
+of files each holding one article as JSON, {"id", "article", "questions": [...], "options": [[4
+strings], ...], "answers": ["A".."D", ...]}; a single such file works too, as does a file of one
+JSON object per line. Each question is one example of four sequences, one per option, as in the
+original run_race (google-research/albert race_utils):
+  [CLS] article [SEP] question+option [SEP]
+where question+option is the question with its "_" blank replaced by the option, or the question
+and the option joined by a space when it has no blank. question+option keeps its last max_qa_length
+pieces; the article is cut at the end to fit max_seq_length.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from albert_jax import tokenizer as tokenizer_lib
+from albert_jax.config_lib import ConfigError
+
+NUM_CHOICES = 4
+_LETTERS = "ABCD"
+
+
+@dataclasses.dataclass
+class RaceExample:
+  example_id: str
+  article: str
+  question: str
+  options: list[str]     # NUM_CHOICES of them
+  label: int             # index of the right option
+
+
+def _files(path: str) -> list[str]:
+  if os.path.isfile(path):
+    return [path]
+  if not os.path.isdir(path):
+    raise ConfigError(f"RACE data not found: {path}")
+  found = []
+  for root, dirs, names in os.walk(path):
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    found += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
+  if not found:
+    raise ConfigError(f"no RACE files under {path}")
+  return found
+
+
+def _articles(path: str) -> list[dict]:
+  """The JSON objects of one file: the whole file, or one per line."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except UnicodeDecodeError:
+    raise ConfigError(f"{path} is not UTF-8 text") from None
+  try:
+    return [json.loads(text)]
+  except json.JSONDecodeError as e:
+    first_error = e
+  try:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+  except json.JSONDecodeError:
+    raise ConfigError(f"{path} is not valid JSON: {first_error}") from None
+
+
+def read_race(path_or_dir: str) -> list[RaceExample]:
+  """Every question of a RACE file or directory tree, in sorted file order."""
+  examples = []
+  for path in _files(path_or_dir):
+    for n, article in enumerate(_articles(path)):
+      where = path if n == 0 else f"{path} (object {n + 1})"
+      if not isinstance(article, dict):
+        raise ConfigError(f"{where}: not a RACE article (a JSON object)")
+      missing = [k for k in ("article", "questions", "options", "answers") if k not in article]
+      if missing:
+        raise ConfigError(f"{where}: missing key {missing[0]!r}")
+      questions, options, answers = article["questions"], article["options"], article["answers"]
+      if not (isinstance(questions, list) and isinstance(options, list)
+              and isinstance(answers, list)) or not len(questions) == len(options) == len(answers):
+        raise ConfigError(f"{where}: questions, options and answers must be lists of one length")
+      default_id = (os.path.basename(path) if os.path.isfile(path_or_dir)
+                    else os.path.relpath(path, path_or_dir)) + (f":{n + 1}" if n else "")
+      base = str(article.get("id", default_id))
+      for i, (q, opts, a) in enumerate(zip(questions, options, answers)):
+        if not isinstance(opts, list) or len(opts) != NUM_CHOICES:
+          count = len(opts) if isinstance(opts, list) else "no"
+          raise ConfigError(f"{where}: question {i + 1} has {count} options, not {NUM_CHOICES}")
+        if a not in tuple(_LETTERS):
+          raise ConfigError(f"{where}: question {i + 1} has answer {a!r}, not one of A, B, C, D")
+        examples.append(RaceExample(f"{base}-{i}", str(article["article"]), str(q),
+                                    [str(o) for o in opts], _LETTERS.index(a)))
+  if not examples:
+    raise ConfigError(f"no RACE questions in {path_or_dir}")
+  return examples
+
+
+def question_with_option(question: str, option: str) -> str:
+  """The original's pairing: fill the "_" blank with the option, else append it."""
+  return question.replace("_", option) if "_" in question else " ".join([question, option])
+
+
+def make_features(examples: Sequence[RaceExample], tokenizer: tokenizer_lib.Tokenizer, *,
+                  max_seq_length: int, max_qa_length: int) -> dict[str, np.ndarray]:
+  """input_ids/input_mask/segment_ids [N, NUM_CHOICES, S] int32 and label [N] int32."""
+  if max_qa_length < 1 or max_seq_length - 3 - max_qa_length < 1:
+    raise ConfigError(
+        f"max_seq_length={max_seq_length} must exceed max_qa_length={max_qa_length} + 3")
+  n = len(examples)
+  arrays = {name: np.zeros((n, NUM_CHOICES, max_seq_length), np.int32)
+            for name in ("input_ids", "input_mask", "segment_ids")}
+  arrays["label"] = np.array([ex.label for ex in examples], np.int32)
+  articles = {}
+  for r, ex in enumerate(examples):
+    if ex.article not in articles:  # an article has several questions
+      articles = {ex.article: tokenizer.encode(ex.article)}
+    context = articles[ex.article]
+    qas = tokenizer.encode_batch([question_with_option(ex.question, o) for o in ex.options])
+    for c, qa in enumerate(qas):
+      qa = qa[-max_qa_length:]
+      ctx = context[:max_seq_length - 3 - len(qa)]
+      tokens = [tokenizer_lib.CLS_ID, *ctx, tokenizer_lib.SEP_ID, *qa, tokenizer_lib.SEP_ID]
+      arrays["input_ids"][r, c, :len(tokens)] = tokens
+      arrays["input_mask"][r, c, :len(tokens)] = 1
+      arrays["segment_ids"][r, c, len(ctx) + 2:len(tokens)] = 1
+  return arrays

@@ -1,0 +1,200 @@
+"""Classification fine-tuning step speed: ours against Hugging Face's PyTorch ALBERT, in one run.
+
+Ours: `albert_jax.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
+classifier dropout 0.1) and objective from albert_jax/finetune.py, AdamW (bias-corrected, decoupled
+decay), clipping and the non-finite guard, on a 1-device mesh. Theirs:
+`transformers.AlbertForSequenceClassification` of the same sizes (gelu_new, same dropout), float32,
+torch.optim.AdamW, step = zero_grad, forward with labels, backward, clip_grad_norm_(1.0), step. The
+two alternate step by step (A B A B) so load on a shared machine hits both alike; figures are medians
+of sequences per second, compile and two warm-up steps excluded. "ours / theirs" is the ratio.
+
+  python benchmarks/finetune.py                  # albert base, B=8, S=128, CPU
+  python benchmarks/finetune.py --tiny           # tiny shapes (the tests)
+
+Prints a short table and, last, one JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+from typing import Any, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+if __name__ == "__main__":
+  os.environ["XLA_FLAGS"] = " ".join(
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if "xla_force_host_platform_device_count" not in f
+  )
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from albert_jax import config_lib, finetune, sharding, train  # noqa: E402
+from albert_jax import model as albert_model  # noqa: E402
+
+TINY = dict(
+  vocab_size=100,
+  embedding_size=16,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=2,
+  intermediate_size=64,
+  max_position_embeddings=64,
+)
+
+
+def _helpers():
+  """benchmarks/train_step.py's timing helpers."""
+  spec = importlib.util.spec_from_file_location(
+    "train_step", os.path.join(ROOT, "benchmarks", "train_step.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def make_config(batch: int, seq: int, tiny: bool):
+  config = config_lib.finetune_base_config()
+  if tiny:
+    config.model.update(TINY)
+  config.task.update(name="classification", kind="classification", labels="0,1")
+  config.data.max_seq_length = seq
+  config.train.update(batch_size=batch, num_steps=1000, warmup_steps=10)
+  config.mesh.data = 1
+  return config
+
+
+def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  return {
+    "input_ids": rng.integers(5, vocab, (batch, seq)).astype(np.int32),
+    "input_mask": np.ones((batch, seq), np.int32),
+    "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0).astype(np.int32),
+    "label": rng.integers(0, 2, (batch,)).astype(np.int32),
+    "weight": np.ones((batch,), np.float32),
+  }
+
+
+def ours(config, batch):
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  model, inputs = albert_model.finetune_model(config)
+  trainer = train.build(
+    config, mesh, model=model, inputs=inputs, objective=finetune.objective("classification")
+  )
+  with sharding.with_mesh(mesh):
+    state = trainer.init(jax.random.PRNGKey(0))
+    global_batch = sharding.global_batch(batch, mesh)
+    compiled = trainer.train_step.lower(state, global_batch).compile()
+  holder = {"state": state}
+
+  def step():
+    holder["state"], metrics = compiled(holder["state"], global_batch)
+    return jax.block_until_ready(metrics)["loss"]
+
+  return step
+
+
+def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
+  import torch
+  import transformers
+
+  torch.manual_seed(0)
+  model = transformers.AlbertForSequenceClassification(
+    transformers.AlbertConfig(
+      vocab_size=cfg.vocab_size,
+      embedding_size=cfg.embedding_size,
+      hidden_size=cfg.hidden_size,
+      num_hidden_layers=cfg.num_hidden_layers,
+      num_attention_heads=cfg.num_attention_heads,
+      intermediate_size=cfg.intermediate_size,
+      hidden_act="gelu_new",
+      hidden_dropout_prob=cfg.hidden_dropout_prob,
+      attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+      classifier_dropout_prob=dropout,
+      max_position_embeddings=cfg.max_position_embeddings,
+      num_labels=2,
+    )
+  ).train()
+  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.01)
+  to = lambda x: torch.as_tensor(x, dtype=torch.long)  # noqa: E731
+  args = dict(
+    input_ids=to(batch["input_ids"]),
+    attention_mask=to(batch["input_mask"]),
+    token_type_ids=to(batch["segment_ids"]),
+    labels=to(batch["label"]),
+  )
+
+  def step():
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(**args).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.detach()
+
+  return step
+
+
+def benchmark(
+  *, batch: int = 8, seq: int = 128, steps: int = 10, tiny: bool = False
+) -> dict[str, Any]:
+  helpers = _helpers()
+  config = make_config(batch, seq, tiny)
+  data = random_batch(batch, seq, config.model.vocab_size)
+  contenders = {
+    "ours": ours(config, data),
+    "torch": theirs(albert_model.model_config(config.model), data, config.task.classifier_dropout),
+  }
+  for step in contenders.values():  # two warm-up steps each
+    step()
+    step()
+  seconds = {name: [] for name in contenders}
+  cpu = wall = 0.0
+  for _ in range(steps):
+    for name, step in contenders.items():
+      _, w, c = helpers._timed(step)  # noqa: SLF001
+      seconds[name].append(w)
+      wall, cpu = wall + w, cpu + c
+  rates = {name: batch / statistics.median(s) for name, s in seconds.items()}
+  return {
+    "model": "tiny" if tiny else "albert_base",
+    "batch": batch,
+    "seq": seq,
+    "steps": steps,
+    "ours_sequences_per_second": helpers._sig(rates["ours"]),  # noqa: SLF001
+    "torch_sequences_per_second": helpers._sig(rates["torch"]),  # noqa: SLF001
+    "ours_over_torch": helpers._sig(rates["ours"] / rates["torch"]),  # noqa: SLF001
+    "cpu_util": helpers._sig(cpu / wall),
+    "device": str(jax.devices()[0]),  # noqa: SLF001
+    "load_average": os.getloadavg()[0],
+  }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--tiny", action="store_true", help="tiny model and shapes (tests)")
+  args = parser.parse_args(argv)
+  if args.tiny and args.seq > TINY["max_position_embeddings"]:
+    args.seq = 32
+  figures = benchmark(batch=args.batch, seq=args.seq, steps=args.steps, tiny=args.tiny)
+  print(
+    f"{figures['model']} B={args.batch} S={args.seq}: ours {figures['ours_sequences_per_second']} "
+    f"seq/s, torch {figures['torch_sequences_per_second']} seq/s, ours/torch "
+    f"{figures['ours_over_torch']} (cpu_util {figures['cpu_util']})"
+  )
+  print(json.dumps(figures))
+  return figures
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,464 @@
+"""Fine-tuning: GLUE files and metrics, a tiny model that learns a synthetic SST-2, seeds, exact
+resume, best-checkpoint selection, the three heads against transformers, and one-line errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from albert_jax import checkpoint, config_lib, finetune, glue, hf
+from albert_jax import model as M
+from albert_jax import tokenizer as tokenizer_lib
+from albert_jax.config_lib import ConfigError
+
+import torch
+import transformers
+
+torch.set_num_threads(2)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = dict(
+  vocab_size=64,
+  embedding_size=16,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=2,
+  intermediate_size=64,
+  max_position_embeddings=64,
+)
+POS = "good great fine nice happy lovely superb bright".split()
+NEG = "bad awful poor sad ugly terrible gloomy dull".split()
+FILL = "the a movie film story plot was is and of it this that very quite actor scene".split()
+
+
+def sentence(rng, label):
+  """Six filler words and two words of the label's set: the label is which set it uses."""
+  words = list(rng.choice(FILL, 6)) + list(rng.choice(POS if label else NEG, 2))
+  rng.shuffle(words)
+  return " ".join(words)
+
+
+def write_sst2(path, n, rng, test=False):
+  with open(path, "w") as f:
+    f.write("index\tsentence\n" if test else "sentence\tlabel\n")
+    for i in range(n):
+      label = int(rng.integers(2))
+      f.write(f"{i}\t{sentence(rng, label)}\n" if test else f"{sentence(rng, label)}\t{label}\n")
+
+
+def model_cfg(**overrides):
+  c = config_lib.base_config().model
+  c.update({**SIZES, **overrides})
+  return M.model_config(c)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """A GLUE-format synthetic SST-2 and a fresh tiny ALBERT exported in Hugging Face format."""
+  root = tmp_path_factory.mktemp("finetune")
+  rng = np.random.default_rng(0)
+  os.makedirs(root / "glue")
+  write_sst2(root / "glue" / "train.tsv", 256, rng)
+  write_sst2(root / "glue" / "dev.tsv", 64, rng)
+  write_sst2(root / "glue" / "test.tsv", 24, rng, test=True)
+  spm = tokenizer_lib.train(
+    [sentence(rng, i % 2) for i in range(400)],
+    str(root / "spm" / "spiece.model"),
+    SIZES["vocab_size"],
+  )
+  cfg = model_cfg()
+  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+  hf.save_hf(params, cfg, str(root / "init"), spm)
+  return root
+
+
+def ft_config(env, **train):
+  config = _glue_config("task=sst2")
+  config.init_from = str(env / "init")
+  config.data.glue_dir = str(env / "glue")
+  config.data.max_seq_length = 32
+  config.train.update(
+    dict(
+      batch_size=16,
+      num_steps=40,
+      warmup_steps=4,
+      learning_rate=5e-3,
+      eval_every=20,
+      checkpoint_every=20,
+      log_every=20,
+      keep_checkpoints=5,
+    ),
+    **train,
+  )
+  return config
+
+
+def _glue_config(arg):
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "glue_config", os.path.join(ROOT, "configs/finetune/glue.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.fixture(scope="module")
+def run(env):
+  """Two seeds of 40 steps, evaluated every 20."""
+  workdir = str(env / "run")
+  config = ft_config(env)
+  config.seeds = 2
+  return workdir, finetune.finetune(config, workdir)
+
+
+# --- Metrics, hand-checked ---------------------------------------------------------------------------
+
+
+def test_metrics_equal_hand_computed_values():
+  y = [1, 1, 1, 0, 0, 0, 0, 1]
+  p = [1, 1, 0, 0, 0, 1, 0, 1]  # tp 3, tn 3, fp 1, fn 1
+  assert glue.matthews_corr(y, p) == pytest.approx((9 - 1) / 16)
+  assert glue.f1(y, p) == pytest.approx(6 / 8)
+  assert glue.matthews_corr([1, 1, 0], [1, 1, 1]) == 0.0  # a predicted class is empty: 0, not nan
+  assert glue.matthews_corr([0, 1, 0, 1], [1, 0, 1, 0]) == pytest.approx(-1.0)
+  assert glue.f1([0, 0], [0, 0]) == 0.0
+  # Pearson: x = 1..4, y = 2, 4, 5, 9: mean 2.5 / 5; cov sum 11; var sums 5 and 26.
+  assert glue.pearson([1, 2, 3, 4], [2, 4, 5, 9]) == pytest.approx(11 / np.sqrt(5 * 26))
+  # Ties share their average rank: [10, 20, 20, 30] -> [1, 2.5, 2.5, 4].
+  np.testing.assert_array_equal(glue.rank([10, 20, 20, 30]), [1, 2.5, 2.5, 4])
+  np.testing.assert_array_equal(glue.rank([3, 1, 3, 3]), [3, 1, 3, 3])
+  # Spearman with ties = Pearson of the ranks [1, 2.5, 2.5, 4] and [1, 2, 3, 4]: 4.5 / sqrt(4.5 * 5).
+  assert glue.spearman([10, 20, 20, 30], [1, 2, 3, 4]) == pytest.approx(4.5 / np.sqrt(4.5 * 5))
+  task = glue.GLUE_TASKS["stsb"]
+  m = glue.compute_metrics(
+    task, np.array([1.0, 2.0, 3.0, 4.0]), np.array([[2.0], [4.0], [5.0], [9.0]])
+  )
+  assert m["pearson"] == pytest.approx(11 / np.sqrt(130)) and m["spearman"] == pytest.approx(1.0)
+
+
+# --- Reading GLUE's files ------------------------------------------------------------------------------
+
+
+def test_glue_layouts_are_read_as_distributed(tmp_path):
+  cola = tmp_path / "cola.tsv"  # no header; source, label, notation, sentence
+  cola.write_text("gj04\t1\t\tThe sailors rode the breeze.\ngj04\t0\t*\tThe more we study.\n")
+  a, b, labels, _ = glue.read_examples(str(cola), glue.GLUE_TASKS["cola"], "eval")
+  assert a == ["The sailors rode the breeze.", "The more we study."] and labels == ["1", "0"]
+  assert b == [None, None]
+  mnli = tmp_path / "dev_matched.tsv"
+  header = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n"
+  )
+  mnli.write_text(
+    header + "0\t1\t2\tgov\t(x)\t(y)\t(X)\t(Y)\tA man.\tA person.\tentailment\tentailment\n"
+  )
+  a, b, labels, _ = glue.read_examples(str(mnli), glue.GLUE_TASKS["mnli"], "eval")
+  assert (a, b, labels) == (["A man."], ["A person."], ["entailment"])
+  assert glue.label_ids(labels, glue.GLUE_TASKS["mnli"], "x").tolist() == [1]
+  test = tmp_path / "test.tsv"  # test files: an index column and no label
+  test.write_text("index\t#1 ID\t#2 ID\t#1 String\t#2 String\n7\t1\t2\tOne.\tTwo.\n")
+  a, b, labels, index = glue.read_examples(str(test), glue.GLUE_TASKS["mrpc"], "test")
+  assert (a, b, labels, index) == (["One."], ["Two."], [None], ["7"])
+
+
+def test_truncation_drops_from_the_longer_segment():
+  a, b = glue.truncate_pair([1, 2, 3, 4, 5], [6, 7], 4)
+  assert (a, b) == ([1, 2], [6, 7])
+
+
+@pytest.mark.parametrize(
+  "content, match",
+  [
+    ("sentence\tlabel\nfine words\t2\n", "has label '2', not one of task sst2's"),
+    ("text\tlabel\nfine words\t1\n", "has no column 'sentence'"),
+    ("", "holds no examples"),
+    ("sentence\tlabel\n", "holds no examples"),
+    ("sentence\tlabel\nonly one column\n", "1 columns, column 'label' is number 2"),
+  ],
+)
+def test_bad_tsv_is_one_line(tmp_path, content, match):
+  path = tmp_path / "train.tsv"
+  path.write_text(content)
+  task = glue.GLUE_TASKS["sst2"]
+  with pytest.raises(ConfigError, match=match):
+    _, _, labels, _ = glue.read_examples(str(path), task, "train")
+    glue.label_ids(labels, task, str(path))
+
+
+# --- Training ----------------------------------------------------------------------------------------
+
+
+def test_finetuning_learns_and_summarises_seeds(run):
+  workdir, out = run
+  seeds = out["seeds"]
+  assert [s["seed"] for s in seeds] == [0, 1]
+  accuracies = [s["metrics"]["accuracy"] for s in seeds]
+  assert max(accuracies) >= 0.85, accuracies  # chance is 0.5
+  losses = [
+    [
+      json.loads(l)["train/loss"]
+      for l in open(os.path.join(workdir, f"seed_{k}", "tensorboard", "metrics.jsonl"))
+      if "train/loss" in l
+    ]
+    for k in (0, 1)
+  ]
+  assert len(losses[0]) == 2 and losses[0] != losses[1]  # other seeds: other dropout, order, head
+  summary = out["summary"]
+  assert summary["accuracy"]["mean"] == pytest.approx(np.mean(accuracies))
+  assert summary["accuracy"]["std"] == pytest.approx(np.std(accuracies))
+  assert summary["best"]["accuracy"] == max(accuracies)
+  on_disk = json.load(open(os.path.join(workdir, "eval_results.json")))
+  assert on_disk["summary"] == json.loads(json.dumps(summary))
+  for s in seeds:  # the best checkpoint is the eval with the highest accuracy
+    evals = [
+      json.loads(l)
+      for l in open(os.path.join(workdir, f"seed_{s['seed']}", "tensorboard", "metrics.jsonl"))
+      if "eval/accuracy" in l
+    ]
+    assert [e["step"] for e in evals] == [20, 40]
+    best = max(evals, key=lambda e: e["eval/accuracy"])
+    assert s["best_step"] == best["step"] and s["metrics"]["accuracy"] == best["eval/accuracy"]
+  rows = open(os.path.join(workdir, "predictions", "SST-2.tsv")).read().splitlines()
+  assert rows[0] == "index\tprediction" and len(rows) == 25
+  assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
+
+
+def test_resume_is_exact(env, run, tmp_path):
+  """A run stopped after its step-20 checkpoint and rerun ends with bitwise the same parameters."""
+  workdir, _ = run
+  resumed = str(tmp_path / "resumed")
+  shutil.copytree(os.path.join(workdir, "seed_0"), os.path.join(resumed, "seed_0"))
+  shutil.rmtree(os.path.join(resumed, "seed_0", "checkpoints", "40"))
+  os.remove(os.path.join(resumed, "seed_0", "result.json"))
+  finetune.finetune(ft_config(env), resumed)
+  want, _, _, _ = checkpoint.load_params(os.path.join(workdir, "seed_0"), 40)
+  got, _, _, _ = checkpoint.load_params(os.path.join(resumed, "seed_0"), 40)
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --- Hugging Face: the three heads, and a fine-tuned export ------------------------------------------
+
+
+def _ids(shape, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, SIZES["vocab_size"], shape).astype(np.int32)
+  mask = np.ones(shape, np.int32)
+  mask[..., shape[-1] - 3 :] = 0
+  segments = np.zeros(shape, np.int32)
+  segments[..., shape[-1] // 2 :] = 1
+  return ids, segments, mask
+
+
+@pytest.mark.parametrize(
+  "kind, cls, shape",
+  [
+    ("classification", transformers.AlbertForSequenceClassification, (3, 12)),
+    ("regression", transformers.AlbertForSequenceClassification, (3, 12)),
+    ("squad_v1", transformers.AlbertForQuestionAnswering, (3, 12)),
+    ("race", transformers.AlbertForMultipleChoice, (2, 4, 12)),
+  ],
+)
+def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
+  config = config_lib.finetune_base_config()
+  config.model.update(SIZES)
+  config.task.kind = kind
+  config.task.labels = "neg,pos,neutral" if kind == "classification" else ""
+  model, inputs = M.finetune_model(config)
+  # O(0.1) weights rather than the 0.02 init, so the logits are not all near zero.
+  params = jax.tree_util.tree_map(
+    lambda x: 0.1 * jax.random.normal(jax.random.key(x.size), x.shape) + (x == 1),
+    jax.tree_util.tree_map(np.asarray, model.init(jax.random.key(1), **inputs)["params"]),
+  )
+  hf.save_hf(params, config.model, str(tmp_path / "hf"), task=config.task)
+  theirs, info = cls.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ids, segments, mask = _ids(shape)
+  out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
+  with torch.no_grad():
+    t = theirs.eval()(
+      input_ids=torch.tensor(ids).long(),
+      token_type_ids=torch.tensor(segments).long(),
+      attention_mask=torch.tensor(mask).long(),
+    )
+  if kind == "squad_v1":
+    np.testing.assert_allclose(out["start_logits"], t.start_logits.numpy(), atol=1e-5)
+    np.testing.assert_allclose(out["end_logits"], t.end_logits.numpy(), atol=1e-5)
+  else:
+    np.testing.assert_allclose(out["logits"], t.logits.numpy(), atol=1e-5)
+  if kind == "classification":
+    assert theirs.config.id2label == {0: "neg", 1: "pos", 2: "neutral"} and theirs.num_labels == 3
+    assert theirs.config.problem_type == "single_label_classification"
+
+
+def test_finetuned_export_loads_in_transformers(run, tmp_path):
+  workdir, out = run
+  seed_dir = os.path.join(workdir, "seed_0")
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.export",
+      f"--workdir={seed_dir}",
+      f"--output={tmp_path / 'hf'}",
+      "--step=best",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0, result.stderr
+  theirs, info = transformers.AlbertForSequenceClassification.from_pretrained(
+    str(tmp_path / "hf"), output_loading_info=True
+  )
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  assert theirs.config.id2label == {0: "0", 1: "1"}
+  params, config, step, _ = checkpoint.load_params(seed_dir, "best")
+  assert step == out["seeds"][0]["best_step"]
+  model, _ = M.finetune_model(config)
+  ids, segments, mask = _ids((4, 16))
+  ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
+  with torch.no_grad():
+    t = theirs.eval()(
+      input_ids=torch.tensor(ids).long(),
+      token_type_ids=torch.tensor(segments).long(),
+      attention_mask=torch.tensor(mask).long(),
+    )
+  np.testing.assert_allclose(ours["logits"], t.logits.numpy(), atol=1e-5)
+
+
+# --- Bad input: one line -----------------------------------------------------------------------------
+
+
+def test_init_from_of_another_size_is_refused(env, tmp_path):
+  config = _glue_config("task=sst2,model=tiny")  # H=128: the init_from model has H=32
+  config.init_from = str(env / "init")
+  config.data.glue_dir = str(env / "glue")
+  config.data.max_seq_length = 32
+  with pytest.raises(
+    ConfigError, match=r"is another model \(model.vocab_size: init_from 64 != config"
+  ):
+    finetune.finetune(config, str(tmp_path / "run"))
+
+
+def test_unknown_labels_in_the_training_file_are_refused(env, tmp_path):
+  (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood film\tpositive\n")
+  config = ft_config(env)
+  config.data.train_file = str(tmp_path / "train.tsv")
+  with pytest.raises(ConfigError, match="has label 'positive', not one of task sst2's"):
+    finetune.finetune(config, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+  "args, match",
+  [
+    (["--config=configs/finetune/glue.py:task=nosuch"], "unknown task 'nosuch'"),
+    (
+      ["--config=configs/finetune/glue.py:task=sst2", "--config.data.train_file=/nonexistent.tsv"],
+      "data file not found: /nonexistent.tsv",
+    ),
+  ],
+)
+def test_cli_errors_are_one_line(env, tmp_path, args, match):
+  result = subprocess.run(
+    [sys.executable, "-m", "albert_jax.finetune"]
+    + args
+    + [f"--workdir={tmp_path / 'run'}", f"--config.init_from={env / 'init'}"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
+
+
+def test_benchmark_tiny():
+  """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "ft_bench", os.path.join(ROOT, "benchmarks", "finetune.py")
+  )
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  figures = bench.benchmark(batch=2, seq=16, steps=2, tiny=True)
+  assert figures["ours_sequences_per_second"] > 0 and figures["torch_sequences_per_second"] > 0
+  assert figures["ours_over_torch"] == pytest.approx(
+    figures["ours_sequences_per_second"] / figures["torch_sequences_per_second"], rel=1e-3
+  )
+
+
+# --- SQuAD and RACE through the whole path (learning not required) -----------------------------------
+
+
+def _tiny_run(env, tmp_path, task, train_file, eval_file, **data):
+  config = _glue_config(f"task={task}")
+  config.init_from = str(env / "init")
+  config.data.update(
+    dict(train_file=str(train_file), eval_file=str(eval_file), max_seq_length=32), **data
+  )
+  config.train.update(
+    batch_size=8, num_steps=2, warmup_steps=1, eval_every=2, checkpoint_every=2, log_every=1
+  )
+  return finetune.finetune(config, str(tmp_path / "run"))
+
+
+def test_squad_v2_runs_end_to_end(env, tmp_path):
+  words = "the film was good and the story was very bright but the plot was sad".split()
+  rng = np.random.default_rng(0)
+  paragraphs = []
+  for p in range(6):
+    context = " ".join(rng.choice(words, 20))
+    answer = context.split()[3]
+    start = len(" ".join(context.split()[:3])) + 1
+    paragraphs.append(
+      {
+        "context": context,
+        "qas": [
+          {
+            "id": f"q{p}a",
+            "question": "what was it",
+            "is_impossible": False,
+            "answers": [{"text": answer, "answer_start": start}],
+          },
+          {"id": f"q{p}b", "question": "who made it", "is_impossible": True, "answers": []},
+        ],
+      }
+    )
+  path = tmp_path / "squad.json"
+  path.write_text(
+    json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]})
+  )
+  out = _tiny_run(env, tmp_path, "squad_v2", path, path, doc_stride=8, max_query_length=8)
+  metrics = out["seeds"][0]["metrics"]
+  assert {"exact_match", "f1"} <= set(metrics) and 0 <= metrics["f1"] <= 100
+  assert out["seeds"][0]["best_step"] == 2 and out["summary"]["metric"] == "f1"
+
+
+def test_race_runs_end_to_end(env, tmp_path):
+  for split in ("train", "dev"):
+    for k in range(4):
+      (tmp_path / split / "high").mkdir(parents=True, exist_ok=True)
+      (tmp_path / split / "high" / f"{k}.txt").write_text(
+        json.dumps(
+          {
+            "id": f"{split}{k}",
+            "article": "the film was good and the story was bright",
+            "questions": ["the film was _ .", "the story was _ ."],
+            "options": [["good", "bad", "sad", "dull"], ["dull", "bright", "ugly", "poor"]],
+            "answers": ["A", "B"],
+          }
+        )
+      )
+  out = _tiny_run(env, tmp_path, "race", tmp_path / "train", tmp_path / "dev", max_qa_length=16)
+  metrics = out["seeds"][0]["metrics"]
+  assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
