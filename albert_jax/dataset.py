@@ -11,6 +11,7 @@ prepare(config, workdir)
   so a failed or interrupted run never touches data already prepared; a finished dataset is reused
   as is, and one built with another vocabulary or other settings is refused with a one-line error.
 """
+
 from __future__ import annotations
 
 import array
@@ -28,21 +29,24 @@ import sys
 import tempfile
 import time
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from absl import logging
 
-from albert_jax import config_lib
-from albert_jax import corpus as corpus_lib
-from albert_jax import examples as examples_lib
-from albert_jax import files
-from albert_jax import tokenizer as tokenizer_lib
+from albert_jax import (
+  config_lib,
+  corpus as corpus_lib,
+  examples as examples_lib,
+  files,
+  tokenizer as tokenizer_lib,
+)
 from albert_jax.config_lib import ConfigError
 
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"
-FORMAT_VERSION = 2           # of prepared.json and the example layout (2: sharded, key-shuffled)
+FORMAT_VERSION = 2  # of prepared.json and the example layout (2: sharded, key-shuffled)
 SPLITS = ("train", "eval")
 PREPARED_FILE = "prepared.json"
 VOCAB_FILE = "spiece.model"
@@ -58,6 +62,7 @@ GROUP_DOCUMENTS = 10_000
 # ----------------------------------------------------------------------------------------------
 # Paths and fingerprints.
 
+
 def data_dir(config, workdir: str) -> str:
   """Where prepared data lives: config.data.data_dir, or <workdir>/data. A local (or mounted) path:
   prepare renames a finished build into place and the reader opens files, neither of which works
@@ -65,9 +70,10 @@ def data_dir(config, workdir: str) -> str:
   path = config.data.data_dir or os.path.join(workdir, "data")
   if "://" in path:
     raise ConfigError(
-        f"prepared data must be on a local or mounted filesystem, not {path}: set data.data_dir to "
-        f"a local path (on a pod, copy the prepared data to each worker's disk or mount the bucket "
-        f"with gcsfuse)")
+      f"prepared data must be on a local or mounted filesystem, not {path}: set data.data_dir to "
+      f"a local path (on a pod, copy the prepared data to each worker's disk or mount the bucket "
+      f"with gcsfuse)"
+    )
   return os.path.abspath(path)
 
 
@@ -106,24 +112,29 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     else:
       size = tokenizer_lib.load(path, d.do_lower_case).vocab_size
       if size != config.model.vocab_size:
-        raise ConfigError(f"data.spm_model_path has {size} pieces but model.vocab_size="
-                          f"{config.model.vocab_size}; set model.vocab_size={size}")
+        raise ConfigError(
+          f"data.spm_model_path has {size} pieces but model.vocab_size="
+          f"{config.model.vocab_size}; set model.vocab_size={size}"
+        )
       vocab = {"source": "file", "sha256": file_sha256(path)}
   else:
-    vocab = {"source": "trained", "character_coverage": d.spm_character_coverage,
-             "sample_sentences": d.vocab_sample_sentences}
+    vocab = {
+      "source": "trained",
+      "character_coverage": d.spm_character_coverage,
+      "sample_sentences": d.vocab_sample_sentences,
+    }
   return {
-      "format": FORMAT_VERSION,
-      "vocab": vocab,
-      "vocab_size": config.model.vocab_size,
-      "do_lower_case": d.do_lower_case,
-      "max_seq_length": d.max_seq_length,
-      "short_seq_prob": d.short_seq_prob,
-      "task": d.task,
-      "single_sentence_random_next": d.single_sentence_random_next,
-      "seed": config.seed,
-      "eval_fraction": d.eval_fraction,
-      "corpus": corpus_lib.identity(d),
+    "format": FORMAT_VERSION,
+    "vocab": vocab,
+    "vocab_size": config.model.vocab_size,
+    "do_lower_case": d.do_lower_case,
+    "max_seq_length": d.max_seq_length,
+    "short_seq_prob": d.short_seq_prob,
+    "task": d.task,
+    "single_sentence_random_next": d.single_sentence_random_next,
+    "seed": config.seed,
+    "eval_fraction": d.eval_fraction,
+    "corpus": corpus_lib.identity(d),
   }
 
 
@@ -137,10 +148,17 @@ def config_for_prepared(data_dir: str, prepared: dict):
     d = c.data
     c.seed = fp["seed"]
     c.model.vocab_size = fp["vocab_size"]
-    d.update(data_dir=data_dir, do_lower_case=fp["do_lower_case"], max_seq_length=fp["max_seq_length"],
-             short_seq_prob=fp["short_seq_prob"], task=fp["task"], eval_fraction=fp["eval_fraction"],
-             single_sentence_random_next=fp["single_sentence_random_next"],
-             max_documents=corpus["max_documents"], builtin_corpus="")
+    d.update(
+      data_dir=data_dir,
+      do_lower_case=fp["do_lower_case"],
+      max_seq_length=fp["max_seq_length"],
+      short_seq_prob=fp["short_seq_prob"],
+      task=fp["task"],
+      eval_fraction=fp["eval_fraction"],
+      single_sentence_random_next=fp["single_sentence_random_next"],
+      max_documents=corpus["max_documents"],
+      builtin_corpus="",
+    )
     if fp["vocab"]["source"] == "file":
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
     else:
@@ -149,12 +167,18 @@ def config_for_prepared(data_dir: str, prepared: dict):
     if corpus["source"] == "files":
       d.input_files = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
     elif corpus["source"] == "tfds":
-      d.update(tfds_name=corpus["name"], tfds_split=corpus["split"],
-               text_feature=corpus["text_feature"], tfds_data_dir=corpus["data_dir"])
+      d.update(
+        tfds_name=corpus["name"],
+        tfds_split=corpus["split"],
+        text_feature=corpus["text_feature"],
+        tfds_data_dir=corpus["data_dir"],
+      )
     else:
       d.builtin_corpus = corpus["name"]
   except (KeyError, TypeError) as e:
-    raise ConfigError(f"{data_dir}/{PREPARED_FILE} lacks {e}: prepared by another version?") from None
+    raise ConfigError(
+      f"{data_dir}/{PREPARED_FILE} lacks {e}: prepared by another version?"
+    ) from None
   return c
 
 
@@ -171,8 +195,11 @@ def _differences(stored: dict, current: dict) -> list[str]:
       if not same:
         diffs.append(f"vocabulary ({_describe_vocab(there)} there, {_describe_vocab(here)} here)")
     elif key == "corpus":
-      same = isinstance(there, dict) and set(there) == set(here) and all(
-          there[k] == v for k, v in here.items() if v is not None)
+      same = (
+        isinstance(there, dict)
+        and set(there) == set(here)
+        and all(there[k] == v for k, v in here.items() if v is not None)
+      )
       if not same:
         diffs.append(f"corpus ({there} there, {here} here)")
     elif there != here:
@@ -198,7 +225,9 @@ def _read_prepared(ddir: str) -> dict | None:
   except (ValueError, UnicodeDecodeError):
     prepared = None
   if not (isinstance(prepared, dict) and isinstance(prepared.get("fingerprint"), dict)):
-    raise ConfigError(f"{path} is damaged (not what prepare writes); remove {ddir} to prepare the data again")
+    raise ConfigError(
+      f"{path} is damaged (not what prepare writes); remove {ddir} to prepare the data again"
+    )
   return prepared
 
 
@@ -207,20 +236,29 @@ def check_prepared(config, workdir: str) -> tuple[str, dict]:
   ddir = data_dir(config, workdir)
   prepared = _read_prepared(ddir)
   if prepared is None:
-    raise ConfigError(f"no prepared data in {ddir}: run python -m albert_jax.prepare "
-                      f"--config=... --workdir={workdir}")
+    raise ConfigError(
+      f"no prepared data in {ddir}: run python -m albert_jax.prepare "
+      f"--config=... --workdir={workdir}"
+    )
   diffs = _differences(prepared, fingerprint(config, must_exist=False))
   if diffs:
-    raise ConfigError(f"the data in {ddir} was prepared with other settings: {'; '.join(diffs)}; "
-                      f"use another data.data_dir or delete {ddir} to rebuild")
+    raise ConfigError(
+      f"the data in {ddir} was prepared with other settings: {'; '.join(diffs)}; "
+      f"use another data.data_dir or delete {ddir} to rebuild"
+    )
   return ddir, prepared
 
 
 def _info(ddir: str, prepared: dict) -> dict:
   stats = prepared["stats"]
-  return dict(stats, data_dir=ddir, spm_model_path=os.path.join(ddir, VOCAB_FILE),
-              num_train_examples=stats["train_examples"], num_eval_examples=stats["eval_examples"],
-              vocab_sha256=prepared["vocab_sha256"])
+  return dict(
+    stats,
+    data_dir=ddir,
+    spm_model_path=os.path.join(ddir, VOCAB_FILE),
+    num_train_examples=stats["train_examples"],
+    num_eval_examples=stats["eval_examples"],
+    vocab_sha256=prepared["vocab_sha256"],
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,6 +281,7 @@ def _builder_class():
     back with tfds.data_source("albert_pretraining", split=..., data_dir=<data dir>) (no
     TensorFlow needed) or tfds.builder_from_directory.
     """
+
     name = DATASET_NAME
     VERSION = tfds.core.Version(DATASET_VERSION)
     RELEASE_NOTES = {DATASET_VERSION: "Unmasked SOP/NSP pairs; masks are drawn by the loader."}
@@ -262,20 +301,22 @@ def _builder_class():
     def _info(self):
       bytes_enc = tfds.features.Encoding.BYTES  # raw little-endian arrays: cheap to decode
       return tfds.core.DatasetInfo(
-          builder=self,
-          description=self.__doc__,
-          features=tfds.features.FeaturesDict({
-              "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
-              "segment_ids": tfds.features.Tensor(shape=(None,), dtype=np.int8, encoding=bytes_enc),
-              "sentence_order_label": tfds.features.Scalar(dtype=np.int32),
-          }),
-          homepage="https://github.com/google-research/albert",
-          citation="@inproceedings{lan2020albert, title={ALBERT: A Lite BERT for Self-supervised "
-                   "Learning of Language Representations}, author={Lan, Zhenzhong and others}, "
-                   "booktitle={ICLR}, year={2020}}",
-          # TFDS shuffles each split by a hash of the example keys ("<seed>/<shard>/<n>"): one
-          # global order, the same from every writer (here or in Beam), drawn from the seed.
-          disable_shuffling=False,
+        builder=self,
+        description=self.__doc__,
+        features=tfds.features.FeaturesDict(
+          {
+            "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
+            "segment_ids": tfds.features.Tensor(shape=(None,), dtype=np.int8, encoding=bytes_enc),
+            "sentence_order_label": tfds.features.Scalar(dtype=np.int32),
+          }
+        ),
+        homepage="https://github.com/google-research/albert",
+        citation="@inproceedings{lan2020albert, title={ALBERT: A Lite BERT for Self-supervised "
+        "Learning of Language Representations}, author={Lan, Zhenzhong and others}, "
+        "booktitle={ICLR}, year={2020}}",
+        # TFDS shuffles each split by a hash of the example keys ("<seed>/<shard>/<n>"): one
+        # global order, the same from every writer (here or in Beam), drawn from the seed.
+        disable_shuffling=False,
       )
 
     def _split_generators(self, dl_manager):
@@ -294,15 +335,22 @@ def _builder_class():
 def open_source(ddir: str, split: str, raw: bool = True):
   """tfds.data_source over a prepared split; raw=True returns serialized records (see _Loader)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   if split not in SPLITS:
     raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
   method = tfds.decode.DeserializeMethod
-  return tfds.data_source(DATASET_NAME, split=split, data_dir=ddir, download=False,
-                          deserialize_method=method.RAW_BYTES if raw else method.DESERIALIZE_AND_DECODE)
+  return tfds.data_source(
+    DATASET_NAME,
+    split=split,
+    data_dir=ddir,
+    download=False,
+    deserialize_method=method.RAW_BYTES if raw else method.DESERIALIZE_AND_DECODE,
+  )
 
 
 # ----------------------------------------------------------------------------------------------
 # prepare.
+
 
 class _Progress:
   """Logs progress of long work every `every` seconds: documents/s, MB/s, percent and ETA."""
@@ -317,8 +365,10 @@ class _Progress:
       return
     self.last = now
     dt = max(now - self.start, 1e-9)
-    msg = (f"{self.what}: {documents:,} documents ({documents / dt:,.0f}/s), {nbytes / 1e6:,.1f} MB "
-           f"({nbytes / 1e6 / dt:,.2f} MB/s)")
+    msg = (
+      f"{self.what}: {documents:,} documents ({documents / dt:,.0f}/s), {nbytes / 1e6:,.1f} MB "
+      f"({nbytes / 1e6 / dt:,.2f} MB/s)"
+    )
     if fraction is not None and 0 < fraction <= 1:
       eta = dt * (1 - fraction) / fraction
       msg += f", {100 * fraction:.0f}%, ETA {int(eta // 60)}m{int(eta % 60):02d}s"
@@ -339,11 +389,12 @@ def _job_data(data) -> Any:
   return types.SimpleNamespace(**data.to_dict())
 
 
-_TOKENIZERS: dict = {}   # per worker process: loaded once, used for every shard
+_TOKENIZERS: dict = {}  # per worker process: loaded once, used for every shard
 
 
-def shard_examples(data, seed: int, vocab_path: str, shard: dict, splits=SPLITS,
-                   num_threads: int = 1) -> dict:
+def shard_examples(
+  data, seed: int, vocab_path: str, shard: dict, splits=SPLITS, num_threads: int = 1
+) -> dict:
   """The examples of one shard (corpus.shards), a pure function of seed, shard and settings.
 
   Runs in prepare's worker processes and in Beam workers alike. Documents go to the eval split by
@@ -369,13 +420,20 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, splits=SPLITS,
     ids = tok.encode_batch([s for doc in docs[split] for s in doc], num_threads=num_threads)
     tokenized, i = [], 0
     for doc in docs[split]:
-      tokenized.append(ids[i:i + len(doc)])
+      tokenized.append(ids[i : i + len(doc)])
       i += len(doc)
     rng = np.random.default_rng([seed, SPLITS.index(split), shard["index"], groups[split]])
-    pairs[split].extend(examples_lib.create_pairs(
-        tokenized, rng, max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
-        task=data.task, single_sentence_random_next=data.single_sentence_random_next,
-        stats=pair_stats))
+    pairs[split].extend(
+      examples_lib.create_pairs(
+        tokenized,
+        rng,
+        max_seq_length=data.max_seq_length,
+        short_seq_prob=data.short_seq_prob,
+        task=data.task,
+        single_sentence_random_next=data.single_sentence_random_next,
+        stats=pair_stats,
+      )
+    )
     docs[split] = []
     groups[split] += 1
 
@@ -393,15 +451,19 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, splits=SPLITS,
     flush(split)
     ps = pairs[split]
     out[split] = {
-        "tokens": np.concatenate([p["input_ids"] for p in ps] or [np.zeros(0)]).astype("<i4"),
-        "segments": np.concatenate([p["segment_ids"] for p in ps] or [np.zeros(0)]).astype(np.int8),
-        "lengths": np.array([len(p["input_ids"]) for p in ps], np.int64),
-        "labels": np.array([p["sentence_order_label"] for p in ps], np.int8),
-        "short_targets": int(sum(p["target_length"] < max_num_tokens for p in ps)),
-        "documents": doc_counts[split],
+      "tokens": np.concatenate([p["input_ids"] for p in ps] or [np.zeros(0)]).astype("<i4"),
+      "segments": np.concatenate([p["segment_ids"] for p in ps] or [np.zeros(0)]).astype(np.int8),
+      "lengths": np.array([len(p["input_ids"]) for p in ps], np.int64),
+      "labels": np.array([p["sentence_order_label"] for p in ps], np.int8),
+      "short_targets": int(sum(p["target_length"] < max_num_tokens for p in ps)),
+      "documents": doc_counts[split],
     }
-  return {"shard": shard["index"], "splits": out, "corpus": dataclasses.asdict(cstats),
-          "pairs": pair_stats}
+  return {
+    "shard": shard["index"],
+    "splits": out,
+    "corpus": dataclasses.asdict(cstats),
+    "pairs": pair_stats,
+  }
 
 
 def _shard_job(job) -> dict:
@@ -413,9 +475,14 @@ def _split_records(seed: int, shard: int, arrays: dict) -> Iterator[tuple[str, d
   offsets = np.concatenate([[0], np.cumsum(arrays["lengths"])])
   for n in range(len(arrays["lengths"])):
     a, b = offsets[n], offsets[n + 1]
-    yield f"{seed}/{shard}/{n}", {"input_ids": np.asarray(arrays["tokens"][a:b], np.int32),
-                                  "segment_ids": np.asarray(arrays["segments"][a:b], np.int8),
-                                  "sentence_order_label": int(arrays["labels"][n])}
+    yield (
+      f"{seed}/{shard}/{n}",
+      {
+        "input_ids": np.asarray(arrays["tokens"][a:b], np.int32),
+        "segment_ids": np.asarray(arrays["segments"][a:b], np.int8),
+        "sentence_order_label": int(arrays["labels"][n]),
+      },
+    )
 
 
 def _beam_split_records(shard: dict, data, seed: int, vocab_path: str, split: str):
@@ -433,7 +500,7 @@ class _Staging:
     self.segments_path = os.path.join(directory, f"{split}.segments")
     self._tokens = open(self.tokens_path, "wb")
     self._segments = open(self.segments_path, "wb")
-    self.shards = array.array("q")    # per shard: its index, first example, example count
+    self.shards = array.array("q")  # per shard: its index, first example, example count
     self.lengths = array.array("i")
     self.labels = array.array("b")
     self.size = 0
@@ -466,11 +533,18 @@ class _Staging:
     labels = np.frombuffer(self.labels, np.int8)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     for i in range(0, len(self.shards), 3):
-      shard, first, count = self.shards[i:i + 3]
+      shard, first, count = self.shards[i : i + 3]
       a, b = offsets[first], offsets[first + count]
-      yield from _split_records(seed, shard, {
-          "tokens": tokens[a:b], "segments": segments[a:b], "labels": labels[first:first + count],
-          "lengths": lengths[first:first + count]})
+      yield from _split_records(
+        seed,
+        shard,
+        {
+          "tokens": tokens[a:b],
+          "segments": segments[a:b],
+          "labels": labels[first : first + count],
+          "lengths": lengths[first : first + count],
+        },
+      )
 
 
 def _is_eval(doc_index: int, seed: int, eval_fraction: float) -> bool:
@@ -490,11 +564,18 @@ def _train_vocab(config, out_dir: str) -> float:
       progress.update(stats.documents, stats.bytes, _fraction(stats, d.max_documents))
       yield from doc
 
-  logging.info("training a %d-piece SentencePiece unigram model on the corpus",
-               config.model.vocab_size)
-  tokenizer_lib.train(sentences(), os.path.join(out_dir, VOCAB_FILE), config.model.vocab_size,
-                      lower=d.do_lower_case, character_coverage=d.spm_character_coverage,
-                      input_sentence_size=d.vocab_sample_sentences, seed=config.seed)
+  logging.info(
+    "training a %d-piece SentencePiece unigram model on the corpus", config.model.vocab_size
+  )
+  tokenizer_lib.train(
+    sentences(),
+    os.path.join(out_dir, VOCAB_FILE),
+    config.model.vocab_size,
+    lower=d.do_lower_case,
+    character_coverage=d.spm_character_coverage,
+    input_sentence_size=d.vocab_sample_sentences,
+    seed=config.seed,
+  )
   if stats.documents == 0:
     raise ConfigError("the corpus has no documents")
   return time.time() - t0
@@ -513,8 +594,9 @@ def _make_shards(config, data, shards: list[dict], vocab_path: str, staging_dir:
   workers = min(num_workers(config), len(shards))
   # One worker runs here; more are spawned (fork is unsafe once JAX has started threads), each
   # tokenizing on one thread.
-  jobs = [(data, config.seed, vocab_path, shard, SPLITS, 1 if workers > 1 else -1)
-          for shard in shards]
+  jobs = [
+    (data, config.seed, vocab_path, shard, SPLITS, 1 if workers > 1 else -1) for shard in shards
+  ]
   progress = _Progress(f"prepare: tokenizing and pairing ({len(shards)} shards, {workers} workers)")
   logging.info("making examples from %d shards on %d worker processes", len(shards), workers)
   with contextlib.ExitStack() as stack:
@@ -542,23 +624,25 @@ def _staged_stats(staged: dict, cstats, pair_stats: dict) -> dict:
   tokens = staged["train"].num_tokens + staged["eval"].num_tokens
   all_labels = np.concatenate([np.frombuffer(staged[s].labels, np.int8) for s in SPLITS])
   return {
-      "documents": cstats.documents,
-      "train_documents": staged["train"].documents,
-      "eval_documents": staged["eval"].documents,
-      "sentences": cstats.sentences,
-      "raw_text_mb": round(cstats.bytes / 1e6, 3),
-      "non_utf8_lines_skipped": cstats.non_utf8_lines,
-      "tokens": tokens,
-      "train_examples": n_train,
-      "eval_examples": n_eval,
-      "mean_example_tokens": round(tokens / n, 1),
-      "short_target_fraction": round((staged["train"].short_targets
-                                      + staged["eval"].short_targets) / n, 4),
-      "sentence_order_label_1_fraction": round(float(all_labels.mean()), 4) if n_train + n_eval
-                                         else 0.0,
-      "single_sentence_chunks": pair_stats.get("single_sentence_chunks", 0),
-      "skipped_chunks": pair_stats.get("skipped_chunks", 0),
-      "truncated_pairs": pair_stats.get("truncated", 0),
+    "documents": cstats.documents,
+    "train_documents": staged["train"].documents,
+    "eval_documents": staged["eval"].documents,
+    "sentences": cstats.sentences,
+    "raw_text_mb": round(cstats.bytes / 1e6, 3),
+    "non_utf8_lines_skipped": cstats.non_utf8_lines,
+    "tokens": tokens,
+    "train_examples": n_train,
+    "eval_examples": n_eval,
+    "mean_example_tokens": round(tokens / n, 1),
+    "short_target_fraction": round(
+      (staged["train"].short_targets + staged["eval"].short_targets) / n, 4
+    ),
+    "sentence_order_label_1_fraction": round(float(all_labels.mean()), 4)
+    if n_train + n_eval
+    else 0.0,
+    "single_sentence_chunks": pair_stats.get("single_sentence_chunks", 0),
+    "skipped_chunks": pair_stats.get("skipped_chunks", 0),
+    "truncated_pairs": pair_stats.get("truncated", 0),
   }
 
 
@@ -566,8 +650,9 @@ def _beam_options(config):
   try:
     from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ConfigError(f"data.beam_runner={config.data.beam_runner!r} needs Apache Beam: "
-                      f"pip install -e \".[beam]\"") from None
+    raise ConfigError(
+      f'data.beam_runner={config.data.beam_runner!r} needs Apache Beam: pip install -e ".[beam]"'
+    ) from None
   flags = [f.strip() for f in config.data.beam_options.split(",") if f.strip()]
   return pipeline_options.PipelineOptions(flags)
 
@@ -580,33 +665,48 @@ def _build_with_beam(config, data, shards, vocab_path: str, out: str, download_d
   shards' document counts (the per-example statistics are not gathered).
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   options = _beam_options(config)
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
 
   def split_examples(split):
-    return (f"Shards{split}" >> beam.Create(shards)
-            | f"Examples{split}" >> beam.FlatMap(_beam_split_records, data, config.seed,
-                                                 vocab_path, split))
+    return f"Shards{split}" >> beam.Create(shards) | f"Examples{split}" >> beam.FlatMap(
+      _beam_split_records, data, config.seed, vocab_path, split
+    )
 
-  builder = _builder_class()(beam_examples=split_examples, data_dir=out,
-                             file_format="array_record")
-  logging.info("making and writing examples with Apache Beam (%s, %d shards)",
-               config.data.beam_runner, len(shards))
+  builder = _builder_class()(beam_examples=split_examples, data_dir=out, file_format="array_record")
+  logging.info(
+    "making and writing examples with Apache Beam (%s, %d shards)",
+    config.data.beam_runner,
+    len(shards),
+  )
   with contextlib.redirect_stdout(sys.stderr):
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS,
-        beam_runner=config.data.beam_runner, beam_options=options), download_dir=download_dir)
+    builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(
+        try_download_gcs=False,
+        download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS,
+        beam_runner=config.data.beam_runner,
+        beam_options=options,
+      ),
+      download_dir=download_dir,
+    )
   info = builder.info.splits
   docs = sum(shard["docs"] for shard in shards)
   period = max(2, int(round(1 / config.data.eval_fraction)))
-  return {"documents": docs, "train_examples": info["train"].num_examples,
-          "eval_examples": info["eval"].num_examples, "raw_text_mb": None,
-          "train_documents": docs - docs // period, "eval_documents": docs // period}
+  return {
+    "documents": docs,
+    "train_examples": info["train"].num_examples,
+    "eval_examples": info["eval"].num_examples,
+    "raw_text_mb": None,
+    "train_documents": docs - docs // period,
+    "eval_documents": docs // period,
+  }
 
 
 def _build(config, out: str, fp: dict) -> dict:
   """Builds everything prepare() promises inside `out` (a fresh temporary directory)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   d = config.data
   t_start = time.time()
   vocab_path = os.path.join(out, VOCAB_FILE)
@@ -620,8 +720,9 @@ def _build(config, out: str, fp: dict) -> dict:
     vocab_seconds = _train_vocab(config, out)
   tok = tokenizer_lib.load(vocab_path, d.do_lower_case)
   if tok.vocab_size != config.model.vocab_size:
-    raise ConfigError(f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size="
-                      f"{config.model.vocab_size}")
+    raise ConfigError(
+      f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"
+    )
 
   # Cut the corpus into shards; make each into examples (in worker processes, or a Beam pipeline).
   t0 = time.time()
@@ -642,28 +743,38 @@ def _build(config, out: str, fp: dict) -> dict:
     examples_seconds = time.time() - t0
     # Store as a TFDS dataset: TFDS shuffles each split by the hash of the keys.
     t0 = time.time()
-    logging.info("writing the TFDS dataset (%s train, %s eval examples)",
-                 f"{len(staged['train'].lengths):,}", f"{len(staged['eval'].lengths):,}")
+    logging.info(
+      "writing the TFDS dataset (%s train, %s eval examples)",
+      f"{len(staged['train'].lengths):,}",
+      f"{len(staged['eval'].lengths):,}",
+    )
     builder = _builder_class()(
-        split_examples={split: (lambda s=split: staged[s].examples(config.seed))
-                        for split in SPLITS},
-        data_dir=out, file_format="array_record")
+      split_examples={split: (lambda s=split: staged[s].examples(config.seed)) for split in SPLITS},
+      data_dir=out,
+      file_format="array_record",
+    )
     with contextlib.redirect_stdout(sys.stderr):  # TFDS prints; keep stdout for our results
-      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-          try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS),
-          download_dir=download_dir)
+      builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+          try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS
+        ),
+        download_dir=download_dir,
+      )
     write_seconds = time.time() - t0
     built = _staged_stats(staged, cstats, pair_stats)
   shutil.rmtree(staging_dir)
   for split in SPLITS:
     if not built[f"{split}_examples"]:
       raise ConfigError(
-          f"the corpus gives no {split} examples ({built['documents']} documents, "
-          f"{built[f'{split}_documents']} for {split}); use more text or a larger "
-          f"data.eval_fraction")
+        f"the corpus gives no {split} examples ({built['documents']} documents, "
+        f"{built[f'{split}_documents']} for {split}); use more text or a larger "
+        f"data.eval_fraction"
+      )
 
   total = time.time() - t_start
-  stats = dict(built, **{
+  stats = dict(
+    built,
+    **{
       "vocab_size": tok.vocab_size,
       "max_seq_length": d.max_seq_length,
       "shards": len(shards),
@@ -671,19 +782,31 @@ def _build(config, out: str, fp: dict) -> dict:
       "vocab_seconds": round(vocab_seconds, 1),
       "examples_seconds": round(examples_seconds, 1),
       "write_seconds": round(write_seconds, 1),
-      "mb_per_second": (round(built["raw_text_mb"] / max(examples_seconds + write_seconds, 1e-9), 3)
-                        if built.get("raw_text_mb") is not None else None),
-  })
+      "mb_per_second": (
+        round(built["raw_text_mb"] / max(examples_seconds + write_seconds, 1e-9), 3)
+        if built.get("raw_text_mb") is not None
+        else None
+      ),
+    },
+  )
   if stats.get("non_utf8_lines_skipped"):
-    logging.warning("skipped %d lines that are not valid UTF-8 (data.non_utf8=skip)",
-                    stats["non_utf8_lines_skipped"])
+    logging.warning(
+      "skipped %d lines that are not valid UTF-8 (data.non_utf8=skip)",
+      stats["non_utf8_lines_skipped"],
+    )
   if stats.get("skipped_chunks"):
-    logging.warning("%d chunks could not form a pair (a one-token sentence alone) and were skipped",
-                    stats["skipped_chunks"])
-  prepared = {"fingerprint": fp, "vocab_sha256": file_sha256(vocab_path), "stats": stats,
-              "dataset": {"name": DATASET_NAME, "version": DATASET_VERSION,
-                          "file_format": "array_record"},
-              "python": sys.version.split()[0], "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+    logging.warning(
+      "%d chunks could not form a pair (a one-token sentence alone) and were skipped",
+      stats["skipped_chunks"],
+    )
+  prepared = {
+    "fingerprint": fp,
+    "vocab_sha256": file_sha256(vocab_path),
+    "stats": stats,
+    "dataset": {"name": DATASET_NAME, "version": DATASET_VERSION, "file_format": "array_record"},
+    "python": sys.version.split()[0],
+    "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+  }
   with open(os.path.join(out, PREPARED_FILE), "w") as f:
     json.dump(prepared, f, indent=1)
   return prepared
@@ -698,7 +821,7 @@ def _build_prefix(ddir: str) -> str:
 def _remove_interrupted_builds(ddir: str) -> None:
   prefix = os.path.join(os.path.dirname(ddir), _build_prefix(ddir))
   for path in glob.glob(glob.escape(prefix) + "*"):
-    pid = path[len(prefix):].split("-", 1)[0]
+    pid = path[len(prefix) :].split("-", 1)[0]
     if not pid.isdigit():
       continue
     try:
@@ -727,8 +850,10 @@ def prepare(config, workdir: str) -> dict:
     logging.info("prepared data found in %s", ddir)
     return _info(ddir, prepared)
   if os.path.isdir(ddir) and os.listdir(ddir):
-    raise ConfigError(f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
-                      f"use another data.data_dir or empty it")
+    raise ConfigError(
+      f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
+      f"use another data.data_dir or empty it"
+    )
   if os.path.exists(ddir) and not os.path.isdir(ddir):
     raise ConfigError(f"{ddir} exists and is not a directory")
   fp = fingerprint(config)
@@ -747,8 +872,10 @@ def prepare(config, workdir: str) -> dict:
       _build(config, tmp, fp)
     except Exception as e:
       if files.is_disk_full(e):
-        raise files.DiskFull(f"no space left on device preparing data in {ddir}; nothing was put in "
-                             f"place: free space and re-run") from e
+        raise files.DiskFull(
+          f"no space left on device preparing data in {ddir}; nothing was put in "
+          f"place: free space and re-run"
+        ) from e
       raise
     try:
       os.rename(tmp, ddir)  # atomic; an empty directory is replaced
@@ -760,5 +887,3 @@ def prepare(config, workdir: str) -> dict:
   ddir, prepared = check_prepared(config, workdir)
   logging.info("prepared %s: %s", ddir, json.dumps(prepared["stats"]))
   return _info(ddir, prepared)
-
-

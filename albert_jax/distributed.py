@@ -21,6 +21,7 @@ After joining, every process must run the same config from the same checkpoint s
 while the others wait for its outcome (`primary_first`), so a failure there is one clear error on
 every host instead of a hang in the next collective.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,7 +31,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +58,7 @@ T = TypeVar("T")
 # ----------------------------------------------------------------------------------------------------
 # Joining the job.
 
+
 def _env_int(environ, name: str) -> int | None:
   value = environ.get(name, "").strip()
   if not value:
@@ -77,6 +80,7 @@ def _cloud_tpu_vm_workers() -> int:
   try:
     from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
     from jax._src.clusters import cloud_tpu_cluster  # pylint: disable=g-import-not-at-top
+
     if not cloud_tpu_init.running_in_cloud_tpu_vm:
       return 0
     if not cloud_tpu_cluster.GceTpuCluster.is_env_present():
@@ -113,16 +117,19 @@ def settings(config, environ=None) -> dict[str, Any] | None:
     missing = [k for k, v in given.items() if v is None]
     if missing:
       raise ConfigError(
-          f"distributed: {', '.join(missing)} not set; give coordinator_address, num_processes and "
-          f"process_id together (config.distributed.* or ${ENV_COORDINATOR_ADDRESS}, "
-          f"${ENV_NUM_PROCESSES}, ${ENV_PROCESS_ID})")
+        f"distributed: {', '.join(missing)} not set; give coordinator_address, num_processes and "
+        f"process_id together (config.distributed.* or ${ENV_COORDINATOR_ADDRESS}, "
+        f"${ENV_NUM_PROCESSES}, ${ENV_PROCESS_ID})"
+      )
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
       raise ConfigError(f"distributed.coordinator_address={address!r} is not host:port")
     if num < 1 or not 0 <= pid < num:
       raise ConfigError(f"distributed: process_id={pid} is not in [0, num_processes={num})")
     if d.initialization_timeout <= 0:
-      raise ConfigError(f"distributed.initialization_timeout={d.initialization_timeout} must be positive")
+      raise ConfigError(
+        f"distributed.initialization_timeout={d.initialization_timeout} must be positive"
+      )
     return None if num == 1 else given
   if _auto_detected(environ):
     return {}
@@ -141,14 +148,18 @@ def initialize(config) -> None:
   timeout = int(config.distributed.initialization_timeout)
   if kwargs:
     who = f"process {kwargs['process_id']} of {kwargs['num_processes']}"
-    where = (f"the coordinator {kwargs['coordinator_address']}; start the same command on every host "
-             f"with process_id 0..{kwargs['num_processes'] - 1} (each once) and check that host 0 "
-             f"is reachable at that address")
+    where = (
+      f"the coordinator {kwargs['coordinator_address']}; start the same command on every host "
+      f"with process_id 0..{kwargs['num_processes'] - 1} (each once) and check that host 0 "
+      f"is reachable at that address"
+    )
   else:
     who = f"this process ({_auto_detected(os.environ)})"
     where = "the job's coordinator; start the same command on every worker at the same time"
-  message = (f"{who}: not every process joined within {timeout}s "
-             f"(config.distributed.initialization_timeout) at {where}")
+  message = (
+    f"{who}: not every process joined within {timeout}s "
+    f"(config.distributed.initialization_timeout) at {where}"
+  )
   with _deadline(timeout, message):
     jax.distributed.initialize(initialization_timeout=timeout + JAX_TIMEOUT_GRACE_SECONDS, **kwargs)
     jax.devices()  # the backend exchanges the global topology here: part of joining
@@ -182,6 +193,7 @@ class _deadline:
 # ----------------------------------------------------------------------------------------------------
 # Agreement between processes.
 
+
 def config_fingerprint(config) -> str:
   """sha256 of the resolved config without per-host fields: equal on every host of one run."""
   values = json.loads(config.to_json_best_effort(sort_keys=True))
@@ -205,7 +217,9 @@ def disagreements(rows: np.ndarray) -> list[str]:
       problems.append(f"process {p} runs another jax version than process 0")
     if rows[p][2] != rows[0][2]:
       step = lambda s: "no checkpoint" if s < 0 else f"step {s}"
-      problems.append(f"process {p} resumes from {step(rows[p][2])}, process 0 from {step(rows[0][2])}")
+      problems.append(
+        f"process {p} resumes from {step(rows[p][2])}, process 0 from {step(rows[0][2])}"
+      )
   return problems
 
 
@@ -219,20 +233,28 @@ def check_same_run(config, step: int | None) -> None:
     return
   from jax.experimental import multihost_utils
 
-  mine = np.asarray([_int31(config_fingerprint(config)),
-                     _int31(hashlib.sha256(jax.__version__.encode()).hexdigest()),
-                     -1 if step is None else int(step)], np.int32)
+  mine = np.asarray(
+    [
+      _int31(config_fingerprint(config)),
+      _int31(hashlib.sha256(jax.__version__.encode()).hexdigest()),
+      -1 if step is None else int(step),
+    ],
+    np.int32,
+  )
   rows = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), 3)
   problems = disagreements(rows)
   if problems:
-    raise ConfigError(f"the {len(rows)} processes disagree: {'; '.join(problems)}; every host must run "
-                      f"the same command on the same (shared) --workdir")
+    raise ConfigError(
+      f"the {len(rows)} processes disagree: {'; '.join(problems)}; every host must run "
+      f"the same command on the same (shared) --workdir"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
 # Agreeing during training.
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def _vote_fns() -> tuple[NamedSharding, Callable]:
   devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
   mesh = Mesh(devices, ("processes", "local"))
@@ -266,8 +288,9 @@ def _client():
   return jax_distributed.global_state.client
 
 
-def primary_first(what: str, fn: Callable[[], T],
-                  timeout_seconds: float = PRIMARY_FIRST_TIMEOUT_SECONDS) -> T:
+def primary_first(
+  what: str, fn: Callable[[], T], timeout_seconds: float = PRIMARY_FIRST_TIMEOUT_SECONDS
+) -> T:
   """Runs fn on process 0, then on the others (fn must be idempotent, e.g. data.prepare).
 
   Process 0 publishes its outcome in the coordination service; the others wait for it (no device
@@ -292,8 +315,10 @@ def primary_first(what: str, fn: Callable[[], T],
   try:
     outcome = client.blocking_key_value_get(key, int(timeout_seconds * 1000))
   except Exception:  # jax raises its runtime error type on a deadline
-    raise ConfigError(f"process {jax.process_index()}: process 0 did not finish ({what}) within "
-                      f"{time.monotonic() - start:.0f}s") from None
+    raise ConfigError(
+      f"process {jax.process_index()}: process 0 did not finish ({what}) within "
+      f"{time.monotonic() - start:.0f}s"
+    ) from None
   if outcome != "ok":
     raise ConfigError(f"process 0 failed to {what}: {outcome.removeprefix('error: ')}")
   return fn()

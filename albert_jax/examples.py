@@ -26,9 +26,10 @@ Where we depart from the original, and why:
   * Random replacements (the 10%) are drawn from the non-control ids (the original drew from the
     whole vocabulary, [CLS] and [MASK] included).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -40,13 +41,13 @@ NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start
 # P = max_predictions_per_seq, dtype). The original's feature names; the one batch layout that the
 # input pipeline produces and the trainer, the estimate and the benchmarks consume.
 FEATURES = {
-    "input_ids": (("B", "S"), np.int32),
-    "input_mask": (("B", "S"), np.int32),
-    "segment_ids": (("B", "S"), np.int32),
-    "masked_lm_positions": (("B", "P"), np.int32),
-    "masked_lm_ids": (("B", "P"), np.int32),
-    "masked_lm_weights": (("B", "P"), np.float32),
-    "sentence_order_label": (("B",), np.int32),
+  "input_ids": (("B", "S"), np.int32),
+  "input_mask": (("B", "S"), np.int32),
+  "segment_ids": (("B", "S"), np.int32),
+  "masked_lm_positions": (("B", "P"), np.int32),
+  "masked_lm_ids": (("B", "P"), np.int32),
+  "masked_lm_weights": (("B", "P"), np.float32),
+  "sentence_order_label": (("B",), np.int32),
 }
 FEATURE_KEYS = tuple(FEATURES)
 
@@ -55,10 +56,15 @@ def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
   """The batch's jax.ShapeDtypeStructs for config (global batch train.batch_size unless given)."""
   import jax  # pylint: disable=g-import-not-at-top  (examples.py stays importable without jax)
 
-  dims = {"B": config.train.batch_size if batch_size is None else batch_size,
-          "S": config.data.max_seq_length, "P": config.data.max_predictions_per_seq}
-  return {k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
-          for k, (shape, dtype) in FEATURES.items()}
+  dims = {
+    "B": config.train.batch_size if batch_size is None else batch_size,
+    "S": config.data.max_seq_length,
+    "P": config.data.max_predictions_per_seq,
+  }
+  return {
+    k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
+    for k, (shape, dtype) in FEATURES.items()
+  }
 
 
 def masking_budget(num_tokens, max_predictions_per_seq: int, masked_lm_prob: float = 0.15):
@@ -67,12 +73,15 @@ def masking_budget(num_tokens, max_predictions_per_seq: int, masked_lm_prob: flo
   num_tokens counts [CLS] and [SEP] as the original did (len(tokens)); round is half-to-even as in
   Python 3. Works on ints and arrays.
   """
-  return np.minimum(max_predictions_per_seq,
-                    np.maximum(1, np.round(np.asarray(num_tokens) * masked_lm_prob).astype(np.int64)))
+  return np.minimum(
+    max_predictions_per_seq,
+    np.maximum(1, np.round(np.asarray(num_tokens) * masked_lm_prob).astype(np.int64)),
+  )
 
 
 # ----------------------------------------------------------------------------------------------
 # Stage 1: segment pairs.
+
 
 def _truncate_counts(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
   """How many tokens the original truncate_seq_pair removes from A and from B.
@@ -94,12 +103,19 @@ def _truncate(tokens: np.ndarray, remove: int, rng: np.random.Generator) -> np.n
   if remove <= 0:
     return tokens
   front = int(rng.binomial(remove, 0.5))
-  return tokens[front:len(tokens) - (remove - front)]
+  return tokens[front : len(tokens) - (remove - front)]
 
 
-def create_pairs(documents: Sequence[Sequence[Sequence[int]]], rng: np.random.Generator, *,
-                 max_seq_length: int, short_seq_prob: float = 0.1, task: str = "sop",
-                 single_sentence_random_next: bool = False, stats: dict | None = None) -> list[dict]:
+def create_pairs(
+  documents: Sequence[Sequence[Sequence[int]]],
+  rng: np.random.Generator,
+  *,
+  max_seq_length: int,
+  short_seq_prob: float = 0.1,
+  task: str = "sop",
+  single_sentence_random_next: bool = False,
+  stats: dict | None = None,
+) -> list[dict]:
   """Unmasked examples from tokenized documents (lists of sentences of token ids).
 
   Returns dicts with `input_ids` (int32, unpadded: [CLS] A [SEP] B [SEP]), `segment_ids` (int8:
@@ -185,14 +201,20 @@ def create_pairs(documents: Sequence[Sequence[Sequence[int]]], rng: np.random.Ge
           la, lb = len(tokens_a), len(tokens_b)
           input_ids = np.empty(la + lb + 3, np.int32)
           input_ids[0] = CLS_ID
-          input_ids[1:la + 1] = tokens_a
+          input_ids[1 : la + 1] = tokens_a
           input_ids[la + 1] = SEP_ID
-          input_ids[la + 2:la + lb + 2] = tokens_b
+          input_ids[la + 2 : la + lb + 2] = tokens_b
           input_ids[-1] = SEP_ID
           segment_ids = np.zeros(la + lb + 3, np.int8)
-          segment_ids[la + 2:] = 1
-          out.append(dict(input_ids=input_ids, segment_ids=segment_ids, sentence_order_label=label,
-                          target_length=target))
+          segment_ids[la + 2 :] = 1
+          out.append(
+            dict(
+              input_ids=input_ids,
+              segment_ids=segment_ids,
+              sentence_order_label=label,
+              target_length=target,
+            )
+          )
         chunk, length = [], 0
         target = draw_target()
       i += 1
@@ -202,15 +224,21 @@ def create_pairs(documents: Sequence[Sequence[Sequence[int]]], rng: np.random.Ge
 # ----------------------------------------------------------------------------------------------
 # Stage 2: masking.
 
+
 def ngram_cdf(max_ngram: int) -> list[float]:
   """Cumulative p(n) ~ 1/n for n = 1..max_ngram (paper section 4.1: 6/11, 3/11, 2/11 for 3)."""
   p = 1.0 / np.arange(1, max_ngram + 1)
   return np.cumsum(p / p.sum()).tolist()
 
 
-def select_masked_positions(starts: Sequence[int], ends: Sequence[int], budget: int,
-                            rng: np.random.Generator, cdf: Sequence[float],
-                            spans: list | None = None) -> list[int]:
+def select_masked_positions(
+  starts: Sequence[int],
+  ends: Sequence[int],
+  budget: int,
+  rng: np.random.Generator,
+  cdf: Sequence[float],
+  spans: list | None = None,
+) -> list[int]:
   """Token positions to predict: whole-word n-gram spans, exactly `budget` tokens.
 
   Word w covers tokens [starts[w], ends[w]). Each span draws n from `cdf` (p(n) ~ 1/n) and a start
@@ -247,7 +275,7 @@ def select_masked_positions(starts: Sequence[int], ends: Sequence[int], budget: 
             u.extend(rng.random(64).tolist())
           j = int(u[k] * hi)
           k += 1
-          if not (covered[j] if n == 1 else any(covered[j:j + n])):
+          if not (covered[j] if n == 1 else any(covered[j : j + n])):
             start = j
             break
       if start < 0:
@@ -298,8 +326,15 @@ class Masker:
   pad, [CLS], [SEP], [MASK]) come from tokenizer.Tokenizer.
   """
 
-  def __init__(self, word_start: np.ndarray, candidate: np.ndarray, *, max_predictions_per_seq: int,
-               masked_lm_prob: float = 0.15, max_ngram: int = 3):
+  def __init__(
+    self,
+    word_start: np.ndarray,
+    candidate: np.ndarray,
+    *,
+    max_predictions_per_seq: int,
+    masked_lm_prob: float = 0.15,
+    max_ngram: int = 3,
+  ):
     self.word_start = np.asarray(word_start, bool)
     self.candidate = np.asarray(candidate, bool)
     self.vocab_size = len(self.word_start)
@@ -320,9 +355,16 @@ class Masker:
     self._gen.bit_generator.state = state
     return self._gen
 
-  def __call__(self, input_ids: np.ndarray, segment_ids: np.ndarray, input_mask: np.ndarray,
-               sentence_order_label: np.ndarray, rngs=None, keys: np.ndarray | None = None,
-               spans: list | None = None) -> dict[str, np.ndarray]:
+  def __call__(
+    self,
+    input_ids: np.ndarray,
+    segment_ids: np.ndarray,
+    input_mask: np.ndarray,
+    sentence_order_label: np.ndarray,
+    rngs=None,
+    keys: np.ndarray | None = None,
+    spans: list | None = None,
+  ) -> dict[str, np.ndarray]:
     """Masks a padded batch ([b, S] arrays). One generator per example: `rngs[i]` or the Philox
     generator keyed by `keys[i]` (two uint64, see example_rng). Returns the model's features."""
     input_ids = np.asarray(input_ids, np.int32)
@@ -349,19 +391,23 @@ class Masker:
       rng = rngs[r] if keys is None else self._keyed(keys[r])
       lo, hi = offsets[r], offsets[r + 1]
       row_spans = [] if spans is not None else None
-      pos = select_masked_positions(starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans)
+      pos = select_masked_positions(
+        starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
+      )
       pos.sort()
       count = len(pos)
       positions[r, :count] = pos
       weights[r, :count] = 1.0
-      uniforms[r, :2 * count] = rng.random(2 * count)
+      uniforms[r, : 2 * count] = rng.random(2 * count)
       if spans is not None:
         spans.append(row_spans)
     counts = (weights > 0).sum(axis=1)
     # The per-example uniforms are laid out [replace draws | random-id draws].
     cols = np.arange(num_p)
     replace_u = uniforms[:, :num_p]
-    id_u = np.take_along_axis(uniforms, np.minimum(cols[None, :] + counts[:, None], 2 * num_p - 1), 1)
+    id_u = np.take_along_axis(
+      uniforms, np.minimum(cols[None, :] + counts[:, None], 2 * num_p - 1), 1
+    )
     labels = np.take_along_axis(input_ids, positions, axis=1)
     random_ids = NUM_CONTROL_IDS + (id_u * (self.vocab_size - NUM_CONTROL_IDS)).astype(np.int32)
     # 80% [MASK], 10% unchanged, 10% a random id (the original's two draws, as one uniform).
@@ -371,13 +417,14 @@ class Masker:
     masked_ids = input_ids.copy()
     masked_ids[rr, positions[rr, cc]] = shown[rr, cc]
     return dict(
-        input_ids=masked_ids,
-        input_mask=np.asarray(input_mask, np.int32),
-        segment_ids=np.asarray(segment_ids, np.int32),
-        masked_lm_positions=positions,
-        masked_lm_ids=np.where(valid, labels, 0).astype(np.int32),
-        masked_lm_weights=weights,
-        sentence_order_label=np.asarray(sentence_order_label, np.int32).reshape(b))
+      input_ids=masked_ids,
+      input_mask=np.asarray(input_mask, np.int32),
+      segment_ids=np.asarray(segment_ids, np.int32),
+      masked_lm_positions=positions,
+      masked_lm_ids=np.where(valid, labels, 0).astype(np.int32),
+      masked_lm_weights=weights,
+      sentence_order_label=np.asarray(sentence_order_label, np.int32).reshape(b),
+    )
 
 
 def pad_example(example: dict, max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -394,16 +441,35 @@ def pad_example(example: dict, max_seq_length: int) -> tuple[np.ndarray, np.ndar
   return ids, seg, mask
 
 
-def mask_example(example: dict, rng: np.random.Generator, *, word_start: np.ndarray,
-                 candidate: np.ndarray, max_seq_length: int, max_predictions_per_seq: int,
-                 masked_lm_prob: float = 0.15, max_ngram: int = 3,
-                 spans: list | None = None) -> dict[str, np.ndarray]:
+def mask_example(
+  example: dict,
+  rng: np.random.Generator,
+  *,
+  word_start: np.ndarray,
+  candidate: np.ndarray,
+  max_seq_length: int,
+  max_predictions_per_seq: int,
+  masked_lm_prob: float = 0.15,
+  max_ngram: int = 3,
+  spans: list | None = None,
+) -> dict[str, np.ndarray]:
   """Masks one unmasked example (from create_pairs) into padded model features (unbatched)."""
-  masker = Masker(word_start, candidate, max_predictions_per_seq=max_predictions_per_seq,
-                  masked_lm_prob=masked_lm_prob, max_ngram=max_ngram)
+  masker = Masker(
+    word_start,
+    candidate,
+    max_predictions_per_seq=max_predictions_per_seq,
+    masked_lm_prob=masked_lm_prob,
+    max_ngram=max_ngram,
+  )
   ids, seg, mask = pad_example(example, max_seq_length)
-  out = masker(ids[None], seg[None], mask[None], np.array([example["sentence_order_label"]]),
-               rngs=[rng], spans=spans)
+  out = masker(
+    ids[None],
+    seg[None],
+    mask[None],
+    np.array([example["sentence_order_label"]]),
+    rngs=[rng],
+    spans=spans,
+  )
   if spans is not None:
     spans[:] = spans[0]
   return {k: v[0] for k, v in out.items()}
@@ -416,8 +482,9 @@ def example_rng_key(seed: int, epoch: int, index: int) -> tuple[int, int]:
 
 def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
   """A generator for masking example `index` in `epoch`: the same triple gives the same masks."""
-  return np.random.Generator(np.random.Philox(key=np.array(example_rng_key(seed, epoch, index),
-                                                           np.uint64)))
+  return np.random.Generator(
+    np.random.Philox(key=np.array(example_rng_key(seed, epoch, index), np.uint64))
+  )
 
 
 def _splitmix64(x: int) -> int:

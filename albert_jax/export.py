@@ -10,6 +10,7 @@ model.safetensors, config.json, spiece.model, tokenizer.json, tokenizer_config.j
 resolved model config, spiece.model and a card; albert_jax.jax_export.load_jax_export(OUT) reads it back.
 Errors are one line `error: ...`; exit statuses: cli.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,30 +38,56 @@ def parse_step(step: str | int) -> str | int:
 def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = "") -> str:
   """A short README.md: what the model is, its config, training steps, eval metrics, how to load it."""
   m = config.model
-  rows = [("vocab_size", m.vocab_size), ("embedding_size (E)", m.embedding_size),
-          ("hidden_size (H)", m.hidden_size), ("num_hidden_layers (L)", m.num_hidden_layers),
-          ("num_attention_heads", m.num_attention_heads), ("intermediate_size", m.intermediate_size),
-          ("max_position_embeddings", m.max_position_embeddings), ("sharing", m.sharing),
-          ("num_hidden_groups", m.num_hidden_groups), ("inner_group_num", m.inner_group_num)]
+  rows = [
+    ("vocab_size", m.vocab_size),
+    ("embedding_size (E)", m.embedding_size),
+    ("hidden_size (H)", m.hidden_size),
+    ("num_hidden_layers (L)", m.num_hidden_layers),
+    ("num_attention_heads", m.num_attention_heads),
+    ("intermediate_size", m.intermediate_size),
+    ("max_position_embeddings", m.max_position_embeddings),
+    ("sharing", m.sharing),
+    ("num_hidden_groups", m.num_hidden_groups),
+    ("inner_group_num", m.inner_group_num),
+  ]
   lines = []
   if fmt == "hf":
-    lines += ["---", "library_name: transformers", "tags:", "- albert", "- fill-mask", "- albert_jax",
-              "---", ""]
-  lines += [f"{CARD_MARKER} (step {step})", "",
-            "ALBERT (Lan et al., ICLR 2020, arXiv:1909.11942) pretrained with masked language modelling and "
-            "sentence-order prediction by albert_jax" + (f" (run `{source}`)" if source else "") + ".", "",
-            "## Model", "", "| field | value |", "|---|---|"]
+    lines += [
+      "---",
+      "library_name: transformers",
+      "tags:",
+      "- albert",
+      "- fill-mask",
+      "- albert_jax",
+      "---",
+      "",
+    ]
+  lines += [
+    f"{CARD_MARKER} (step {step})",
+    "",
+    "ALBERT (Lan et al., ICLR 2020, arXiv:1909.11942) pretrained with masked language modelling and "
+    "sentence-order prediction by albert_jax" + (f" (run `{source}`)" if source else "") + ".",
+    "",
+    "## Model",
+    "",
+    "| field | value |",
+    "|---|---|",
+  ]
   lines += [f"| {k} | {v} |" for k, v in rows]
   lines += ["", "## Training", "", f"- steps: {step}"]
   train = getattr(config, "train", None)
   if train is not None:
-    lines += [f"- batch size: {train.batch_size}, optimizer: {train.optimizer}, "
-              f"peak learning rate: {train.learning_rate}"]
+    lines += [
+      f"- batch size: {train.batch_size}, optimizer: {train.optimizer}, "
+      f"peak learning rate: {train.learning_rate}"
+    ]
   data = getattr(config, "data", None)
   if data is not None:
     task = config.task.name if "task" in config else data.task
-    lines += [f"- sequence length: {data.max_seq_length}, task: {task}, "
-              f"lowercased: {bool(data.do_lower_case)}"]
+    lines += [
+      f"- sequence length: {data.max_seq_length}, task: {task}, "
+      f"lowercased: {bool(data.do_lower_case)}"
+    ]
   lines += ["", "## Eval metrics", ""]
   if metrics:
     lines += ["| metric | value |", "|---|---|"]
@@ -73,22 +100,39 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
 
     cls = FINETUNED[config.task.kind][0]
     lines[lines.index(f"{CARD_MARKER} (step {step})") + 2] = (
-        f"ALBERT fine-tuned on {config.task.name} by albert_jax"
-        + (f" (run `{source}`)" if source else "") + ".")
-    lines += ["```python", f"from transformers import {cls}, AlbertTokenizer",
-              f'model = {cls}.from_pretrained("PATH")',
-              'tokenizer = AlbertTokenizer.from_pretrained("PATH")', "```"]
+      f"ALBERT fine-tuned on {config.task.name} by albert_jax"
+      + (f" (run `{source}`)" if source else "")
+      + "."
+    )
+    lines += [
+      "```python",
+      f"from transformers import {cls}, AlbertTokenizer",
+      f'model = {cls}.from_pretrained("PATH")',
+      'tokenizer = AlbertTokenizer.from_pretrained("PATH")',
+      "```",
+    ]
   elif fmt == "hf":
-    lines += ["```python", "from transformers import AlbertForPreTraining, AlbertTokenizer",
-              'model = AlbertForPreTraining.from_pretrained("PATH")',
-              'tokenizer = AlbertTokenizer.from_pretrained("PATH")', "```", "",
-              "Any AlbertFor* class loads the backbone (task heads start fresh). The GELU is the tanh form "
-              "(`gelu_new`), as in the original ALBERT."]
+    lines += [
+      "```python",
+      "from transformers import AlbertForPreTraining, AlbertTokenizer",
+      'model = AlbertForPreTraining.from_pretrained("PATH")',
+      'tokenizer = AlbertTokenizer.from_pretrained("PATH")',
+      "```",
+      "",
+      "Any AlbertFor* class loads the backbone (task heads start fresh). The GELU is the tanh form "
+      "(`gelu_new`), as in the original ALBERT.",
+    ]
   else:
-    lines += ["```python", "from albert_jax import jax_export, model", 'params, config = jax_export.load_jax_export("PATH")',
-              "out = model.AlbertForPreTraining(config).apply({'params': params}, input_ids, token_type_ids, "
-              "attention_mask, masked_lm_positions)", "```", "",
-              "`--config.init_from=PATH` continues pretraining from it."]
+    lines += [
+      "```python",
+      "from albert_jax import jax_export, model",
+      'params, config = jax_export.load_jax_export("PATH")',
+      "out = model.AlbertForPreTraining(config).apply({'params': params}, input_ids, token_type_ids, "
+      "attention_mask, masked_lm_positions)",
+      "```",
+      "",
+      "`--config.init_from=PATH` continues pretraining from it.",
+    ]
   return "\n".join(lines) + "\n"
 
 
@@ -104,9 +148,14 @@ def _is_export(path: str) -> bool:
       ours = CARD_MARKER in f.read(4096)
   except (OSError, UnicodeDecodeError):
     ours = False
-  return (ours and os.path.isfile(os.path.join(path, "config.json"))
-          and any(os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "params.safetensors"))
-          and not os.path.exists(os.path.join(path, "checkpoints")))
+  return (
+    ours
+    and os.path.isfile(os.path.join(path, "config.json"))
+    and any(
+      os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "params.safetensors")
+    )
+    and not os.path.exists(os.path.join(path, "checkpoints"))
+  )
 
 
 def check_output(output: str, overwrite: bool) -> str:
@@ -114,15 +163,27 @@ def check_output(output: str, overwrite: bool) -> str:
   output = os.path.abspath(output)
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
     if not overwrite:
-      raise ConfigError(f"{output} exists and is not empty; pass --overwrite to replace an earlier export")
+      raise ConfigError(
+        f"{output} exists and is not empty; pass --overwrite to replace an earlier export"
+      )
     if not _is_export(output):
       raise ConfigError(f"{output} does not look like an earlier export; refusing to replace it")
   return output
 
 
-def write_export(params: Any, config: Any, output: str, *, step: int, metrics: dict | None = None,
-                 spm_model_path: str | None = None, fmt: str = "hf", overwrite: bool = False,
-                 unshare: bool = False, source: str = "") -> str:
+def write_export(
+  params: Any,
+  config: Any,
+  output: str,
+  *,
+  step: int,
+  metrics: dict | None = None,
+  spm_model_path: str | None = None,
+  fmt: str = "hf",
+  overwrite: bool = False,
+  unshare: bool = False,
+  source: str = "",
+) -> str:
   """Writes an export of `params` (AlbertForPreTraining's) under the run config `config` to `output`."""
   from albert_jax import hf, jax_export
 
@@ -138,18 +199,34 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
   shutil.rmtree(staging, ignore_errors=True)
   try:
     if fmt == "hf":
-      hf.save_hf(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
-                 unshare=unshare, readme=readme, task=config.get("task"))
+      hf.save_hf(
+        params,
+        config.model,
+        staging,
+        spm_model_path,
+        do_lower_case=do_lower_case,
+        unshare=unshare,
+        readme=readme,
+        task=config.get("task"),
+      )
     elif "task" in config:
-      raise ConfigError("--format=jax holds pretraining parameters; export a fine-tuned model with "
-                        "--format=hf")
+      raise ConfigError(
+        "--format=jax holds pretraining parameters; export a fine-tuned model with --format=hf"
+      )
     else:
       extra = {"step": int(step), "metrics": metrics, "source": source}
       if "data" in config:
         extra["max_seq_length"] = int(config.data.max_seq_length)
         extra["task"] = str(config.data.task)  # which sentence-pair task the head learned
-      jax_export.save_jax(params, config.model, staging, spm_model_path, do_lower_case=do_lower_case,
-                  extra=extra, readme=readme)
+      jax_export.save_jax(
+        params,
+        config.model,
+        staging,
+        spm_model_path,
+        do_lower_case=do_lower_case,
+        extra=extra,
+        readme=readme,
+      )
     if os.path.isdir(output):
       shutil.rmtree(output)  # empty, or an earlier export with --overwrite
     os.replace(staging, output)
@@ -158,8 +235,15 @@ def write_export(params: Any, config: Any, output: str, *, step: int, metrics: d
   return output
 
 
-def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf", overwrite: bool = False,
-           unshare: bool = False, spm_model_path: str = "") -> str:
+def export(
+  workdir: str,
+  output: str,
+  step: str | int = "latest",
+  fmt: str = "hf",
+  overwrite: bool = False,
+  unshare: bool = False,
+  spm_model_path: str = "",
+) -> str:
   """Reads a checkpoint of the run in `workdir` (parameters only) and writes it with write_export."""
   if not workdir or ("://" not in workdir and not os.path.isdir(workdir)):  # gs://: Orbax reads it
     raise ConfigError(f"--workdir {workdir!r} is not a directory")
@@ -175,8 +259,9 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
 
   params, config, step, metrics = checkpoint.load_params(workdir, step)
   # A fine-tuning run records the vocabulary it used (init_from's); a pretraining run has its own.
-  spm = spm_model_path or (config.data.spm_model_path if "task" in config
-                           else dataset.spm_model_path(config, workdir))
+  spm = spm_model_path or (
+    config.data.spm_model_path if "task" in config else dataset.spm_model_path(config, workdir)
+  )
   if not (epath.Path(spm).exists() if "://" in spm else os.path.isfile(spm)):
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
   from albert_jax import tokenizer
@@ -184,20 +269,41 @@ def export(workdir: str, output: str, step: str | int = "latest", fmt: str = "hf
   vocab = tokenizer.load(spm).vocab_size
   if vocab > config.model.vocab_size:
     raise ConfigError(f"{spm} has {vocab} pieces but model.vocab_size={config.model.vocab_size}")
-  return write_export(params, config, output, step=step, metrics=metrics, spm_model_path=spm, fmt=fmt,
-                      overwrite=overwrite, unshare=unshare, source=os.path.abspath(workdir))
+  return write_export(
+    params,
+    config,
+    output,
+    step=step,
+    metrics=metrics,
+    spm_model_path=spm,
+    fmt=fmt,
+    overwrite=overwrite,
+    unshare=unshare,
+    source=os.path.abspath(workdir),
+  )
 
 
 def run() -> None:
   """Defines the flags (here, not at import) and writes the export."""
-  workdir = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/ and config.json.")
+  workdir = flags.DEFINE_string(
+    "workdir", None, "Run directory holding checkpoints/ and config.json."
+  )
   output = flags.DEFINE_string("output", None, "Directory to write (must not exist or be empty).")
-  step = flags.DEFINE_string("step", "latest", "latest | best (by eval masked_lm_accuracy) | a step number.")
-  fmt = flags.DEFINE_enum("format", "hf", ["hf", "jax"], "hf: transformers (PyTorch) layout; jax: ours.")
-  overwrite = flags.DEFINE_bool("overwrite", False, "Replace --output if it holds an earlier export.")
+  step = flags.DEFINE_string(
+    "step", "latest", "latest | best (by eval masked_lm_accuracy) | a step number."
+  )
+  fmt = flags.DEFINE_enum(
+    "format", "hf", ["hf", "jax"], "hf: transformers (PyTorch) layout; jax: ours."
+  )
+  overwrite = flags.DEFINE_bool(
+    "overwrite", False, "Replace --output if it holds an earlier export."
+  )
   unshare = flags.DEFINE_bool(
-      "unshare", False, "hf: write a shared-attention/shared-FFN model (paper Table 4) as L unshared "
-      "layers (the same outputs; the sharing is lost). Without it such models are refused.")
+    "unshare",
+    False,
+    "hf: write a shared-attention/shared-FFN model (paper Table 4) as L unshared "
+    "layers (the same outputs; the sharing is lost). Without it such models are refused.",
+  )
   spm = flags.DEFINE_string("spm_model_path", "", "Vocabulary to ship instead of the run's own.")
   cli.define_verbose()
   flags.mark_flags_as_required(["workdir", "output"])
@@ -207,8 +313,15 @@ def run() -> None:
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
     cli.setup_logging("export", None)  # the workdir is read, never written
     with cli.guard():
-      out = export(workdir.value, output.value, step.value, fmt.value, overwrite.value, unshare.value,
-                   spm.value)
+      out = export(
+        workdir.value,
+        output.value,
+        step.value,
+        fmt.value,
+        overwrite.value,
+        unshare.value,
+        spm.value,
+      )
     print(f"wrote {fmt.value} export to {out}")
 
   app.run(main, flags_parser=cli.parse_flags)

@@ -7,7 +7,7 @@ import errno
 import json
 import os
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 from albert_jax.config_lib import ConfigError
 
@@ -90,8 +90,10 @@ def workdir_lock(workdir: str) -> Iterator[None]:
       if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
         raise
       holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
-      raise ConfigError(f"{workdir} is in use by another run ({holder}); wait for it to finish, "
-                        f"stop it, or use another --workdir") from None
+      raise ConfigError(
+        f"{workdir} is in use by another run ({holder}); wait for it to finish, "
+        f"stop it, or use another --workdir"
+      ) from None
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()} since {started}\n".encode(), 0)

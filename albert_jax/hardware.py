@@ -1,4 +1,5 @@
 """Peak FLOP/s of accelerators (for MFU and the pre-launch estimate), and a measured rate on CPU."""
+
 from __future__ import annotations
 
 import time
@@ -8,32 +9,47 @@ import jax.numpy as jnp
 
 # Dense bf16 peak per device as JAX counts devices (a TPU v3 chip shows 2 devices, one per core).
 PEAK_FLOPS = {
-    "tpu_v3": 123e12 / 2,   # per core; 123 TFLOP/s per chip
-    "tpu_v4": 275e12,       # per chip (megacore: one device)
-    "tpu_v5e": 197e12,
-    "tpu_v5p": 459e12,
-    "a100": 312e12,
-    "h100": 989e12,
-    "h200": 989e12,
+  "tpu_v3": 123e12 / 2,  # per core; 123 TFLOP/s per chip
+  "tpu_v4": 275e12,  # per chip (megacore: one device)
+  "tpu_v5e": 197e12,
+  "tpu_v5p": 459e12,
+  "a100": 312e12,
+  "h100": 989e12,
+  "h200": 989e12,
 }
 # Device memory per device (bytes) as JAX counts devices.
 DEVICE_MEMORY = {
-    "tpu_v3": 16 * 2**30, "tpu_v4": 32 * 2**30, "tpu_v5e": 16 * 2**30, "tpu_v5p": 95 * 2**30,
-    "a100": 40 * 2**30, "h100": 80 * 2**30, "h200": 141 * 2**30,
+  "tpu_v3": 16 * 2**30,
+  "tpu_v4": 32 * 2**30,
+  "tpu_v5e": 16 * 2**30,
+  "tpu_v5p": 95 * 2**30,
+  "a100": 40 * 2**30,
+  "h100": 80 * 2**30,
+  "h200": 141 * 2**30,
 }
 
 
 def device_name(device=None) -> str | None:
   """Maps jax's device_kind to a PEAK_FLOPS key, or None (CPU, unknown)."""
   kind = (device or jax.devices()[0]).device_kind.lower()
-  for key, needle in (("tpu_v3", "v3"), ("tpu_v4", "v4"), ("tpu_v5e", "v5 lite"), ("tpu_v5e", "v5e"),
-                      ("tpu_v5p", "v5p"), ("h200", "h200"), ("h100", "h100"), ("a100", "a100")):
+  for key, needle in (
+    ("tpu_v3", "v3"),
+    ("tpu_v4", "v4"),
+    ("tpu_v5e", "v5 lite"),
+    ("tpu_v5e", "v5e"),
+    ("tpu_v5p", "v5p"),
+    ("h200", "h200"),
+    ("h100", "h100"),
+    ("a100", "a100"),
+  ):
     if needle in kind:
       return key
   return None
 
 
-def measured_matmul_flops(n: int = 1024, dtype=jnp.float32, seconds: float = 0.5, device=None) -> float:
+def measured_matmul_flops(
+  n: int = 1024, dtype=jnp.float32, seconds: float = 0.5, device=None
+) -> float:
   """FLOP/s of a square matmul on one device: the roofline that MFU is measured against on CPU."""
   device = device or jax.devices()[0]
   a = jax.device_put(jnp.ones((n, n), dtype), device)

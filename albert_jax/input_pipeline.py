@@ -16,28 +16,35 @@ drawing them in the pipeline is cheap (docs/performance.md, Input pipeline) and 
 every epoch (RoBERTa's dynamic masking). data.static_masking=True reuses masks with period
 dupe_factor (epoch % dupe_factor), which reproduces the original's regime.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from absl import logging
 
-from albert_jax import examples as examples_lib
-from albert_jax import tokenizer as tokenizer_lib
+from albert_jax import examples as examples_lib, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
-
 
 # ----------------------------------------------------------------------------------------------
 # The grain pipeline.
 
+
 class _EpochIndex:
   """Position i of this host's stream -> (mask epoch, example index); picklable for workers."""
 
-  def __init__(self, num_examples: int, process_index: int, process_count: int,
-               static_masking: bool, dupe_factor: int):
+  def __init__(
+    self,
+    num_examples: int,
+    process_index: int,
+    process_count: int,
+    static_masking: bool,
+    dupe_factor: int,
+  ):
     self.n, self.h, self.p = num_examples, process_index, process_count
     self.static, self.dupe = static_masking, dupe_factor
 
@@ -61,6 +68,7 @@ class _Loader:
   def __call__(self, batch) -> dict[str, np.ndarray]:
     if self._example_cls is None:
       from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+
       self._example_cls = tf_example_pb2.Example
     epochs, indices = batch
     b = len(indices)
@@ -84,15 +92,25 @@ class _Loader:
     keys = np.empty((b, 2), np.uint64)
     keys[:, 0] = self.key0
     keys[:, 1] = ((np.asarray(epochs, np.uint64) & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
-        np.asarray(indices, np.uint64) & np.uint64(0xFFFFFFFFFF))
+      np.asarray(indices, np.uint64) & np.uint64(0xFFFFFFFFFF)
+    )
     return self.masker(ids, seg, mask, labels, keys=keys)
 
 
 class BatchIterator:
   """Per-host batches (dicts of NumPy arrays) with a JSON state for checkpoints."""
 
-  def __init__(self, grain_iterator, *, split: str, num_examples: int, per_host_batch: int,
-               process_index: int, process_count: int, num_workers: int = 0):
+  def __init__(
+    self,
+    grain_iterator,
+    *,
+    split: str,
+    num_examples: int,
+    per_host_batch: int,
+    process_index: int,
+    process_count: int,
+    num_workers: int = 0,
+  ):
     self._it = grain_iterator
     self._copy = num_workers > 0
     self.num_workers = num_workers
@@ -110,21 +128,32 @@ class BatchIterator:
 
   def get_state(self) -> dict:
     """JSON-serialisable; restore with set_state to continue at exactly the next batch."""
-    return {"split": self.split, "num_examples": self.num_examples,
-            "global_batch_size": self.per_host_batch * self.process_count,
-            "num_workers": self.num_workers, "grain": self._it.get_state()}
+    return {
+      "split": self.split,
+      "num_examples": self.num_examples,
+      "global_batch_size": self.per_host_batch * self.process_count,
+      "num_workers": self.num_workers,
+      "grain": self._it.get_state(),
+    }
 
   def set_state(self, state: dict) -> None:
     if state.get("num_examples") != self.num_examples:
-      raise ConfigError(f"the iterator state is for a dataset of {state.get('num_examples')} examples; "
-                        f"this one has {self.num_examples} (was the data prepared again?)")
+      raise ConfigError(
+        f"the iterator state is for a dataset of {state.get('num_examples')} examples; "
+        f"this one has {self.num_examples} (was the data prepared again?)"
+      )
     if state.get("num_workers", 0) != self.num_workers:
-      raise ConfigError(f"the iterator state was saved with data.num_workers={state.get('num_workers')}; "
-                        f"resume with the same value (this run has {self.num_workers})")
+      raise ConfigError(
+        f"the iterator state was saved with data.num_workers={state.get('num_workers')}; "
+        f"resume with the same value (this run has {self.num_workers})"
+      )
     if state.get("global_batch_size") != self.per_host_batch * self.process_count:
-      logging.warning("restoring a data iterator saved with global batch %s into global batch %s: "
-                      "the data order continues from the same batch index",
-                      state.get("global_batch_size"), self.per_host_batch * self.process_count)
+      logging.warning(
+        "restoring a data iterator saved with global batch %s into global batch %s: "
+        "the data order continues from the same batch index",
+        state.get("global_batch_size"),
+        self.per_host_batch * self.process_count,
+      )
     self._it.set_state(state["grain"])
 
   def close(self) -> None:
@@ -133,8 +162,13 @@ class BatchIterator:
       close()
 
 
-def make_iterator(config, workdir: str, split: str = "train", process_index: int | None = None,
-                  process_count: int | None = None) -> BatchIterator:
+def make_iterator(
+  config,
+  workdir: str,
+  split: str = "train",
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> BatchIterator:
   """An infinite iterator over this host's batches of `split` from the prepared data.
 
   Per-host batch = config.train.batch_size // process_count. Train: shuffled (data.shuffle) with a
@@ -143,49 +177,69 @@ def make_iterator(config, workdir: str, split: str = "train", process_index: int
   jax's (give both to simulate hosts). Call close() when done if data.num_workers > 0.
   """
   import grain  # pylint: disable=g-import-not-at-top
+
   if split not in SPLITS:
     raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
   ddir, prepared = check_prepared(config, workdir)
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
+
     process_index, process_count = jax.process_index(), jax.process_count()
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} is not in [0, {process_count})")
   if config.train.batch_size % process_count:
-    raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by the "
-                      f"{process_count} processes")
+    raise ConfigError(
+      f"train.batch_size={config.train.batch_size} is not divisible by the "
+      f"{process_count} processes"
+    )
   per_host = config.train.batch_size // process_count
   d = config.data
   source = open_source(ddir, split)
   n = len(source)
   tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start)
-  masker = examples_lib.Masker(tok.word_start, tok.candidate,
-                               max_predictions_per_seq=d.max_predictions_per_seq,
-                               masked_lm_prob=d.masked_lm_prob, max_ngram=d.max_ngram)
+  masker = examples_lib.Masker(
+    tok.word_start,
+    tok.candidate,
+    max_predictions_per_seq=d.max_predictions_per_seq,
+    masked_lm_prob=d.masked_lm_prob,
+    max_ngram=d.max_ngram,
+  )
   train = split == "train"
   ds = grain.MapDataset.range(n)
   if train and d.shuffle:
     ds = ds.shuffle(seed=config.seed)  # a global shuffle, reseeded every epoch by repeat()
   ds = ds.repeat(None)
   ds = ds[process_index::process_count]
-  ds = ds.map_with_index(_EpochIndex(n, process_index, process_count, d.static_masking,
-                                     d.dupe_factor))
+  ds = ds.map_with_index(
+    _EpochIndex(n, process_index, process_count, d.static_masking, d.dupe_factor)
+  )
   ds = ds.batch(per_host, drop_remainder=True)
   ds = ds.map(_Loader(source, d.max_seq_length, masker, config.seed))
   prefetch = max(0, d.prefetch)
-  it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1 if prefetch else 0,
-                                               prefetch_buffer_size=prefetch))
+  it_ds = ds.to_iter_dataset(
+    grain.ReadOptions(num_threads=1 if prefetch else 0, prefetch_buffer_size=prefetch)
+  )
   if d.num_workers > 0:
     # grain's workers read absl flags; outside an absl app (tests, notebooks) use their defaults.
     # Worker processes also need the caller's `if __name__ == "__main__":` guard.
     from absl import flags  # pylint: disable=g-import-not-at-top
+
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
-    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=d.num_workers,
-                                                           per_worker_buffer_size=max(1, prefetch)))
-  return BatchIterator(iter(it_ds), split=split, num_examples=n, per_host_batch=per_host,
-                       process_index=process_index, process_count=process_count,
-                       num_workers=d.num_workers)
+    it_ds = it_ds.mp_prefetch(
+      grain.MultiprocessingOptions(
+        num_workers=d.num_workers, per_worker_buffer_size=max(1, prefetch)
+      )
+    )
+  return BatchIterator(
+    iter(it_ds),
+    split=split,
+    num_examples=n,
+    per_host_batch=per_host,
+    process_index=process_index,
+    process_count=process_count,
+    num_workers=d.num_workers,
+  )
 
 
 def batches(config, workdir: str, split: str = "train") -> Iterator[dict[str, np.ndarray]]:
@@ -199,14 +253,18 @@ def batches(config, workdir: str, split: str = "train") -> Iterator[dict[str, np
 # ----------------------------------------------------------------------------------------------
 # Inspection.
 
+
 def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray], row: int) -> str:
   """One masked example as text. Targets: [MASK](original), a random replacement {shown>original},
   a kept target <original>. Pieces of one word are joined; [SEP] separates the segments."""
   marker = tokenizer_lib.WORD_MARKER
   n = int(features["input_mask"][row].sum())
   k = int(features["masked_lm_weights"][row].sum())
-  targets = dict(zip(features["masked_lm_positions"][row, :k].tolist(),
-                     features["masked_lm_ids"][row, :k].tolist()))
+  targets = dict(
+    zip(
+      features["masked_lm_positions"][row, :k].tolist(), features["masked_lm_ids"][row, :k].tolist()
+    )
+  )
   out = []
   for pos, i in enumerate(features["input_ids"][row, :n].tolist()):
     original = targets.get(pos, i)
@@ -227,12 +285,15 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   return " ".join(out)
 
 
-def inspect(config, workdir: str, num_examples: int = 3, num_batches: int = 4
-            ) -> tuple[list[str], dict[str, Any]]:
+def inspect(
+  config, workdir: str, num_examples: int = 3, num_batches: int = 4
+) -> tuple[list[str], dict[str, Any]]:
   """A few decoded train examples (masks visible) and statistics of the prepared data and batches."""
   info = prepare(config, workdir)
   ddir = info["data_dir"]
-  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), config.data.do_lower_case, config.data.word_start)
+  tok = tokenizer_lib.load(
+    os.path.join(ddir, VOCAB_FILE), config.data.do_lower_case, config.data.word_start
+  )
   config = config.copy_and_resolve_references()  # a small batch, without touching the caller's
   config.train.batch_size = min(config.train.batch_size, 256)
   config.data.num_workers = 0
@@ -243,9 +304,11 @@ def inspect(config, workdir: str, num_examples: int = 3, num_batches: int = 4
   lines = []
   for row in range(min(num_examples, len(first["input_ids"]))):
     label = int(first["sentence_order_label"][row])
-    lines.append(f"example {row}: sentence_order_label={label} tokens="
-                 f"{int(first['input_mask'][row].sum())} predictions="
-                 f"{int(first['masked_lm_weights'][row].sum())}")
+    lines.append(
+      f"example {row}: sentence_order_label={label} tokens="
+      f"{int(first['input_mask'][row].sum())} predictions="
+      f"{int(first['masked_lm_weights'][row].sum())}"
+    )
     lines.append("  " + render_example(tok, first, row))
   cat = {k: np.concatenate([b[k] for b in collected]) for k in examples_lib.FEATURE_KEYS}
   w = cat["masked_lm_weights"] > 0
@@ -253,16 +316,16 @@ def inspect(config, workdir: str, num_examples: int = 3, num_batches: int = 4
   target = cat["masked_lm_ids"][w]
   stats = {k: v for k, v in info.items() if k not in ("data_dir", "spm_model_path", "vocab_sha256")}
   stats.update(
-      data_dir=ddir,
-      batch_examples=int(len(cat["input_ids"])),
-      batch_mean_tokens=round(float(cat["input_mask"].sum(1).mean()), 1),
-      batch_mean_predictions=round(float(w.sum(1).mean()), 2),
-      batch_masked_token_fraction=round(float(w.sum() / cat["input_mask"].sum()), 4),
-      batch_replaced_by_mask=round(float((shown == tokenizer_lib.MASK_ID).mean()), 3),
-      batch_kept=round(float((shown == target).mean()), 3),
-      batch_random=round(float(((shown != tokenizer_lib.MASK_ID) & (shown != target)).mean()), 3),
-      batch_sentence_order_label_1=round(float(cat["sentence_order_label"].mean()), 3),
-      masking="static" if config.data.static_masking else "dynamic",
-      max_predictions_per_seq=config.data.max_predictions_per_seq,
+    data_dir=ddir,
+    batch_examples=int(len(cat["input_ids"])),
+    batch_mean_tokens=round(float(cat["input_mask"].sum(1).mean()), 1),
+    batch_mean_predictions=round(float(w.sum(1).mean()), 2),
+    batch_masked_token_fraction=round(float(w.sum() / cat["input_mask"].sum()), 4),
+    batch_replaced_by_mask=round(float((shown == tokenizer_lib.MASK_ID).mean()), 3),
+    batch_kept=round(float((shown == target).mean()), 3),
+    batch_random=round(float(((shown != tokenizer_lib.MASK_ID) & (shown != target)).mean()), 3),
+    batch_sentence_order_label_1=round(float(cat["sentence_order_label"].mean()), 3),
+    masking="static" if config.data.static_masking else "dynamic",
+    max_predictions_per_seq=config.data.max_predictions_per_seq,
   )
   return lines, stats

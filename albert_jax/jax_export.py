@@ -15,8 +15,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files
-from albert_jax import model as model_lib
+from albert_jax import files, model as model_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.hf import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
 
@@ -43,8 +42,16 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
   return tree
 
 
-def save_jax(params: Any, model_config: Any, out_dir: str, spm_model_path: str | None = None, *,
-             do_lower_case: bool = True, extra: dict | None = None, readme: str | None = None) -> str:
+def save_jax(
+  params: Any,
+  model_config: Any,
+  out_dir: str,
+  spm_model_path: str | None = None,
+  *,
+  do_lower_case: bool = True,
+  extra: dict | None = None,
+  readme: str | None = None,
+) -> str:
   """OUT/params.safetensors (our tree, '/'-joined names, float32), OUT/config.json ({"format":
   "albert_jax", "model": every ModelConfig field, ...extra}), OUT/spiece.model. Any sharing mode."""
   from safetensors.numpy import save_file
@@ -53,40 +60,55 @@ def save_jax(params: Any, model_config: Any, out_dir: str, spm_model_path: str |
   params = plain_params(params)
   for head in ("albert",) + HEADS:
     if head not in params:
-      raise ConfigError(f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params")
+      raise ConfigError(
+        f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params"
+      )
   check_shapes(params, cfg, "the parameters")
   if spm_model_path and not os.path.isfile(spm_model_path):
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
   with files.staged_dir(out_dir, readme) as tmp:
     flat = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in flatten(params).items()}
     save_file(flat, os.path.join(tmp, JAX_PARAMS), metadata={"format": JAX_FORMAT})
-    meta = {"format": JAX_FORMAT, "format_version": JAX_FORMAT_VERSION, "model": config_dict(cfg),
-            "do_lower_case": bool(do_lower_case), **(extra or {})}
+    meta = {
+      "format": JAX_FORMAT,
+      "format_version": JAX_FORMAT_VERSION,
+      "model": config_dict(cfg),
+      "do_lower_case": bool(do_lower_case),
+      **(extra or {}),
+    }
     files.write_json(os.path.join(tmp, "config.json"), meta)
     if spm_model_path:
       shutil.copyfile(spm_model_path, os.path.join(tmp, "spiece.model"))
   return out_dir
 
 
-def check_shapes(params: dict, cfg: model_lib.ModelConfig, what: str, optional: bool = False) -> None:
+def check_shapes(
+  params: dict, cfg: model_lib.ModelConfig, what: str, optional: bool = False
+) -> None:
   """Every leaf of `params` has the shape AlbertForPreTraining(cfg) initialises; with `optional`, the
   modules a Hugging Face checkpoint may lack (OPTIONAL_MODULES) may be absent."""
   want = jax.tree_util.tree_map(lambda s: tuple(s.shape), nn.unbox(model_lib.init_shapes(cfg)))
   want_flat = flatten(want)
   got_flat = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
   if optional:
-    absent = tuple(p + "/" for p, _ in OPTIONAL_MODULES if not any(k.startswith(p + "/") for k in got_flat))
+    absent = tuple(
+      p + "/" for p, _ in OPTIONAL_MODULES if not any(k.startswith(p + "/") for k in got_flat)
+    )
     want_flat = {k: v for k, v in want_flat.items() if not k.startswith(absent)}
   missing = sorted(set(want_flat) - set(got_flat))
   extra = sorted(set(got_flat) - set(want_flat))
   if missing or extra:
     which = f"{missing[0]} is missing" if missing else f"{extra[0]} is not in this model"
-    raise ConfigError(f"{what} do not fit the model config: {which} "
-                      f"({len(missing)} missing, {len(extra)} unexpected)")
+    raise ConfigError(
+      f"{what} do not fit the model config: {which} "
+      f"({len(missing)} missing, {len(extra)} unexpected)"
+    )
   for k, shape in want_flat.items():
     if got_flat[k] != shape:
-      raise ConfigError(f"{what} do not fit the model config: {k} has shape {got_flat[k]}, "
-                        f"the config implies {shape}")
+      raise ConfigError(
+        f"{what} do not fit the model config: {k} has shape {got_flat[k]}, "
+        f"the config implies {shape}"
+      )
 
 
 def load_jax_export(path: str) -> tuple[dict, dict]:
@@ -108,7 +130,9 @@ def load_jax_export(path: str) -> tuple[dict, dict]:
   if meta.get("format") != JAX_FORMAT:
     raise ConfigError(f"{meta_file}: format is {meta.get('format')!r}, not {JAX_FORMAT!r}")
   if meta.get("format_version", 0) > JAX_FORMAT_VERSION:
-    raise ConfigError(f"{path} was written by a newer albert_jax (format_version {meta['format_version']})")
+    raise ConfigError(
+      f"{path} was written by a newer albert_jax (format_version {meta['format_version']})"
+    )
   cfg = model_lib.model_config(meta["model"])
   params = unflatten(load_file(os.path.join(path, JAX_PARAMS)))
   check_shapes(params, cfg, path)

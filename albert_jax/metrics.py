@@ -1,11 +1,12 @@
 """Metric writing (TensorBoard without TensorFlow, process 0 only) and a console progress line with ETA."""
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -32,8 +33,9 @@ class MetricWriter:
     for k, v in scalars.items():
       self._tb.add_scalar(f"{prefix}{k}", float(v), step)
     if self._jsonl:
-      self._jsonl.write(json.dumps({"step": step, **{f"{prefix}{k}": float(v) for k, v in scalars.items()}})
-                        + "\n")
+      self._jsonl.write(
+        json.dumps({"step": step, **{f"{prefix}{k}": float(v) for k, v in scalars.items()}}) + "\n"
+      )
       self._jsonl.flush()
 
   def close(self) -> None:
@@ -82,8 +84,13 @@ class Periodic:
   `sync_every` (a collective every process joins), so all processes agree on when it is due.
   """
 
-  def __init__(self, every_steps: int, every_seconds: float = 0, last_step: int | None = None,
-               sync_every: int = 10):
+  def __init__(
+    self,
+    every_steps: int,
+    every_seconds: float = 0,
+    last_step: int | None = None,
+    sync_every: int = 10,
+  ):
     self.every_steps, self.every_seconds, self.last_step = every_steps, every_seconds, last_step
     self.sync_every = sync_every
     self._since = time.monotonic()
@@ -115,9 +122,19 @@ class Reporter:
   timing window (`restart_window`). A non-finite step raises FloatingPointError when halting.
   """
 
-  def __init__(self, writer: MetricWriter, *, first_step: int, num_steps: int, log_every: int,
-               sequences_per_step: int, tokens_per_sequence: int, flops_per_step: float,
-               peak_flops: float, halt_on_nonfinite: bool):
+  def __init__(
+    self,
+    writer: MetricWriter,
+    *,
+    first_step: int,
+    num_steps: int,
+    log_every: int,
+    sequences_per_step: int,
+    tokens_per_sequence: int,
+    flops_per_step: float,
+    peak_flops: float,
+    halt_on_nonfinite: bool,
+  ):
     self.writer, self.num_steps, self.log_every = writer, num_steps, log_every
     self.sequences, self.tokens = sequences_per_step, tokens_per_sequence
     self.flops, self.peak, self.halt = flops_per_step, peak_flops, halt_on_nonfinite
@@ -140,22 +157,35 @@ class Reporter:
     self._pending = None
     host = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if not host.pop("finite") and self.halt:
-      raise FloatingPointError(f"non-finite loss or gradients at step {step}; halting "
-                               f"(train.on_nonfinite=halt); the last checkpoint is intact")
+      raise FloatingPointError(
+        f"non-finite loss or gradients at step {step}; halting "
+        f"(train.on_nonfinite=halt); the last checkpoint is intact"
+      )
     if step % self.log_every and step != self.num_steps:
       return
     seconds = (time.perf_counter() - self._window_start) / max(step - self._window_step, 1)
-    perf = {"step_seconds": seconds, "sequences_per_second": self.sequences / seconds,
-            "tokens_per_second": self.sequences * self.tokens / seconds}
+    perf = {
+      "step_seconds": seconds,
+      "sequences_per_second": self.sequences / seconds,
+      "tokens_per_second": self.sequences * self.tokens / seconds,
+    }
     if self.peak:
       perf["mfu"] = self.flops / seconds / self.peak
     self.writer.write(step, host, prefix="train/")
     self.writer.write(step, perf, prefix="perf/")
-    accuracies = " ".join(f"{short} {host[k]:.3f}" for k, short in (
-        ("masked_lm_accuracy", "mlm_acc"), ("sentence_order_accuracy", "sop_acc"), ("accuracy", "acc"))
-        if k in host)
-    log(f"{self.progress.line(step)} | loss {host['loss']:.3f} {accuracies} "
-        f"lr {host['learning_rate']:.2e} | {perf['sequences_per_second']:.1f} seq/s"
-        + (f" MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "")
-        + (f" | skipped {int(host['skipped_updates'])}" if host["skipped_updates"] else ""))
+    accuracies = " ".join(
+      f"{short} {host[k]:.3f}"
+      for k, short in (
+        ("masked_lm_accuracy", "mlm_acc"),
+        ("sentence_order_accuracy", "sop_acc"),
+        ("accuracy", "acc"),
+      )
+      if k in host
+    )
+    log(
+      f"{self.progress.line(step)} | loss {host['loss']:.3f} {accuracies} "
+      f"lr {host['learning_rate']:.2e} | {perf['sequences_per_second']:.1f} seq/s"
+      + (f" MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "")
+      + (f" | skipped {int(host['skipped_updates'])}" if host["skipped_updates"] else "")
+    )
     self.restart_window(step)

@@ -13,6 +13,7 @@ Parameter tree (Hugging Face Flax ALBERT names where a name exists; `albert_jax/
       (the shared sublayer of "attention"/"ffn" has no [L] axis)
   albert/pooler, predictions/{dense,LayerNorm,bias}, sop_classifier/classifier
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,10 +29,10 @@ from albert_jax import config_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = {
-    "full": None,  # save nothing: recompute the whole block in the backward pass
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  "full": None,  # save nothing: recompute the whole block in the backward pass
+  "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+  "dots_saveable": jax.checkpoint_policies.dots_saveable,
+  "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 # The original's additive attention mask (modeling.py: adder = (1 - mask) * -10000).
 MASK_ADDER = -10000.0
@@ -103,7 +104,8 @@ def layer_to_group(num_layers: int, num_groups: int) -> list[int]:
 def _init(cfg: ModelConfig, names):
   """Truncated normal(stddev=initializer_range) cut at +-2 sigma, with logical axis names."""
   return nn.with_logical_partitioning(
-      jax.nn.initializers.truncated_normal(stddev=cfg.initializer_range), names)
+    jax.nn.initializers.truncated_normal(stddev=cfg.initializer_range), names
+  )
 
 
 def _zeros(names):
@@ -117,7 +119,7 @@ def _ones(names):
 def _gelu_tanh_parts(x):
   """(gelu(x), d gelu / dx) of the tanh form, sharing one tanh; gelu(x) is jax.nn.gelu's expression."""
   c = np.sqrt(2 / np.pi).astype(x.dtype)
-  tanh = jnp.tanh(c * (x + 0.044715 * (x ** 3)))
+  tanh = jnp.tanh(c * (x + 0.044715 * (x**3)))
   cdf = 0.5 * (1.0 + tanh)
   # d/dx [x * cdf] = cdf + x * 0.5 * (1 - tanh^2) * c * (1 + 3 * 0.044715 * x^2)
   derivative = cdf + x * (0.5 * (1.0 - tanh * tanh)) * c * (1.0 + 3 * 0.044715 * (x * x))
@@ -145,14 +147,26 @@ def _gelu_tanh_jvp(primals, tangents):
 
 
 def _dense(cfg: ModelConfig, features: int, names: tuple[str, str], name: str) -> nn.Dense:
-  return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                  kernel_init=_init(cfg, names), bias_init=_zeros((names[1],)), name=name)
+  return nn.Dense(
+    features,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.params_dtype,
+    kernel_init=_init(cfg, names),
+    bias_init=_zeros((names[1],)),
+    name=name,
+  )
 
 
 def _layer_norm(cfg: ModelConfig, axis: str, name: str) -> nn.LayerNorm:
   # Statistics and output in float32 whatever the compute dtype.
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=cfg.params_dtype,
-                      scale_init=_ones((axis,)), bias_init=_zeros((axis,)), name=name)
+  return nn.LayerNorm(
+    epsilon=cfg.layer_norm_eps,
+    dtype=jnp.float32,
+    param_dtype=cfg.params_dtype,
+    scale_init=_ones((axis,)),
+    bias_init=_zeros((axis,)),
+    name=name,
+  )
 
 
 def _constrain(x, names):
@@ -161,25 +175,37 @@ def _constrain(x, names):
 
 class AlbertEmbeddings(nn.Module):
   """word [V, E] + position [P, E] (from 0) + token type [2, E], LayerNorm over E, dropout."""
+
   cfg: ModelConfig
   deterministic: bool = True
 
   def setup(self):
     cfg = self.cfg
     embed = lambda n, names, name: nn.Embed(
-        n, cfg.embedding_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-        embedding_init=_init(cfg, names), name=name)
+      n,
+      cfg.embedding_size,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype,
+      embedding_init=_init(cfg, names),
+      name=name,
+    )
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
-    self.position_embeddings = embed(cfg.max_position_embeddings, ("positions", "embed"),
-                                     "position_embeddings")
-    self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")
+    self.position_embeddings = embed(
+      cfg.max_position_embeddings, ("positions", "embed"), "position_embeddings"
+    )
+    self.token_type_embeddings = embed(
+      cfg.type_vocab_size, (None, "embed"), "token_type_embeddings"
+    )
     self.LayerNorm = _layer_norm(cfg, "embed", "LayerNorm")
     self.dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
 
   def __call__(self, input_ids, token_type_ids):
     positions = jnp.arange(input_ids.shape[-1])[None, :]
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-         + self.token_type_embeddings(token_type_ids))
+    x = (
+      self.word_embeddings(input_ids)
+      + self.position_embeddings(positions)
+      + self.token_type_embeddings(token_type_ids)
+    )
     x = self.dropout(self.LayerNorm(x)).astype(self.cfg.compute_dtype)
     return _constrain(x, ("act_batch", "act_length", "act_embed"))
 
@@ -190,6 +216,7 @@ class AlbertEmbeddings(nn.Module):
 
 class Attention(nn.Module):
   """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block."""
+
   cfg: ModelConfig
   deterministic: bool = True
 
@@ -221,6 +248,7 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
   """LN(a + dropout(ffn_output(gelu_tanh(ffn(a))))): the feed-forward half of the block."""
+
   cfg: ModelConfig
   deterministic: bool = True
 
@@ -237,6 +265,7 @@ class FeedForward(nn.Module):
 
 class AlbertLayer(nn.Module):
   """One post-LayerNorm transformer block (the original's `albert_layer`)."""
+
   cfg: ModelConfig
   deterministic: bool = True
 
@@ -248,6 +277,7 @@ class AlbertLayer(nn.Module):
 
 class AlbertLayerGroup(nn.Module):
   """A group's inner_group_num distinct blocks applied in order; scan-body signature (carry, _)."""
+
   cfg: ModelConfig
   deterministic: bool = True
   inner: int = 1
@@ -274,6 +304,7 @@ def _share_sublayer(shared: str, num_layers: int):
   L copies on the way in: the gradient of a broadcast sums the L layers' gradients, which is exactly
   the gradient of a shared parameter.
   """
+
   def is_box(x):
     return isinstance(x, nn.Partitioned)
 
@@ -294,6 +325,7 @@ def _share_sublayer(shared: str, num_layers: int):
   def stack(x):  # stored single copy -> [L, ...] view for the scan
     def bcast(v):
       return jnp.broadcast_to(v[None], (num_layers,) + v.shape)
+
     if is_box(x):
       return x.replace(value=bcast(x.value), names=("layers",) + tuple(x.names))
     return bcast(x)
@@ -311,6 +343,7 @@ def _share_sublayer(shared: str, num_layers: int):
 
 class AlbertTransformer(nn.Module):
   """The E->H projection and L applications of the block under the configured sharing."""
+
   cfg: ModelConfig
   deterministic: bool = True
 
@@ -328,9 +361,14 @@ class AlbertTransformer(nn.Module):
         length = groups.count(g)  # the TF formula gives contiguous runs of layers per group
         name = f"albert_layer_groups_{g}"
         if cfg.scan_layers:
-          scanned = nn.scan(body, variable_broadcast="params", variable_axes={"intermediates": 0},
-                            split_rngs={"params": False, "dropout": True},
-                            in_axes=nn.broadcast, length=length)
+          scanned = nn.scan(
+            body,
+            variable_broadcast="params",
+            variable_axes={"intermediates": 0},
+            split_rngs={"params": False, "dropout": True},
+            in_axes=nn.broadcast,
+            length=length,
+          )
           x, _ = scanned(cfg, self.deterministic, cfg.inner_group_num, name=name)(x, attention_mask)
         else:
           group = body(cfg, self.deterministic, cfg.inner_group_num, name=name)
@@ -343,13 +381,21 @@ class AlbertTransformer(nn.Module):
       for i in range(L):  # the same tree as L groups of one layer
         x, _ = body(cfg, self.deterministic, 1, name=f"albert_layer_groups_{i}")(x, attention_mask)
       return x
-    scanned = nn.scan(body, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=nn.broadcast, length=L, metadata_params={nn.PARTITION_NAME: "layers"})
+    scanned = nn.scan(
+      body,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=nn.broadcast,
+      length=L,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
     if cfg.sharing in ("attention", "ffn"):
       trans_in, trans_out = _share_sublayer(
-          "attention" if cfg.sharing == "attention" else "feed_forward", L)
-      scanned = nn.map_variables(scanned, "params", trans_in_fn=trans_in, trans_out_fn=trans_out,
-                                 init=True, mutable=True)
+        "attention" if cfg.sharing == "attention" else "feed_forward", L
+      )
+      scanned = nn.map_variables(
+        scanned, "params", trans_in_fn=trans_in, trans_out_fn=trans_out, init=True, mutable=True
+      )
     # A one-layer "group" whose parameters carry the [L] axis: albert_layers/albert_layers_0/...
     x, _ = scanned(cfg, self.deterministic, 1, name="albert_layers")(x, attention_mask)
     return x
@@ -357,6 +403,7 @@ class AlbertTransformer(nn.Module):
 
 class AlbertModel(nn.Module):
   """The backbone: embeddings, encoder and pooler. Returns sequence_output [B,S,H], pooled_output [B,H]."""
+
   config: Any
   deterministic: bool = True
 
@@ -382,6 +429,7 @@ class AlbertModel(nn.Module):
 
 class AlbertMLMHead(nn.Module):
   """Dense H->E with GELU, LayerNorm over E, decoder tied to the word table plus an output bias."""
+
   cfg: ModelConfig
 
   @nn.compact
@@ -399,10 +447,13 @@ class AlbertForPreTraining(nn.Module):
   __call__ returns {'mlm_logits': [B,P,V] float32, 'sop_logits': [B,2] float32, 'sequence_output',
   'pooled_output'}.
   """
+
   config: Any
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids, attention_mask, masked_lm_positions, deterministic=True):
+  def __call__(
+    self, input_ids, token_type_ids, attention_mask, masked_lm_positions, deterministic=True
+  ):
     cfg = model_config(self.config)
     albert = AlbertModel(cfg, deterministic, name="albert")
     out = albert(input_ids, token_type_ids, attention_mask)
@@ -431,6 +482,7 @@ class AlbertForSequenceClassification(nn.Module):
 
   num_labels=1 is regression (STS-B). Returns {'logits': [B, num_labels] float32, ...backbone outputs}.
   """
+
   config: Any
   num_labels: int
   classifier_dropout: float = 0.1
@@ -446,6 +498,7 @@ class AlbertForSequenceClassification(nn.Module):
 
 class AlbertForQuestionAnswering(nn.Module):
   """Backbone + dense H->2 on every token: start and end logits [B, S] float32."""
+
   config: Any
 
   @nn.compact
@@ -460,6 +513,7 @@ class AlbertForQuestionAnswering(nn.Module):
 class AlbertForMultipleChoice(nn.Module):
   """Inputs [B, C, S]: one score per (question, option) pair from its pooled output (dropout, dense
   H->1); logits [B, C] float32, a softmax over the options."""
+
   config: Any
   classifier_dropout: float = 0.1
 
@@ -469,7 +523,8 @@ class AlbertForMultipleChoice(nn.Module):
     batch, choices, seq = input_ids.shape
     flat = lambda x: x.reshape(batch * choices, seq)  # noqa: E731
     out = AlbertModel(cfg, deterministic, name="albert")(
-        flat(input_ids), flat(token_type_ids), flat(attention_mask))
+      flat(input_ids), flat(token_type_ids), flat(attention_mask)
+    )
     pooled = nn.Dropout(self.classifier_dropout)(out["pooled_output"], deterministic=deterministic)
     scores = _dense(cfg, 1, ("hidden", "classes"), "classifier")(pooled).astype(jnp.float32)
     return {**out, "logits": scores.reshape(batch, choices)}
@@ -477,6 +532,7 @@ class AlbertForMultipleChoice(nn.Module):
 
 # ----------------------------------------------------------------------------------------------------
 # Losses and metrics, computed as the original does (run_pretraining.py).
+
 
 def loss_sums(outputs, batch) -> dict[str, jax.Array]:
   """Per-batch sums from which losses and metrics follow; sums add up exactly across micro-batches."""
@@ -490,12 +546,12 @@ def loss_sums(outputs, batch) -> dict[str, jax.Array]:
   sop_nll = -jnp.take_along_axis(sop_logp, label[:, None], axis=-1)[:, 0]
   sop_correct = (jnp.argmax(sop_logp, axis=-1) == label).astype(jnp.float32)
   return {
-      "mlm_nll": jnp.sum(w * nll),
-      "mlm_weight": jnp.sum(w),
-      "mlm_correct": jnp.sum(w * correct),
-      "sop_nll": jnp.sum(sop_nll),
-      "sop_correct": jnp.sum(sop_correct),
-      "examples": jnp.asarray(label.shape[0], jnp.float32),
+    "mlm_nll": jnp.sum(w * nll),
+    "mlm_weight": jnp.sum(w),
+    "mlm_correct": jnp.sum(w * correct),
+    "sop_nll": jnp.sum(sop_nll),
+    "sop_correct": jnp.sum(sop_correct),
+    "examples": jnp.asarray(label.shape[0], jnp.float32),
   }
 
 
@@ -504,11 +560,11 @@ def metrics_from_sums(sums) -> dict[str, jax.Array]:
   mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
   sop_loss = sums["sop_nll"] / sums["examples"]
   return {
-      "loss": mlm_loss + sop_loss,
-      "masked_lm_loss": mlm_loss,
-      "masked_lm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1e-5),
-      "sentence_order_loss": sop_loss,
-      "sentence_order_accuracy": sums["sop_correct"] / sums["examples"],
+    "loss": mlm_loss + sop_loss,
+    "masked_lm_loss": mlm_loss,
+    "masked_lm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1e-5),
+    "sentence_order_loss": sop_loss,
+    "sentence_order_accuracy": sums["sop_correct"] / sums["examples"],
   }
 
 
@@ -520,10 +576,15 @@ def pretraining_losses(outputs, batch) -> dict[str, jax.Array]:
 # ----------------------------------------------------------------------------------------------------
 # Shapes, counts and FLOPs (no allocation: jax.eval_shape).
 
+
 def dummy_inputs(batch: int = 1, seq: int = 8, predictions: int = 2):
   ids = jnp.zeros((batch, seq), jnp.int32)
-  return dict(input_ids=ids, token_type_ids=ids, attention_mask=jnp.ones_like(ids),
-              masked_lm_positions=jnp.zeros((batch, predictions), jnp.int32))
+  return dict(
+    input_ids=ids,
+    token_type_ids=ids,
+    attention_mask=jnp.ones_like(ids),
+    masked_lm_positions=jnp.zeros((batch, predictions), jnp.int32),
+  )
 
 
 def finetune_model(config: Any) -> tuple[nn.Module, dict]:
@@ -559,7 +620,9 @@ def param_counts(config: Any) -> dict[str, int]:
   return {"backbone": count_params(params["albert"]), "total": count_params(params)}
 
 
-def flops_per_example(config: Any, seq_len: int, num_predictions: int, training: bool = True) -> float:
+def flops_per_example(
+  config: Any, seq_len: int, num_predictions: int, training: bool = True
+) -> float:
   """Analytic FLOPs for one sequence (docs/performance.md, FLOP count).
 
   Counted per layer *application* (sharing saves parameters, not FLOPs), bidirectional attention,

@@ -17,9 +17,11 @@ Everything here is pure tree_map over plain jax.Arrays (callers strip flax nn.Pa
 it runs under jit on sharded parameters with no host transfer: norms are reductions GSPMD turns into
 collectives, and the per-leaf choices (decay or not) are static Python bools decided from parameter paths.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +61,8 @@ def decay_mask(params: PyTree) -> PyTree:
   choice is static under jit.
   """
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: not any(s in param_path(path) for s in EXCLUDE_FROM_WEIGHT_DECAY), params)
+    lambda path, _: not any(s in param_path(path) for s in EXCLUDE_FROM_WEIGHT_DECAY), params
+  )
 
 
 def stacked_axes_from_boxes(boxed_params: PyTree, axis_name: str = "layers") -> PyTree:
@@ -90,6 +93,7 @@ def stacked_axes_from_boxes(boxed_params: PyTree, axis_name: str = "layers") -> 
 class ScaleByOriginalLambState(NamedTuple):
   """Adam moments, float32 like the original's `adam_m` / `adam_v` slots. No step count: the original
   has no bias correction (the learning-rate schedule keeps its own count)."""
+
   mu: PyTree
   nu: PyTree
 
@@ -101,12 +105,12 @@ def _resolve(tree_or_fn, params, default):
 
 
 def scale_by_original_lamb(
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-6,
-    weight_decay: float = 0.01,
-    mask: PyTree | Callable[[PyTree], PyTree] | None = decay_mask,
-    stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-6,
+  weight_decay: float = 0.01,
+  mask: PyTree | Callable[[PyTree], PyTree] | None = decay_mask,
+  stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
 ) -> optax.GradientTransformation:
   """The LAMB direction without the learning rate: `ratio * u` (see `lamb`).
 
@@ -126,19 +130,24 @@ def scale_by_original_lamb(
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError("the original LAMB needs params (weight decay and trust ratio): call "
-                       "update(grads, state, params)")
+      raise ValueError(
+        "the original LAMB needs params (weight decay and trust ratio): call "
+        "update(grads, state, params)"
+      )
     decay = _resolve(mask, params, True)
     axes = _resolve(stacked_axes, params, 0)
     # lamb_optimizer.py: next_m = b1*m + (1-b1)*g; next_v = b2*v + (1-b2)*g^2 (no bias correction).
     mu = jax.tree.map(lambda g, m: b1 * m + (1.0 - b1) * g.astype(jnp.float32), updates, state.mu)
-    nu = jax.tree.map(lambda g, v: b2 * v + (1.0 - b2) * jnp.square(g.astype(jnp.float32)),
-                      updates, state.nu)
+    nu = jax.tree.map(
+      lambda g, v: b2 * v + (1.0 - b2) * jnp.square(g.astype(jnp.float32)), updates, state.nu
+    )
 
     def direction(m, v, p, leaf_decay, leaf_axes):
       # `update = next_m / (tf.sqrt(next_v) + self.epsilon)`: epsilon outside the root.
       u = m / (jnp.sqrt(v) + eps)
-      if not leaf_decay:  # static: excluded leaves get neither decay nor the trust ratio (ratio = 1.0)
+      if (
+        not leaf_decay
+      ):  # static: excluded leaves get neither decay nor the trust ratio (ratio = 1.0)
         return u.astype(p.dtype)
       w = p.astype(jnp.float32)
       u = u + weight_decay * w
@@ -158,13 +167,13 @@ def scale_by_original_lamb(
 
 
 def lamb(
-    learning_rate: optax.ScalarOrSchedule,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-6,
-    weight_decay: float = 0.01,
-    mask: PyTree | Callable[[PyTree], PyTree] | None = decay_mask,
-    stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
+  learning_rate: optax.ScalarOrSchedule,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-6,
+  weight_decay: float = 0.01,
+  mask: PyTree | Callable[[PyTree], PyTree] | None = decay_mask,
+  stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
 ) -> optax.GradientTransformation:
   """The original ALBERT LAMB (google-research/albert lamb_optimizer.py, You et al. 2020) in optax.
 
@@ -178,9 +187,10 @@ def lamb(
   covers weight decay). See `scale_by_original_lamb` for `mask` and `stacked_axes`.
   """
   return optax.chain(
-      scale_by_original_lamb(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
-                             stacked_axes=stacked_axes),
-      optax.scale_by_learning_rate(learning_rate),
+    scale_by_original_lamb(
+      b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask, stacked_axes=stacked_axes
+    ),
+    optax.scale_by_learning_rate(learning_rate),
   )
 
 
@@ -205,7 +215,9 @@ def make_schedule(train_config) -> optax.Schedule:
   peak = float(train_config.learning_rate)
   end = float(train_config.end_learning_rate)
   power = float(train_config.lr_decay_power)
-  num_steps = float(max(int(train_config.num_steps), 1))  # num_steps=0 (eval only) must not divide by 0
+  num_steps = float(
+    max(int(train_config.num_steps), 1)
+  )  # num_steps=0 (eval only) must not divide by 0
   warmup = int(train_config.warmup_steps)
 
   def schedule(step):
@@ -240,8 +252,8 @@ def clip_gradients(clip_norm: float) -> optax.GradientTransformation:
 
 
 def make_optimizer(
-    train_config,
-    stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
+  train_config,
+  stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
 ) -> optax.GradientTransformation:
   """clip_gradients(train.clip_norm), then train.optimizer driven by make_schedule(train_config).
 
@@ -253,14 +265,23 @@ def make_optimizer(
   t = train_config
   schedule = make_schedule(t)
   if t.optimizer == "lamb":
-    opt = lamb(schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay,
-               mask=decay_mask, stacked_axes=stacked_axes)
+    opt = lamb(
+      schedule,
+      b1=t.beta1,
+      b2=t.beta2,
+      eps=t.epsilon,
+      weight_decay=t.weight_decay,
+      mask=decay_mask,
+      stacked_axes=stacked_axes,
+    )
   elif t.optimizer == "optax_lamb":
-    opt = optax.lamb(schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay,
-                     mask=decay_mask)
+    opt = optax.lamb(
+      schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay, mask=decay_mask
+    )
   elif t.optimizer == "adamw":
-    opt = optax.adamw(schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay,
-                      mask=decay_mask)
+    opt = optax.adamw(
+      schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay, mask=decay_mask
+    )
   else:
     raise ConfigError(f"train.optimizer={t.optimizer!r} is not one of {OPTIMIZERS}")
   return optax.chain(clip_gradients(t.clip_norm), opt)

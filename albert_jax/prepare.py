@@ -10,6 +10,7 @@ calls the same albert_jax.data.prepare when the data is missing. --inspect print
 the model will see them (masks visible: [MASK](original), {random>original}, <kept>) and one JSON
 line of statistics. The last line on stdout is always that JSON line.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,17 @@ def run() -> None:
   """Defines the flags (here, not at import) and prepares or inspects the data."""
   from ml_collections import config_flags
 
-  config_flag = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
-                                                lock_config=True)
-  workdir_flag = flags.DEFINE_string("workdir", None, "Run directory; data goes to <workdir>/data unless "
-                                     "config.data.data_dir is set.")
-  inspect_flag = flags.DEFINE_bool("inspect", False, "Print decoded masked examples and statistics.")
+  config_flag = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
+  )
+  workdir_flag = flags.DEFINE_string(
+    "workdir",
+    None,
+    "Run directory; data goes to <workdir>/data unless config.data.data_dir is set.",
+  )
+  inspect_flag = flags.DEFINE_bool(
+    "inspect", False, "Print decoded masked examples and statistics."
+  )
   num_examples_flag = flags.DEFINE_integer("num_examples", 3, "How many examples --inspect prints.")
   cli.define_verbose()
 

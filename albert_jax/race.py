@@ -10,12 +10,13 @@ where question+option is the question with its "_" blank replaced by the option,
 and the option joined by a space when it has no blank. question+option keeps its last max_qa_length
 pieces; the article is cut at the end to fit max_seq_length.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -31,8 +32,8 @@ class RaceExample:
   example_id: str
   article: str
   question: str
-  options: list[str]     # NUM_CHOICES of them
-  label: int             # index of the right option
+  options: list[str]  # NUM_CHOICES of them
+  label: int  # index of the right option
 
 
 def _files(path: str) -> list[str]:
@@ -78,11 +79,15 @@ def read_race(path_or_dir: str) -> list[RaceExample]:
       if missing:
         raise ConfigError(f"{where}: missing key {missing[0]!r}")
       questions, options, answers = article["questions"], article["options"], article["answers"]
-      if not (isinstance(questions, list) and isinstance(options, list)
-              and isinstance(answers, list)) or not len(questions) == len(options) == len(answers):
+      if not (
+        isinstance(questions, list) and isinstance(options, list) and isinstance(answers, list)
+      ) or not len(questions) == len(options) == len(answers):
         raise ConfigError(f"{where}: questions, options and answers must be lists of one length")
-      default_id = (os.path.basename(path) if os.path.isfile(path_or_dir)
-                    else os.path.relpath(path, path_or_dir)) + (f":{n + 1}" if n else "")
+      default_id = (
+        os.path.basename(path)
+        if os.path.isfile(path_or_dir)
+        else os.path.relpath(path, path_or_dir)
+      ) + (f":{n + 1}" if n else "")
       base = str(article.get("id", default_id))
       for i, (q, opts, a) in enumerate(zip(questions, options, answers)):
         if not isinstance(opts, list) or len(opts) != NUM_CHOICES:
@@ -90,8 +95,15 @@ def read_race(path_or_dir: str) -> list[RaceExample]:
           raise ConfigError(f"{where}: question {i + 1} has {count} options, not {NUM_CHOICES}")
         if a not in tuple(_LETTERS):
           raise ConfigError(f"{where}: question {i + 1} has answer {a!r}, not one of A, B, C, D")
-        examples.append(RaceExample(f"{base}-{i}", str(article["article"]), str(q),
-                                    [str(o) for o in opts], _LETTERS.index(a)))
+        examples.append(
+          RaceExample(
+            f"{base}-{i}",
+            str(article["article"]),
+            str(q),
+            [str(o) for o in opts],
+            _LETTERS.index(a),
+          )
+        )
   if not examples:
     raise ConfigError(f"no RACE questions in {path_or_dir}")
   return examples
@@ -102,15 +114,23 @@ def question_with_option(question: str, option: str) -> str:
   return question.replace("_", option) if "_" in question else " ".join([question, option])
 
 
-def make_features(examples: Sequence[RaceExample], tokenizer: tokenizer_lib.Tokenizer, *,
-                  max_seq_length: int, max_qa_length: int) -> dict[str, np.ndarray]:
+def make_features(
+  examples: Sequence[RaceExample],
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  max_seq_length: int,
+  max_qa_length: int,
+) -> dict[str, np.ndarray]:
   """input_ids/input_mask/segment_ids [N, NUM_CHOICES, S] int32 and label [N] int32."""
   if max_qa_length < 1 or max_seq_length - 3 - max_qa_length < 1:
     raise ConfigError(
-        f"max_seq_length={max_seq_length} must exceed max_qa_length={max_qa_length} + 3")
+      f"max_seq_length={max_seq_length} must exceed max_qa_length={max_qa_length} + 3"
+    )
   n = len(examples)
-  arrays = {name: np.zeros((n, NUM_CHOICES, max_seq_length), np.int32)
-            for name in ("input_ids", "input_mask", "segment_ids")}
+  arrays = {
+    name: np.zeros((n, NUM_CHOICES, max_seq_length), np.int32)
+    for name in ("input_ids", "input_mask", "segment_ids")
+  }
   arrays["label"] = np.array([ex.label for ex in examples], np.int32)
   articles = {}
   for r, ex in enumerate(examples):
@@ -120,9 +140,9 @@ def make_features(examples: Sequence[RaceExample], tokenizer: tokenizer_lib.Toke
     qas = tokenizer.encode_batch([question_with_option(ex.question, o) for o in ex.options])
     for c, qa in enumerate(qas):
       qa = qa[-max_qa_length:]
-      ctx = context[:max_seq_length - 3 - len(qa)]
+      ctx = context[: max_seq_length - 3 - len(qa)]
       tokens = [tokenizer_lib.CLS_ID, *ctx, tokenizer_lib.SEP_ID, *qa, tokenizer_lib.SEP_ID]
-      arrays["input_ids"][r, c, :len(tokens)] = tokens
-      arrays["input_mask"][r, c, :len(tokens)] = 1
-      arrays["segment_ids"][r, c, len(ctx) + 2:len(tokens)] = 1
+      arrays["input_ids"][r, c, : len(tokens)] = tokens
+      arrays["input_mask"][r, c, : len(tokens)] = 1
+      arrays["segment_ids"][r, c, len(ctx) + 2 : len(tokens)] = 1
   return arrays

@@ -3,6 +3,7 @@
 Mesh axes (config.mesh): data (pure data parallel), fsdp (data parallel with parameters and optimizer
 state sharded), tensor (Megatron-style: vocab, heads and the FFN's inner dimension split).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,18 +22,18 @@ BATCH_AXES = ("data", "fsdp")
 
 # Logical name -> mesh axis. A mesh axis is used at most once per array (flax falls through to None).
 LOGICAL_RULES = (
-    ("act_batch", BATCH_AXES),
-    ("act_length", None),
-    ("act_embed", None),
-    ("act_hidden", None),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("embed", "fsdp"),
-    ("hidden", "fsdp"),
-    ("positions", None),
-    ("layers", None),
-    ("classes", None),
+  ("act_batch", BATCH_AXES),
+  ("act_length", None),
+  ("act_embed", None),
+  ("act_hidden", None),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("mlp", "tensor"),
+  ("embed", "fsdp"),
+  ("hidden", "fsdp"),
+  ("positions", None),
+  ("layers", None),
+  ("classes", None),
 )
 
 
@@ -45,12 +46,16 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   known = math.prod(s for s in sizes if s != -1)
   if free:
     if num_devices % known:
-      raise ConfigError(f"mesh: {num_devices} devices are not divisible by the fixed axes "
-                        f"{dict(zip(MESH_AXES, sizes))}")
+      raise ConfigError(
+        f"mesh: {num_devices} devices are not divisible by the fixed axes "
+        f"{dict(zip(MESH_AXES, sizes))}"
+      )
     sizes[free[0]] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ConfigError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                      f"{num_devices} are available")
+    raise ConfigError(
+      f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+      f"{num_devices} are available"
+    )
   return tuple(sizes)
 
 
@@ -63,8 +68,13 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
   except Exception as e:  # noqa: BLE001 (any topology failure falls back, said once below)
     # CPU devices have no topology: plain order is all there is. Elsewhere, say so.
     if devices[0].platform != "cpu":
-      logging.warning("the %s devices' topology gives no %s mesh (%s); using plain device order, "
-                      "which may be slower", devices[0].platform, shape, e)
+      logging.warning(
+        "the %s devices' topology gives no %s mesh (%s); using plain device order, "
+        "which may be slower",
+        devices[0].platform,
+        shape,
+        e,
+      )
     array = np.asarray(devices).reshape(shape)
   return Mesh(array, MESH_AXES)
 
@@ -97,7 +107,10 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """Assembles each host's slice of the batch into global arrays (multi-host safe)."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in local_batch.items()
+  }
 
 
 def check_batch(train_config, mesh: Mesh) -> None:
@@ -105,13 +118,18 @@ def check_batch(train_config, mesh: Mesh) -> None:
   dp = data_parallel_size(mesh)
   b, micro = train_config.batch_size, train_config.micro_batches
   if b % dp:
-    raise ConfigError(f"train.batch_size={b} is not divisible by the {dp} data-parallel devices "
-                      f"(mesh data x fsdp)")
+    raise ConfigError(
+      f"train.batch_size={b} is not divisible by the {dp} data-parallel devices (mesh data x fsdp)"
+    )
   if (b // micro) % dp:
-    raise ConfigError(f"train.batch_size / train.micro_batches = {b // micro} is not divisible by the "
-                      f"{dp} data-parallel devices")
+    raise ConfigError(
+      f"train.batch_size / train.micro_batches = {b // micro} is not divisible by the "
+      f"{dp} data-parallel devices"
+    )
   if b % jax.process_count():
-    raise ConfigError(f"train.batch_size={b} is not divisible by the {jax.process_count()} processes")
+    raise ConfigError(
+      f"train.batch_size={b} is not divisible by the {jax.process_count()} processes"
+    )
 
 
 def with_mesh(mesh: Mesh):

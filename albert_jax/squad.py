@@ -25,6 +25,7 @@ start/end plus an answerability logit from [CLS]); we use the dense H->2 head of
 AlbertForQuestionAnswering and BERT's null-score rule above, so checkpoints stay Hugging Face
 compatible.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,7 +36,7 @@ import os
 import re
 import string
 import unicodedata
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,24 +49,26 @@ class SquadExample:
   qid: str
   question: str
   context: str
-  answers: list[str]          # gold answer texts (all of them, for evaluation); [] if impossible
-  answer_starts: list[int]    # their character offsets in `context`
+  answers: list[str]  # gold answer texts (all of them, for evaluation); [] if impossible
+  answer_starts: list[int]  # their character offsets in `context`
   is_impossible: bool = False
 
 
 @dataclasses.dataclass
 class SquadFeature:
   """One window of one example: what postprocess needs to map logits back to context text."""
+
   example_index: int
-  doc_offset: int              # sequence position of the window's first context piece
-  window_start: int            # index of that piece among the context's pieces
-  window_length: int           # number of context pieces in the window
-  max_context: np.ndarray      # [window_length] bool: this window is the piece's best context
-  piece_spans: np.ndarray      # [num_context_pieces, 2] int: each piece's [start, end) in context
+  doc_offset: int  # sequence position of the window's first context piece
+  window_start: int  # index of that piece among the context's pieces
+  window_length: int  # number of context pieces in the window
+  max_context: np.ndarray  # [window_length] bool: this window is the piece's best context
+  piece_spans: np.ndarray  # [num_context_pieces, 2] int: each piece's [start, end) in context
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading.
+
 
 def _fail(path: str, what: str) -> None:
   raise ConfigError(f"{path}: {what}")
@@ -91,16 +94,22 @@ def read_squad(path: str, version_2: bool) -> list[SquadExample]:
           qid, question = str(qa["id"]), qa["question"]
           impossible = bool(qa.get("is_impossible", False)) if version_2 else False
           answers, starts = [], []
-          for answer in ([] if impossible else qa["answers"]):
+          for answer in [] if impossible else qa["answers"]:
             text, start = answer["text"], int(answer["answer_start"])
-            if context[start:start + len(text)] != text:
-              _fail(path, f"question {qid}: answer {text!r} does not match the context at "
-                    f"answer_start={start}")
+            if context[start : start + len(text)] != text:
+              _fail(
+                path,
+                f"question {qid}: answer {text!r} does not match the context at "
+                f"answer_start={start}",
+              )
             answers.append(text)
             starts.append(start)
           if not impossible and not answers:
-            _fail(path, f"question {qid} has no answers" +
-                  ("" if version_2 else " (a SQuAD v2.0 file? pass version_2)"))
+            _fail(
+              path,
+              f"question {qid} has no answers"
+              + ("" if version_2 else " (a SQuAD v2.0 file? pass version_2)"),
+            )
           examples.append(SquadExample(qid, question, context, answers, starts, impossible))
   except KeyError as e:
     _fail(path, f"missing key {e.args[0]!r}")
@@ -113,6 +122,7 @@ def read_squad(path: str, version_2: bool) -> list[SquadExample]:
 
 # ----------------------------------------------------------------------------------------------
 # Pieces aligned to the original text.
+
 
 def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[int]]:
   """tokenizer.preprocess_text one character at a time, with each output character's source."""
@@ -129,7 +139,7 @@ def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[i
       source.append(i - 1)
       source_end.append(i)
       pending_space = False
-    if text[i:i + 2] in ("``", "''"):
+    if text[i : i + 2] in ("``", "''"):
       out.append('"')
       source.append(i)
       source_end.append(i + 2)
@@ -138,7 +148,7 @@ def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[i
     for d in unicodedata.normalize("NFKD", c) if not c.isascii() else c:
       if unicodedata.combining(d):
         continue
-      for e in (d.lower() if lower else d):
+      for e in d.lower() if lower else d:
         out.append(e)
         source.append(i)
         source_end.append(i + 1)
@@ -166,7 +176,7 @@ def _align(joined: str, norm: str) -> np.ndarray:
     else:
       matcher = difflib.SequenceMatcher(None, joined[i:], norm[j:], autojunk=False)
       for a, b, size in matcher.get_matching_blocks():
-        to_norm[i + a:i + a + size] = np.arange(j + b, j + b + size)
+        to_norm[i + a : i + a + size] = np.arange(j + b, j + b + size)
       break
   return to_norm
 
@@ -176,14 +186,18 @@ def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[in
   norm, source, source_end = _preprocess_with_map(text, tok.lower)
   ids = tok.sp.encode(norm)
   # An unknown piece's text ("<unk>") is not in the text: a character that matches nothing.
-  pieces = [tok.id_to_piece(i).replace(tokenizer_lib.WORD_MARKER, " ")
-            if i != tokenizer_lib.UNK_ID else "\0" for i in ids]
+  pieces = [
+    tok.id_to_piece(i).replace(tokenizer_lib.WORD_MARKER, " ")
+    if i != tokenizer_lib.UNK_ID
+    else "\0"
+    for i in ids
+  ]
   joined = "".join(pieces)
   to_norm = _align(joined, norm)
   # Piece k owns the preprocessed characters from its first matched one up to the next piece's.
   bounds, pos, last = [], 0, 0
   for p in pieces:
-    matched = to_norm[pos:pos + len(p)]
+    matched = to_norm[pos : pos + len(p)]
     matched = matched[matched >= 0]
     bounds.append(max(int(matched[0]) if len(matched) else last, bounds[-1] if bounds else 0))
     if len(matched):
@@ -200,8 +214,9 @@ def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[in
   last = chars[np.maximum(np.searchsorted(chars, bounds[1:]) - 1, 0)]
   some = (first < bounds[1:]) & (last >= bounds[:-1])
   empty_at = source[bounds[:-1]]
-  spans = np.stack([np.where(some, source[first], empty_at),
-                    np.where(some, source_end[last], empty_at)], axis=1)
+  spans = np.stack(
+    [np.where(some, source[first], empty_at), np.where(some, source_end[last], empty_at)], axis=1
+  )
   return ids, spans
 
 
@@ -216,6 +231,7 @@ def _answer_pieces(spans: np.ndarray, start: int, end: int) -> tuple[int, int] |
 
 # ----------------------------------------------------------------------------------------------
 # Features.
+
 
 def _windows(num_pieces: int, max_len: int, doc_stride: int) -> list[tuple[int, int]]:
   """(start, length) windows over the context pieces, `doc_stride` apart, the last one ending it."""
@@ -242,9 +258,15 @@ def _max_context(windows: list[tuple[int, int]], num_pieces: int) -> np.ndarray:
   return best
 
 
-def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tokenizer, *,
-                  max_seq_length: int, doc_stride: int, max_query_length: int,
-                  is_training: bool) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:
+def make_features(
+  examples: Sequence[SquadExample],
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  max_seq_length: int,
+  doc_stride: int,
+  max_query_length: int,
+  is_training: bool,
+) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:
   """Windowed model inputs for `examples`, and the per-window metadata postprocess needs.
 
   start/end_positions are the answer's first/last piece in the sequence (the first gold answer's),
@@ -254,8 +276,10 @@ def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tok
   if max_query_length < 1 or doc_stride < 1:
     raise ConfigError("max_query_length and doc_stride must be positive")
   if max_seq_length - max_query_length - 3 < 1:
-    raise ConfigError(f"max_seq_length={max_seq_length} leaves no room for the context after a "
-                      f"question of up to {max_query_length} pieces")
+    raise ConfigError(
+      f"max_seq_length={max_seq_length} leaves no room for the context after a "
+      f"question of up to {max_query_length} pieces"
+    )
   rows, features = [], []
   questions = tokenizer.encode_batch([ex.question for ex in examples])
   contexts: dict = {}
@@ -266,34 +290,47 @@ def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tok
     ids, spans = contexts[ex.context]
     answer = None
     if is_training and not ex.is_impossible and ex.answers:
-      answer = _answer_pieces(spans, ex.answer_starts[0],
-                              ex.answer_starts[0] + len(ex.answers[0]))
+      answer = _answer_pieces(spans, ex.answer_starts[0], ex.answer_starts[0] + len(ex.answers[0]))
       if answer is None:
-        raise ConfigError(f"question {ex.qid}: answer {ex.answers[0]!r} covers no piece of the "
-                          f"context")
+        raise ConfigError(
+          f"question {ex.qid}: answer {ex.answers[0]!r} covers no piece of the context"
+        )
     doc_offset = len(query) + 2
     windows = _windows(len(ids), max_seq_length - len(query) - 3, doc_stride)
     best_window = _max_context(windows, len(ids))
     for w, (start, length) in enumerate(windows):
-      tokens = ([tokenizer_lib.CLS_ID] + query + [tokenizer_lib.SEP_ID] + ids[start:start + length]
-                + [tokenizer_lib.SEP_ID])
+      tokens = (
+        [tokenizer_lib.CLS_ID]
+        + query
+        + [tokenizer_lib.SEP_ID]
+        + ids[start : start + length]
+        + [tokenizer_lib.SEP_ID]
+      )
       s = e = 0
       if answer is not None and start <= answer[0] and answer[1] < start + length:
         s, e = doc_offset + answer[0] - start, doc_offset + answer[1] - start
       rows.append((tokens, doc_offset, s, e))
-      features.append(SquadFeature(
-          example_index=index, doc_offset=doc_offset, window_start=start, window_length=length,
-          max_context=best_window[start:start + length] == w,
-          piece_spans=spans))
+      features.append(
+        SquadFeature(
+          example_index=index,
+          doc_offset=doc_offset,
+          window_start=start,
+          window_length=length,
+          max_context=best_window[start : start + length] == w,
+          piece_spans=spans,
+        )
+      )
   n = len(rows)
-  arrays = {name: np.zeros((n, max_seq_length), np.int32)
-            for name in ("input_ids", "input_mask", "segment_ids")}
+  arrays = {
+    name: np.zeros((n, max_seq_length), np.int32)
+    for name in ("input_ids", "input_mask", "segment_ids")
+  }
   arrays["start_positions"] = np.zeros(n, np.int32)
   arrays["end_positions"] = np.zeros(n, np.int32)
   for r, (tokens, doc_offset, s, e) in enumerate(rows):
-    arrays["input_ids"][r, :len(tokens)] = tokens
-    arrays["input_mask"][r, :len(tokens)] = 1
-    arrays["segment_ids"][r, doc_offset:len(tokens)] = 1
+    arrays["input_ids"][r, : len(tokens)] = tokens
+    arrays["input_mask"][r, : len(tokens)] = 1
+    arrays["segment_ids"][r, doc_offset : len(tokens)] = 1
     arrays["start_positions"][r], arrays["end_positions"][r] = s, e
   return arrays, features
 
@@ -301,15 +338,25 @@ def make_features(examples: Sequence[SquadExample], tokenizer: tokenizer_lib.Tok
 # ----------------------------------------------------------------------------------------------
 # Post-processing.
 
-def postprocess(examples: Sequence[SquadExample], features: Sequence[SquadFeature],
-                start_logits: np.ndarray, end_logits: np.ndarray, *, n_best_size: int = 20,
-                max_answer_length: int = 30, version_2: bool = False,
-                null_score_diff_threshold: float = 0.0) -> dict[str, str]:
+
+def postprocess(
+  examples: Sequence[SquadExample],
+  features: Sequence[SquadFeature],
+  start_logits: np.ndarray,
+  end_logits: np.ndarray,
+  *,
+  n_best_size: int = 20,
+  max_answer_length: int = 30,
+  version_2: bool = False,
+  null_score_diff_threshold: float = 0.0,
+) -> dict[str, str]:
   """question id -> predicted answer text (original context characters; "" for no answer)."""
   start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
   if start_logits.shape != end_logits.shape or len(start_logits) != len(features):
-    raise ConfigError(f"logits of shape {start_logits.shape} and {end_logits.shape} do not match "
-                      f"{len(features)} features")
+    raise ConfigError(
+      f"logits of shape {start_logits.shape} and {end_logits.shape} do not match "
+      f"{len(features)} features"
+    )
   by_example = collections.defaultdict(list)
   for i, f in enumerate(features):
     by_example[f.example_index].append(i)
@@ -331,9 +378,12 @@ def postprocess(examples: Sequence[SquadExample], features: Sequence[SquadFeatur
             continue
           score = float(s[a] + e[b])
           if best is None or score > best[0]:
-            best = (score, f.piece_spans[f.window_start + pa, 0],
-                    f.piece_spans[f.window_start + pb, 1])
-    text = "" if best is None else ex.context[best[1]:best[2]].strip()
+            best = (
+              score,
+              f.piece_spans[f.window_start + pa, 0],
+              f.piece_spans[f.window_start + pb, 1],
+            )
+    text = "" if best is None else ex.context[best[1] : best[2]].strip()
     if version_2 and (best is None or null_score - best[0] > null_score_diff_threshold):
       text = ""
     predictions[ex.qid] = text
@@ -342,6 +392,7 @@ def postprocess(examples: Sequence[SquadExample], features: Sequence[SquadFeatur
 
 # ----------------------------------------------------------------------------------------------
 # The official metrics.
+
 
 def normalize_answer(s: str) -> str:
   """Lowercase, drop punctuation, drop the articles a/an/the, collapse whitespace (official)."""
@@ -368,8 +419,9 @@ def f1(prediction: str, gold: str, version_2: bool = False) -> float:
   return 2 * precision * recall / (precision + recall)
 
 
-def evaluate(examples: Sequence[SquadExample], predictions: dict[str, str],
-             version_2: bool) -> dict[str, float]:
+def evaluate(
+  examples: Sequence[SquadExample], predictions: dict[str, str], version_2: bool
+) -> dict[str, float]:
   """Official exact_match and f1 (0-100; a missing prediction scores 0); v2 adds HasAns_/NoAns_."""
   em, f, has = [], [], []
   for ex in examples:

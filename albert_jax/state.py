@@ -11,7 +11,8 @@ through them. Nothing here allocates a parameter.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -20,8 +21,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from albert_jax import model as model_lib
-from albert_jax import optim, sharding
+from albert_jax import model as model_lib, optim, sharding
 
 
 @struct.dataclass
@@ -43,7 +43,9 @@ def model_and_inputs(config) -> tuple[nn.Module, dict]:
 def make_optimizer(config, boxed_params) -> optax.GradientTransformation:
   # Layers stacked by nn.scan (sharing none/attention/ffn) get one trust ratio per layer, as the
   # original's separate variables did.
-  return optim.make_optimizer(config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params))
+  return optim.make_optimizer(
+    config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params)
+  )
 
 
 def _shardings(shapes: TrainState, boxed_params, mesh: Mesh) -> TrainState:
@@ -56,7 +58,7 @@ def _shardings(shapes: TrainState, boxed_params, mesh: Mesh) -> TrainState:
     return param_shardings if jax.tree_util.tree_structure(subtree) == params_def else rep
 
   opt_shardings = jax.tree_util.tree_map(
-      like_params, shapes.opt_state, is_leaf=lambda x: jax.tree_util.tree_structure(x) == params_def
+    like_params, shapes.opt_state, is_leaf=lambda x: jax.tree_util.tree_structure(x) == params_def
   )
   return TrainState(step=rep, params=param_shardings, opt_state=opt_shardings, rng=rep, skipped=rep)
 
@@ -78,8 +80,9 @@ class AbstractState:
     return with_shardings(self.shapes, self.shardings)
 
 
-def abstract_state(config, mesh: Mesh, model: nn.Module | None = None,
-                   inputs: dict | None = None) -> AbstractState:
+def abstract_state(
+  config, mesh: Mesh, model: nn.Module | None = None, inputs: dict | None = None
+) -> AbstractState:
   """Shapes first: eval_shape(init) -> logical names -> shardings on `mesh`. `model` and `inputs`
   default to the config's (pretraining); fine-tuning passes its own."""
   if model is None:
@@ -91,21 +94,25 @@ def abstract_state(config, mesh: Mesh, model: nn.Module | None = None,
     params_rng, rng = jax.random.split(rng)
     params = nn.unbox(model.init({"params": params_rng}, **inputs)["params"])
     return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        opt_state=tx.init(params),
-        rng=rng,
-        skipped=jnp.zeros((), jnp.int32),
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      rng=rng,
+      skipped=jnp.zeros((), jnp.int32),
     )
 
   shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
   return AbstractState(
-      model=model, tx=tx, boxed_params=boxed, init=init, shapes=shapes,
-      shardings=_shardings(shapes, boxed, mesh),
+    model=model,
+    tx=tx,
+    boxed_params=boxed,
+    init=init,
+    shapes=shapes,
+    shardings=_shardings(shapes, boxed, mesh),
   )
 
 
 def with_shardings(tree: Any, shardings: Any) -> Any:
   return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
   )

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +21,21 @@ import ml_collections
 import numpy as np
 import optax
 
-from albert_jax import checkpoint, config_lib, distributed, hardware, optim, sharding
-from albert_jax import dataset, files, input_pipeline, pretrained
-from albert_jax import model as M
+from albert_jax import (
+  checkpoint,
+  config_lib,
+  dataset,
+  distributed,
+  files,
+  hardware,
+  input_pipeline,
+  model as M,
+  optim,
+  pretrained,
+  sharding,
+)
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.state import AbstractState, TrainState, abstract_state
-
 
 # ----------------------------------------------------------------------------------------------------
 # What a step minimises.
@@ -48,9 +57,13 @@ class Objective:
 
 def _pretraining_sums(model, params, batch, rng):
   out = model.apply(
-      {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-      batch["masked_lm_positions"], deterministic=rng is None,
-      rngs=None if rng is None else {"dropout": rng},
+    {"params": params},
+    batch["input_ids"],
+    batch["segment_ids"],
+    batch["input_mask"],
+    batch["masked_lm_positions"],
+    deterministic=rng is None,
+    rngs=None if rng is None else {"dropout": rng},
   )
   return M.loss_sums(out, batch)
 
@@ -59,7 +72,10 @@ def _pretraining_loss(sums, batch):
   # The MLM loss normalises by the whole step's weight (the original's formula), so micro-batches
   # add up to exactly one step.
   total_weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-  return sums["mlm_nll"] / (total_weight + 1e-5) + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
+  return (
+    sums["mlm_nll"] / (total_weight + 1e-5)
+    + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
+  )
 
 
 PRETRAINING = Objective(sums=_pretraining_sums, loss=_pretraining_loss, metrics=M.metrics_from_sums)
@@ -87,15 +103,19 @@ def build(config, mesh, model=None, inputs=None, objective: Objective = PRETRAIN
   step = make_train_step(abstract, objective, schedule, config.train.micro_batches)
   eval_step = lambda params, b: objective.sums(abstract.model, params, b, None)  # noqa: E731
   return Trainer(
-      abstract=abstract, schedule=schedule,
-      init=jax.jit(abstract.init, out_shardings=shardings),
-      train_step=jax.jit(step, in_shardings=(shardings, batch), out_shardings=(shardings, None),
-                         donate_argnums=0),
-      eval_step=jax.jit(eval_step, in_shardings=(shardings.params, batch)),
+    abstract=abstract,
+    schedule=schedule,
+    init=jax.jit(abstract.init, out_shardings=shardings),
+    train_step=jax.jit(
+      step, in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0
+    ),
+    eval_step=jax.jit(eval_step, in_shardings=(shardings.params, batch)),
   )
 
 
-def make_train_step(abstract: AbstractState, objective: Objective, schedule, micro: int) -> Callable:
+def make_train_step(
+  abstract: AbstractState, objective: Objective, schedule, micro: int
+) -> Callable:
   """The pure train step: gradients (over `micro` micro-batches), the update, and a skip of any
   non-finite step (its loss or gradient norm): a non-finite state is never kept or saved."""
   model, tx = abstract.model, abstract.tx
@@ -113,7 +133,7 @@ def make_train_step(abstract: AbstractState, objective: Objective, schedule, mic
     else:
       # [B, ...] -> [micro, B/micro, ...] taking every micro-th example, so each device keeps its rows.
       split = jax.tree_util.tree_map(
-          lambda x: jnp.moveaxis(x.reshape((x.shape[0] // micro, micro) + x.shape[1:]), 1, 0), batch
+        lambda x: jnp.moveaxis(x.reshape((x.shape[0] // micro, micro) + x.shape[1:]), 1, 0), batch
       )
 
       def accumulate(carry, inputs):
@@ -123,8 +143,10 @@ def make_train_step(abstract: AbstractState, objective: Objective, schedule, mic
 
       first = jax.tree_util.tree_map(lambda x: x[0], split)
       sums_shape = jax.eval_shape(lambda p: objective.sums(model, p, first, rng), state.params)
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
-               jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
+      zeros = (
+        jax.tree_util.tree_map(jnp.zeros_like, state.params),
+        jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape),
+      )
       (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(micro), split))
 
     grad_norm = optax.tree.norm(grads)
@@ -134,13 +156,18 @@ def make_train_step(abstract: AbstractState, objective: Objective, schedule, mic
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
     new_state = state.replace(
-        step=state.step + 1, params=keep(new_params, state.params),
-        opt_state=keep(new_opt_state, state.opt_state),
-        skipped=state.skipped + (~finite).astype(jnp.int32),
+      step=state.step + 1,
+      params=keep(new_params, state.params),
+      opt_state=keep(new_opt_state, state.opt_state),
+      skipped=state.skipped + (~finite).astype(jnp.int32),
     )
     # The rate this step applied: the optimizer's own count, which a skipped step does not advance.
-    metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step - state.skipped),
-                   finite=finite, skipped_updates=new_state.skipped)
+    metrics.update(
+      grad_norm=grad_norm,
+      learning_rate=schedule(state.step - state.skipped),
+      finite=finite,
+      skipped_updates=new_state.skipped,
+    )
     return new_state, metrics
 
   return train_step
@@ -164,14 +191,22 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
   """
   if jax.process_count() > 1:
     return []
-  tok = input_pipeline.tokenizer_lib.load(dataset.spm_model_path(config, workdir),
-                                         config.data.do_lower_case, config.data.word_start)
+  tok = input_pipeline.tokenizer_lib.load(
+    dataset.spm_model_path(config, workdir), config.data.do_lower_case, config.data.word_start
+  )
   with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
     batch = next(batches)
   with sharding.with_mesh(mesh):
-    out = jax.jit(lambda p, b: model.apply(
-        {"params": p}, b["input_ids"], b["segment_ids"], b["input_mask"], b["masked_lm_positions"],
-        deterministic=True)["mlm_logits"])(params, sharding.global_batch(batch, mesh))
+    out = jax.jit(
+      lambda p, b: model.apply(
+        {"params": p},
+        b["input_ids"],
+        b["segment_ids"],
+        b["input_mask"],
+        b["masked_lm_positions"],
+        deterministic=True,
+      )["mlm_logits"]
+    )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))
   marker = input_pipeline.tokenizer_lib.WORD_MARKER
   piece = lambda i: tok.id_to_piece(int(i)).replace(marker, "") or marker  # noqa: E731
@@ -180,8 +215,9 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
     k = int(batch["masked_lm_weights"][row].sum())
     text = input_pipeline.render_example(tok, batch, row)
     lines.append(f"  {text[:300]}{' ...' if len(text) > 300 else ''}")
-    pairs = [f"{piece(t)}->{piece(p)}" for t, p in zip(batch["masked_lm_ids"][row, :k],
-                                                       predicted[row, :k])]
+    pairs = [
+      f"{piece(t)}->{piece(p)}" for t, p in zip(batch["masked_lm_ids"][row, :k], predicted[row, :k])
+    ]
     lines.append(f"    predicted: {' '.join(pairs)}")
   return lines
 
@@ -274,28 +310,35 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
   # Before anything is written: every host agrees on the config and the step to resume from (a
   # read-only look), and another model's checkpoints are refused.
   start = checkpoint.latest_step(workdir)
-  distributed.check_same_run(config, start)  # same config and step on every host, or one clear error
+  distributed.check_same_run(
+    config, start
+  )  # same config and step on every host, or one clear error
   checkpoint.check_workdir(workdir, config, start)
 
   # --- Data -------------------------------------------------------------------------------------
   pretrained.use_its_vocabulary(config)
   # Process 0 prepares (once); the others then open what it built.
   info = distributed.primary_first("prepare the data", lambda: dataset.prepare(config, workdir))
-  log(f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
-      f"vocabulary {info.get('spm_model_path')}")
+  log(
+    f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
+    f"vocabulary {info.get('spm_model_path')}"
+  )
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
   trainer = build(config, mesh)
   params = trainer.abstract.shapes.params
-  log(f"model: {M.count_params(params):,} parameters ({M.count_params(params['albert']):,} backbone), "
-      f"sharing={config.model.sharing}, L={config.model.num_hidden_layers}, H={config.model.hidden_size}, "
-      f"E={config.model.embedding_size}")
+  log(
+    f"model: {M.count_params(params):,} parameters ({M.count_params(params['albert']):,} backbone), "
+    f"sharing={config.model.sharing}, L={config.model.num_hidden_layers}, H={config.model.hidden_size}, "
+    f"E={config.model.embedding_size}"
+  )
 
   # --- Restore or initialise --------------------------------------------------------------------
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t))
     train_iter = cleanup.enter_context(
-        contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train")))
+      contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train"))
+    )
     state = None
     if start is not None:  # the newest sound step; damaged newer ones are moved aside
       start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
@@ -306,10 +349,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
       with sharding.with_mesh(mesh):
         state = trainer.init(jax.random.PRNGKey(config.seed))
       if config.init_from:
-        state = state.replace(params=pretrained.init_params(
-            config, state.params, trainer.abstract.shardings.params))
+        state = state.replace(
+          params=pretrained.init_params(config, state.params, trainer.abstract.shardings.params)
+        )
       start = 0
-    checkpoint.write_config(workdir, config)  # only now: a failed restore keeps the checkpoints' config
+    checkpoint.write_config(
+      workdir, config
+    )  # only now: a failed restore keeps the checkpoints' config
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(train_iter), mesh)
@@ -318,8 +364,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
       compiled = trainer.train_step.lower(state, batch).compile()
     compile_seconds = time.perf_counter() - compile_start
     memory = compiled.memory_analysis()
-    log(f"compiled the train step in {compile_seconds:.1f}s" + (
-        f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else ""))
+    log(
+      f"compiled the train step in {compile_seconds:.1f}s"
+      + (f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else "")
+    )
 
     # --- Loop -----------------------------------------------------------------------------------
     writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
@@ -329,14 +377,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     # CPU "device" of a process on the same cores).
     total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
     flops_per_step = t.batch_size * M.flops_per_example(
-        config.model, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    reporter = Reporter(writer, first_step=start, num_steps=t.num_steps, log_every=t.log_every,
-                        sequences_per_step=t.batch_size, tokens_per_sequence=config.data.max_seq_length,
-                        flops_per_step=flops_per_step, peak_flops=total_peak,
-                        halt_on_nonfinite=t.on_nonfinite == "halt")
+      config.model, config.data.max_seq_length, config.data.max_predictions_per_seq
+    )
+    reporter = Reporter(
+      writer,
+      first_step=start,
+      num_steps=t.num_steps,
+      log_every=t.log_every,
+      sequences_per_step=t.batch_size,
+      tokens_per_sequence=config.data.max_seq_length,
+      flops_per_step=flops_per_step,
+      peak_flops=total_peak,
+      halt_on_nonfinite=t.on_nonfinite == "halt",
+    )
     eval_due = Periodic(t.eval_every, last_step=t.num_steps) if t.eval_steps else None
-    save_due = Periodic(t.checkpoint_every, every_seconds=t.checkpoint_every_seconds,
-                        last_step=t.num_steps)
+    save_due = Periodic(
+      t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
+    )
     profiler = _Profiler(workdir, start, t.profile_steps)
     cleanup.callback(profiler.close)
     eval_metrics: dict[str, float] = {}
@@ -361,10 +418,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
       evaluated = eval_due is not None and eval_due(step)
       if evaluated:
         reporter.flush()
-        with sharding.with_mesh(mesh), contextlib.closing(
-            input_pipeline.make_iterator(config, workdir, split="eval")) as eval_batches:
-          eval_metrics = evaluate(trainer.eval_step, state.params, eval_batches, t.eval_steps, mesh,
-                                  M.metrics_from_sums)
+        with (
+          sharding.with_mesh(mesh),
+          contextlib.closing(
+            input_pipeline.make_iterator(config, workdir, split="eval")
+          ) as eval_batches,
+        ):
+          eval_metrics = evaluate(
+            trainer.eval_step, state.params, eval_batches, t.eval_steps, mesh, M.metrics_from_sums
+          )
         writer.write(step, eval_metrics, prefix="eval/")
         log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         reporter.restart_window(step)
@@ -377,6 +439,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     if step == t.num_steps and t.eval_steps:  # what the model learned, in words
       lines = fill_mask_lines(config, workdir, trainer.abstract.model, state.params, mesh)
       if lines:
-        log(f"fill-mask on held-out examples at step {step} (original->predicted):\n" + "\n".join(lines))
-  log(f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
-      f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})")
+        log(
+          f"fill-mask on held-out examples at step {step} (original->predicted):\n"
+          + "\n".join(lines)
+        )
+  log(
+    f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
+    f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})"
+  )

@@ -22,6 +22,7 @@ program is the same size at every depth) where the timings on a busy machine are
 
 Prints a table and, last, one JSON line with every figure (`benchmark()` returns the same dict).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,28 +41,50 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
-from albert_jax import cli, config_lib, examples  # noqa: E402
-from albert_jax import model as albert_model  # noqa: E402
+from albert_jax import (  # noqa: E402
+  cli,
+  config_lib,
+  examples,
+  model as albert_model,  # noqa: E402
+)
 
 MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
 
 
-def model_config(*, layers: int, scan_layers: bool, hidden: int = 768, heads: int = 12,
-                 intermediate: int = 3072, embedding: int = 128, vocab: int = 30000,
-                 sharing: str = "all", max_positions: int = 512) -> albert_model.ModelConfig:
+def model_config(
+  *,
+  layers: int,
+  scan_layers: bool,
+  hidden: int = 768,
+  heads: int = 12,
+  intermediate: int = 3072,
+  embedding: int = 128,
+  vocab: int = 30000,
+  sharing: str = "all",
+  max_positions: int = 512,
+) -> albert_model.ModelConfig:
   """An albert-base-like model config (docs/model.md) through the one schema, validated."""
   config = config_lib.make(
-      f"sharing={sharing}", vocab_size=vocab, embedding_size=embedding, hidden_size=hidden,
-      num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=intermediate,
-      max_position_embeddings=max_positions, scan_layers=scan_layers)
+    f"sharing={sharing}",
+    vocab_size=vocab,
+    embedding_size=embedding,
+    hidden_size=hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    intermediate_size=intermediate,
+    max_position_embeddings=max_positions,
+    scan_layers=scan_layers,
+  )
   return albert_model.model_config(config.model)
 
 
 def abstract_batch(batch: int, seq: int, predictions: int) -> dict[str, jax.ShapeDtypeStruct]:
   """The data pipeline's batch (examples.FEATURES) as shapes only."""
   dims = {"B": batch, "S": seq, "P": predictions}
-  return {k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype)
-          for k, (shape, dtype) in examples.FEATURES.items()}
+  return {
+    k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype)
+    for k, (shape, dtype) in examples.FEATURES.items()
+  }
 
 
 def train_style_step(cfg: albert_model.ModelConfig):
@@ -72,8 +96,14 @@ def train_style_step(cfg: albert_model.ModelConfig):
 
   def loss_fn(params, batch, dropout_rng):
     outputs = model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng})
+      {"params": params},
+      batch["input_ids"],
+      batch["segment_ids"],
+      batch["input_mask"],
+      batch["masked_lm_positions"],
+      deterministic=False,
+      rngs={"dropout": dropout_rng},
+    )
     return albert_model.pretraining_losses(outputs, batch)["loss"]
 
   inputs = albert_model.dummy_inputs()
@@ -86,32 +116,55 @@ def hlo_instructions(compiled) -> int:
   return sum(1 for line in compiled.as_text().splitlines() if " = " in line)
 
 
-def measure_once(cfg: albert_model.ModelConfig, batch: int, seq: int, predictions: int) -> dict[str, float]:
+def measure_once(
+  cfg: albert_model.ModelConfig, batch: int, seq: int, predictions: int
+) -> dict[str, float]:
   """Seconds to lower (trace included) and to compile one train-style step, from cold caches; and the
   size of the compiled program (counted after the clock stops)."""
   jax.clear_caches()
   gc.collect()  # so a collection of the previous program's garbage does not land inside the timing
   step, params = train_style_step(cfg)
-  abstract = (params, abstract_batch(batch, seq, predictions), jax.eval_shape(lambda: jax.random.key(0)))
+  abstract = (
+    params,
+    abstract_batch(batch, seq, predictions),
+    jax.eval_shape(lambda: jax.random.key(0)),
+  )
   cpu_start, start = time.process_time(), time.perf_counter()
   lowered = step.lower(*abstract)
   lowered_at = time.perf_counter()
   compiled = lowered.compile()
   end, cpu_end = time.perf_counter(), time.process_time()
-  return {"lower_s": lowered_at - start, "compile_s": end - lowered_at, "total_s": end - start,
-          # CPU seconds of this process (all threads) over both phases: less sensitive than wall time
-          # to other jobs on a shared machine, though XLA's own threads can also push it above wall.
-          "cpu_s": cpu_end - cpu_start, "hlo_instructions": hlo_instructions(compiled)}
+  return {
+    "lower_s": lowered_at - start,
+    "compile_s": end - lowered_at,
+    "total_s": end - start,
+    # CPU seconds of this process (all threads) over both phases: less sensitive than wall time
+    # to other jobs on a shared machine, though XLA's own threads can also push it above wall.
+    "cpu_s": cpu_end - cpu_start,
+    "hlo_instructions": hlo_instructions(compiled),
+  }
 
 
 def _ratio(a: float, b: float) -> float:
   return round(a / b, 3)
 
 
-def benchmark(*, layers: Sequence[int] = (12, 24, 48), hidden: int = 768, heads: int = 12,
-              intermediate: int = 3072, embedding: int = 128, vocab: int = 30000, sharing: str = "all",
-              batch: int = 8, seq: int = 128, predictions: int = 20, repeats: int = 3,
-              budget_s: float = 0.0, log: Callable[[str], None] = print) -> dict[str, Any]:
+def benchmark(
+  *,
+  layers: Sequence[int] = (12, 24, 48),
+  hidden: int = 768,
+  heads: int = 12,
+  intermediate: int = 3072,
+  embedding: int = 128,
+  vocab: int = 30000,
+  sharing: str = "all",
+  batch: int = 8,
+  seq: int = 128,
+  predictions: int = 20,
+  repeats: int = 3,
+  budget_s: float = 0.0,
+  log: Callable[[str], None] = print,
+) -> dict[str, Any]:
   """Median compile figures for every depth in `layers`, scanned and unrolled, and their ratios.
 
   Up to `repeats` interleaved rounds over all points; with `budget_s` > 0, a round is skipped when
@@ -128,15 +181,41 @@ def benchmark(*, layers: Sequence[int] = (12, 24, 48), hidden: int = 768, heads:
   persistent_cache = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   try:
-    return _benchmark(layers=layers, hidden=hidden, heads=heads, intermediate=intermediate,
-                      embedding=embedding, vocab=vocab, sharing=sharing, batch=batch, seq=seq,
-                      predictions=predictions, repeats=repeats, budget_s=budget_s, log=log)
+    return _benchmark(
+      layers=layers,
+      hidden=hidden,
+      heads=heads,
+      intermediate=intermediate,
+      embedding=embedding,
+      vocab=vocab,
+      sharing=sharing,
+      batch=batch,
+      seq=seq,
+      predictions=predictions,
+      repeats=repeats,
+      budget_s=budget_s,
+      log=log,
+    )
   finally:
     jax.config.update("jax_enable_compilation_cache", persistent_cache)
 
 
-def _benchmark(*, layers, hidden, heads, intermediate, embedding, vocab, sharing, batch, seq,
-               predictions, repeats, budget_s, log) -> dict[str, Any]:
+def _benchmark(
+  *,
+  layers,
+  hidden,
+  heads,
+  intermediate,
+  embedding,
+  vocab,
+  sharing,
+  batch,
+  seq,
+  predictions,
+  repeats,
+  budget_s,
+  log,
+) -> dict[str, Any]:
   layers = sorted(set(int(n) for n in layers))
   if not layers or layers[0] < 1:
     raise config_lib.ConfigError(f"layers must be positive integers, got {layers}")
@@ -146,42 +225,74 @@ def _benchmark(*, layers, hidden, heads, intermediate, embedding, vocab, sharing
     raise config_lib.ConfigError(f"budget_s must be >= 0 (0: no budget), got {budget_s}")
   if sharing not in ("all", "none"):
     # "attention"/"ffn" need scan_layers=True (model.py), so they have no unrolled counterpart.
-    raise config_lib.ConfigError(f"sharing={sharing!r} is not 'all' or 'none' (the modes that unroll)")
-  sizes = dict(hidden=hidden, heads=heads, intermediate=intermediate, embedding=embedding, vocab=vocab,
-               sharing=sharing, max_positions=max(seq, 512))
-  configs = {(mode, n): model_config(layers=n, scan_layers=scan, **sizes)
-             for mode, scan in MODES.items() for n in layers}  # validate everything before timing
-  config_lib.validate_data(ml_collections.ConfigDict(dict(
-      config_lib.base_config().data, max_seq_length=seq, max_predictions_per_seq=predictions)),
-      configs[("scanned", layers[0])])
+    raise config_lib.ConfigError(
+      f"sharing={sharing!r} is not 'all' or 'none' (the modes that unroll)"
+    )
+  sizes = dict(
+    hidden=hidden,
+    heads=heads,
+    intermediate=intermediate,
+    embedding=embedding,
+    vocab=vocab,
+    sharing=sharing,
+    max_positions=max(seq, 512),
+  )
+  configs = {
+    (mode, n): model_config(layers=n, scan_layers=scan, **sizes)
+    for mode, scan in MODES.items()
+    for n in layers
+  }  # validate everything before timing
+  config_lib.validate_data(
+    ml_collections.ConfigDict(
+      dict(config_lib.base_config().data, max_seq_length=seq, max_predictions_per_seq=predictions)
+    ),
+    configs[("scanned", layers[0])],
+  )
   if batch < 1:
     raise config_lib.ConfigError(f"batch must be positive, got {batch}")
 
   start = time.perf_counter()
   # Warm-up, untimed: the first compile in a process pays one-off costs (backend start, imports,
   # Flax and jax tracing caches) that would otherwise inflate whichever point ran first.
-  measure_once(model_config(layers=1, scan_layers=True, hidden=32, heads=2, intermediate=64,
-                            embedding=16, vocab=64), 2, 8, 2)
+  measure_once(
+    model_config(
+      layers=1, scan_layers=True, hidden=32, heads=2, intermediate=64, embedding=16, vocab=64
+    ),
+    2,
+    8,
+    2,
+  )
   samples: dict[tuple[str, int], list[dict[str, float]]] = {key: [] for key in configs}
   rounds_start = time.perf_counter()
   rounds = 0
   for r in range(repeats):  # interleaved, so a burst of load on the shared machine hits every point
     per_round = (time.perf_counter() - rounds_start) / max(r, 1)
     if budget_s and r >= 2 and time.perf_counter() - start + per_round > budget_s:
-      log(f"  stopping after {r} rounds: another (~{per_round:.0f}s) would pass --budget_s={budget_s:g}")
+      log(
+        f"  stopping after {r} rounds: another (~{per_round:.0f}s) would pass --budget_s={budget_s:g}"
+      )
       break
     rounds += 1
     for (mode, n), cfg in configs.items():
       t = measure_once(cfg, batch, seq, predictions)
       samples[(mode, n)].append(t)
-      log(f"  round {r + 1}/{repeats} {mode:8s} L={n:3d}: lower {t['lower_s']:6.2f}s "
-          f"compile {t['compile_s']:6.2f}s total {t['total_s']:6.2f}s")
+      log(
+        f"  round {r + 1}/{repeats} {mode:8s} L={n:3d}: lower {t['lower_s']:6.2f}s "
+        f"compile {t['compile_s']:6.2f}s total {t['total_s']:6.2f}s"
+      )
 
   log(f"  {rounds} rounds in {time.perf_counter() - start:.0f}s")
   figures: dict[str, Any] = {
-      "config": dict(sizes, batch=batch, seq=seq, predictions=predictions, repeats=rounds,
-                     backend=jax.default_backend(), jax=jax.__version__),
-      "layers": layers,
+    "config": dict(
+      sizes,
+      batch=batch,
+      seq=seq,
+      predictions=predictions,
+      repeats=rounds,
+      backend=jax.default_backend(),
+      jax=jax.__version__,
+    ),
+    "layers": layers,
   }
   for mode in MODES:
     figures[mode] = {}
@@ -191,17 +302,22 @@ def _benchmark(*, layers, hidden, heads, intermediate, embedding, vocab, sharing
       ranked = sorted(samples[(mode, n)], key=lambda t: t["total_s"])
       median = ranked[(len(ranked) - 1) // 2]
       figures[mode][str(n)] = {
-          **{k: round(median[k], 3) for k in ("lower_s", "compile_s", "total_s")},
-          "cpu_s": round(statistics.median(t["cpu_s"] for t in ranked), 3),
-          "hlo_instructions": median["hlo_instructions"]}
+        **{k: round(median[k], 3) for k in ("lower_s", "compile_s", "total_s")},
+        "cpu_s": round(statistics.median(t["cpu_s"] for t in ranked), 3),
+        "hlo_instructions": median["hlo_instructions"],
+      }
   base = str(layers[0])
   figures["ratios"] = {
-      mode: {f"{n}/{base}": _ratio(figures[mode][str(n)]["total_s"], figures[mode][base]["total_s"])
-             for n in layers[1:]}
-      for mode in MODES}
+    mode: {
+      f"{n}/{base}": _ratio(figures[mode][str(n)]["total_s"], figures[mode][base]["total_s"])
+      for n in layers[1:]
+    }
+    for mode in MODES
+  }
   figures["ratios"]["unrolled/scanned"] = {
-      str(n): _ratio(figures["unrolled"][str(n)]["total_s"], figures["scanned"][str(n)]["total_s"])
-      for n in layers}
+    str(n): _ratio(figures["unrolled"][str(n)]["total_s"], figures["scanned"][str(n)]["total_s"])
+    for n in layers
+  }
   return figures
 
 
@@ -209,19 +325,20 @@ def format_table(figures: dict[str, Any]) -> str:
   """The figures as a fixed-width table, seconds as medians, then the depth ratios."""
   c = figures["config"]
   lines = [
-      f"jit(value_and_grad(loss)).lower().compile() on {c['backend']}: H={c['hidden']} heads={c['heads']} "
-      f"I={c['intermediate']} E={c['embedding']} V={c['vocab']} sharing={c['sharing']}, "
-      f"B={c['batch']} S={c['seq']} P={c['predictions']}; median of {c['repeats']}"
-      f"{' (the lower middle)' if c['repeats'] % 2 == 0 else ''} (seconds)",
-      f"{'layers':>6} | {'scanned: lower':>14} {'compile':>8} {'total':>7} {'HLO ops':>8} | "
-      f"{'unrolled: lower':>15} {'compile':>8} {'total':>7} {'HLO ops':>8} | unrolled/scanned",
+    f"jit(value_and_grad(loss)).lower().compile() on {c['backend']}: H={c['hidden']} heads={c['heads']} "
+    f"I={c['intermediate']} E={c['embedding']} V={c['vocab']} sharing={c['sharing']}, "
+    f"B={c['batch']} S={c['seq']} P={c['predictions']}; median of {c['repeats']}"
+    f"{' (the lower middle)' if c['repeats'] % 2 == 0 else ''} (seconds)",
+    f"{'layers':>6} | {'scanned: lower':>14} {'compile':>8} {'total':>7} {'HLO ops':>8} | "
+    f"{'unrolled: lower':>15} {'compile':>8} {'total':>7} {'HLO ops':>8} | unrolled/scanned",
   ]
   for n in figures["layers"]:
     s, u = figures["scanned"][str(n)], figures["unrolled"][str(n)]
     lines.append(
-        f"{n:>6} | {s['lower_s']:>14.2f} {s['compile_s']:>8.2f} {s['total_s']:>7.2f} "
-        f"{s['hlo_instructions']:>8d} | {u['lower_s']:>15.2f} {u['compile_s']:>8.2f} {u['total_s']:>7.2f} "
-        f"{u['hlo_instructions']:>8d} | {figures['ratios']['unrolled/scanned'][str(n)]:>15.2f}x")
+      f"{n:>6} | {s['lower_s']:>14.2f} {s['compile_s']:>8.2f} {s['total_s']:>7.2f} "
+      f"{s['hlo_instructions']:>8d} | {u['lower_s']:>15.2f} {u['compile_s']:>8.2f} {u['total_s']:>7.2f} "
+      f"{u['hlo_instructions']:>8d} | {figures['ratios']['unrolled/scanned'][str(n)]:>15.2f}x"
+    )
   for mode in MODES:
     ratios = ", ".join(f"{k} = {v:.2f}x" for k, v in figures["ratios"][mode].items())
     lines.append(f"{mode} total, depth ratios: {ratios or '(one depth)'}")
@@ -229,21 +346,32 @@ def format_table(figures: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--layers", default="12,24,48", help="comma-separated depths; ratios are to the first")
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  p.add_argument(
+    "--layers", default="12,24,48", help="comma-separated depths; ratios are to the first"
+  )
   p.add_argument("--hidden", type=int, default=768)
   p.add_argument("--heads", type=int, default=12)
   p.add_argument("--intermediate", type=int, default=3072)
   p.add_argument("--embedding", type=int, default=128, help="E, the factorised embedding width")
   p.add_argument("--vocab", type=int, default=30000)
-  p.add_argument("--sharing", default="all", help="all (ALBERT) or none (BERT-style distinct layers)")
+  p.add_argument(
+    "--sharing", default="all", help="all (ALBERT) or none (BERT-style distinct layers)"
+  )
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--predictions", type=int, default=20, help="P, masked positions per sequence")
-  p.add_argument("--repeats", type=int, default=3, help="measurements per point; the median is reported")
-  p.add_argument("--budget_s", type=float, default=150.0,
-                 help="skip further rounds (after two) that would end past this many seconds; 0: none")
+  p.add_argument(
+    "--repeats", type=int, default=3, help="measurements per point; the median is reported"
+  )
+  p.add_argument(
+    "--budget_s",
+    type=float,
+    default=150.0,
+    help="skip further rounds (after two) that would end past this many seconds; 0: none",
+  )
   return p.parse_args(argv)
 
 
@@ -253,12 +381,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   try:
     layers = [int(n) for n in args.layers.split(",") if n.strip()]
   except ValueError:
-    raise config_lib.ConfigError(f"--layers={args.layers!r} is not a comma-separated list of integers") from None
+    raise config_lib.ConfigError(
+      f"--layers={args.layers!r} is not a comma-separated list of integers"
+    ) from None
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # progress to stderr; results to stdout
-  figures = benchmark(layers=layers, hidden=args.hidden, heads=args.heads, intermediate=args.intermediate,
-                      embedding=args.embedding, vocab=args.vocab, sharing=args.sharing, batch=args.batch,
-                      seq=args.seq, predictions=args.predictions, repeats=args.repeats,
-                      budget_s=args.budget_s, log=log)
+  figures = benchmark(
+    layers=layers,
+    hidden=args.hidden,
+    heads=args.heads,
+    intermediate=args.intermediate,
+    embedding=args.embedding,
+    vocab=args.vocab,
+    sharing=args.sharing,
+    batch=args.batch,
+    seq=args.seq,
+    predictions=args.predictions,
+    repeats=args.repeats,
+    budget_s=args.budget_s,
+    log=log,
+  )
   print(format_table(figures))
   print(json.dumps(figures, sort_keys=True))
   return figures

@@ -22,7 +22,8 @@ import json
 import os
 import statistics
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -36,8 +37,13 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from albert_jax import config_lib, finetune, sharding, train  # noqa: E402
-from albert_jax import model as albert_model  # noqa: E402
+from albert_jax import (  # noqa: E402
+  config_lib,
+  finetune,
+  model as albert_model,  # noqa: E402
+  sharding,
+  train,
+)
 
 TINY = dict(
   vocab_size=100,

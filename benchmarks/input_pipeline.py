@@ -14,6 +14,7 @@
 Timings are CPU time, so other load on a shared machine disturbs them little; wall-clock rates are
 printed too. The last line is one JSON object with all figures.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,16 @@ import os
 import sys
 import time
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from albert_jax import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax import corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax import dataset, input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+  config_lib,  # pylint: disable=g-import-not-at-top,wrong-import-position
+  corpus,  # pylint: disable=g-import-not-at-top,wrong-import-position
+  dataset,
+  input_pipeline,
+)
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpus to prepare.")
@@ -64,18 +66,25 @@ def _write_corpus(directory: str, copies: int) -> str:
   return os.path.join(directory, "part-*.txt")
 
 
-def _config(files: str, seq: int, spm_model_path: str = "", batch_size: int = 128, prefetch: int = 0):
+def _config(
+  files: str, seq: int, spm_model_path: str = "", batch_size: int = 128, prefetch: int = 0
+):
   config = config_lib.base_config()
   config.model.vocab_size = 8000
-  config.data.update(input_files=files, max_seq_length=seq, spm_model_path=spm_model_path,
-                     prefetch=prefetch, num_workers=0)
+  config.data.update(
+    input_files=files,
+    max_seq_length=seq,
+    spm_model_path=spm_model_path,
+    prefetch=prefetch,
+    num_workers=0,
+  )
   config.train.batch_size = batch_size
   return config
 
 
 def _pipeline_rate(config, workdir: str, batches: int) -> dict:
   it = input_pipeline.make_iterator(config, workdir, "train", process_index=0, process_count=1)
-  for _ in range(3):   # warm up: readers opened, first pages cached
+  for _ in range(3):  # warm up: readers opened, first pages cached
     next(it)
   wall, cpu = time.perf_counter(), time.process_time()
   for _ in range(batches):
@@ -102,22 +111,26 @@ def main(argv):
     spm_path = spm_path or info["spm_model_path"]
     rate = _pipeline_rate(config, workdir, _BATCHES.value)
     results[f"seq{seq}"] = dict(
-        rate,
-        train_examples=info["num_train_examples"],
-        mean_example_tokens=info["mean_example_tokens"],
-        prepare_raw_text_mb=info["raw_text_mb"],
-        prepare_tokenize_pair_mb_per_s=info["mb_per_second"],
-        prepare_end_to_end_mb_per_s=round(info["raw_text_mb"] / info["seconds"], 3),
-        prepare_vocab_seconds=info["vocab_seconds"],
-        prepare_seconds=info["seconds"],
-        prepared_now=fresh)
+      rate,
+      train_examples=info["num_train_examples"],
+      mean_example_tokens=info["mean_example_tokens"],
+      prepare_raw_text_mb=info["raw_text_mb"],
+      prepare_tokenize_pair_mb_per_s=info["mb_per_second"],
+      prepare_end_to_end_mb_per_s=round(info["raw_text_mb"] / info["seconds"], 3),
+      prepare_vocab_seconds=info["vocab_seconds"],
+      prepare_seconds=info["seconds"],
+      prepared_now=fresh,
+    )
     r = results[f"seq{seq}"]
-    print(f"seq {seq:4d}: {r['examples_per_cpu_second']:>7,} masked examples/s per CPU core "
-          f"({r['examples_per_wall_second']:,}/s wall, batch {config.train.batch_size}, "
-          f"{r['mean_example_tokens']} tokens/example); prepare {r['prepare_raw_text_mb']} MB: "
-          f"{r['prepare_tokenize_pair_mb_per_s']} MB/s tokenize+pair, "
-          f"{r['prepare_end_to_end_mb_per_s']} MB/s end to end "
-          f"(vocab {r['prepare_vocab_seconds']} s of {r['prepare_seconds']} s)", flush=True)
+    print(
+      f"seq {seq:4d}: {r['examples_per_cpu_second']:>7,} masked examples/s per CPU core "
+      f"({r['examples_per_wall_second']:,}/s wall, batch {config.train.batch_size}, "
+      f"{r['mean_example_tokens']} tokens/example); prepare {r['prepare_raw_text_mb']} MB: "
+      f"{r['prepare_tokenize_pair_mb_per_s']} MB/s tokenize+pair, "
+      f"{r['prepare_end_to_end_mb_per_s']} MB/s end to end "
+      f"(vocab {r['prepare_vocab_seconds']} s of {r['prepare_seconds']} s)",
+      flush=True,
+    )
   # What albert base needs: batch 4096 per step; at ~1 step/s on a v3-32 (4 hosts), 1024/s/host.
   print(json.dumps(results), flush=True)
 

@@ -11,6 +11,7 @@ processes), the speed-up and its ratio to the worker count (the goal: >= 0.8), a
 resident memory of the main process and of the largest worker. The last line is one JSON object
 with all figures.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,15 @@ import shutil
 import subprocess
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from albert_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax import corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax import tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax import (
+  cli,  # pylint: disable=g-import-not-at-top,wrong-import-position
+  corpus,  # pylint: disable=g-import-not-at-top,wrong-import-position
+  tokenizer,  # pylint: disable=g-import-not-at-top,wrong-import-position
+)
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where corpus and data go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 10, "Copies of the built-in corpus to prepare.")
@@ -57,8 +59,22 @@ print(json.dumps({"cpu_seconds": time.process_time() - t0 + kids.ru_utime + kids
 def _run(files: str, vocab: str, workdir: str, workers: int) -> dict:
   shutil.rmtree(workdir, ignore_errors=True)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  run = subprocess.run([sys.executable, "-c", _CHILD, files, vocab, workdir, str(_VOCAB),
-                        str(_SEQ.value), str(workers)], cwd=root, capture_output=True, text=True)
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      _CHILD,
+      files,
+      vocab,
+      workdir,
+      str(_VOCAB),
+      str(_SEQ.value),
+      str(workers),
+    ],
+    cwd=root,
+    capture_output=True,
+    text=True,
+  )
   if run.returncode:
     cli.fail(f"prepare failed: {run.stderr.strip().splitlines()[-1]}")
   result = json.loads(run.stdout.strip().splitlines()[-1])
@@ -83,19 +99,35 @@ def main(argv):
   files = os.path.join(text_dir, "*.txt")
   workers = _WORKERS.value or os.cpu_count() or 1
   one = _run(files, vocab, os.path.join(_WORKDIR.value, "w1"), 1)
-  print(f"1 worker:   {one['mb_per_second']:.2f} MB/s ({one['mb']:.1f} MB, {one['seconds']:.1f} s; "
-        f"peak {one['main_rss_mb']:.0f} MB)")
+  print(
+    f"1 worker:   {one['mb_per_second']:.2f} MB/s ({one['mb']:.1f} MB, {one['seconds']:.1f} s; "
+    f"peak {one['main_rss_mb']:.0f} MB)"
+  )
   many = _run(files, vocab, os.path.join(_WORKDIR.value, f"w{workers}"), workers)
   speedup = many["mb_per_second"] / one["mb_per_second"]
-  print(f"{workers} workers: {many['mb_per_second']:.2f} MB/s ({many['seconds']:.1f} s; of which "
-        f"writing {many['write_seconds']:.1f} s); peak {many['main_rss_mb']:.0f} MB main, "
-        f"{many['worker_rss_mb']:.0f} MB per worker")
-  print(f"CPU: {one['mb_per_cpu_second']:.2f} MB per CPU-second on 1 worker, "
-        f"{many['mb_per_cpu_second']:.2f} on {workers} (wall-clock figures need an idle machine)")
-  print(f"speed-up {speedup:.2f}x on {workers} workers: {speedup / workers:.2f} of linear "
-        f"(goal >= 0.8)")
-  print(json.dumps({"workers": workers, "one": one, "many": many, "speedup": round(speedup, 3),
-                    "efficiency": round(speedup / workers, 3)}))
+  print(
+    f"{workers} workers: {many['mb_per_second']:.2f} MB/s ({many['seconds']:.1f} s; of which "
+    f"writing {many['write_seconds']:.1f} s); peak {many['main_rss_mb']:.0f} MB main, "
+    f"{many['worker_rss_mb']:.0f} MB per worker"
+  )
+  print(
+    f"CPU: {one['mb_per_cpu_second']:.2f} MB per CPU-second on 1 worker, "
+    f"{many['mb_per_cpu_second']:.2f} on {workers} (wall-clock figures need an idle machine)"
+  )
+  print(
+    f"speed-up {speedup:.2f}x on {workers} workers: {speedup / workers:.2f} of linear (goal >= 0.8)"
+  )
+  print(
+    json.dumps(
+      {
+        "workers": workers,
+        "one": one,
+        "many": many,
+        "speedup": round(speedup, 3),
+        "efficiency": round(speedup / workers, 3),
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ One CPU device: XLA's CPU client runs one device's work on a thread pool over ev
 benchmark uses jax.devices()[:1] and does not split the host into several devices. Prints a table and,
 last, one JSON line with every figure (`benchmark()` returns the same dict).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,20 +46,31 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":
   # Its own process: one CPU device over every core, whatever a shell exported for the tests.
   os.environ["XLA_FLAGS"] = " ".join(
-      f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f)
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if "xla_force_host_platform_device_count" not in f
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from albert_jax import cli, config_lib, examples, hardware, sharding, train  # noqa: E402
-from albert_jax import model as albert_model  # noqa: E402
+from albert_jax import (  # noqa: E402
+  cli,
+  config_lib,
+  examples,
+  hardware,
+  model as albert_model,  # noqa: E402
+  sharding,
+  train,
+)
 
 MODELS = ("albert_base", "albert_large")
 DTYPES = ("float32", "bfloat16")
@@ -68,8 +80,15 @@ TORCH_VARIANTS = ("hf", "gathered")
 # ----------------------------------------------------------------------------------------------------
 # Config and batch.
 
-def make_config(model: str = "albert_base", batch: int = 8, seq: int = 128, predictions: int = 20,
-                dtype: str = "float32", model_overrides: dict[str, Any] | None = None):
+
+def make_config(
+  model: str = "albert_base",
+  batch: int = 8,
+  seq: int = 128,
+  predictions: int = 20,
+  dtype: str = "float32",
+  model_overrides: dict[str, Any] | None = None,
+):
   """configs/<model>.py at the benchmark's shapes on a 1-device mesh, validated."""
   if model not in MODELS:
     raise config_lib.ConfigError(f"--model={model!r} is not one of {MODELS}")
@@ -93,20 +112,24 @@ def make_config(model: str = "albert_base", batch: int = 8, seq: int = 128, pred
   return config
 
 
-def random_batch(batch: int, seq: int, predictions: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+def random_batch(
+  batch: int, seq: int, predictions: int, vocab: int, seed: int = 0
+) -> dict[str, np.ndarray]:
   """A valid pretraining batch (CONTRACT batch keys): ids in [5, vocab) (past the special tokens), two
   segments, every token real, P distinct sorted masked positions after [CLS], weights 1, SOP labels 0/1."""
   rng = np.random.default_rng(seed)
-  positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
-                                for _ in range(batch)]), axis=1)
+  positions = np.sort(
+    np.stack([rng.choice(np.arange(1, seq), predictions, replace=False) for _ in range(batch)]),
+    axis=1,
+  )
   values = {
-      "input_ids": rng.integers(5, vocab, (batch, seq)),
-      "input_mask": np.ones((batch, seq)),
-      "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0),
-      "masked_lm_positions": positions,
-      "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
-      "masked_lm_weights": np.ones((batch, predictions)),
-      "sentence_order_label": rng.integers(0, 2, (batch,)),
+    "input_ids": rng.integers(5, vocab, (batch, seq)),
+    "input_mask": np.ones((batch, seq)),
+    "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0),
+    "masked_lm_positions": positions,
+    "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
+    "masked_lm_weights": np.ones((batch, predictions)),
+    "sentence_order_label": rng.integers(0, 2, (batch,)),
   }
   return {k: values[k].astype(dtype) for k, (_, dtype) in examples.FEATURES.items()}
 
@@ -114,10 +137,11 @@ def random_batch(batch: int, seq: int, predictions: int, vocab: int, seed: int =
 # ----------------------------------------------------------------------------------------------------
 # The contenders: each a `step()` that runs one training step and returns when it is done.
 
+
 class Contender(NamedTuple):
   name: str
-  step: Callable[[], Any]   # one training step, returned when done; returns the loss
-  setup_s: float       # build + compile (ours) or build (theirs), not timed in the rounds
+  step: Callable[[], Any]  # one training step, returned when done; returns the loss
+  setup_s: float  # build + compile (ours) or build (theirs), not timed in the rounds
   info: dict[str, Any]
 
 
@@ -138,13 +162,24 @@ def jax_contender(config, batch: dict[str, np.ndarray], device) -> Contender:
     return jax.block_until_ready(metrics)["loss"]
 
   step()
-  loss = float(step())  # after two warm-up steps: the same order of value as theirs (a sanity check)
-  return Contender("ours", step, setup_s,
-                   {"optimizer": config.train.optimizer, "device": str(device), "warmup_loss": loss})
+  loss = float(
+    step()
+  )  # after two warm-up steps: the same order of value as theirs (a sanity check)
+  return Contender(
+    "ours",
+    step,
+    setup_s,
+    {"optimizer": config.train.optimizer, "device": str(device), "warmup_loss": loss},
+  )
 
 
-def torch_contender(model_cfg: albert_model.ModelConfig, batch: dict[str, np.ndarray], variant: str,
-                    dtype: str, device: str) -> Contender:
+def torch_contender(
+  model_cfg: albert_model.ModelConfig,
+  batch: dict[str, np.ndarray],
+  variant: str,
+  dtype: str,
+  device: str,
+) -> Contender:
   """transformers.AlbertForPreTraining with AdamW; `variant` chooses where the MLM head runs."""
   import torch
   import transformers
@@ -152,41 +187,66 @@ def torch_contender(model_cfg: albert_model.ModelConfig, batch: dict[str, np.nda
   start = time.perf_counter()
   torch.manual_seed(0)
   hf_config = transformers.AlbertConfig(
-      vocab_size=model_cfg.vocab_size, embedding_size=model_cfg.embedding_size,
-      hidden_size=model_cfg.hidden_size, num_hidden_layers=model_cfg.num_hidden_layers,
-      num_hidden_groups=model_cfg.num_hidden_groups, inner_group_num=model_cfg.inner_group_num,
-      num_attention_heads=model_cfg.num_attention_heads, intermediate_size=model_cfg.intermediate_size,
-      hidden_act="gelu_new", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-      classifier_dropout_prob=0.0, max_position_embeddings=model_cfg.max_position_embeddings,
-      type_vocab_size=model_cfg.type_vocab_size, layer_norm_eps=model_cfg.layer_norm_eps,
-      initializer_range=model_cfg.initializer_range)
+    vocab_size=model_cfg.vocab_size,
+    embedding_size=model_cfg.embedding_size,
+    hidden_size=model_cfg.hidden_size,
+    num_hidden_layers=model_cfg.num_hidden_layers,
+    num_hidden_groups=model_cfg.num_hidden_groups,
+    inner_group_num=model_cfg.inner_group_num,
+    num_attention_heads=model_cfg.num_attention_heads,
+    intermediate_size=model_cfg.intermediate_size,
+    hidden_act="gelu_new",
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    classifier_dropout_prob=0.0,
+    max_position_embeddings=model_cfg.max_position_embeddings,
+    type_vocab_size=model_cfg.type_vocab_size,
+    layer_norm_eps=model_cfg.layer_norm_eps,
+    initializer_range=model_cfg.initializer_range,
+  )
   model = transformers.AlbertForPreTraining(hf_config).to(device).train()
   # Weight decay on all parameters (torch's plain use); the per-parameter exclusions would not change
   # the cost of a step.
-  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
-                                weight_decay=0.01)
+  optimizer = torch.optim.AdamW(
+    model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01
+  )
   to = lambda x: torch.as_tensor(x, dtype=torch.long, device=device)
-  input_ids, mask, segments = to(batch["input_ids"]), to(batch["input_mask"]), to(batch["segment_ids"])
+  input_ids, mask, segments = (
+    to(batch["input_ids"]),
+    to(batch["input_mask"]),
+    to(batch["segment_ids"]),
+  )
   positions, ids = to(batch["masked_lm_positions"]), to(batch["masked_lm_ids"])
   sop_label = to(batch["sentence_order_label"])
   weights = torch.as_tensor(batch["masked_lm_weights"], device=device)
   labels = torch.full_like(input_ids, -100)  # HF: -100 = not a masked position
   labels.scatter_(1, positions, ids)
   vocab, hidden = model_cfg.vocab_size, model_cfg.hidden_size
-  autocast = (torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
-              if dtype == "bfloat16" else None)
+  autocast = (
+    torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+    if dtype == "bfloat16"
+    else None
+  )
   sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
 
   def loss_hf():
-    return model(input_ids=input_ids, attention_mask=mask, token_type_ids=segments, labels=labels,
-                 sentence_order_label=sop_label).loss
+    return model(
+      input_ids=input_ids,
+      attention_mask=mask,
+      token_type_ids=segments,
+      labels=labels,
+      sentence_order_label=sop_label,
+    ).loss
 
   def loss_gathered():
-    sequence_output, pooled = model.albert(input_ids=input_ids, attention_mask=mask,
-                                           token_type_ids=segments, return_dict=False)[:2]
+    sequence_output, pooled = model.albert(
+      input_ids=input_ids, attention_mask=mask, token_type_ids=segments, return_dict=False
+    )[:2]
     gathered = sequence_output.gather(1, positions[..., None].expand(-1, -1, hidden))
     logits = model.predictions(gathered).float()
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), ids.reshape(-1), reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+      logits.reshape(-1, vocab), ids.reshape(-1), reduction="none"
+    )
     mlm = (nll * weights.reshape(-1)).sum() / (weights.sum() + 1e-5)
     return mlm + torch.nn.functional.cross_entropy(model.sop_classifier(pooled).float(), sop_label)
 
@@ -208,10 +268,18 @@ def torch_contender(model_cfg: albert_model.ModelConfig, batch: dict[str, np.nda
   setup_s = time.perf_counter() - start
   step()
   loss = float(step())
-  return Contender(f"torch_{variant}", step, setup_s, {
-      "optimizer": "torch.optim.AdamW", "device": device, "warmup_loss": loss,
+  return Contender(
+    f"torch_{variant}",
+    step,
+    setup_s,
+    {
+      "optimizer": "torch.optim.AdamW",
+      "device": device,
+      "warmup_loss": loss,
       "attn_implementation": getattr(model.config, "_attn_implementation", None),
-      "mlm_head_positions": "all S" if variant == "hf" else "P gathered"})
+      "mlm_head_positions": "all S" if variant == "hf" else "P gathered",
+    },
+  )
 
 
 def torch_matmul_flops(n: int, dtype: str, seconds: float, device: str) -> float:
@@ -246,12 +314,23 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 # ----------------------------------------------------------------------------------------------------
 # The benchmark.
 
-def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, predictions: int = 20,
-              dtype: str = "float32", steps: int = 10, skip_torch: bool = False,
-              torch_variants: Sequence[str] = TORCH_VARIANTS, matmul_size: int = 2048,
-              matmul_seconds: float = 0.5, budget_s: float = 150.0,
-              model_overrides: dict[str, Any] | None = None,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+
+def benchmark(
+  *,
+  model: str = "albert_base",
+  batch: int = 8,
+  seq: int = 128,
+  predictions: int = 20,
+  dtype: str = "float32",
+  steps: int = 10,
+  skip_torch: bool = False,
+  torch_variants: Sequence[str] = TORCH_VARIANTS,
+  matmul_size: int = 2048,
+  matmul_seconds: float = 0.5,
+  budget_s: float = 150.0,
+  model_overrides: dict[str, Any] | None = None,
+  log: Callable[[str], None] = print,
+) -> dict[str, Any]:
   """Median step figures of ours and (unless skip_torch) PyTorch's, MFU and the ratios.
 
   Up to `steps` interleaved rounds; with budget_s > 0 a round is skipped once the rounds so far predict
@@ -271,12 +350,14 @@ def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, pre
   if budget_s < 0:
     raise config_lib.ConfigError(f"--budget_s={budget_s} must be >= 0 (0: no budget)")
   if matmul_size < 1 or matmul_seconds <= 0:
-    raise config_lib.ConfigError(f"--matmul_size={matmul_size} and matmul_seconds={matmul_seconds} "
-                                 f"must be positive")
+    raise config_lib.ConfigError(
+      f"--matmul_size={matmul_size} and matmul_seconds={matmul_seconds} must be positive"
+    )
   unknown = sorted(set(torch_variants) - set(TORCH_VARIANTS))
   if unknown or not torch_variants:
-    raise config_lib.ConfigError(f"--torch_variants={','.join(torch_variants)!r}: choose from "
-                                 f"{','.join(TORCH_VARIANTS)}")
+    raise config_lib.ConfigError(
+      f"--torch_variants={','.join(torch_variants)!r}: choose from {','.join(TORCH_VARIANTS)}"
+    )
   config = make_config(model, batch, seq, predictions, dtype, model_overrides)
   cfg = albert_model.model_config(config.model)
   device = jax.devices()[0]
@@ -293,12 +374,16 @@ def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, pre
       if torch.cuda.is_available():
         torch_device = "cuda"
       else:
-        log(f"  torch has no CUDA here while jax runs on {backend}: skipping the PyTorch comparison")
+        log(
+          f"  torch has no CUDA here while jax runs on {backend}: skipping the PyTorch comparison"
+        )
         skip_torch = True
 
   flops_per_step = albert_model.flops_per_example(cfg, seq, predictions) * batch
   host = random_batch(batch, seq, predictions, cfg.vocab_size)
-  log(f"  compiling our train step ({model}, B={batch}, S={seq}, P={predictions}, {dtype}, {device})")
+  log(
+    f"  compiling our train step ({model}, B={batch}, S={seq}, P={predictions}, {dtype}, {device})"
+  )
   contenders = [jax_contender(config, host, device)]
   log(f"  ours: built and compiled in {contenders[0].setup_s:.1f}s")
   if not skip_torch:
@@ -315,45 +400,74 @@ def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, pre
   for r in range(steps):  # A B A B ...: every round times each contender once and both matmuls
     per_round = (time.perf_counter() - start) / max(r, 1)
     if budget_s and r >= 3 and time.perf_counter() - start + per_round > budget_s:
-      log(f"  stopping after {r} rounds: another (~{per_round:.0f}s) would pass --budget_s={budget_s:g}")
+      log(
+        f"  stopping after {r} rounds: another (~{per_round:.0f}s) would pass --budget_s={budget_s:g}"
+      )
       break
     rounds += 1
     for c in contenders:
       _, wall, cpu = _timed(c.step)
       samples[c.name].append((wall, cpu))
-    matmuls["jax"].append(hardware.measured_matmul_flops(matmul_size, matmul_dtype, matmul_seconds, device))
+    matmuls["jax"].append(
+      hardware.measured_matmul_flops(matmul_size, matmul_dtype, matmul_seconds, device)
+    )
     if not skip_torch:
       matmuls["torch"].append(torch_matmul_flops(matmul_size, dtype, matmul_seconds, torch_device))
-    log(f"  round {r + 1}/{steps}: " + " ".join(f"{c.name} {samples[c.name][-1][0]:.3f}s" for c in contenders)
-        + f" | matmul jax {matmuls['jax'][-1] / 1e9:.0f}"
-        + (f" torch {matmuls['torch'][-1] / 1e9:.0f}" if matmuls["torch"] else "") + " GFLOP/s")
+    log(
+      f"  round {r + 1}/{steps}: "
+      + " ".join(f"{c.name} {samples[c.name][-1][0]:.3f}s" for c in contenders)
+      + f" | matmul jax {matmuls['jax'][-1] / 1e9:.0f}"
+      + (f" torch {matmuls['torch'][-1] / 1e9:.0f}" if matmuls["torch"] else "")
+      + " GFLOP/s"
+    )
 
   median = statistics.median
   denominators = [peak] * rounds if use_peak else matmuls["jax"]
   figures: dict[str, Any] = {
-      "config": {"model": model, "batch": batch, "seq": seq, "predictions": predictions, "dtype": dtype,
-                 "rounds": rounds, "backend": backend, "device": str(device),
-                 "cpu_count": os.cpu_count(), "jax": jax.__version__,
-                 "model_overrides": dict(model_overrides or {}),
-                 "flops_per_step": flops_per_step, "matmul_size": matmul_size,
-                 # The 1-minute load average around the rounds: how shared the machine was.
-                 "loadavg_1m": [round(load_before, 2),
-                                round(os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0, 2)]},
-      "matmul": {"jax_gflops": _sig(median(matmuls["jax"]) / 1e9),
-                 "mfu_denominator": f"{accelerator} datasheet dense bf16 peak" if use_peak
-                 else f"measured jax {dtype} {matmul_size}^3 matmul"},
+    "config": {
+      "model": model,
+      "batch": batch,
+      "seq": seq,
+      "predictions": predictions,
+      "dtype": dtype,
+      "rounds": rounds,
+      "backend": backend,
+      "device": str(device),
+      "cpu_count": os.cpu_count(),
+      "jax": jax.__version__,
+      "model_overrides": dict(model_overrides or {}),
+      "flops_per_step": flops_per_step,
+      "matmul_size": matmul_size,
+      # The 1-minute load average around the rounds: how shared the machine was.
+      "loadavg_1m": [
+        round(load_before, 2),
+        round(os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0, 2),
+      ],
+    },
+    "matmul": {
+      "jax_gflops": _sig(median(matmuls["jax"]) / 1e9),
+      "mfu_denominator": f"{accelerator} datasheet dense bf16 peak"
+      if use_peak
+      else f"measured jax {dtype} {matmul_size}^3 matmul",
+    },
   }
   if use_peak:
     figures["matmul"]["peak_gflops"] = round(peak / 1e9, 1)
   for c in contenders:
     walls = [w for w, _ in samples[c.name]]
-    entry = {"step_s": _sig(median(walls)), "seq_per_s": _sig(batch / median(walls)),
-             "cpu_util": round(median(cpu / wall for wall, cpu in samples[c.name]), 2),
-             "setup_s": round(c.setup_s, 1), **c.info}
+    entry = {
+      "step_s": _sig(median(walls)),
+      "seq_per_s": _sig(batch / median(walls)),
+      "cpu_util": round(median(cpu / wall for wall, cpu in samples[c.name]), 2),
+      "setup_s": round(c.setup_s, 1),
+      **c.info,
+    }
     if c.name == "ours":
       entry["tflops"] = _sig(flops_per_step / median(walls) / 1e12)
       entry["mfu"] = _sig(flops_per_step / median(walls) / median(denominators))
-      entry["mfu_paired"] = _sig(median(flops_per_step / w / d for w, d in zip(walls, denominators)))
+      entry["mfu_paired"] = _sig(
+        median(flops_per_step / w / d for w, d in zip(walls, denominators))
+      )
       entry["compile_s"] = entry.pop("setup_s")
     figures[c.name] = entry
   if not skip_torch:
@@ -362,7 +476,8 @@ def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, pre
       # Our FLOP count (the useful work) over torch's own matmul rate: how close each framework gets to
       # its own matmul library, apart from how fast that library is.
       figures[f"torch_{variant}"]["mfu_own_matmul"] = _sig(
-          flops_per_step / figures[f"torch_{variant}"]["step_s"] / median(matmuls["torch"]))
+        flops_per_step / figures[f"torch_{variant}"]["step_s"] / median(matmuls["torch"])
+      )
     ours = [w for w, _ in samples["ours"]]
     figures["ratio"], figures["ratio_paired"] = {}, {}
     for variant in torch_variants:
@@ -374,8 +489,9 @@ def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, pre
       # rate) against torch's measured step. Below a goal, no change to our step reaches that goal
       # on this machine; only a faster matmul (library, dtype or hardware) can.
       best_step = flops_per_step / median(matmuls["jax"])
-      figures["ratio_ceiling"] = {v: _sig(figures[f"torch_{v}"]["step_s"] / best_step)
-                                  for v in torch_variants}
+      figures["ratio_ceiling"] = {
+        v: _sig(figures[f"torch_{v}"]["step_s"] / best_step) for v in torch_variants
+      }
   log(f"  {rounds} rounds in {time.perf_counter() - start:.0f}s")
   return figures
 
@@ -383,47 +499,75 @@ def benchmark(*, model: str = "albert_base", batch: int = 8, seq: int = 128, pre
 def format_table(figures: dict[str, Any]) -> str:
   c, m = figures["config"], figures["matmul"]
   lines = [
-      f"train step, {c['model']} B={c['batch']} S={c['seq']} P={c['predictions']} {c['dtype']} on "
-      f"{c['device']} ({c['cpu_count']} CPUs); median of {c['rounds']} interleaved rounds",
-      f"{'':>15} {'step s':>8} {'seq/s':>8} {'TFLOP/s':>8} {'MFU':>7} {'cpu_util':>8}",
+    f"train step, {c['model']} B={c['batch']} S={c['seq']} P={c['predictions']} {c['dtype']} on "
+    f"{c['device']} ({c['cpu_count']} CPUs); median of {c['rounds']} interleaved rounds",
+    f"{'':>15} {'step s':>8} {'seq/s':>8} {'TFLOP/s':>8} {'MFU':>7} {'cpu_util':>8}",
   ]
   o = figures["ours"]
-  lines.append(f"{'ours (jax)':>15} {o['step_s']:>8.3f} {o['seq_per_s']:>8.2f} {o['tflops']:>8.3f} "
-               f"{100 * o['mfu']:>6.1f}% {o['cpu_util']:>8.2f}")
+  lines.append(
+    f"{'ours (jax)':>15} {o['step_s']:>8.3f} {o['seq_per_s']:>8.2f} {o['tflops']:>8.3f} "
+    f"{100 * o['mfu']:>6.1f}% {o['cpu_util']:>8.2f}"
+  )
   for variant in figures.get("ratio", {}):
     t = figures[f"torch_{variant}"]
     tflops = c["flops_per_step"] / t["step_s"] / 1e12  # our FLOP count: the useful work
-    lines.append(f"{'torch ' + variant:>15} {t['step_s']:>8.3f} {t['seq_per_s']:>8.2f} {tflops:>8.3f} "
-                 f"{100 * t['mfu_own_matmul']:>6.1f}% {t['cpu_util']:>8.2f}")
-  lines.append(f"MFU against {m['mfu_denominator']}: jax {m['jax_gflops']:.0f} GFLOP/s"
-               + (f", torch {m['torch_gflops']:.0f} GFLOP/s" if "torch_gflops" in m else "")
-               + (f", peak {m['peak_gflops']:.0f} GFLOP/s" if "peak_gflops" in m else "")
-               + f"; per-round MFU median {100 * o['mfu_paired']:.1f}%"
-               + ("; torch rows: against torch's own matmul" if "torch_gflops" in m else ""))
-  lines.append(f"1-minute load average before/after the rounds: {c['loadavg_1m'][0]:.1f}/{c['loadavg_1m'][1]:.1f}")
+    lines.append(
+      f"{'torch ' + variant:>15} {t['step_s']:>8.3f} {t['seq_per_s']:>8.2f} {tflops:>8.3f} "
+      f"{100 * t['mfu_own_matmul']:>6.1f}% {t['cpu_util']:>8.2f}"
+    )
+  lines.append(
+    f"MFU against {m['mfu_denominator']}: jax {m['jax_gflops']:.0f} GFLOP/s"
+    + (f", torch {m['torch_gflops']:.0f} GFLOP/s" if "torch_gflops" in m else "")
+    + (f", peak {m['peak_gflops']:.0f} GFLOP/s" if "peak_gflops" in m else "")
+    + f"; per-round MFU median {100 * o['mfu_paired']:.1f}%"
+    + ("; torch rows: against torch's own matmul" if "torch_gflops" in m else "")
+  )
+  lines.append(
+    f"1-minute load average before/after the rounds: {c['loadavg_1m'][0]:.1f}/{c['loadavg_1m'][1]:.1f}"
+  )
   for variant, ratio in figures.get("ratio", {}).items():
-    lines.append(f"ours / torch {variant} (seq/s): {ratio:.2f}x "
-                 f"(per-round median {figures['ratio_paired'][variant]:.2f}x"
-                 + (f"; at 100% MFU it would be {figures['ratio_ceiling'][variant]:.2f}x"
-                    if "ratio_ceiling" in figures else "") + ")")
+    lines.append(
+      f"ours / torch {variant} (seq/s): {ratio:.2f}x "
+      f"(per-round median {figures['ratio_paired'][variant]:.2f}x"
+      + (
+        f"; at 100% MFU it would be {figures['ratio_ceiling'][variant]:.2f}x"
+        if "ratio_ceiling" in figures
+        else ""
+      )
+      + ")"
+    )
   return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   p.add_argument("--model", default="albert_base", help=f"one of {', '.join(MODELS)}")
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--predictions", type=int, default=20, help="P, masked positions per sequence")
-  p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (compute dtype; bf16 for GPUs)")
-  p.add_argument("--steps", type=int, default=10, help="timed rounds (one step of each contender each)")
+  p.add_argument(
+    "--dtype", default="float32", help="float32 | bfloat16 (compute dtype; bf16 for GPUs)"
+  )
+  p.add_argument(
+    "--steps", type=int, default=10, help="timed rounds (one step of each contender each)"
+  )
   p.add_argument("--skip_torch", action="store_true", help="time ours only")
-  p.add_argument("--torch_variants", default=",".join(TORCH_VARIANTS),
-                 help="hf (MLM head on all positions, as HF runs) and/or gathered (on the P masked ones)")
-  p.add_argument("--matmul_size", type=int, default=2048, help="n of the n x n matmul MFU is against")
-  p.add_argument("--budget_s", type=float, default=150.0,
-                 help="skip further rounds (after three) that would end past this many seconds; 0: none")
+  p.add_argument(
+    "--torch_variants",
+    default=",".join(TORCH_VARIANTS),
+    help="hf (MLM head on all positions, as HF runs) and/or gathered (on the P masked ones)",
+  )
+  p.add_argument(
+    "--matmul_size", type=int, default=2048, help="n of the n x n matmul MFU is against"
+  )
+  p.add_argument(
+    "--budget_s",
+    type=float,
+    default=150.0,
+    help="skip further rounds (after three) that would end past this many seconds; 0: none",
+  )
   return p.parse_args(argv)
 
 
@@ -431,10 +575,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the benchmark from command-line style arguments, prints the table and JSON, returns figures."""
   args = parse_args(argv)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # progress to stderr; results to stdout
-  figures = benchmark(model=args.model, batch=args.batch, seq=args.seq, predictions=args.predictions,
-                      dtype=args.dtype, steps=args.steps, skip_torch=args.skip_torch,
-                      torch_variants=[v for v in args.torch_variants.split(",") if v],
-                      matmul_size=args.matmul_size, budget_s=args.budget_s, log=log)
+  figures = benchmark(
+    model=args.model,
+    batch=args.batch,
+    seq=args.seq,
+    predictions=args.predictions,
+    dtype=args.dtype,
+    steps=args.steps,
+    skip_torch=args.skip_torch,
+    torch_variants=[v for v in args.torch_variants.split(",") if v],
+    matmul_size=args.matmul_size,
+    budget_s=args.budget_s,
+    log=log,
+  )
   print(format_table(figures))
   print(json.dumps(figures, sort_keys=True))
   return figures

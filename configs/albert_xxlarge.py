@@ -7,13 +7,11 @@ Variants (the paper's ablations, Tables 3 and 4), e.g.:
 Variant arguments: sharing, embedding_size, num_hidden_groups, inner_group_num, remat, dtype,
 attention_impl, dropout. Any field can be overridden: --config.train.batch_size=512.
 """
+
 from albert_jax import config_lib
 
 
 def get_config(arg=None):
   return config_lib.make(
-      arg,
-      hidden_size=4096,
-      num_hidden_layers=12,
-      num_attention_heads=64,
-      intermediate_size=16384)
+    arg, hidden_size=4096, num_hidden_layers=12, num_attention_heads=64, intermediate_size=16384
+  )

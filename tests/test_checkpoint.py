@@ -1,5 +1,6 @@
 """Checkpoint policy on real Orbax checkpoints: keep the last N plus the best, resolve steps, refuse
 another model's workdir."""
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -34,7 +35,9 @@ def test_keeps_last_n_plus_best(tmp_path):
 
 def test_restore_returns_state_and_data_position(tmp_path):
   save_steps(tmp_path, [(7, 0.1)])
-  ckpt = checkpoint.Checkpointer(str(tmp_path), ml_collections.ConfigDict(dict(keep_checkpoints=3, keep_best=True)))
+  ckpt = checkpoint.Checkpointer(
+    str(tmp_path), ml_collections.ConfigDict(dict(keep_checkpoints=3, keep_best=True))
+  )
   state, data_state = ckpt.restore(7, {"w": jnp.zeros((3,))})
   ckpt.close()
   np.testing.assert_array_equal(state["w"], np.full((3,), 7.0))
@@ -43,12 +46,16 @@ def test_restore_returns_state_and_data_position(tmp_path):
 
 def test_config_of_another_model_is_refused_and_kept(tmp_path):
   config = base_config()
-  checkpoint.check_workdir(str(tmp_path), config, checkpoint.latest_step(str(tmp_path)))  # nothing saved yet: anything goes
+  checkpoint.check_workdir(
+    str(tmp_path), config, checkpoint.latest_step(str(tmp_path))
+  )  # nothing saved yet: anything goes
   checkpoint.write_config(str(tmp_path), config)
   save_steps(tmp_path, [(1, 0.1)])
   other = base_config()
   other.model.hidden_size = 1024
-  with pytest.raises(ConfigError, match="another model .*hidden_size: checkpoint 768 != config 1024"):
+  with pytest.raises(
+    ConfigError, match="another model .*hidden_size: checkpoint 768 != config 1024"
+  ):
     checkpoint.check_workdir(str(tmp_path), other, 1)
   # Another optimizer or layer layout changes the saved state's tree: refused before any restore.
   for section, field, value in [("train", "optimizer", "adamw"), ("model", "scan_layers", False)]:

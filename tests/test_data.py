@@ -4,6 +4,7 @@ A small BERT-format corpus (the interpreter's pydoc topics, one sentence per lin
 gzip file) is prepared once per module with a SentencePiece model trained here; every dataset is a
 real TFDS ArrayRecord dataset under tmp_path, read back through tfds.data_source.
 """
+
 import collections
 import gzip
 import json
@@ -14,9 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax import config_lib
-from albert_jax import corpus
-from albert_jax import dataset, examples, input_pipeline
+from albert_jax import config_lib, corpus, dataset, examples, input_pipeline
 from albert_jax.config_lib import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,14 +35,20 @@ def _write_corpus(directory, documents, gz_half=True):
 
 def _topic_documents():
   from pydoc_data import topics
+
   return [corpus._paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _config(input_files, **data_fields):
   c = config_lib.base_config()
   c.model.vocab_size = 1000
-  c.data.update(input_files=input_files, max_seq_length=SEQ, max_predictions_per_seq=P,
-                eval_fraction=0.1, prefetch=0)
+  c.data.update(
+    input_files=input_files,
+    max_seq_length=SEQ,
+    max_predictions_per_seq=P,
+    eval_fraction=0.1,
+    prefetch=0,
+  )
   c.data.update(**data_fields)
   c.train.batch_size = BATCH
   return c
@@ -65,7 +70,7 @@ def _unmasked(batch):
   rows, cols = np.nonzero(batch["masked_lm_weights"] > 0)
   ids[rows, batch["masked_lm_positions"][rows, cols]] = batch["masked_lm_ids"][rows, cols]
   lengths = batch["input_mask"].sum(1)
-  return [tuple(ids[r, :lengths[r]].tolist()) for r in range(len(ids))]
+  return [tuple(ids[r, : lengths[r]].tolist()) for r in range(len(ids))]
 
 
 def _take(it, n):
@@ -74,17 +79,23 @@ def _take(it, n):
 
 def _split_contents(info, split):
   import tensorflow_datasets as tfds
-  source = tfds.data_source(dataset.DATASET_NAME, split=split, data_dir=info["data_dir"], download=False)
+
+  source = tfds.data_source(
+    dataset.DATASET_NAME, split=split, data_dir=info["data_dir"], download=False
+  )
   return [tuple(source[i]["input_ids"].tolist()) for i in range(len(source))]
 
 
 def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
   config, workdir, info = prepared
   import tensorflow_datasets as tfds
+
   ddir = info["data_dir"]
   assert ddir == os.path.join(workdir, "data")
   version_dir = os.path.join(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
-  assert any(f.startswith(f"{dataset.DATASET_NAME}-train.array_record") for f in os.listdir(version_dir))
+  assert any(
+    f.startswith(f"{dataset.DATASET_NAME}-train.array_record") for f in os.listdir(version_dir)
+  )
   builder = tfds.builder_from_directory(version_dir)
   assert builder.info.splits["train"].num_examples == info["num_train_examples"] > 1000
   assert builder.info.splits["eval"].num_examples == info["num_eval_examples"] > 20
@@ -102,9 +113,12 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
     np.testing.assert_array_equal(got["input_ids"][r, :n], ex["input_ids"])
     np.testing.assert_array_equal(got["segment_ids"][r, :n], ex["segment_ids"])
     assert got["sentence_order_label"][r] == ex["sentence_order_label"]
-  assert os.path.isfile(info["spm_model_path"]) and info["spm_model_path"] == dataset.spm_model_path(
-      config, workdir)
-  assert info["documents"] == info["train_documents"] + info["eval_documents"] == len(_topic_documents())
+  assert os.path.isfile(info["spm_model_path"]) and info[
+    "spm_model_path"
+  ] == dataset.spm_model_path(config, workdir)
+  assert (
+    info["documents"] == info["train_documents"] + info["eval_documents"] == len(_topic_documents())
+  )
   assert 0.45 <= info["sentence_order_label_1_fraction"] <= 0.55
   assert not [f for f in os.listdir(workdir) if f.startswith(".data.tmp")]
 
@@ -120,9 +134,12 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   config, workdir, info = prepared
   stamp = os.path.getmtime(os.path.join(info["data_dir"], dataset.PREPARED_FILE))
   assert dataset.prepare(config, workdir) == info
-  for field, value, name in [("max_seq_length", 128, "max_seq_length"), ("task", "nsp", "task"),
-                             ("single_sentence_random_next", True, "single_sentence_random_next"),
-                             ("do_lower_case", False, "do_lower_case")]:
+  for field, value, name in [
+    ("max_seq_length", 128, "max_seq_length"),
+    ("task", "nsp", "task"),
+    ("single_sentence_random_next", True, "single_sentence_random_next"),
+    ("do_lower_case", False, "do_lower_case"),
+  ]:
     other = _config(config.data.input_files, **{field: value})
     with pytest.raises(ConfigError, match=f"prepared with other settings: .*{name}"):
       dataset.prepare(other, workdir)
@@ -137,31 +154,36 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   # Masking settings are not part of the data: they may change freely.
   masking = _config(config.data.input_files, max_predictions_per_seq=5, static_masking=True)
   assert next(input_pipeline.make_iterator(masking, workdir, process_index=0, process_count=1))[
-      "masked_lm_positions"].shape == (BATCH, 5)
+    "masked_lm_positions"
+  ].shape == (BATCH, 5)
 
 
 def test_batches_entry_point(prepared):
   config, workdir, _ = prepared
-  batch = next(input_pipeline.batches(config, workdir))   # process index/count from jax: 0 of 1
+  batch = next(input_pipeline.batches(config, workdir))  # process index/count from jax: 0 of 1
   assert sorted(batch) == sorted(examples.FEATURE_KEYS)
   shapes = {k: (v.shape, v.dtype.name) for k, v in batch.items()}
   assert shapes == {
-      "input_ids": ((BATCH, SEQ), "int32"), "input_mask": ((BATCH, SEQ), "int32"),
-      "segment_ids": ((BATCH, SEQ), "int32"), "masked_lm_positions": ((BATCH, P), "int32"),
-      "masked_lm_ids": ((BATCH, P), "int32"), "masked_lm_weights": ((BATCH, P), "float32"),
-      "sentence_order_label": ((BATCH,), "int32")}
+    "input_ids": ((BATCH, SEQ), "int32"),
+    "input_mask": ((BATCH, SEQ), "int32"),
+    "segment_ids": ((BATCH, SEQ), "int32"),
+    "masked_lm_positions": ((BATCH, P), "int32"),
+    "masked_lm_ids": ((BATCH, P), "int32"),
+    "masked_lm_weights": ((BATCH, P), "float32"),
+    "sentence_order_label": ((BATCH,), "int32"),
+  }
   lengths = batch["input_mask"].sum(1)
   assert ((batch["input_ids"] != 0).sum(1) == lengths).all()
-  for r in range(BATCH):   # [CLS] A [SEP] B [SEP], segment 0 through the first [SEP]
+  for r in range(BATCH):  # [CLS] A [SEP] B [SEP], segment 0 through the first [SEP]
     seps = np.flatnonzero(_unmasked_row(batch, r) == 3)
     assert len(seps) == 2 and seps[1] == lengths[r] - 1
-    assert (batch["segment_ids"][r, :seps[0] + 1] == 0).all()
-    assert (batch["segment_ids"][r, seps[0] + 1:lengths[r]] == 1).all()
-    assert (batch["segment_ids"][r, lengths[r]:] == 0).all()
+    assert (batch["segment_ids"][r, : seps[0] + 1] == 0).all()
+    assert (batch["segment_ids"][r, seps[0] + 1 : lengths[r]] == 1).all()
+    assert (batch["segment_ids"][r, lengths[r] :] == 0).all()
 
 
 def _unmasked_row(batch, r):
-  return np.array(_unmasked({k: v[r:r + 1] for k, v in batch.items()})[0])
+  return np.array(_unmasked({k: v[r : r + 1] for k, v in batch.items()})[0])
 
 
 def test_same_seed_same_batches_and_new_masks_each_epoch(prepared):
@@ -170,15 +192,20 @@ def test_same_seed_same_batches_and_new_masks_each_epoch(prepared):
   it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
   steps = 2 * n // BATCH + 1
   batches = _take(it, steps)
-  threaded = _config(config.data.input_files, prefetch=2)   # a prefetch thread changes nothing
-  again = _take(input_pipeline.make_iterator(threaded, workdir, process_index=0, process_count=1), 10)
+  threaded = _config(config.data.input_files, prefetch=2)  # a prefetch thread changes nothing
+  again = _take(
+    input_pipeline.make_iterator(threaded, workdir, process_index=0, process_count=1), 10
+  )
   for a, b in zip(batches, again):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
   # Epoch 0 and epoch 1 hold the same examples, shuffled differently and masked differently.
-  rows = [(key, b["masked_lm_positions"][r].tolist()) for b in batches
-          for r, key in enumerate(_unmasked(b))]
-  epoch0, epoch1 = rows[:n], rows[n:2 * n]
+  rows = [
+    (key, b["masked_lm_positions"][r].tolist())
+    for b in batches
+    for r, key in enumerate(_unmasked(b))
+  ]
+  epoch0, epoch1 = rows[:n], rows[n : 2 * n]
   assert collections.Counter(k for k, _ in epoch0) == collections.Counter(k for k, _ in epoch1)
   assert [k for k, _ in epoch0] != [k for k, _ in epoch1]
   masks0, masks1 = dict(epoch0), dict(epoch1)
@@ -190,21 +217,25 @@ def test_static_masking_repeats_with_period_dupe_factor(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
   static = _config(config.data.input_files, static_masking=True, dupe_factor=2, shuffle=False)
-  rows = [(key, b["masked_lm_positions"][r].tolist())
-          for b in _take(input_pipeline.make_iterator(static, workdir, process_index=0, process_count=1),
-                         3 * n // BATCH + 1)
-          for r, key in enumerate(_unmasked(b))]
-  e0, e1, e2 = (rows[i * n:(i + 1) * n] for i in range(3))
-  assert [k for k, _ in e0] == [k for k, _ in e2] == [k for k, _ in e1]   # shuffle off: same order
-  assert [m for _, m in e0] == [m for _, m in e2]                          # epoch 2 = epoch 0
-  assert np.mean([a[1] != b[1] for a, b in zip(e0, e1)]) > 0.9             # epoch 1 differs
+  rows = [
+    (key, b["masked_lm_positions"][r].tolist())
+    for b in _take(
+      input_pipeline.make_iterator(static, workdir, process_index=0, process_count=1),
+      3 * n // BATCH + 1,
+    )
+    for r, key in enumerate(_unmasked(b))
+  ]
+  e0, e1, e2 = (rows[i * n : (i + 1) * n] for i in range(3))
+  assert [k for k, _ in e0] == [k for k, _ in e2] == [k for k, _ in e1]  # shuffle off: same order
+  assert [m for _, m in e0] == [m for _, m in e2]  # epoch 2 = epoch 0
+  assert np.mean([a[1] != b[1] for a, b in zip(e0, e1)]) > 0.9  # epoch 1 differs
 
 
 def test_restored_iterator_continues_exactly(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
   it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
-  stop = n // BATCH - 3            # mid-epoch, and the following batches cross into epoch 1
+  stop = n // BATCH - 3  # mid-epoch, and the following batches cross into epoch 1
   _take(it, stop)
   state = json.loads(json.dumps(it.get_state()))
   reference = _take(it, 8)
@@ -223,8 +254,10 @@ def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
   steps = -(-n // BATCH)
-  hosts = [_take(input_pipeline.make_iterator(config, workdir, process_index=h, process_count=2), steps)
-           for h in (0, 1)]
+  hosts = [
+    _take(input_pipeline.make_iterator(config, workdir, process_index=h, process_count=2), steps)
+    for h in (0, 1)
+  ]
   assert hosts[0][0]["input_ids"].shape == (BATCH // 2, SEQ)
   # Global batch k is host 0's rows and host 1's rows interleaved (positions k*B + h + 2j).
   stream = []
@@ -238,41 +271,66 @@ def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
   per_host = [collections.Counter(key for h, key in first_epoch if h == host) for host in (0, 1)]
   assert abs(sum(per_host[0].values()) - sum(per_host[1].values())) <= 1
   shared = per_host[0] & per_host[1]
-  assert all(split[key] > 1 for key in shared)   # only identical-content examples can repeat
+  assert all(split[key] > 1 for key in shared)  # only identical-content examples can repeat
 
 
 def test_eval_is_deterministic_and_in_stored_order(prepared):
   config, workdir, info = prepared
-  first = _take(input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
-  second = _take(input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
+  first = _take(
+    input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4
+  )
+  second = _take(
+    input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4
+  )
   for a, b in zip(first, second):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
   stored = _split_contents(info, "eval")
   it = input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
-  rows = [(key, b["masked_lm_positions"][r].tolist()) for b in _take(it, 2 * len(stored) // BATCH + 1)
-          for r, key in enumerate(_unmasked(b))]
-  assert [k for k, _ in rows[:len(stored)]] == stored == [k for k, _ in rows[len(stored):2 * len(stored)]]
+  rows = [
+    (key, b["masked_lm_positions"][r].tolist())
+    for b in _take(it, 2 * len(stored) // BATCH + 1)
+    for r, key in enumerate(_unmasked(b))
+  ]
+  assert (
+    [k for k, _ in rows[: len(stored)]]
+    == stored
+    == [k for k, _ in rows[len(stored) : 2 * len(stored)]]
+  )
   # A second pass over the split (eval_steps * batch > split) is masked anew.
-  assert np.mean([a[1] != b[1] for a, b in zip(rows, rows[len(stored):])]) > 0.9
+  assert np.mean([a[1] != b[1] for a, b in zip(rows, rows[len(stored) :])]) > 0.9
 
 
 def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
   config, workdir, _ = prepared
   cfg = tmp_path / "cfg.py"
   cfg.write_text(
-      "from albert_jax import config_lib\n"
-      "def get_config(arg=None):\n"
-      "  c = config_lib.base_config()\n"
-      "  c.model.vocab_size = 1000\n"
-      f"  c.data.update(input_files={config.data.input_files!r}, max_seq_length={SEQ}, "
-      f"max_predictions_per_seq={P}, eval_fraction=0.1)\n"
-      f"  c.train.batch_size = {BATCH}\n"
-      "  return c\n")
+    "from albert_jax import config_lib\n"
+    "def get_config(arg=None):\n"
+    "  c = config_lib.base_config()\n"
+    "  c.model.vocab_size = 1000\n"
+    f"  c.data.update(input_files={config.data.input_files!r}, max_seq_length={SEQ}, "
+    f"max_predictions_per_seq={P}, eval_fraction=0.1)\n"
+    f"  c.train.batch_size = {BATCH}\n"
+    "  return c\n"
+  )
   env = dict(os.environ, PYTHONPATH=ROOT)
-  run = subprocess.run([sys.executable, "-m", "albert_jax.prepare", f"--config={cfg}",
-                        f"--workdir={workdir}", "--inspect", "--num_examples=2"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.prepare",
+      f"--config={cfg}",
+      f"--workdir={workdir}",
+      "--inspect",
+      "--num_examples=2",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stderr[-2000:]
   lines = run.stdout.strip().splitlines()
   assert lines[0].startswith("example 0: sentence_order_label=")
@@ -280,9 +338,21 @@ def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
   stats = json.loads(lines[-1])
   assert stats["train_examples"] > 1000 and 0.7 < stats["batch_replaced_by_mask"] < 0.9
   # Bad input: one line on stderr, no traceback, non-zero exit.
-  bad = subprocess.run([sys.executable, "-m", "albert_jax.prepare", f"--config={cfg}",
-                        f"--workdir={tmp_path / 'w'}", f"--config.data.input_files={tmp_path}/nope*.txt"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  bad = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.prepare",
+      f"--config={cfg}",
+      f"--workdir={tmp_path / 'w'}",
+      f"--config.data.input_files={tmp_path}/nope*.txt",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=300,
+  )
   assert bad.returncode == 2  # bad input (cli.py)
   assert bad.stderr.strip().splitlines()[-1].startswith("error: data.input_files: no file matches")
   assert "Traceback" not in bad.stderr
@@ -290,10 +360,27 @@ def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
 
 # Corpus errors with a given vocabulary and, the default, a vocabulary trained on the corpus (where
 # they are raised inside SentencePiece's reading loop and must still come out as they were).
-@pytest.mark.parametrize("case,vocab", [
-    *[(case, "given") for case in ("missing", "directory", "empty", "non_utf8_error", "bad_gzip",
-                                   "vocab_mismatch", "vocab_too_large", "unreadable")],
-    *[(case, "trained") for case in ("missing", "directory", "empty", "non_utf8_error", "bad_gzip")]])
+@pytest.mark.parametrize(
+  "case,vocab",
+  [
+    *[
+      (case, "given")
+      for case in (
+        "missing",
+        "directory",
+        "empty",
+        "non_utf8_error",
+        "bad_gzip",
+        "vocab_mismatch",
+        "vocab_too_large",
+        "unreadable",
+      )
+    ],
+    *[
+      (case, "trained") for case in ("missing", "directory", "empty", "non_utf8_error", "bad_gzip")
+    ],
+  ],
+)
 def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
   _, _, info = prepared
   d = tmp_path / "corpus"
@@ -320,8 +407,9 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
     (d / "a.txt").write_text("A sentence.\nAnother.\n")
     match = "has 1000 pieces but model.vocab_size=2000"
   elif case == "vocab_too_large":
-    (d / "a.txt").write_text("A short corpus.\nWith two lines.\n\nAnd a second document here.\n"
-                             "It is tiny.\n")
+    (d / "a.txt").write_text(
+      "A short corpus.\nWith two lines.\n\nAnd a second document here.\nIt is tiny.\n"
+    )
     fields["spm_model_path"] = ""
     match = "too small for a vocabulary of 1000"
   else:
@@ -347,9 +435,11 @@ def test_remote_data_dir_is_one_line_and_creates_nothing(prepared, tmp_path, mon
   monkeypatch.chdir(tmp_path)
   for data_dir, workdir in [("gs://bucket/data", "w"), ("", "gs://bucket/run")]:
     config.data.data_dir = data_dir
-    with pytest.raises(ConfigError, match="prepared data must be on a local or mounted filesystem, not gs://"):
+    with pytest.raises(
+      ConfigError, match="prepared data must be on a local or mounted filesystem, not gs://"
+    ):
       dataset.prepare(config, workdir)
-  assert os.listdir(tmp_path) == []   # no local directory named "gs:"
+  assert os.listdir(tmp_path) == []  # no local directory named "gs:"
 
 
 @pytest.mark.parametrize("content", ["{not json", "{}", "[1, 2]"])
@@ -358,8 +448,10 @@ def test_damaged_prepared_json_is_one_line_and_kept(prepared, tmp_path, content)
   ddir = tmp_path / "work" / "data"
   ddir.mkdir(parents=True)
   (ddir / "prepared.json").write_text(content)
-  for call in (lambda: dataset.prepare(config, str(tmp_path / "work")),
-               lambda: input_pipeline.make_iterator(config, str(tmp_path / "work"))):
+  for call in (
+    lambda: dataset.prepare(config, str(tmp_path / "work")),
+    lambda: input_pipeline.make_iterator(config, str(tmp_path / "work")),
+  ):
     with pytest.raises(ConfigError, match=r"prepared.json is damaged .*remove .*data to prepare"):
       call()
   assert (ddir / "prepared.json").read_text() == content  # nothing overwritten
@@ -373,37 +465,44 @@ def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
   words = "the a module returns value of to is in and function object string list".split()
   docs = []
   for i in range(120):
-    if i % 3 == 0:   # one-sentence documents, some longer than the whole sequence
+    if i % 3 == 0:  # one-sentence documents, some longer than the whole sequence
       docs.append([" ".join(rng.choice(words, 200 if i % 2 else 12)) + "."])
     else:
       docs.append([" ".join(rng.choice(words, 10)) + "." for _ in range(6)])
-  text = "\n\n".join("\n".join(doc) for doc in docs).encode() + b"\n\nbad \xc3\x28 line\nfine line.\n"
+  text = (
+    "\n\n".join("\n".join(doc) for doc in docs).encode() + b"\n\nbad \xc3\x28 line\nfine line.\n"
+  )
   (d / "a.txt").write_bytes(text)
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.1)
   got = dataset.prepare(config, str(tmp_path / "work"))
   assert got["non_utf8_lines_skipped"] == 1
   assert got["single_sentence_chunks"] >= 40 and got["truncated_pairs"] >= 20
   assert got["documents"] == 121
-  batch = next(input_pipeline.make_iterator(config, str(tmp_path / "work"), process_index=0, process_count=1))
+  batch = next(
+    input_pipeline.make_iterator(config, str(tmp_path / "work"), process_index=0, process_count=1)
+  )
   assert batch["input_ids"].shape == (BATCH, SEQ)
 
 
 def test_builds_left_by_killed_prepares_are_removed(prepared, tmp_path):
   import socket
+
   _, _, info = prepared
   d = tmp_path / "corpus"
   d.mkdir()
-  (d / "a.txt").write_text("\n\n".join("\n".join(f"Sentence {i} of document {j}." for i in range(30))
-                                       for j in range(4)) + "\n")
+  (d / "a.txt").write_text(
+    "\n\n".join("\n".join(f"Sentence {i} of document {j}." for i in range(30)) for j in range(4))
+    + "\n"
+  )
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.5)
   work = tmp_path / "work"
   work.mkdir()
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
   host = socket.gethostname()
-  stale = work / f".data.tmp-{host}-{dead.pid}-x1"           # its process is gone: removed
-  running = work / f".data.tmp-{host}-{os.getppid()}-x2"      # its process runs: kept
-  foreign = work / ".data.tmp-otherhost-1-x3"                 # another host's: never touched
+  stale = work / f".data.tmp-{host}-{dead.pid}-x1"  # its process is gone: removed
+  running = work / f".data.tmp-{host}-{os.getppid()}-x2"  # its process runs: kept
+  foreign = work / ".data.tmp-otherhost-1-x3"  # another host's: never touched
   for p in (stale, running, foreign):
     (p / "albert_pretraining").mkdir(parents=True)
   dataset.prepare(config, str(work))
@@ -414,8 +513,12 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   _, _, info = prepared
   d = tmp_path / "corpus"
   d.mkdir()
-  (d / "a.txt").write_text("\n".join(f"Sentence number {i} of the first document." for i in range(40))
-                           + "\n\n" + "\n".join(f"Line {i} of document two." for i in range(40)) + "\n")
+  (d / "a.txt").write_text(
+    "\n".join(f"Sentence number {i} of the first document." for i in range(40))
+    + "\n\n"
+    + "\n".join(f"Line {i} of document two." for i in range(40))
+    + "\n"
+  )
   workdir = str(tmp_path / "work")
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.5)
   before = dataset.prepare(config, workdir)
@@ -423,10 +526,12 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   # An edit that keeps the file's size is another corpus too (its modification time moved).
   text = (d / "a.txt").read_text()
   (d / "a.txt").write_text("s" + text[1:])
-  os.utime(d / "a.txt", ns=(os.stat(d / "a.txt").st_atime_ns, os.stat(d / "a.txt").st_mtime_ns + 10**9))
+  os.utime(
+    d / "a.txt", ns=(os.stat(d / "a.txt").st_atime_ns, os.stat(d / "a.txt").st_mtime_ns + 10**9)
+  )
   with pytest.raises(ConfigError, match="corpus"):
     dataset.prepare(config, workdir)
-  (d / "a.txt").write_text("changed corpus, and now \n")    # another corpus: refused, data kept
+  (d / "a.txt").write_text("changed corpus, and now \n")  # another corpus: refused, data kept
   with pytest.raises(ConfigError, match="corpus"):
     dataset.prepare(config, workdir)
   assert sorted(os.listdir(before["data_dir"])) == listing
@@ -434,7 +539,9 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   # Training needs only the prepared data: the raw corpus may go away.
   os.remove(d / "a.txt")
   assert dataset.prepare(config, workdir)["num_train_examples"] == before["num_train_examples"]
-  assert next(input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1))
+  assert next(
+    input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
+  )
 
 
 def test_tfds_text_source(prepared, tmp_path):
@@ -443,6 +550,7 @@ def test_tfds_text_source(prepared, tmp_path):
 
   class TinyText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Wikipedia-like records: one document of running text each."""
+
     name = "tiny_text"
     VERSION = tfds.core.Version("1.0.0")
 
@@ -452,23 +560,29 @@ def test_tfds_text_source(prepared, tmp_path):
       return None
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-          {"text": tfds.features.Text()}))
+      return tfds.core.DatasetInfo(
+        builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
+      )
 
     def _split_generators(self, dl_manager):
       return {"train": self._generate_examples()}
 
     def _generate_examples(self):
       for i, doc in enumerate(_topic_documents()[:40]):
-        yield i, {"text": " ".join(doc)}   # sentences run together on one line
+        yield i, {"text": " ".join(doc)}  # sentences run together on one line
 
   TinyText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare(
-      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+  )
   docs = list(corpus.tfds_documents("tiny_text", data_dir=str(tmp_path / "tfds")))
   assert len(docs) == 40
-  assert np.mean([len(d) for d in docs]) > 10   # split back into sentences
-  config = _config("", tfds_name="tiny_text", tfds_data_dir=str(tmp_path / "tfds"),
-                   spm_model_path=info["spm_model_path"])
+  assert np.mean([len(d) for d in docs]) > 10  # split back into sentences
+  config = _config(
+    "",
+    tfds_name="tiny_text",
+    tfds_data_dir=str(tmp_path / "tfds"),
+    spm_model_path=info["spm_model_path"],
+  )
   got = dataset.prepare(config, str(tmp_path / "work"))
   assert got["documents"] == 40 and got["num_train_examples"] > 100
   with pytest.raises(ConfigError, match="cannot open TFDS dataset 'no_such_dataset'"):
@@ -485,24 +599,37 @@ def test_builtin_corpus_needs_nothing_but_python():
   sentences = [s for d in docs for s in d]
   assert np.mean([s.endswith((".", ":", "?", "!")) for s in sentences]) > 0.5
   assert corpus.split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
-      "Dr. Smith left.", "He said no!", "Why?", "Yes."]
+    "Dr. Smith left.",
+    "He said no!",
+    "Why?",
+    "Yes.",
+  ]
 
 
 def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
   # Documents are whole docstrings (coherent text, so sentence order means something), taken depth
   # first in source order; consecutive docstrings of unrelated functions are never one document.
   import ast
-  tree = ast.parse('"""Module."""\nclass A:\n  """Class A."""\n  def f(self):\n    """A.f."""\n'
-                   '  def g(self):\n    """A.g."""\ndef h():\n  """h."""\n  def inner():\n    """inner."""\n')
+
+  tree = ast.parse(
+    '"""Module."""\nclass A:\n  """Class A."""\n  def f(self):\n    """A.f."""\n'
+    '  def g(self):\n    """A.g."""\ndef h():\n  """h."""\n  def inner():\n    """inner."""\n'
+  )
   assert list(corpus._docstrings(tree)) == ["Module.", "Class A.", "A.f.", "A.g.", "h.", "inner."]
   docs = list(corpus.python_docs_documents())
   from pydoc_data import topics
-  module_docs = docs[sum(1 for t in topics.topics.values() if corpus._paragraph_sentences(t)):]
+
+  module_docs = docs[sum(1 for t in topics.topics.values() if corpus._paragraph_sentences(t)) :]
   assert len(module_docs) > 3000 and min(len(d) for d in module_docs) >= 2
   import json
+
   with open(json.__file__) as f:
-    dumps = next(n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef) and n.name == "dumps")
-  assert corpus._paragraph_sentences(ast.get_docstring(dumps)) in module_docs   # exactly one document
+    dumps = next(
+      n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef) and n.name == "dumps"
+    )
+  assert (
+    corpus._paragraph_sentences(ast.get_docstring(dumps)) in module_docs
+  )  # exactly one document
 
 
 def _children() -> list[int]:
@@ -512,17 +639,20 @@ def _children() -> list[int]:
   for task in os.listdir("/proc/self/task"):
     with open(f"/proc/self/task/{task}/children") as f:
       pids += [int(p) for p in f.read().split()]
+
   def is_tracker(pid):
     try:
       with open(f"/proc/{pid}/cmdline") as f:
         return "resource_tracker" in f.read()
     except OSError:  # already gone
       return True
+
   return [p for p in pids if not is_tracker(p)]
 
 
 def _no_children_within(seconds: float) -> bool:
   import time
+
   deadline = time.time() + seconds
   while _children() and time.time() < deadline:
     time.sleep(0.1)
@@ -531,7 +661,9 @@ def _no_children_within(seconds: float) -> bool:
 
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
-  reference = _take(input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1), 4)
+  reference = _take(
+    input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1), 4
+  )
   workers = _config(config.data.input_files, num_workers=2, prefetch=2)
   it = input_pipeline.make_iterator(workers, workdir, process_index=0, process_count=1)
   try:
@@ -560,9 +692,20 @@ def test_prepare_flag_errors_are_one_line(tmp_path):
   """prepare shares albert_jax.cli with the trainer: a mistyped override or variant is one line, not a traceback."""
   import subprocess
   import sys
+
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for extra in (["--config=configs/tiny.py", "--config.data.bogus=1"], ["--config=configs/tiny.py:shareing=none"]):
-    r = subprocess.run([sys.executable, "-m", "albert_jax.prepare", f"--workdir={tmp_path}", *extra], cwd=root,
-                       capture_output=True, text=True, timeout=120)
+  for extra in (
+    ["--config=configs/tiny.py", "--config.data.bogus=1"],
+    ["--config=configs/tiny.py:shareing=none"],
+  ):
+    r = subprocess.run(
+      [sys.executable, "-m", "albert_jax.prepare", f"--workdir={tmp_path}", *extra],
+      cwd=root,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
     assert r.returncode == 2
-    assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith("error:"), r.stderr[-1000:]
+    assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith("error:"), (
+      r.stderr[-1000:]
+    )

@@ -1,5 +1,6 @@
 """The pre-launch estimate: its counts are the model's, its memory matches the compiler's, its times
 follow from FLOPs, peak and MFU, and its command line answers the issue's question in one run."""
+
 import os
 import subprocess
 import sys
@@ -7,9 +8,7 @@ import sys
 import jax
 import pytest
 
-from albert_jax import estimate as E
-from albert_jax import hardware
-from albert_jax import model as M
+from albert_jax import estimate as E, hardware, model as M
 from albert_jax.config_lib import ConfigError
 from tests.conftest import load_config
 
@@ -19,16 +18,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def small(remat="none", batch_size=64, **mesh):
   """A small config whose activations dominate its memory (so the comparison tests the activations)."""
   config = load_config("tiny", f"remat={remat}")
-  config.model.update(vocab_size=1000, embedding_size=64, hidden_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, intermediate_size=512, max_position_embeddings=128)
+  config.model.update(
+    vocab_size=1000,
+    embedding_size=64,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=512,
+    max_position_embeddings=128,
+  )
   config.data.update(max_seq_length=128, max_predictions_per_seq=20)
   config.train.batch_size = batch_size
   config.mesh.update(mesh)
   return config
 
 
-@pytest.mark.parametrize("name, devices, params", [("albert_xxlarge", 256, 223_158_450),
-                                                   ("bert_large", 64, 335_691_058)])
+@pytest.mark.parametrize(
+  "name, devices, params", [("albert_xxlarge", 256, 223_158_450), ("bert_large", 64, 335_691_058)]
+)
 def test_parameters_and_flops_are_the_models_own(name, devices, params):
   config = load_config(name)
   est = E.estimate(config, "tpu_v3", devices)
@@ -36,7 +43,11 @@ def test_parameters_and_flops_are_the_models_own(name, devices, params):
   assert est.params_backbone == M.param_counts(config.model)["backbone"]
   assert est.flops_per_example == M.flops_per_example(config.model, 512, 20)
   assert est.flops_per_step == est.flops_per_example * 4096
-  assert est.sequences_per_device == 4096 // devices and est.mesh == {"data": devices, "fsdp": 1, "tensor": 1}
+  assert est.sequences_per_device == 4096 // devices and est.mesh == {
+    "data": devices,
+    "fsdp": 1,
+    "tensor": 1,
+  }
   # Time: FLOPs / (devices x peak x MFU); v3 counts a core as a device (123 TFLOP/s per chip).
   assert est.peak_flops == hardware.PEAK_FLOPS["tpu_v3"] == 61.5e12
   assert est.step_seconds == pytest.approx(est.flops_per_step / (devices * 61.5e12 * E.DEFAULT_MFU))
@@ -48,7 +59,9 @@ def test_state_memory_is_sharded_like_the_trainer():
   replicated = E.estimate(small(), "tpu_v4", 8).memory
   sharded = E.estimate(config, "tpu_v4", 8).memory
   n = M.param_counts(config.model)["total"]
-  assert replicated["params"] == 4 * n and replicated["opt_state"] == 2 * 4 * n + 4  # LAMB m, v; count
+  assert (
+    replicated["params"] == 4 * n and replicated["opt_state"] == 2 * 4 * n + 4
+  )  # LAMB m, v; count
   # fsdp x tensor = 4 shards of every matrix; vectors (biases, LayerNorms) split at most once or not.
   assert 4 * n / 4 <= sharded["params"] < 4 * n / 3
   # Data parallel over 4 instead of 8 devices doubles each one's sequences; the tensor axis halves them.
@@ -58,18 +71,23 @@ def test_state_memory_is_sharded_like_the_trainer():
 def test_layer_activations_per_token_by_remat_policy():
   m = small().model
   H, I, n, S = 128, 512, 4, 128
-  per_token = {p: E.layer_bytes_per_token(m, S, remat=p) for p in
-               ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")}
+  per_token = {
+    p: E.layer_bytes_per_token(m, S, remat=p)
+    for p in ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")
+  }
   assert per_token["full"] == 4 * H  # the block input only
   # The input, q, k, v, dense, ffn and ffn_output:
   assert per_token["dots_with_no_batch_dims_saveable"] == 4 * (6 * H + I)
   assert per_token["dots_saveable"] == 4 * (7 * H + I + n * S)  # + context and the f32 scores
-  assert per_token["none"] >= per_token["dots_saveable"] + 4 * n * S  # + the softmax probabilities, ...
+  assert (
+    per_token["none"] >= per_token["dots_saveable"] + 4 * n * S
+  )  # + the softmax probabilities, ...
   # Sharing saves parameters, not activations; a deeper model keeps more in proportion.
   deeper = small()
   deeper.model.num_hidden_layers = 8
-  assert (E.model_bytes_per_sequence(deeper) - E.model_bytes_per_sequence(small())
-          == pytest.approx(4 * per_token["none"] * S, rel=1e-3))
+  assert E.model_bytes_per_sequence(deeper) - E.model_bytes_per_sequence(small()) == pytest.approx(
+    4 * per_token["none"] * S, rel=1e-3
+  )
 
 
 @pytest.mark.parametrize("remat, mesh", [("none", {}), ("full", dict(data=2, fsdp=2, tensor=2))])
@@ -80,7 +98,9 @@ def test_memory_is_within_25_percent_of_the_compilers(remat, mesh):
   compiled = E.compare_with_compiler(config, est)
   assert compiled["available"] and compiled["devices"] == 8
   analytic = compiled["analytic"]
-  assert analytic["total"] == pytest.approx(est.memory["total"])  # the same mesh and per-device batch
+  assert analytic["total"] == pytest.approx(
+    est.memory["total"]
+  )  # the same mesh and per-device batch
   state = analytic["params"] + analytic["opt_state"] + analytic["batch"]
   assert state == pytest.approx(compiled["arguments"], rel=0.02)
   assert analytic["total"] == pytest.approx(compiled["total"], rel=0.25)
@@ -107,13 +127,23 @@ def test_bad_input_is_a_config_error():
 
 
 def run_cli(*args):
-  return subprocess.run([sys.executable, "-m", "albert_jax.estimate", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return subprocess.run(
+    [sys.executable, "-m", "albert_jax.estimate", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
 
 
 def test_command_line():
-  r = run_cli("--config=configs/albert_xxlarge.py:remat=full", "--device=tpu_v3", "--devices=256",
-              "--compile=no")
+  r = run_cli(
+    "--config=configs/albert_xxlarge.py:remat=full",
+    "--device=tpu_v3",
+    "--devices=256",
+    "--compile=no",
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   out = r.stdout
   assert "parameters: 223,158,450" in out and "16 per device per micro-step" in out
@@ -122,4 +152,6 @@ def test_command_line():
   est = E.estimate(load_config("albert_xxlarge", "remat=full"), "tpu_v3", 256)
   assert step == pytest.approx(est.step_seconds, abs=1e-3)
   r = run_cli("--config=configs/albert_base.py", "--config.train.batch_sise=3")
-  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: unknown config override")
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+    "error: unknown config override"
+  )

@@ -4,6 +4,7 @@ Documents are synthetic token ids with a known word-start table, so every proper
 document, word boundaries) can be checked exactly; SentencePiece itself is tested in
 test_tokenizer.py and the whole path in test_data.py.
 """
+
 import collections
 
 import numpy as np
@@ -19,10 +20,10 @@ P = 20
 
 def _tables(seed=0):
   rng = np.random.default_rng(seed)
-  word_start = rng.random(VOCAB) < 0.7   # 70% of pieces begin a word, as in a real vocabulary
+  word_start = rng.random(VOCAB) < 0.7  # 70% of pieces begin a word, as in a real vocabulary
   word_start[:5] = False
   candidate = np.ones(VOCAB, bool)
-  candidate[[0, 2, 3, 4]] = False         # pad, [CLS], [SEP], [MASK]; unk (1) may be masked
+  candidate[[0, 2, 3, 4]] = False  # pad, [CLS], [SEP], [MASK]; unk (1) may be masked
   return word_start, candidate
 
 
@@ -31,7 +32,7 @@ def _documents(num_docs, seed=0, max_sentences=30):
   and B can be read back) and continues with ids drawn from [1100, VOCAB), above every marker."""
   rng = np.random.default_rng(seed)
   docs = []
-  for d in range(num_docs):
+  for _ in range(num_docs):
     sentences = []
     for j in range(int(rng.integers(1, max_sentences))):
       length = int(rng.integers(2, 40))
@@ -63,8 +64,16 @@ def masked(pairs):
   keys = np.array([E.example_rng_key(0, 0, i) for i in range(len(examples))], np.uint64)
   spans, outs = [], []
   for lo in range(0, len(examples), 64):
-    outs.append(masker(ids[lo:lo + 64], seg[lo:lo + 64], mask[lo:lo + 64], labels[lo:lo + 64],
-                       keys=keys[lo:lo + 64], spans=spans))
+    outs.append(
+      masker(
+        ids[lo : lo + 64],
+        seg[lo : lo + 64],
+        mask[lo : lo + 64],
+        labels[lo : lo + 64],
+        keys=keys[lo : lo + 64],
+        spans=spans,
+      )
+    )
   features = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
   return features, ids, spans
 
@@ -76,8 +85,8 @@ def test_sop_label_balance_and_order(pairs):
   # Label 0: A's sentences precede B's; label 1: swapped. Sentence j starts with marker 1000+j.
   for p in examples:
     ids = p["input_ids"]
-    a = ids[1:np.flatnonzero(ids == SEP_ID)[0]]
-    b = ids[np.flatnonzero(ids == SEP_ID)[0] + 1:-1]
+    a = ids[1 : np.flatnonzero(ids == SEP_ID)[0]]
+    b = ids[np.flatnonzero(ids == SEP_ID)[0] + 1 : -1]
     ma = a[(a >= 1000) & (a < 1100)]
     mb = b[(b >= 1000) & (b < 1100)]
     if len(ma) and len(mb):
@@ -92,8 +101,8 @@ def test_layout_segments_and_lengths(pairs):
     assert len(ids) <= SEQ
     seps = np.flatnonzero(ids == SEP_ID)
     assert ids[0] == CLS_ID and len(seps) == 2 and seps[1] == len(ids) - 1
-    assert seps[0] >= 2 and seps[1] - seps[0] >= 2          # A and B are never empty
-    assert (seg[:seps[0] + 1] == 0).all() and (seg[seps[0] + 1:] == 1).all()
+    assert seps[0] >= 2 and seps[1] - seps[0] >= 2  # A and B are never empty
+    assert (seg[: seps[0] + 1] == 0).all() and (seg[seps[0] + 1 :] == 1).all()
     ids_p, seg_p, mask_p = E.pad_example(p, SEQ)
     n = len(ids)
     assert (mask_p[:n] == 1).all() and (mask_p[n:] == 0).all()
@@ -109,11 +118,13 @@ def test_short_targets_about_ten_percent(pairs):
   assert np.median(lengths[~short]) >= 0.9 * SEQ
 
 
-@pytest.mark.parametrize("la,lb,max_tokens", [(10, 3, 8), (3, 10, 8), (7, 7, 9), (50, 50, 13),
-                                              (1, 200, 5), (4, 4, 8), (9, 2, 10)])
+@pytest.mark.parametrize(
+  "la,lb,max_tokens",
+  [(10, 3, 8), (3, 10, 8), (7, 7, 9), (50, 50, 13), (1, 200, 5), (4, 4, 8), (9, 2, 10)],
+)
 def test_truncation_matches_the_original_loop(la, lb, max_tokens):
   a, b = la, lb
-  while a + b > max_tokens:   # truncate_seq_pair: remove from the longer side, B on ties
+  while a + b > max_tokens:  # truncate_seq_pair: remove from the longer side, B on ties
     if a > b:
       a -= 1
     else:
@@ -131,8 +142,8 @@ def test_truncation_cuts_each_token_from_the_front_or_the_back_at_random():
     kept = E._truncate(tokens, 20, rng)
     assert len(kept) == 80 and np.array_equal(kept, np.arange(kept[0], kept[0] + 80))
     starts.append(int(kept[0]))
-  assert abs(np.mean(starts) - 10) < 0.15            # Binomial(20, 1/2): mean 10
-  assert abs(np.var(starts) - 5) < 0.5               # variance 20/4
+  assert abs(np.mean(starts) - 10) < 0.15  # Binomial(20, 1/2): mean 10
+  assert abs(np.var(starts) - 5) < 0.5  # variance 20/4
   assert min(starts) < 6 and max(starts) > 14
   assert E._truncate(tokens, 0, rng) is tokens
 
@@ -154,24 +165,27 @@ def test_single_sentence_chunks():
   labels = np.array([p["sentence_order_label"] for p in split])
   assert 0.35 < labels.mean() < 0.65
   # The original's quirk: B from a random other document, always labelled 1.
-  quirk = E.create_pairs(docs, np.random.default_rng(0), max_seq_length=64,
-                         single_sentence_random_next=True)
+  quirk = E.create_pairs(
+    docs, np.random.default_rng(0), max_seq_length=64, single_sentence_random_next=True
+  )
   for p in quirk:
     ids, seps = p["input_ids"], np.flatnonzero(p["input_ids"] == SEP_ID)
     assert p["sentence_order_label"] == 1
-    assert (ids[1:seps[0]].min() - 1100) // 10 != (ids[seps[0] + 1:-1].min() - 1100) // 10
+    assert (ids[1 : seps[0]].min() - 1100) // 10 != (ids[seps[0] + 1 : -1].min() - 1100) // 10
 
 
 def test_nsp_random_next_comes_from_another_document():
-  docs = [[list(range(1100 + 100 * d + 10 * j, 1110 + 100 * d + 10 * j)) for j in range(6)]
-          for d in range(29)]
+  docs = [
+    [list(range(1100 + 100 * d + 10 * j, 1110 + 100 * d + 10 * j)) for j in range(6)]
+    for d in range(29)
+  ]
   out = E.create_pairs(docs, np.random.default_rng(3), max_seq_length=40, task="nsp")
   labels = np.array([p["sentence_order_label"] for p in out])
   assert 0.4 < labels.mean() < 0.6
   for p in out:
     ids, seps = p["input_ids"], np.flatnonzero(p["input_ids"] == SEP_ID)
-    doc_a = (ids[1:seps[0]] - 1100) // 100
-    doc_b = (ids[seps[0] + 1:-1] - 1100) // 100
+    doc_a = (ids[1 : seps[0]] - 1100) // 100
+    doc_b = (ids[seps[0] + 1 : -1] - 1100) // 100
     assert (doc_a[0] != doc_b[0]) == (p["sentence_order_label"] == 1)
 
 
@@ -208,7 +222,7 @@ def test_replacement_80_10_10(masked):
   target = features["masked_lm_ids"][w]
   assert len(shown) > 30000
   assert abs((shown == MASK_ID).mean() - 0.8) < 0.03
-  assert abs(((shown == target)).mean() - 0.1) < 0.03   # a random id equal to the target is rare
+  assert abs((shown == target).mean() - 0.1) < 0.03  # a random id equal to the target is rare
   assert abs(((shown != MASK_ID) & (shown != target)).mean() - 0.1) < 0.03
   assert (shown >= E.NUM_CONTROL_IDS)[shown != MASK_ID].all()
 
@@ -242,15 +256,16 @@ def test_whole_words_are_masked(masked):
       else:
         current.append(i)
     partial = sum(0 < len(masked_pos.intersection(w)) < len(w) for w in words)
-    assert partial <= 1   # only the span cut to fit the budget may end inside a word
+    assert partial <= 1  # only the span cut to fit the budget may end inside a word
 
 
 def test_masks_are_a_pure_function_of_seed_epoch_index(pairs, masked):
   examples, _ = pairs
   features, _, _ = masked
   word_start, candidate = _tables()
-  kwargs = dict(word_start=word_start, candidate=candidate, max_seq_length=SEQ,
-                max_predictions_per_seq=P)
+  kwargs = dict(
+    word_start=word_start, candidate=candidate, max_seq_length=SEQ, max_predictions_per_seq=P
+  )
   for i in (0, 5, 1234):
     again = E.mask_example(examples[i], E.example_rng(0, 0, i), **kwargs)
     for key in again:
@@ -261,15 +276,22 @@ def test_masks_are_a_pure_function_of_seed_epoch_index(pairs, masked):
 
 def test_sequence_512_with_the_original_cap():
   stats = {}
-  examples = E.create_pairs(_documents(300, seed=5, max_sentences=80), np.random.default_rng(2),
-                            max_seq_length=512, stats=stats)
+  examples = E.create_pairs(
+    _documents(300, seed=5, max_sentences=80),
+    np.random.default_rng(2),
+    max_seq_length=512,
+    stats=stats,
+  )
   word_start, candidate = _tables()
   masker = E.Masker(word_start, candidate, max_predictions_per_seq=20)
   padded = [E.pad_example(p, 512) for p in examples[:256]]
-  out = masker(np.stack([x[0] for x in padded]), np.stack([x[1] for x in padded]),
-               np.stack([x[2] for x in padded]),
-               np.array([p["sentence_order_label"] for p in examples[:256]]),
-               keys=np.array([E.example_rng_key(0, 0, i) for i in range(256)], np.uint64))
+  out = masker(
+    np.stack([x[0] for x in padded]),
+    np.stack([x[1] for x in padded]),
+    np.stack([x[2] for x in padded]),
+    np.array([p["sentence_order_label"] for p in examples[:256]]),
+    keys=np.array([E.example_rng_key(0, 0, i) for i in range(256)], np.uint64),
+  )
   n_tokens = out["input_mask"].sum(1)
   full = n_tokens == 512
   assert full.sum() >= 50

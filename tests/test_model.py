@@ -1,4 +1,5 @@
 """The model against docs/model.md: parameter counts, sharing, numerics, masking of padding."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -6,14 +7,20 @@ import numpy as np
 import optax
 import pytest
 
-from albert_jax import config_lib
-from albert_jax import model as M
+from albert_jax import config_lib, model as M
 from tests.conftest import load_config
 
 
 def small(sharing="all", **fields):
-  base = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-              intermediate_size=64, max_position_embeddings=64)
+  base = dict(
+    vocab_size=97,
+    embedding_size=16,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+  )
   base.update(fields)
   return config_lib.make(f"sharing={sharing}", **base).model
 
@@ -23,13 +30,17 @@ def batch(cfg, b=2, s=12, p=3, seed=0, pad=0):
   ids = rng.integers(5, cfg.vocab_size, (b, s)).astype(np.int32)
   mask = np.ones((b, s), np.int32)
   if pad:
-    mask[:, s - pad:] = 0
-    ids[:, s - pad:] = 0
+    mask[:, s - pad :] = 0
+    ids[:, s - pad :] = 0
   tt = np.zeros((b, s), np.int32)
-  tt[:, s // 2:] = 1
+  tt[:, s // 2 :] = 1
   pos = np.stack([rng.choice(s - pad, p, replace=False) for _ in range(b)]).astype(np.int32)
-  return dict(input_ids=jnp.asarray(ids), token_type_ids=jnp.asarray(tt), attention_mask=jnp.asarray(mask),
-              masked_lm_positions=jnp.asarray(pos))
+  return dict(
+    input_ids=jnp.asarray(ids),
+    token_type_ids=jnp.asarray(tt),
+    attention_mask=jnp.asarray(mask),
+    masked_lm_positions=jnp.asarray(pos),
+  )
 
 
 def init(cfg, inputs, seed=0):
@@ -40,10 +51,10 @@ def init(cfg, inputs, seed=0):
 # --- parameter counts (jax.eval_shape: nothing allocated) ---------------------------------------
 
 RELEASED = {  # docs/model.md, Parameter counts: backbone, with MLM + SOP heads
-    "albert_base": (11_683_584, 11_813_810),
-    "albert_large": (17_683_968, 17_847_474),
-    "albert_xlarge": (58_724_864, 59_021_490),
-    "albert_xxlarge": (222_595_584, 223_158_450),
+  "albert_base": (11_683_584, 11_813_810),
+  "albert_large": (17_683_968, 17_847_474),
+  "albert_xlarge": (58_724_864, 59_021_490),
+  "albert_xxlarge": (222_595_584, 223_158_450),
 }
 
 
@@ -53,10 +64,13 @@ def test_released_parameter_counts_exact(name):
   assert (counts["backbone"], counts["total"]) == RELEASED[name]
 
 
-@pytest.mark.parametrize("sharing,expected", [
+@pytest.mark.parametrize(
+  "sharing,expected",
+  [
     ("none", {64: 87.6e6, 128: 89.7e6, 256: 93.7e6, 768: 109.7e6}),
     ("all", {64: 9.7e6, 128: 11.7e6, 256: 15.7e6, 768: 31.7e6}),
-])
+  ],
+)
 def test_embedding_size_sweep_table3(sharing, expected):
   """Paper Table 3 (albert base backbone). At E = H the figure expected here counts the E->H layer,
   which Hugging Face always has and the original drops when E == H: we match it with
@@ -74,7 +88,12 @@ def test_embedding_size_sweep_table3(sharing, expected):
 
 def test_table4_sharing_ablation_counts():
   """Paper Table 4 (albert base): E=128: shared-attention 64M, shared-FFN 38M; E=768: 83M, 57M."""
-  paper = {("attention", 128): 64e6, ("ffn", 128): 38e6, ("attention", 768): 83e6, ("ffn", 768): 57e6}
+  paper = {
+    ("attention", 128): 64e6,
+    ("ffn", 128): 38e6,
+    ("attention", 768): 83e6,
+    ("ffn", 768): 57e6,
+  }
   for (sharing, e), want in paper.items():
     got = M.param_counts(load_config("albert_base", f"sharing={sharing},embedding_size={e}").model)
     assert abs(got["backbone"] - want) < 0.5e6, (sharing, e, got)
@@ -89,10 +108,12 @@ def test_bert_baselines_beside_paper():
 
 # --- sharing modes ---------------------------------------------------------------------------------
 
+
 def manual_forward(cfg, params, inputs, layer_params):
   """Embeddings, projection and then a plain Python loop over the given per-layer parameters."""
-  emb = M.AlbertEmbeddings(cfg).apply({"params": params["albert"]["embeddings"]}, inputs["input_ids"],
-                                      inputs["token_type_ids"])
+  emb = M.AlbertEmbeddings(cfg).apply(
+    {"params": params["albert"]["embeddings"]}, inputs["input_ids"], inputs["token_type_ids"]
+  )
   proj = params["albert"]["encoder"]["embedding_hidden_mapping_in"]
   x = emb @ proj["kernel"] + proj["bias"]
   for p in layer_params:
@@ -101,8 +122,12 @@ def manual_forward(cfg, params, inputs, layer_params):
 
 
 def sequence_output(cfg, params, inputs):
-  return M.AlbertModel(cfg).apply({"params": params["albert"]}, inputs["input_ids"], inputs["token_type_ids"],
-                                  inputs["attention_mask"])["sequence_output"]
+  return M.AlbertModel(cfg).apply(
+    {"params": params["albert"]},
+    inputs["input_ids"],
+    inputs["token_type_ids"],
+    inputs["attention_mask"],
+  )["sequence_output"]
 
 
 def test_all_shared_scan_equals_python_loop():
@@ -132,8 +157,12 @@ def test_groups_follow_tf_formula():
   for g in M.layer_to_group(6, 2):
     layers += [enc[f"albert_layer_groups_{g}"][f"albert_layers_{k}"] for k in range(2)]
   assert len(layers) == 12  # effective depth L * K
-  np.testing.assert_allclose(sequence_output(cfg, params, inputs), manual_forward(cfg, params, inputs, layers),
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    sequence_output(cfg, params, inputs),
+    manual_forward(cfg, params, inputs, layers),
+    atol=1e-5,
+    rtol=0,
+  )
 
 
 def test_not_shared_has_distinct_layers():
@@ -146,12 +175,18 @@ def test_not_shared_has_distinct_layers():
   assert q.shape == (4, 32, 32)
   assert all(not np.allclose(q[i], q[j]) for i in range(4) for j in range(i))
   per_layer = [jax.tree_util.tree_map(lambda a, i=i: a[i], stacked) for i in range(4)]
-  np.testing.assert_allclose(sequence_output(cfg, params, inputs), manual_forward(cfg, params, inputs, per_layer),
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    sequence_output(cfg, params, inputs),
+    manual_forward(cfg, params, inputs, per_layer),
+    atol=1e-5,
+    rtol=0,
+  )
 
 
-@pytest.mark.parametrize("sharing,shared,own", [("attention", "attention", "feed_forward"),
-                                                ("ffn", "feed_forward", "attention")])
+@pytest.mark.parametrize(
+  "sharing,shared,own",
+  [("attention", "attention", "feed_forward"), ("ffn", "feed_forward", "attention")],
+)
 def test_partial_sharing_shares_exactly_one_sublayer(sharing, shared, own):
   cfg = M.model_config(small(sharing))
   inputs = batch(cfg)
@@ -168,10 +203,16 @@ def test_partial_sharing_shares_exactly_one_sublayer(sharing, shared, own):
   full = M.param_counts(small("none"))["backbone"]
   assert M.count_params(params["albert"]) == full - (L - 1) * n_shared
   assert n_own % L == 0
-  per_layer = [{shared: layer[shared], own: jax.tree_util.tree_map(lambda a, i=i: a[i], layer[own])}
-               for i in range(L)]
-  np.testing.assert_allclose(sequence_output(cfg, params, inputs), manual_forward(cfg, params, inputs, per_layer),
-                             atol=1e-5, rtol=0)
+  per_layer = [
+    {shared: layer[shared], own: jax.tree_util.tree_map(lambda a, i=i: a[i], layer[own])}
+    for i in range(L)
+  ]
+  np.testing.assert_allclose(
+    sequence_output(cfg, params, inputs),
+    manual_forward(cfg, params, inputs, per_layer),
+    atol=1e-5,
+    rtol=0,
+  )
   # The shared sublayer's gradient is the sum of its L uses (one parameter, not L copies).
   model = M.AlbertForPreTraining(cfg)
   grads = jax.grad(lambda p: model.apply({"params": p}, **inputs)["mlm_logits"].sum())(params)
@@ -181,12 +222,15 @@ def test_partial_sharing_shares_exactly_one_sublayer(sharing, shared, own):
 
 # --- numerics --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sharing", ["all", "none", "attention"])
 def test_padding_invariance(sharing):
   cfg = M.model_config(small(sharing))
   short = batch(cfg, s=10)
   _, params = init(cfg, short)
-  padded = {k: jnp.pad(v, ((0, 0), (0, 6))) if k != "masked_lm_positions" else v for k, v in short.items()}
+  padded = {
+    k: jnp.pad(v, ((0, 0), (0, 6))) if k != "masked_lm_positions" else v for k, v in short.items()
+  }
   model = M.AlbertForPreTraining(cfg)
   a = model.apply({"params": params}, **short)
   b = model.apply({"params": params}, **padded)
@@ -220,7 +264,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 def test_remat_policies_give_the_same_gradients(remat):
   inputs = batch(M.model_config(small("all")))
   model, params = init(M.model_config(small("all")), inputs)
-  loss = lambda m: (lambda p: m.apply({"params": p}, **inputs)["mlm_logits"].sum())
+  loss = lambda m: lambda p: m.apply({"params": p}, **inputs)["mlm_logits"].sum()
   g0 = jax.grad(loss(model))(params)
   g1 = jax.grad(loss(M.AlbertForPreTraining(M.model_config(small("all", remat=remat)))))(params)
   for a, b in zip(jax.tree_util.tree_leaves(nn.unbox(g0)), jax.tree_util.tree_leaves(nn.unbox(g1))):
@@ -232,7 +276,11 @@ def test_initialisation_statistics():
   inputs = batch(cfg)
   _, params = init(cfg, inputs)
   params = nn.unbox(params)
-  k = np.asarray(params["albert"]["encoder"]["albert_layer_groups_0"]["albert_layers_0"]["feed_forward"]["ffn"]["kernel"])
+  k = np.asarray(
+    params["albert"]["encoder"]["albert_layer_groups_0"]["albert_layers_0"]["feed_forward"]["ffn"][
+      "kernel"
+    ]
+  )
   assert np.abs(k).max() <= 2 * 0.02  # truncated at 2 sigma
   assert 0.85 * 0.02 < k.std() < 0.9 * 0.02  # a +-2 sigma truncated normal has std 0.88 sigma
   ln = params["albert"]["embeddings"]["LayerNorm"]
@@ -248,10 +296,17 @@ def test_deterministic_has_no_dropout_and_training_drops_per_layer():
   b = model.apply({"params": params}, **inputs, rngs={"dropout": jax.random.key(2)})
   np.testing.assert_array_equal(a["mlm_logits"], b["mlm_logits"])
   # Capture the feed-forward dropout outputs of every scanned layer: masks must differ between layers.
-  _, state = model.apply({"params": params}, **inputs, deterministic=False, rngs={"dropout": jax.random.key(1)},
-                         capture_intermediates=lambda mdl, _: isinstance(mdl, nn.Dropout),
-                         mutable=["intermediates"])
-  ff = state["intermediates"]["albert"]["encoder"]["albert_layer_groups_0"]["albert_layers_0"]["feed_forward"]
+  _, state = model.apply(
+    {"params": params},
+    **inputs,
+    deterministic=False,
+    rngs={"dropout": jax.random.key(1)},
+    capture_intermediates=lambda mdl, _: isinstance(mdl, nn.Dropout),
+    mutable=["intermediates"],
+  )
+  ff = state["intermediates"]["albert"]["encoder"]["albert_layer_groups_0"]["albert_layers_0"][
+    "feed_forward"
+  ]
   drops = np.asarray(ff["Dropout_0"]["__call__"][0])  # [L, B, S, H]
   assert drops.shape[0] == cfg.num_hidden_layers
   masks = drops == 0
@@ -268,8 +323,10 @@ def test_loss_matches_the_original_formula():
   ids = rng.integers(0, 11, (3, 4)).astype(np.int32)
   w = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
   label = np.array([0, 1, 1], np.int32)
-  out = M.pretraining_losses({"mlm_logits": logits, "sop_logits": sop},
-                             {"masked_lm_ids": ids, "masked_lm_weights": w, "sentence_order_label": label})
+  out = M.pretraining_losses(
+    {"mlm_logits": logits, "sop_logits": sop},
+    {"masked_lm_ids": ids, "masked_lm_weights": w, "sentence_order_label": label},
+  )
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, ids[..., None], -1)[..., 0]
   mlm = (w * nll).sum() / (w.sum() + 1e-5)
@@ -280,7 +337,9 @@ def test_loss_matches_the_original_formula():
   np.testing.assert_allclose(out["loss"], mlm + sop_loss, rtol=1e-6)
   acc = (w * (logits.argmax(-1) == ids)).sum() / w.sum()
   np.testing.assert_allclose(out["masked_lm_accuracy"], acc, rtol=1e-6)
-  np.testing.assert_allclose(out["sentence_order_accuracy"], (sop.argmax(-1) == label).mean(), rtol=1e-6)
+  np.testing.assert_allclose(
+    out["sentence_order_accuracy"], (sop.argmax(-1) == label).mean(), rtol=1e-6
+  )
 
 
 def test_tiny_config_overfits_one_batch():
@@ -288,8 +347,11 @@ def test_tiny_config_overfits_one_batch():
   mcfg = M.model_config(cfg)
   inputs = batch(mcfg, b=8, s=32, p=5)
   model, params = init(mcfg, inputs)
-  labels = {"masked_lm_ids": jnp.asarray(np.random.default_rng(1).integers(5, 300, (8, 5)), jnp.int32),
-            "masked_lm_weights": jnp.ones((8, 5)), "sentence_order_label": jnp.array([0, 1] * 4, jnp.int32)}
+  labels = {
+    "masked_lm_ids": jnp.asarray(np.random.default_rng(1).integers(5, 300, (8, 5)), jnp.int32),
+    "masked_lm_weights": jnp.ones((8, 5)),
+    "sentence_order_label": jnp.array([0, 1] * 4, jnp.int32),
+  }
   tx = optax.adam(2e-3)
   opt = tx.init(params)
 
@@ -310,14 +372,21 @@ def test_tiny_config_overfits_one_batch():
 
 # --- config validation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fields,message", [
+
+@pytest.mark.parametrize(
+  "fields,message",
+  [
     (dict(num_attention_heads=5), "not divisible"),
     (dict(num_hidden_groups=3), "does not divide"),
     (dict(sharing="some"), "model.sharing"),
     (dict(embedding_size=64), "defeats the factorisation"),
     (dict(remat="everything"), "model.remat"),
-    (dict(attention_impl="dot_product_attention", attention_probs_dropout_prob=0.1), "no attention-probability"),
-])
+    (
+      dict(attention_impl="dot_product_attention", attention_probs_dropout_prob=0.1),
+      "no attention-probability",
+    ),
+  ],
+)
 def test_invalid_model_configs_are_one_line_errors(fields, message):
   cfg = small("all")
   cfg.update(fields)
@@ -338,22 +407,28 @@ def test_variant_arguments_parse_and_reject_unknown_keys():
 def test_flops_formula():
   cfg = load_config("albert_base").model
   H, I, E, V, L, S, P = 768, 3072, 128, 30000, 12, 512, 20
-  forward = S * (L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + 2 * E * H) + P * 2 * (H * E + E * V)
+  forward = S * (L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + 2 * E * H) + P * 2 * (
+    H * E + E * V
+  )
   assert M.flops_per_example(cfg, S, P) == 3 * forward
   assert M.flops_per_example(cfg, S, P, training=False) == forward
 
 
-@pytest.mark.parametrize("name,fields,E,inner,projection", [
-    ("bert_base", {}, 768, 1, False),            # E == H: no E->H projection FLOPs (the original)
-    ("bert_base", {"embedding_hidden_mapping": "always"}, 768, 1, True),   # HF's layout: it runs
-    ("albert_base", {"inner_group_num": 2}, 128, 2, True),                # 2 layers per application
-])
+@pytest.mark.parametrize(
+  "name,fields,E,inner,projection",
+  [
+    ("bert_base", {}, 768, 1, False),  # E == H: no E->H projection FLOPs (the original)
+    ("bert_base", {"embedding_hidden_mapping": "always"}, 768, 1, True),  # HF's layout: it runs
+    ("albert_base", {"inner_group_num": 2}, 128, 2, True),  # 2 layers per application
+  ],
+)
 def test_flops_formula_other_layouts(name, fields, E, inner, projection):
   cfg = load_config(name).model
   cfg.update(fields)
   H, I, V, L, S, P = 768, 3072, cfg.vocab_size, 12, 128, 20
-  forward = (S * (L * inner * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + (2 * E * H if projection else 0))
-             + P * 2 * (H * E + E * V))
+  forward = S * (
+    L * inner * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + (2 * E * H if projection else 0)
+  ) + P * 2 * (H * E + E * V)
   assert M.flops_per_example(cfg, S, P) == 3 * forward
 
 
@@ -365,4 +440,5 @@ def test_gelu_tanh_custom_derivative_matches_autodiff():
   reference = jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=True)))(x)
   np.testing.assert_allclose(ours, reference, atol=2e-6, rtol=0)
   assert float(jax.grad(jax.grad(M.gelu_tanh))(0.5)) == pytest.approx(
-      float(jax.grad(jax.grad(lambda v: jax.nn.gelu(v, approximate=True)))(0.5)), abs=1e-5)
+    float(jax.grad(jax.grad(lambda v: jax.nn.gelu(v, approximate=True)))(0.5)), abs=1e-5
+  )

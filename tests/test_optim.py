@@ -1,5 +1,6 @@
 """albert_jax.optim against a NumPy transcription of the original's equations (lamb_optimizer.py and
 optimization.py in google-research/albert), written here independently of the module."""
+
 from __future__ import annotations
 
 import jax
@@ -19,18 +20,20 @@ EXCLUDED = {"encoder/dense/bias", "encoder/LayerNorm/scale", "encoder/LayerNorm/
 def small_tree(seed=0):
   r = np.random.RandomState(seed)
   return {
-      "encoder": {
-          "dense": {"kernel": r.randn(6, 4), "bias": 0.1 * r.randn(4)},
-          "LayerNorm": {"scale": 1.0 + 0.1 * r.randn(4), "bias": 0.1 * r.randn(4)},
-      },
-      "embeddings": {"word_embeddings": {"embedding": 0.02 * r.randn(10, 3)}},
-      "zero": {"kernel": np.zeros((3, 2))},
+    "encoder": {
+      "dense": {"kernel": r.randn(6, 4), "bias": 0.1 * r.randn(4)},
+      "LayerNorm": {"scale": 1.0 + 0.1 * r.randn(4), "bias": 0.1 * r.randn(4)},
+    },
+    "embeddings": {"word_embeddings": {"embedding": 0.02 * r.randn(10, 3)}},
+    "zero": {"kernel": np.zeros((3, 2))},
   }
 
 
 def flat(tree):
-  return {optim.param_path(k): np.asarray(v, np.float64)
-          for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    optim.param_path(k): np.asarray(v, np.float64)
+    for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def to_jax(tree):
@@ -102,22 +105,22 @@ def run(tx, params, grads_seq):
 
 def test_decay_mask_follows_the_originals_exclusions():
   paths = {
-      "albert/embeddings/word_embeddings/embedding": True,
-      "albert/embeddings/position_embeddings/embedding": True,
-      "albert/embeddings/LayerNorm/scale": False,
-      "albert/embeddings/LayerNorm/bias": False,
-      "albert/encoder/embedding_hidden_mapping_in/kernel": True,
-      "albert/encoder/embedding_hidden_mapping_in/bias": False,
-      "albert/encoder/layer/attention/query/kernel": True,
-      "albert/encoder/layer/attention/query/bias": False,
-      "albert/encoder/layer/attention/LayerNorm/scale": False,
-      "albert/encoder/layer/full_layer_layer_norm/scale": False,
-      "albert/encoder/layer/full_layer_layer_norm/bias": False,
-      "predictions/dense/kernel": True,
-      "predictions/LayerNorm/scale": False,
-      "predictions/bias": False,
-      "sop_classifier/classifier/kernel": True,
-      "sop_classifier/classifier/bias": False,
+    "albert/embeddings/word_embeddings/embedding": True,
+    "albert/embeddings/position_embeddings/embedding": True,
+    "albert/embeddings/LayerNorm/scale": False,
+    "albert/embeddings/LayerNorm/bias": False,
+    "albert/encoder/embedding_hidden_mapping_in/kernel": True,
+    "albert/encoder/embedding_hidden_mapping_in/bias": False,
+    "albert/encoder/layer/attention/query/kernel": True,
+    "albert/encoder/layer/attention/query/bias": False,
+    "albert/encoder/layer/attention/LayerNorm/scale": False,
+    "albert/encoder/layer/full_layer_layer_norm/scale": False,
+    "albert/encoder/layer/full_layer_layer_norm/bias": False,
+    "predictions/dense/kernel": True,
+    "predictions/LayerNorm/scale": False,
+    "predictions/bias": False,
+    "sop_classifier/classifier/kernel": True,
+    "sop_classifier/classifier/bias": False,
   }
   tree = {}
   for path in paths:
@@ -149,7 +152,9 @@ def test_lamb_matches_numpy_reference():
   for k in ref.w:
     np.testing.assert_allclose(got_final[k], ref.w[k], rtol=0, atol=1e-6, err_msg=k)
   # The parameters moved by amounts that make the comparison meaningful.
-  assert np.abs(got_final["encoder/dense/kernel"] - flat(params)["encoder/dense/kernel"]).max() > 0.01
+  assert (
+    np.abs(got_final["encoder/dense/kernel"] - flat(params)["encoder/dense/kernel"]).max() > 0.01
+  )
 
 
 def test_excluded_leaves_get_plain_adam_steps_and_included_leaves_do_not():
@@ -193,25 +198,38 @@ def test_stacked_axes_give_each_layer_its_own_trust_ratio():
   grads = [r.randn(4, 3) for _ in layers]
   lr = 0.1
   stacked = {"layers": {"kernel": jnp.asarray(np.stack(layers), jnp.float32)}}
-  (upd,), _ = run(optim.lamb(lr, stacked_axes={"layers": {"kernel": 1}}), stacked,
-                  [{"layers": {"kernel": np.stack(grads)}}])
+  (upd,), _ = run(
+    optim.lamb(lr, stacked_axes={"layers": {"kernel": 1}}),
+    stacked,
+    [{"layers": {"kernel": np.stack(grads)}}],
+  )
   for i in range(2):
     ref = NumpyLamb({"layer/kernel": np.asarray(layers[i], np.float32).astype(np.float64)})
     want = ref.step({"layer/kernel": np.asarray(grads[i], np.float32).astype(np.float64)}, lr)
-    np.testing.assert_allclose(np.asarray(upd["layers"]["kernel"][i]), want["layer/kernel"], rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+      np.asarray(upd["layers"]["kernel"][i]), want["layer/kernel"], rtol=1e-5, atol=1e-7
+    )
 
 
 def test_stacked_axes_from_flax_boxes():
   import flax.linen as nn
+
   boxed = {
-      "albert_layers": {"ffn": {"kernel": nn.Partitioned(jnp.zeros((4, 3, 2)), ("layers", "embed", "mlp")),
-                                "bias": nn.Partitioned(jnp.zeros((4, 2)), ("layers", "mlp"))}},
-      "shared": {"kernel": nn.Partitioned(jnp.zeros((3, 2)), ("embed", "mlp"))},
-      "plain": jnp.zeros((2,)),
+    "albert_layers": {
+      "ffn": {
+        "kernel": nn.Partitioned(jnp.zeros((4, 3, 2)), ("layers", "embed", "mlp")),
+        "bias": nn.Partitioned(jnp.zeros((4, 2)), ("layers", "mlp")),
+      }
+    },
+    "shared": {"kernel": nn.Partitioned(jnp.zeros((3, 2)), ("embed", "mlp"))},
+    "plain": jnp.zeros((2,)),
   }
   axes = optim.stacked_axes_from_boxes(boxed)
-  assert axes == {"albert_layers": {"ffn": {"kernel": 1, "bias": 1}}, "shared": {"kernel": 0}, "plain": 0}
+  assert axes == {
+    "albert_layers": {"ffn": {"kernel": 1, "bias": 1}},
+    "shared": {"kernel": 0},
+    "plain": 0,
+  }
   assert jax.tree.structure(axes) == jax.tree.structure(nn.unbox(boxed))
 
 
@@ -219,15 +237,15 @@ def test_schedule_paper_recipe():
   t = train_config(learning_rate=0.00176, warmup_steps=3125, num_steps=125_000)
   schedule = jax.jit(optim.make_schedule(t))
   expected = {
-      0: 0.0,                                   # the first update moves nothing
-      1: 0.00176 / 3125,
-      1562: 0.00176 * 1562 / 3125,              # mid-warmup
-      3124: 0.00176 * 3124 / 3125,              # last warmup step
-      3125: 0.00176 * (1 - 3125 / 125_000),     # end of warmup: decay is measured from step 0
-      62_500: 0.00176 * 0.5,                    # mid-decay
-      124_999: 0.00176 * (1 - 124_999 / 125_000),  # the last step
-      125_000: 0.0,
-      200_000: 0.0,                             # past the end: min(step, num_steps)
+    0: 0.0,  # the first update moves nothing
+    1: 0.00176 / 3125,
+    1562: 0.00176 * 1562 / 3125,  # mid-warmup
+    3124: 0.00176 * 3124 / 3125,  # last warmup step
+    3125: 0.00176 * (1 - 3125 / 125_000),  # end of warmup: decay is measured from step 0
+    62_500: 0.00176 * 0.5,  # mid-decay
+    124_999: 0.00176 * (1 - 124_999 / 125_000),  # the last step
+    125_000: 0.0,
+    200_000: 0.0,  # past the end: min(step, num_steps)
   }
   for step, want in expected.items():
     assert float(schedule(step)) == pytest.approx(want, rel=1e-6, abs=1e-12), step
@@ -237,8 +255,9 @@ def test_schedule_paper_recipe():
 
 
 def test_schedule_power_end_rate_and_no_warmup():
-  t = train_config(learning_rate=1.0, warmup_steps=0, num_steps=100, lr_decay_power=2.0,
-                   end_learning_rate=0.1)
+  t = train_config(
+    learning_rate=1.0, warmup_steps=0, num_steps=100, lr_decay_power=2.0, end_learning_rate=0.1
+  )
   schedule = optim.make_schedule(t)
   for step in (0, 10, 50, 99, 100, 150):
     want = np_schedule(step, 1.0, 0, 100, end=0.1, power=2.0)
@@ -267,8 +286,10 @@ def test_make_optimizer_lamb_matches_reference_chain():
   t = train_config(optimizer="lamb", learning_rate=0.05, warmup_steps=2, num_steps=10)
   params_np = small_tree()
   params = to_jax(params_np)
-  grads_seq = [random_grads(params_np, seed, scale) for seed, scale in
-               zip(range(10, 15), (5.0, 0.05, 3.0, 0.1, 2.0))]
+  grads_seq = [
+    random_grads(params_np, seed, scale)
+    for seed, scale in zip(range(10, 15), (5.0, 0.05, 3.0, 0.1, 2.0))
+  ]
   updates, final = run(optim.make_optimizer(t), params, grads_seq)
   ref = NumpyLamb(flat(params))
   for step, (grads, got) in enumerate(zip(grads_seq, updates)):
@@ -311,9 +332,11 @@ def test_lamb_on_sharded_params_matches_single_device_without_host_transfers():
   grads_np = random_grads(params_np, 1)
   specs = {"kernel": P("data", "model"), "LayerNorm": {"scale": P("model")}}
   shard = lambda tree: jax.tree.map(
-      lambda x, s: jax.device_put(jnp.asarray(x, jnp.float32), NamedSharding(mesh, s)), tree, specs)
-  tx = optim.make_optimizer(train_config(optimizer="lamb", learning_rate=0.1, warmup_steps=0,
-                                         num_steps=10))
+    lambda x, s: jax.device_put(jnp.asarray(x, jnp.float32), NamedSharding(mesh, s)), tree, specs
+  )
+  tx = optim.make_optimizer(
+    train_config(optimizer="lamb", learning_rate=0.1, warmup_steps=0, num_steps=10)
+  )
 
   def step(params, state, grads):
     updates, state = tx.update(grads, state, params)
@@ -324,7 +347,9 @@ def test_lamb_on_sharded_params_matches_single_device_without_host_transfers():
   assert state[1][0].mu["kernel"].sharding.is_equivalent_to(params["kernel"].sharding, 2)
   jit_step = jax.jit(step)
   params1, state = jit_step(params, state, grads)
-  with jax.transfer_guard("disallow"):  # the steady-state step moves nothing between host and devices
+  with jax.transfer_guard(
+    "disallow"
+  ):  # the steady-state step moves nothing between host and devices
     params2, state = jit_step(params1, state, grads)
   for tree in (params1, params2, state[1][0].mu):
     for leaf, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs)):

@@ -3,6 +3,7 @@
 The corpus is the interpreter's pydoc topics written as BERT-format text files here; shards are
 made small (dataset.SHARD_BYTES) so that even this corpus is cut into many of them.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,7 @@ import sys
 
 import pytest
 
-from albert_jax import config_lib
-from albert_jax import corpus
-from albert_jax import dataset
-from albert_jax import tokenizer as tokenizer_lib
+from albert_jax import config_lib, corpus, dataset, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _documents():
   from pydoc_data import topics
+
   return [corpus._paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
@@ -36,7 +35,7 @@ def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("parallel")
   docs = _documents()
   os.makedirs(root / "corpus")
-  for i in range(3):   # three files, several shards each
+  for i in range(3):  # three files, several shards each
     _write(str(root / "corpus" / f"part-{i}.txt"), docs[i::3])
   vocab = tokenizer_lib.train([s for d in docs for s in d], str(root / "spiece.model"), 1000)
   return root, vocab
@@ -46,8 +45,13 @@ def _config(setup, **fields):
   root, vocab = setup
   c = config_lib.base_config()
   c.model.vocab_size = 1000
-  c.data.update(input_files=str(root / "corpus" / "*.txt"), spm_model_path=vocab,
-                max_seq_length=64, max_predictions_per_seq=10, eval_fraction=0.1)
+  c.data.update(
+    input_files=str(root / "corpus" / "*.txt"),
+    spm_model_path=vocab,
+    max_seq_length=64,
+    max_predictions_per_seq=10,
+    eval_fraction=0.1,
+  )
   c.data.update(**fields)
   return c
 
@@ -66,8 +70,14 @@ def _examples(ddir):
   out = {}
   for split in dataset.SPLITS:
     source = dataset.open_source(ddir, split, raw=False)
-    out[split] = [(tuple(e["input_ids"].tolist()), tuple(e["segment_ids"].tolist()),
-                   int(e["sentence_order_label"])) for e in (source[i] for i in range(len(source)))]
+    out[split] = [
+      (
+        tuple(e["input_ids"].tolist()),
+        tuple(e["segment_ids"].tolist()),
+        int(e["sentence_order_label"]),
+      )
+      for e in (source[i] for i in range(len(source)))
+    ]
   return out
 
 
@@ -76,9 +86,17 @@ def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkey
   built = {}
   runs = [("1", {"num_prepare_workers": 1}), ("2", {"num_prepare_workers": 2})]
   try:
-    import apache_beam  # pylint: disable=unused-import
-    runs.append(("beam", {"beam_runner": "DirectRunner", "beam_options":
-                          "--direct_num_workers=2,--direct_running_mode=multi_processing"}))
+    import apache_beam  # noqa: F401
+
+    runs.append(
+      (
+        "beam",
+        {
+          "beam_runner": "DirectRunner",
+          "beam_options": "--direct_num_workers=2,--direct_running_mode=multi_processing",
+        },
+      )
+    )
   except ImportError:
     pass
   for name, fields in runs:
@@ -126,9 +144,20 @@ def test_peak_memory_does_not_grow_with_the_corpus(setup, tmp_path):
   _write(str(tmp_path / "large.txt"), docs * 10)
   peak = {}
   for name in ("small", "large"):
-    run = subprocess.run([sys.executable, "-c", _RSS, str(tmp_path / f"{name}.txt"), vocab,
-                          str(tmp_path / f"work-{name}")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+      [
+        sys.executable,
+        "-c",
+        _RSS,
+        str(tmp_path / f"{name}.txt"),
+        vocab,
+        str(tmp_path / f"work-{name}"),
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     peak[name] = json.loads(run.stdout.strip().splitlines()[-1])
   assert peak["large"]["mb"] > 9 * peak["small"]["mb"]
@@ -151,7 +180,7 @@ def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, 
     victim.write_bytes(text[:middle] + b"caf\xe9 au lait\n" + text[middle:])
   else:
     os.chmod(victim, 0)
-    if os.access(victim, os.R_OK):   # root reads every file: a link to nothing cannot be read
+    if os.access(victim, os.R_OK):  # root reads every file: a link to nothing cannot be read
       os.remove(victim)
       os.symlink(str(tmp_path / "gone.txt"), victim)
   workdir = tmp_path / "work"
@@ -161,14 +190,14 @@ def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, 
     dataset.prepare(c, str(workdir))
   message = str(e.value)
   assert "\n" not in message and str(victim) in message
-  assert os.listdir(workdir) == []   # no data directory, no build left behind
+  assert os.listdir(workdir) == []  # no data directory, no build left behind
 
 
 def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path):
   lines = []
   for i in range(2000):
     lines += [f"Sentence {i} one.", f"Sentence {i} two.", ""]
-  lines[4501] = "bad \udce9"   # the 4502nd line is not UTF-8
+  lines[4501] = "bad \udce9"  # the 4502nd line is not UTF-8
   path = tmp_path / "a.txt"
   path.write_bytes(b"".join(l.encode("utf-8", "surrogateescape") + b"\n" for l in lines))
   data = config_lib.base_config().data
@@ -178,7 +207,7 @@ def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path):
   read = [(i, doc) for s in shards for i, doc in corpus.shard_documents(data, s)]
   assert [i for i, _ in read] == list(range(1900))
   assert [doc for _, doc in read] == list(corpus.documents(data))
-  assert read[1500][1] == ["Sentence 1500 one."]   # its bad second line skipped
+  assert read[1500][1] == ["Sentence 1500 one."]  # its bad second line skipped
   data.non_utf8 = "error"
   with pytest.raises(ConfigError, match=r"a\.txt:4502: not valid UTF-8"):
     for s in shards:
