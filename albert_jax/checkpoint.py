@@ -5,11 +5,13 @@ Layout: <workdir>/config.json (the resolved config of the run) and <workdir>/che
 run killed at any moment (SIGKILL during a save too) restarts from the latest complete checkpoint.
 Kept: the last `train.keep_checkpoints` plus the best by eval masked_lm_accuracy.
 
-A step that cannot be read back whole and finite (damaged storage, a garbled or truncated file)
-is moved aside to <workdir>/damaged/<step>-<UTC time> (never deleted) and the run resumes from the
+Each save records a checksum of the state (per leaf, the sum of its bits) beside the data position.
+A step that cannot be read back whole, finite and to the saved checksum (damaged storage, a garbled
+or truncated file) is moved aside to <workdir>/damaged/<step>-<UTC time> (never deleted) and the run resumes from the
 newest sound step. A full disk during a save is a DiskFull naming the path and the step; the steps already
 written stay restorable.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
-from albert_jax import sharding
-from albert_jax import state as state_lib
+from albert_jax import config_lib, sharding, state as state_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.files import DiskFull, is_disk_full
 from albert_jax.metrics import log
@@ -70,21 +71,23 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 # Fields that change the layout of the saved state (parameter shapes and tree, optimizer state); the
 # rest (dtype, remat, dropout, learning rate, ...) may differ between a checkpoint and a resumed run.
-SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size", "sharing",
-                "num_hidden_groups", "inner_group_num", "embedding_hidden_mapping", "scan_layers")
+SHAPE_FIELDS = config_lib.SIZE_FIELDS + config_lib.LAYOUT_FIELDS
 STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (("train", "optimizer"),)
 
 
 def check_same_model(saved: dict, current: dict, workdir: str) -> None:
   """saved, current: whole configs as dicts (config.json's and this run's)."""
-  diffs = [f"{section}.{k}: checkpoint {saved.get(section, {}).get(k)!r} != config "
-           f"{current.get(section, {}).get(k)!r}"
-           for section, k in STATE_FIELDS
-           if k in saved.get(section, {}) and saved[section][k] != current.get(section, {}).get(k)]
+  diffs = [
+    f"{section}.{k}: checkpoint {saved.get(section, {}).get(k)!r} != config "
+    f"{current.get(section, {}).get(k)!r}"
+    for section, k in STATE_FIELDS
+    if k in saved.get(section, {}) and saved[section][k] != current.get(section, {}).get(k)
+  ]
   if diffs:
-    raise ConfigError(f"{workdir} holds a checkpoint of another model ({'; '.join(diffs)}); "
-                      f"use a new --workdir or the same model config")
+    raise ConfigError(
+      f"{workdir} holds a checkpoint of another model ({'; '.join(diffs)}); "
+      f"use a new --workdir or the same model config"
+    )
 
 
 def checkpoints_dir(workdir: str) -> epath.Path:
@@ -98,25 +101,35 @@ def best_metric(config) -> str:
   return config.task.metric if config is not None and "task" in config else BEST_METRIC
 
 
-def _manager(workdir: str, train_config=None, read_only: bool = False,
-             metric: str = BEST_METRIC) -> ocp.CheckpointManager:
+def _manager(
+  workdir: str, train_config=None, read_only: bool = False, metric: str = BEST_METRIC
+) -> ocp.CheckpointManager:
   keep = train_config.keep_checkpoints if train_config is not None else 5
   policies = [checkpoint_managers.LatestN(n=keep)]
   if train_config is None or train_config.keep_best:
-    policies.append(checkpoint_managers.BestN(get_metric_fn=lambda m: m[metric], reverse=False, n=1,
-                                              keep_checkpoints_without_metrics=False))
+    policies.append(
+      checkpoint_managers.BestN(
+        get_metric_fn=lambda m: m[metric],
+        reverse=False,
+        n=1,
+        keep_checkpoints_without_metrics=False,
+      )
+    )
   options = ocp.CheckpointManagerOptions(
-      # best_fn makes Orbax record each save's metrics (and answer best_step); what is kept is decided
-      # by the preservation policy alone.
-      best_fn=lambda m: m[metric], best_mode="max", keep_checkpoints_without_metrics=True,
-      preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
-      enable_async_checkpointing=not read_only,
-      cleanup_tmp_directories=not read_only,
-      create=not read_only,
-      read_only=read_only,
+    # best_fn makes Orbax record each save's metrics (and answer best_step); what is kept is decided
+    # by the preservation policy alone.
+    best_fn=lambda m: m[metric],
+    best_mode="max",
+    keep_checkpoints_without_metrics=True,
+    preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+    enable_async_checkpointing=not read_only,
+    cleanup_tmp_directories=not read_only,
+    create=not read_only,
+    read_only=read_only,
   )
-  return ocp.CheckpointManager(checkpoints_dir(workdir), options=options,
-                               item_names=("state", "data"))
+  return ocp.CheckpointManager(
+    checkpoints_dir(workdir), options=options, item_names=("state", "data")
+  )
 
 
 def latest_step(workdir: str) -> int | None:
@@ -141,10 +154,15 @@ class Checkpointer:
 
     An earlier async save that ran out of disk surfaces here (or in wait/close) as a DiskFull.
     """
+    # The data item carries the state's checksum: a restore that reads back other bits is damage.
+    data = {CHECKSUM_KEY: checksum(state), ITERATOR_KEY: data_state}
     with self._disk_full_as_one_line(step):
-      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      data=ocp.args.JsonSave(data_state)),
-                        metrics=dict(metrics) if metrics else None, force=True)
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)),
+        metrics=dict(metrics) if metrics else None,
+        force=True,
+      )
     self._saving = step
 
   @contextlib.contextmanager
@@ -155,23 +173,37 @@ class Checkpointer:
       if not is_disk_full(e):
         raise
       step = getattr(self, "_saving", None) or step
-      raise DiskFull(f"no space left on device saving step {step} to {checkpoints_dir(self.workdir)}; "
-                     f"earlier checkpoints are intact: free space and re-run to resume") from e
+      raise DiskFull(
+        f"no space left on device saving step {step} to {checkpoints_dir(self.workdir)}; "
+        f"earlier checkpoints are intact: free space and re-run to resume"
+      ) from e
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
     """Restores onto the shardings carried by `abstract_state` (jax.ShapeDtypeStruct leaves)."""
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+      restored = self.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+        ),
+      )
     except (ValueError, KeyError) as e:
-      raise ConfigError(f"checkpoint {step} in {self.workdir} does not fit this model: "
-                        f"{str(e).splitlines()[0][:300]}") from None
-    return restored["state"], restored["data"]
+      raise ConfigError(
+        f"checkpoint {step} in {self.workdir} does not fit this model: "
+        f"{str(e).splitlines()[0][:300]}"
+      ) from None
+    state, data = restored["state"], restored["data"]
+    if isinstance(data, dict) and CHECKSUM_KEY in data:  # checkpoints written before have none
+      if checksum(state) != data[CHECKSUM_KEY]:
+        raise Damaged(f"checkpoint {step} in {self.workdir} does not match its saved checksum")
+      data = data[ITERATOR_KEY]
+    return state, data
 
   def restore_sound(self, abstract_state: Any) -> tuple[int | None, Any, Any]:
     """(step, state, data state) of the newest sound checkpoint; (None, None, None) if none.
 
-    Sound: it restores, its step counter is its step, and every floating-point leaf is finite.
+    Sound: it restores, it matches the checksum saved with it, its step counter is its step, and every
+    floating-point leaf is finite.
     Damaged newer steps are moved aside with one line each; when every step is damaged, a
     ConfigError (after moving them all aside). A checkpoint of another model's shapes stays a ConfigError.
     """
@@ -180,6 +212,8 @@ class Checkpointer:
       try:
         state, data_state = self.restore(step, abstract_state)
         problem = damage(step, state)
+      except Damaged:
+        problem = "its contents differ from what was saved"
       except ConfigError:
         if self._fits(step, abstract_state):
           problem = "its files do not restore"
@@ -195,15 +229,20 @@ class Checkpointer:
       moved = True
     if moved:
       self.manager.reload()
-      raise ConfigError(f"every checkpoint in {checkpoints_dir(self.workdir)} is damaged (moved to "
-                        f"{damaged_dir(self.workdir)}); start a new --workdir or restore them")
+      raise ConfigError(
+        f"every checkpoint in {checkpoints_dir(self.workdir)} is damaged (moved to "
+        f"{damaged_dir(self.workdir)}); start a new --workdir or restore them"
+      )
     return None, None, None
 
   def _fits(self, step: int, abstract_state: Any) -> bool:
     """Whether step's recorded array shapes are the model's (True when they cannot be read)."""
     try:
-      tree = ocp.StandardCheckpointer().metadata(
-          checkpoints_dir(self.workdir) / str(step) / "state").item_metadata.tree
+      tree = (
+        ocp.StandardCheckpointer()
+        .metadata(checkpoints_dir(self.workdir) / str(step) / "state")
+        .item_metadata.tree
+      )
       saved = sorted(tuple(m.shape) for m in jax.tree_util.tree_leaves(tree))
     except Exception:  # unreadable metadata: the step is damaged, not another model's
       return True
@@ -224,11 +263,38 @@ class Checkpointer:
     with self._disk_full_as_one_line():
       self.manager.close()
 
-  def __enter__(self) -> "Checkpointer":
+  def __enter__(self) -> Checkpointer:
     return self
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+CHECKSUM_KEY, ITERATOR_KEY = "state_checksum", "iterator"
+
+
+class Damaged(Exception):
+  """A checkpoint restored, but not to the bits that were saved."""
+
+
+@jax.jit
+def _leaf_sums(leaves):
+  def bits(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+      x = x.astype(jnp.uint8)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    return jnp.sum(jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32), dtype=jnp.uint32)
+
+  return [bits(x) for x in leaves]
+
+
+def checksum(state: Any) -> list[int]:
+  """Per leaf, the sum of its bit patterns modulo 2**32: exact, independent of how the arrays are
+  sharded, and computed where they live (no host copy of the state). Any changed bits in a leaf
+  change its sum unless they cancel out exactly, which garbled or missing data does not do."""
+  return [int(v) for v in jax.device_get(_leaf_sums(jax.tree_util.tree_leaves(state)))]
 
 
 def damage(step: int, state: Any) -> str | None:
@@ -255,6 +321,7 @@ def set_aside(workdir: str, step: int, problem: str) -> epath.Path:
     (checkpoints_dir(workdir) / str(step)).rename(target)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(f"albert_jax set aside step {step}")
   log(f"checkpoint {step} is damaged ({problem}): moved to {target}; trying the previous step")
   return target
@@ -293,13 +360,16 @@ def load_params(workdir: str, step: str | int = "latest"):
   # The parameters alone (a partial restore): the optimizer state is never read.
   item = {"params": state_lib.abstract_state(config, sharding.single_device_mesh()).targets.params}
   restore_args = jax.tree_util.tree_map(
-      lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
+    lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item
+  )
   with _manager(workdir, read_only=True) as mngr:
     metrics = dict(mngr.metrics(step) or {})
   try:
     with ocp.PyTreeCheckpointer() as reader:
-      restored = reader.restore(checkpoints_dir(workdir) / str(step) / "state", args=ocp.args.PyTreeRestore(
-          item=item, restore_args=restore_args, partial_restore=True))
+      restored = reader.restore(
+        checkpoints_dir(workdir) / str(step) / "state",
+        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
+      )
   except (ValueError, KeyError) as e:
     raise ConfigError(_does_not_fit(step, workdir, e)) from None
   return restored["params"], config, step, metrics
@@ -307,6 +377,7 @@ def load_params(workdir: str, step: str | int = "latest"):
 
 def _does_not_fit(step: int, workdir: str, e: BaseException) -> str:
   first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)
-  return (f"checkpoint {step} in {workdir} does not fit the model of its config.json "
-          f"(edited, or another run's checkpoints?): {first[:300]}")
-
+  return (
+    f"checkpoint {step} in {workdir} does not fit the model of its config.json "
+    f"(edited, or another run's checkpoints?): {first[:300]}"
+  )

@@ -4,12 +4,19 @@ A file in configs/ calls `base_config()` and changes only what differs (big_visi
 that exists is listed here, so `--config.section.field=value` overrides are checked against this schema
 (the config is locked: a mistyped key is an error).
 """
+
 from __future__ import annotations
 
 import ml_collections
 
 SHARING_MODES = ("all", "attention", "ffn", "none")
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+REMAT_POLICIES = (
+  "none",
+  "full",
+  "dots_saveable",
+  "dots_with_no_batch_dims_saveable",
+  "nothing_saveable",
+)
 ATTENTION_IMPLS = ("einsum", "dot_product_attention")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("lamb", "optax_lamb", "adamw")
@@ -27,7 +34,8 @@ def base_config() -> ml_collections.ConfigDict:
   # A Hugging Face ALBERT directory or one of our `jax` exports to initialise parameters from.
   c.init_from = ""
 
-  c.model = ml_collections.ConfigDict(dict(
+  c.model = ml_collections.ConfigDict(
+    dict(
       vocab_size=30000,
       embedding_size=128,
       hidden_size=768,
@@ -53,12 +61,14 @@ def base_config() -> ml_collections.ConfigDict:
       # nn.scan over depth (compile time flat in depth); False unrolls a Python loop (for comparison).
       scan_layers=True,
       remat="none",
-      dtype="float32",        # compute dtype; softmax, LayerNorm and losses stay float32
+      dtype="float32",  # compute dtype; softmax, LayerNorm and losses stay float32
       param_dtype="float32",
       attention_impl="einsum",
-  ))
+    )
+  )
 
-  c.data = ml_collections.ConfigDict(dict(
+  c.data = ml_collections.ConfigDict(
+    dict(
       # Where prepared data lives; "" means <workdir>/data.
       data_dir="",
       # Bring your own SentencePiece model; "" trains one on the corpus during prepare.
@@ -71,11 +81,11 @@ def base_config() -> ml_collections.ConfigDict:
       tfds_split="train",
       text_feature="text",
       tfds_data_dir="",
-      max_documents=0,        # 0: all
+      max_documents=0,  # 0: all
       # ... or the built-in corpus that needs no download: "python_docs".
       builtin_corpus="python_docs",
-      non_utf8="skip",        # skip (and count) | error
-      eval_fraction=0.02,     # of documents held out for the eval split
+      non_utf8="skip",  # skip (and count) | error
+      eval_fraction=0.02,  # of documents held out for the eval split
       # prepare's worker processes (tokenizing and pairing): 0 = every core (os.cpu_count()).
       num_prepare_workers=0,
       # Run prepare as an Apache Beam pipeline (pip install -e ".[beam]"): "" (not), DirectRunner,
@@ -88,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
       spm_character_coverage=0.99995,
       # Examples (docs/data.md).
       max_seq_length=512,
-      max_predictions_per_seq=20,   # the original's cap: only ~3.9% of a 512 sequence is masked
+      max_predictions_per_seq=20,  # the original's cap: only ~3.9% of a 512 sequence is masked
       masked_lm_prob=0.15,
       short_seq_prob=0.1,
       max_ngram=3,
@@ -96,7 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
       # | "original" (google-research/albert's rule: also lone punctuation, "<..." and
       # pieces with digits or non-English letters).
       word_start="marker",
-      task="sop",             # sop | nsp
+      task="sop",  # sop | nsp
       # The original, in SOP mode, takes segment B from a random document when a chunk holds a single
       # sentence (a hidden NSP negative). False: split that sentence in two instead.
       single_sentence_random_next=False,
@@ -108,42 +118,47 @@ def base_config() -> ml_collections.ConfigDict:
       shuffle=True,
       num_workers=0,
       prefetch=2,
-  ))
+    )
+  )
 
-  c.train = ml_collections.ConfigDict(dict(
-      batch_size=4096,        # global
-      micro_batches=1,        # gradient accumulation inside the step
+  c.train = ml_collections.ConfigDict(
+    dict(
+      batch_size=4096,  # global
+      micro_batches=1,  # gradient accumulation inside the step
       num_steps=125_000,
       warmup_steps=3125,
       learning_rate=0.00176,
       end_learning_rate=0.0,
       lr_decay_power=1.0,
-      optimizer="lamb",       # lamb (the original's) | optax_lamb | adamw
+      optimizer="lamb",  # lamb (the original's) | optax_lamb | adamw
       weight_decay=0.01,
       beta1=0.9,
       beta2=0.999,
       epsilon=1e-6,
       clip_norm=1.0,
-      on_nonfinite="skip",    # skip (and count) | halt
+      on_nonfinite="skip",  # skip (and count) | halt
       log_every=100,
       eval_every=5000,
       eval_steps=100,
       checkpoint_every=5000,
       keep_checkpoints=5,
-      keep_best=True,         # also keep the best checkpoint by masked_lm_accuracy
+      keep_best=True,  # also keep the best checkpoint by masked_lm_accuracy
       checkpoint_every_seconds=0,  # also save on a time policy (preemptible machines); 0: off
-      profile_steps=0,        # > 0: a jax profiler trace of that many steps into <workdir>/profile
-  ))
+      profile_steps=0,  # > 0: a jax profiler trace of that many steps into <workdir>/profile
+    )
+  )
 
   # Mesh axes; -1 takes the remaining devices. Default: pure data parallel.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
-  c.distributed = ml_collections.ConfigDict(dict(
+  c.distributed = ml_collections.ConfigDict(
+    dict(
       coordinator_address="",  # host:port; "" auto-detects on TPU VMs / single process otherwise
       num_processes=0,
       process_id=-1,
       initialization_timeout=300,
-  ))
+    )
+  )
   return c
 
 
@@ -157,7 +172,7 @@ def finetune_base_config() -> ml_collections.ConfigDict:
   base = base_config()
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.seeds = 1             # runs with seeds seed, seed+1, ...: <workdir>/seed_<k>/, summary mean +- std
+  c.seeds = 1  # runs with seeds seed, seed+1, ...: <workdir>/seed_<k>/, summary mean +- std
   # Required: one of our pretraining workdirs, a --format=jax export or a Hugging Face ALBERT directory.
   c.init_from = ""
   # True: the architecture (sizes, sharing, groups) is init_from's; False: config.model's, which must
@@ -165,18 +180,32 @@ def finetune_base_config() -> ml_collections.ConfigDict:
   c.model_from_init_from = True
   c.model = base.model
   c.train = base.train
-  c.train.update(optimizer="adamw", weight_decay=0.01, epsilon=1e-6, batch_size=32, num_steps=1000,
-                 warmup_steps=100, learning_rate=2e-5, log_every=50, eval_every=500, eval_steps=0,
-                 checkpoint_every=500, keep_checkpoints=1)
-  c.task = ml_collections.ConfigDict(dict(
-      name="",               # a GLUE task (cola, sst2, ...), classification, regression, squad_v1/v2, race
+  c.train.update(
+    optimizer="adamw",
+    weight_decay=0.01,
+    epsilon=1e-6,
+    batch_size=32,
+    num_steps=1000,
+    warmup_steps=100,
+    learning_rate=2e-5,
+    log_every=50,
+    eval_every=500,
+    eval_steps=0,
+    checkpoint_every=500,
+    keep_checkpoints=1,
+  )
+  c.task = ml_collections.ConfigDict(
+    dict(
+      name="",  # a GLUE task (cola, sst2, ...), classification, regression, squad_v1/v2, race
       kind="classification",  # classification | regression | squad_v1 | squad_v2 | race
-      metric="accuracy",     # the eval metric that picks each seed's best checkpoint
+      metric="accuracy",  # the eval metric that picks each seed's best checkpoint
       classifier_dropout=0.1,
-  ))
-  c.data = ml_collections.ConfigDict(dict(
-      glue_dir="",           # a directory holding train.tsv / dev.tsv / test.tsv (GLUE's names)
-      train_file="",         # override the files: TSV, CSV or JSONL
+    )
+  )
+  c.data = ml_collections.ConfigDict(
+    dict(
+      glue_dir="",  # a directory holding train.tsv / dev.tsv / test.tsv (GLUE's names)
+      train_file="",  # override the files: TSV, CSV or JSONL
       eval_file="",
       test_file="",
       # Generic tasks: the columns (header names or, for a headerless file, 0-based numbers).
@@ -184,15 +213,16 @@ def finetune_base_config() -> ml_collections.ConfigDict:
       text_b_column="",
       label_column="label",
       index_column="",
-      labels="",             # classification: the label set, comma-separated ("" for GLUE tasks)
-      spm_model_path="",     # "" takes init_from's vocabulary
+      labels="",  # classification: the label set, comma-separated ("" for GLUE tasks)
+      spm_model_path="",  # "" takes init_from's vocabulary
       do_lower_case=True,
       max_seq_length=512,
       # SQuAD and RACE.
       doc_stride=128,
       max_query_length=64,
       max_qa_length=128,
-  ))
+    )
+  )
   c.mesh = base.mesh
   c.distributed = base.distributed
   return c
@@ -200,23 +230,34 @@ def finetune_base_config() -> ml_collections.ConfigDict:
 
 def validate_finetune(config) -> None:
   """Validates a fine-tuning config before anything is read, compiled or written."""
-  _check(isinstance(config.seed, int) and 0 <= config.seed < 2**31,
-         f"seed={config.seed!r} must be an integer in [0, 2**31)")
+  _check(
+    isinstance(config.seed, int) and 0 <= config.seed < 2**31,
+    f"seed={config.seed!r} must be an integer in [0, 2**31)",
+  )
   _check(config.seeds >= 1, f"seeds={config.seeds} must be >= 1")
-  _check(bool(config.init_from), "init_from is required: a pretraining workdir, a --format=jax export "
-         "or a Hugging Face ALBERT directory")
+  _check(
+    bool(config.init_from),
+    "init_from is required: a pretraining workdir, a --format=jax export "
+    "or a Hugging Face ALBERT directory",
+  )
   validate_model(config.model)
   validate_train(config.train)
   t, d = config.task, config.data
   _check(t.kind in FINETUNE_KINDS, f"task.kind={t.kind!r} is not one of {FINETUNE_KINDS}")
-  _check(0.0 <= t.classifier_dropout < 1.0,
-         f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}")
-  _check(8 <= d.max_seq_length <= config.model.max_position_embeddings,
-         f"data.max_seq_length={d.max_seq_length} must be in [8, model.max_position_embeddings="
-         f"{config.model.max_position_embeddings}]")
+  _check(
+    0.0 <= t.classifier_dropout < 1.0,
+    f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}",
+  )
+  _check(
+    8 <= d.max_seq_length <= config.model.max_position_embeddings,
+    f"data.max_seq_length={d.max_seq_length} must be in [8, model.max_position_embeddings="
+    f"{config.model.max_position_embeddings}]",
+  )
   for axis in ("data", "fsdp", "tensor"):
-    _check(config.mesh[axis] == -1 or config.mesh[axis] >= 1,
-           f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer")
+    _check(
+      config.mesh[axis] == -1 or config.mesh[axis] >= 1,
+      f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer",
+    )
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -247,8 +288,15 @@ def parse_arg(arg: str | None, **defaults):
 
 def apply_model_variant(model: ml_collections.ConfigDict, arg) -> None:
   """Variant arguments common to every model config (the paper's ablations)."""
-  for key in ("sharing", "embedding_size", "num_hidden_groups", "inner_group_num", "remat", "dtype",
-              "attention_impl"):
+  for key in (
+    "sharing",
+    "embedding_size",
+    "num_hidden_groups",
+    "inner_group_num",
+    "remat",
+    "dtype",
+    "attention_impl",
+  ):
     if key in arg and arg[key] not in ("", -1):
       model[key] = arg[key]
   if arg.get("dropout", -1.0) >= 0:
@@ -257,8 +305,41 @@ def apply_model_variant(model: ml_collections.ConfigDict, arg) -> None:
 
 def variant_defaults():
   """The variant arguments every configs/*.py accepts."""
-  return dict(sharing="", embedding_size=-1, num_hidden_groups=-1, inner_group_num=-1, remat="",
-              dtype="", attention_impl="", dropout=-1.0)
+  return dict(
+    sharing="",
+    embedding_size=-1,
+    num_hidden_groups=-1,
+    inner_group_num=-1,
+    remat="",
+    dtype="",
+    attention_impl="",
+    dropout=-1.0,
+  )
+
+
+# Model fields by what they fix. One place: the checkpoint check, the pretrained-weights check and
+# fine-tuning's init_from all name their fields from these.
+# The parameters' sizes.
+SIZE_FIELDS = (
+  "vocab_size",
+  "embedding_size",
+  "hidden_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "intermediate_size",
+  "max_position_embeddings",
+  "type_vocab_size",
+)
+# The sizes and what the parameters compute: pretrained weights must match these.
+ARCHITECTURE_FIELDS = SIZE_FIELDS + ("layer_norm_eps",)
+# How the parameters are laid out in our tree (what is shared, how layers map to groups, scan).
+LAYOUT_FIELDS = (
+  "sharing",
+  "num_hidden_groups",
+  "inner_group_num",
+  "embedding_hidden_mapping",
+  "scan_layers",
+)
 
 
 def _check(cond, msg):
@@ -268,35 +349,52 @@ def _check(cond, msg):
 
 def validate_model(m) -> None:
   """Checks a model config; raises ConfigError with a one-line message."""
-  for key in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_hidden_groups",
-              "inner_group_num"):
-    _check(isinstance(getattr(m, key), int) and getattr(m, key) > 0, f"model.{key} must be a positive integer, got {getattr(m, key)!r}")
-  _check(m.hidden_size % m.num_attention_heads == 0,
-         f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
-         f"{m.num_attention_heads}")
+  for key in SIZE_FIELDS + ("num_hidden_groups", "inner_group_num"):
+    _check(
+      isinstance(getattr(m, key), int) and getattr(m, key) > 0,
+      f"model.{key} must be a positive integer, got {getattr(m, key)!r}",
+    )
+  _check(
+    m.hidden_size % m.num_attention_heads == 0,
+    f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+    f"{m.num_attention_heads}",
+  )
   _check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r} is not one of {SHARING_MODES}")
-  _check(m.num_hidden_groups <= m.num_hidden_layers,
-         f"model.num_hidden_groups={m.num_hidden_groups} exceeds model.num_hidden_layers="
-         f"{m.num_hidden_layers}")
-  _check(m.num_hidden_layers % m.num_hidden_groups == 0,
-         f"model.num_hidden_groups={m.num_hidden_groups} does not divide model.num_hidden_layers="
-         f"{m.num_hidden_layers}")
-  _check(m.sharing == "all" or (m.num_hidden_groups == 1 and m.inner_group_num == 1),
-         f"model.num_hidden_groups/inner_group_num apply to sharing='all', not {m.sharing!r}")
-  _check(not (m.sharing != "none" and m.embedding_size > m.hidden_size),
-         f"model.embedding_size={m.embedding_size} > hidden_size={m.hidden_size} defeats the "
-         f"factorisation; use E <= H")
+  _check(
+    m.num_hidden_groups <= m.num_hidden_layers,
+    f"model.num_hidden_groups={m.num_hidden_groups} exceeds model.num_hidden_layers="
+    f"{m.num_hidden_layers}",
+  )
+  _check(
+    m.num_hidden_layers % m.num_hidden_groups == 0,
+    f"model.num_hidden_groups={m.num_hidden_groups} does not divide model.num_hidden_layers="
+    f"{m.num_hidden_layers}",
+  )
+  _check(
+    m.sharing == "all" or (m.num_hidden_groups == 1 and m.inner_group_num == 1),
+    f"model.num_hidden_groups/inner_group_num apply to sharing='all', not {m.sharing!r}",
+  )
+  _check(
+    not (m.sharing != "none" and m.embedding_size > m.hidden_size),
+    f"model.embedding_size={m.embedding_size} > hidden_size={m.hidden_size} defeats the "
+    f"factorisation; use E <= H",
+  )
   _check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r} is not one of {REMAT_POLICIES}")
   _check(m.dtype in DTYPES, f"model.dtype={m.dtype!r} is not one of {DTYPES}")
   _check(m.param_dtype in DTYPES, f"model.param_dtype={m.param_dtype!r} is not one of {DTYPES}")
-  _check(m.attention_impl in ATTENTION_IMPLS,
-         f"model.attention_impl={m.attention_impl!r} is not one of {ATTENTION_IMPLS}")
-  _check(m.embedding_hidden_mapping in ("auto", "always"),
-         f"model.embedding_hidden_mapping={m.embedding_hidden_mapping!r} is not 'auto' or 'always'")
-  _check(not (m.attention_impl == "dot_product_attention" and m.attention_probs_dropout_prob > 0),
-         "model.attention_impl='dot_product_attention' has no attention-probability dropout; set "
-         "model.attention_probs_dropout_prob=0 or use attention_impl='einsum'")
+  _check(
+    m.attention_impl in ATTENTION_IMPLS,
+    f"model.attention_impl={m.attention_impl!r} is not one of {ATTENTION_IMPLS}",
+  )
+  _check(
+    m.embedding_hidden_mapping in ("auto", "always"),
+    f"model.embedding_hidden_mapping={m.embedding_hidden_mapping!r} is not 'auto' or 'always'",
+  )
+  _check(
+    not (m.attention_impl == "dot_product_attention" and m.attention_probs_dropout_prob > 0),
+    "model.attention_impl='dot_product_attention' has no attention-probability dropout; set "
+    "model.attention_probs_dropout_prob=0 or use attention_impl='einsum'",
+  )
   for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
     _check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)!r}")
   _check(m.layer_norm_eps > 0, f"model.layer_norm_eps must be positive, got {m.layer_norm_eps!r}")
@@ -304,55 +402,78 @@ def validate_model(m) -> None:
 
 def validate_data(d, model) -> None:
   _check(d.max_seq_length >= 8, f"data.max_seq_length={d.max_seq_length} is too short (minimum 8)")
-  _check(d.max_seq_length <= model.max_position_embeddings,
-         f"data.max_seq_length={d.max_seq_length} exceeds model.max_position_embeddings="
-         f"{model.max_position_embeddings}")
-  _check(0 < d.max_predictions_per_seq <= d.max_seq_length,
-         f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]")
+  _check(
+    d.max_seq_length <= model.max_position_embeddings,
+    f"data.max_seq_length={d.max_seq_length} exceeds model.max_position_embeddings="
+    f"{model.max_position_embeddings}",
+  )
+  _check(
+    0 < d.max_predictions_per_seq <= d.max_seq_length,
+    f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]",
+  )
   _check(0.0 < d.masked_lm_prob < 1.0, f"data.masked_lm_prob={d.masked_lm_prob} must be in (0, 1)")
-  _check(0.0 <= d.short_seq_prob <= 1.0, f"data.short_seq_prob={d.short_seq_prob} must be in [0, 1]")
+  _check(
+    0.0 <= d.short_seq_prob <= 1.0, f"data.short_seq_prob={d.short_seq_prob} must be in [0, 1]"
+  )
   _check(d.max_ngram >= 1, f"data.max_ngram={d.max_ngram} must be >= 1")
   _check(d.task in TASKS, f"data.task={d.task!r} is not one of {TASKS}")
   _check(d.non_utf8 in ("skip", "error"), f"data.non_utf8={d.non_utf8!r} is not 'skip' or 'error'")
-  _check(d.word_start in ("marker", "original"), f"data.word_start={d.word_start!r} is not 'marker' or 'original'")
+  _check(
+    d.word_start in ("marker", "original"),
+    f"data.word_start={d.word_start!r} is not 'marker' or 'original'",
+  )
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
   _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
-  _check(d.num_prepare_workers >= 0,
-         f"data.num_prepare_workers={d.num_prepare_workers} must be >= 0 (0: every core)")
-  _check(d.vocab_sample_sentences > 0,
-         f"data.vocab_sample_sentences={d.vocab_sample_sentences} must be positive")
+  _check(
+    d.num_prepare_workers >= 0,
+    f"data.num_prepare_workers={d.num_prepare_workers} must be >= 0 (0: every core)",
+  )
+  _check(
+    d.vocab_sample_sentences > 0,
+    f"data.vocab_sample_sentences={d.vocab_sample_sentences} must be positive",
+  )
 
 
 def validate_train(t) -> None:
   _check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   _check(t.micro_batches >= 1, f"train.micro_batches={t.micro_batches} must be >= 1")
-  _check(t.batch_size % t.micro_batches == 0,
-         f"train.micro_batches={t.micro_batches} does not divide train.batch_size={t.batch_size}")
+  _check(
+    t.batch_size % t.micro_batches == 0,
+    f"train.micro_batches={t.micro_batches} does not divide train.batch_size={t.batch_size}",
+  )
   _check(t.num_steps >= 0, f"train.num_steps={t.num_steps} must be >= 0")
   _check(0 <= t.warmup_steps, f"train.warmup_steps={t.warmup_steps} must be >= 0")
   _check(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be positive")
   _check(t.optimizer in OPTIMIZERS, f"train.optimizer={t.optimizer!r} is not one of {OPTIMIZERS}")
-  _check(t.on_nonfinite in ("skip", "halt"), f"train.on_nonfinite={t.on_nonfinite!r} is not skip or halt")
+  _check(
+    t.on_nonfinite in ("skip", "halt"), f"train.on_nonfinite={t.on_nonfinite!r} is not skip or halt"
+  )
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _check(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
   _check(t.eval_steps >= 0, f"train.eval_steps={t.eval_steps} must be >= 0")
-  _check(t.checkpoint_every_seconds >= 0,
-         f"train.checkpoint_every_seconds={t.checkpoint_every_seconds} must be >= 0 (0: off)")
+  _check(
+    t.checkpoint_every_seconds >= 0,
+    f"train.checkpoint_every_seconds={t.checkpoint_every_seconds} must be >= 0 (0: off)",
+  )
   _check(t.profile_steps >= 0, f"train.profile_steps={t.profile_steps} must be >= 0 (0: off)")
 
 
 def validate(config) -> None:
   """Validates a whole config before anything is compiled or written."""
-  _check(isinstance(config.seed, int) and 0 <= config.seed < 2**31,
-         f"seed={config.seed!r} must be an integer in [0, 2**31)")
+  _check(
+    isinstance(config.seed, int) and 0 <= config.seed < 2**31,
+    f"seed={config.seed!r} must be an integer in [0, 2**31)",
+  )
   validate_model(config.model)
   validate_data(config.data, config.model)
   validate_train(config.train)
   for axis in ("data", "fsdp", "tensor"):
-    _check(config.mesh[axis] == -1 or config.mesh[axis] >= 1,
-           f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer")
+    _check(
+      config.mesh[axis] == -1 or config.mesh[axis] >= 1,
+      f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer",
+    )
 
 
 def make(arg=None, **model_fields) -> ml_collections.ConfigDict:

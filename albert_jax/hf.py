@@ -25,6 +25,7 @@ is exported as the identity with a zero bias (exact), and an import sets embeddi
 Entry points: `load_hf`, `save_hf`. Our own format is jax_export.py (`save_jax`, `load_jax_export`);
 `pretrained.load_pretrained` reads either, laid out for a run (what --config.init_from uses).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,21 +37,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files
-from albert_jax import model as model_lib
-from albert_jax import tokenizer as tokenizer_lib
-from albert_jax.config_lib import ConfigError
+from albert_jax import files, model as model_lib, tokenizer as tokenizer_lib
+from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 HF_TORCH_WEIGHTS = "pytorch_model.bin"
 # Activations that are exactly our jax.nn.gelu(approximate=True) (docs/model.md, Numerics).
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
-# Model fields that fix the parameters and what they compute; the rest (dtype, remat, dropout, scan) are
-# the run's choice. load_pretrained(path, model_config) checks these.
-ARCHITECTURE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
-                       "num_attention_heads", "intermediate_size", "max_position_embeddings",
-                       "type_vocab_size", "layer_norm_eps")
 # Hugging Face keys that are derived (tied) or buffers, never parameters of their own.
 _TIED = ("predictions.decoder.weight", "predictions.decoder.bias")
 _BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
@@ -58,38 +52,53 @@ _BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids"
 # (Hugging Face module, our module path, kind). kind: dense (weight = kernel.T, bias), ln (weight =
 # scale, bias), embed (weight = embedding), param (the tensor itself).
 _TOP_MODULES = (
-    ("albert.embeddings.word_embeddings", ("albert", "embeddings", "word_embeddings"), "embed"),
-    ("albert.embeddings.position_embeddings", ("albert", "embeddings", "position_embeddings"), "embed"),
-    ("albert.embeddings.token_type_embeddings", ("albert", "embeddings", "token_type_embeddings"), "embed"),
-    ("albert.embeddings.LayerNorm", ("albert", "embeddings", "LayerNorm"), "ln"),
-    ("albert.encoder.embedding_hidden_mapping_in", ("albert", "encoder", "embedding_hidden_mapping_in"),
-     "dense"),
-    ("albert.pooler", ("albert", "pooler"), "dense"),
-    ("predictions.bias", ("predictions", "bias"), "param"),
-    ("predictions.dense", ("predictions", "dense"), "dense"),
-    ("predictions.LayerNorm", ("predictions", "LayerNorm"), "ln"),
-    ("sop_classifier.classifier", ("sop_classifier", "classifier"), "dense"),
+  ("albert.embeddings.word_embeddings", ("albert", "embeddings", "word_embeddings"), "embed"),
+  (
+    "albert.embeddings.position_embeddings",
+    ("albert", "embeddings", "position_embeddings"),
+    "embed",
+  ),
+  (
+    "albert.embeddings.token_type_embeddings",
+    ("albert", "embeddings", "token_type_embeddings"),
+    "embed",
+  ),
+  ("albert.embeddings.LayerNorm", ("albert", "embeddings", "LayerNorm"), "ln"),
+  (
+    "albert.encoder.embedding_hidden_mapping_in",
+    ("albert", "encoder", "embedding_hidden_mapping_in"),
+    "dense",
+  ),
+  ("albert.pooler", ("albert", "pooler"), "dense"),
+  ("predictions.bias", ("predictions", "bias"), "param"),
+  ("predictions.dense", ("predictions", "dense"), "dense"),
+  ("predictions.LayerNorm", ("predictions", "LayerNorm"), "ln"),
+  ("sop_classifier.classifier", ("sop_classifier", "classifier"), "dense"),
 )
 # One transformer block: Hugging Face's AlbertLayer, our AlbertLayer (attention + feed_forward).
 _BLOCK_MODULES = (
-    ("attention.query", ("attention", "query"), "dense"),
-    ("attention.key", ("attention", "key"), "dense"),
-    ("attention.value", ("attention", "value"), "dense"),
-    ("attention.dense", ("attention", "dense"), "dense"),
-    ("attention.LayerNorm", ("attention", "LayerNorm"), "ln"),
-    ("ffn", ("feed_forward", "ffn"), "dense"),
-    ("ffn_output", ("feed_forward", "ffn_output"), "dense"),
-    ("full_layer_layer_norm", ("feed_forward", "full_layer_layer_norm"), "ln"),
+  ("attention.query", ("attention", "query"), "dense"),
+  ("attention.key", ("attention", "key"), "dense"),
+  ("attention.value", ("attention", "value"), "dense"),
+  ("attention.dense", ("attention", "dense"), "dense"),
+  ("attention.LayerNorm", ("attention", "LayerNorm"), "ln"),
+  ("ffn", ("feed_forward", "ffn"), "dense"),
+  ("ffn_output", ("feed_forward", "ffn_output"), "dense"),
+  ("full_layer_layer_norm", ("feed_forward", "full_layer_layer_norm"), "ln"),
 )
 HEADS = ("predictions", "sop_classifier")
 # Modules a Hugging Face checkpoint may lack: AlbertForMaskedLM has no pooler and no SOP head, AlbertModel
 # no heads. (our path, Hugging Face prefix)
-OPTIONAL_MODULES = (("albert/pooler", "albert.pooler."), ("predictions", "predictions."),
-             ("sop_classifier", "sop_classifier."))
+OPTIONAL_MODULES = (
+  ("albert/pooler", "albert.pooler."),
+  ("predictions", "predictions."),
+  ("sop_classifier", "sop_classifier."),
+)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Small helpers.
+
 
 def config_dict(cfg: model_lib.ModelConfig) -> dict:
   return dataclasses.asdict(cfg)
@@ -105,6 +114,7 @@ def plain_params(params: Any) -> dict:
     if hasattr(tree, "items"):
       return {k: to_dict(v) for k, v in tree.items()}
     return np.asarray(jax.device_get(tree))
+
   return to_dict(params)
 
 
@@ -125,10 +135,12 @@ def put_path(tree: dict, path: tuple[str, ...], value) -> None:
 
 def _tensors(kind: str) -> tuple[tuple[str, str, bool], ...]:
   """(Hugging Face suffix, our leaf, transpose) for a module kind."""
-  return {"dense": (("weight", "kernel", True), ("bias", "bias", False)),
-          "ln": (("weight", "scale", False), ("bias", "bias", False)),
-          "embed": (("weight", "embedding", False),),
-          "param": (("", "", False),)}[kind]
+  return {
+    "dense": (("weight", "kernel", True), ("bias", "bias", False)),
+    "ln": (("weight", "scale", False), ("bias", "bias", False)),
+    "embed": (("weight", "embedding", False),),
+    "param": (("", "", False),),
+  }[kind]
 
 
 def _join(*parts: str) -> str:
@@ -142,12 +154,14 @@ def hf_layer_to_group(num_layers: int, num_groups: int) -> list[int]:
 
 def _same_partition(a: list[int], b: list[int]) -> bool:
   """Whether two layer->group maps share parameters between the same layers (labels may differ)."""
-  return len(a) == len(b) and all((a[i] == a[j]) == (b[i] == b[j])
-                                  for i in range(len(a)) for j in range(i + 1, len(a)))
+  return len(a) == len(b) and all(
+    (a[i] == a[j]) == (b[i] == b[j]) for i in range(len(a)) for j in range(i + 1, len(a))
+  )
 
 
 # ----------------------------------------------------------------------------------------------------
 # Layout: our encoder tree <-> groups of blocks plus the layer->group map.
+
 
 def encoder_groups(encoder: dict, cfg: model_lib.ModelConfig, unshare: bool = False):
   """(groups, layer_to_group): groups[g][k] is one block's {'attention', 'feed_forward'} subtree.
@@ -159,8 +173,10 @@ def encoder_groups(encoder: dict, cfg: model_lib.ModelConfig, unshare: bool = Fa
   if "albert_layer_groups_0" in encoder:  # sharing="all", or "none" unrolled (scan_layers=False)
     G = len([k for k in encoder if k.startswith("albert_layer_groups_")])
     K = len([k for k in encoder["albert_layer_groups_0"] if k.startswith("albert_layers_")])
-    groups = [[encoder[f"albert_layer_groups_{g}"][f"albert_layers_{k}"] for k in range(K)]
-              for g in range(G)]
+    groups = [
+      [encoder[f"albert_layer_groups_{g}"][f"albert_layers_{k}"] for k in range(K)]
+      for g in range(G)
+    ]
     mapping = model_lib.layer_to_group(L, G) if cfg.sharing == "all" else list(range(L))
     return groups, mapping
   if "albert_layers" not in encoder:
@@ -169,14 +185,20 @@ def encoder_groups(encoder: dict, cfg: model_lib.ModelConfig, unshare: bool = Fa
   shared = {"attention": "attention", "ffn": "feed_forward"}.get(cfg.sharing)
   if shared and not unshare:
     raise ConfigError(
-        f"model.sharing={cfg.sharing!r} (one {shared} sublayer shared by all layers) has no Hugging Face "
-        f"form, which shares whole layers only; export with --unshare to write {L} unshared layers "
-        f"(the same outputs, the sharing is lost) or use --format=jax")
+      f"model.sharing={cfg.sharing!r} (one {shared} sublayer shared by all layers) has no Hugging Face "
+      f"form, which shares whole layers only; export with --unshare to write {L} unshared layers "
+      f"(the same outputs, the sharing is lost) or use --format=jax"
+    )
   groups = []
   for i in range(L):
-    block = {name: (jax.tree_util.tree_map(np.asarray, sub) if name == shared
-                    else jax.tree_util.tree_map(lambda x, i=i: x[i], sub))
-             for name, sub in stacked.items()}
+    block = {
+      name: (
+        jax.tree_util.tree_map(np.asarray, sub)
+        if name == shared
+        else jax.tree_util.tree_map(lambda x, i=i: x[i], sub)
+      )
+      for name, sub in stacked.items()
+    }
     groups.append([block])
   return groups, list(range(L))
 
@@ -189,24 +211,27 @@ def encoder_tree(groups: list, mapping: list[int], cfg: model_lib.ModelConfig, w
   """
   L = cfg.num_hidden_layers
   K = len(groups[0])
-  held = (f"{what} holds {len(groups)} layer group(s) of {K} block(s) for {len(mapping)} layers")
+  held = f"{what} holds {len(groups)} layer group(s) of {K} block(s) for {len(mapping)} layers"
   if len(mapping) != L:
     raise ConfigError(f"{held}; the config has model.num_hidden_layers={L}")
   if cfg.sharing == "all":
     ours = model_lib.layer_to_group(L, cfg.num_hidden_groups)
     if K != cfg.inner_group_num or not _same_partition(mapping, ours):
       raise ConfigError(
-          f"{held}; the config shares them differently (model.sharing='all', num_hidden_groups="
-          f"{cfg.num_hidden_groups}, inner_group_num={cfg.inner_group_num}, layers->groups {ours})")
+        f"{held}; the config shares them differently (model.sharing='all', num_hidden_groups="
+        f"{cfg.num_hidden_groups}, inner_group_num={cfg.inner_group_num}, layers->groups {ours})"
+      )
     out = {}
     for g in range(cfg.num_hidden_groups):
       src = groups[mapping[ours.index(g)]]
       out[f"albert_layer_groups_{g}"] = {f"albert_layers_{k}": src[k] for k in range(K)}
     return out
   if K != 1 or not _same_partition(mapping, list(range(L))):
-    raise ConfigError(f"{held}; model.sharing={cfg.sharing!r} needs {L} unshared layers of one block "
-                      f"(use model.sharing='all' with num_hidden_groups={len(groups)}, "
-                      f"inner_group_num={K})")
+    raise ConfigError(
+      f"{held}; model.sharing={cfg.sharing!r} needs {L} unshared layers of one block "
+      f"(use model.sharing='all' with num_hidden_groups={len(groups)}, "
+      f"inner_group_num={K})"
+    )
   layers = [groups[mapping[i]][0] for i in range(L)]
   if not cfg.scan_layers:
     if cfg.sharing != "none":
@@ -218,10 +243,14 @@ def encoder_tree(groups: list, mapping: list[int], cfg: model_lib.ModelConfig, w
     parts = [layer[name] for layer in layers]
     if name == shared:
       first = jax.tree_util.tree_leaves(parts[0])
-      if not all(all(np.array_equal(a, b) for a, b in zip(first, jax.tree_util.tree_leaves(p)))
-                 for p in parts[1:]):
-        raise ConfigError(f"{what} has distinct {name} weights per layer; model.sharing={cfg.sharing!r} "
-                          f"shares one copy")
+      if not all(
+        all(np.array_equal(a, b) for a, b in zip(first, jax.tree_util.tree_leaves(p)))
+        for p in parts[1:]
+      ):
+        raise ConfigError(
+          f"{what} has distinct {name} weights per layer; model.sharing={cfg.sharing!r} "
+          f"shares one copy"
+        )
       stacked[name] = parts[0]
     else:
       stacked[name] = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *parts)
@@ -231,7 +260,10 @@ def encoder_tree(groups: list, mapping: list[int], cfg: model_lib.ModelConfig, w
 # ----------------------------------------------------------------------------------------------------
 # Configs.
 
-def to_hf_config(config: Any, num_groups: int | None = None, inner_group_num: int | None = None) -> dict:
+
+def to_hf_config(
+  config: Any, num_groups: int | None = None, inner_group_num: int | None = None
+) -> dict:
   """config.json for transformers.AlbertConfig: every size explicit, tanh GELU ('gelu_new').
 
   num_groups / inner_group_num: the group layout written (sharing="none" is written as L groups of 1).
@@ -239,30 +271,30 @@ def to_hf_config(config: Any, num_groups: int | None = None, inner_group_num: in
   cfg = model_lib.model_config(config)
   inner = inner_group_num or cfg.inner_group_num
   return {
-      "architectures": ["AlbertForPreTraining"],
-      "model_type": "albert",
-      "vocab_size": cfg.vocab_size,
-      "embedding_size": cfg.embedding_size,
-      "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_hidden_layers,
-      "num_hidden_groups": num_groups or (cfg.num_hidden_groups if cfg.sharing == "all"
-                                          else cfg.num_hidden_layers),
-      "num_attention_heads": cfg.num_attention_heads,
-      "intermediate_size": cfg.intermediate_size,
-      "inner_group_num": inner,
-      "hidden_act": "gelu_new",
-      "hidden_dropout_prob": cfg.hidden_dropout_prob,
-      "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
-      "max_position_embeddings": cfg.max_position_embeddings,
-      "type_vocab_size": cfg.type_vocab_size,
-      "initializer_range": cfg.initializer_range,
-      "layer_norm_eps": cfg.layer_norm_eps,
-      "classifier_dropout_prob": 0.1,
-      "pad_token_id": 0,
-      "bos_token_id": 2,
-      "eos_token_id": 3,
-      "tie_word_embeddings": True,
-      "dtype": "float32",
+    "architectures": ["AlbertForPreTraining"],
+    "model_type": "albert",
+    "vocab_size": cfg.vocab_size,
+    "embedding_size": cfg.embedding_size,
+    "hidden_size": cfg.hidden_size,
+    "num_hidden_layers": cfg.num_hidden_layers,
+    "num_hidden_groups": num_groups
+    or (cfg.num_hidden_groups if cfg.sharing == "all" else cfg.num_hidden_layers),
+    "num_attention_heads": cfg.num_attention_heads,
+    "intermediate_size": cfg.intermediate_size,
+    "inner_group_num": inner,
+    "hidden_act": "gelu_new",
+    "hidden_dropout_prob": cfg.hidden_dropout_prob,
+    "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
+    "max_position_embeddings": cfg.max_position_embeddings,
+    "type_vocab_size": cfg.type_vocab_size,
+    "initializer_range": cfg.initializer_range,
+    "layer_norm_eps": cfg.layer_norm_eps,
+    "classifier_dropout_prob": 0.1,
+    "pad_token_id": 0,
+    "bos_token_id": 2,
+    "eos_token_id": 3,
+    "tie_word_embeddings": True,
+    "dtype": "float32",
   }
 
 
@@ -277,41 +309,59 @@ def from_hf_config(hf: dict, where: str = "config.json") -> dict:
   act = hf.get("hidden_act", "gelu_new")
   if act not in TANH_GELU:
     raise ConfigError(
-        f"{where}: hidden_act={act!r} is not the tanh GELU this model computes ('gelu_new'); the original "
-        f"ALBERT (v1 and v2) used tanh GELU, so if these are its weights set hidden_act to 'gelu_new'")
+      f"{where}: hidden_act={act!r} is not the tanh GELU this model computes ('gelu_new'); the original "
+      f"ALBERT (v1 and v2) used tanh GELU, so if these are its weights set hidden_act to 'gelu_new'"
+    )
   if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ConfigError(f"{where}: position_embedding_type={hf['position_embedding_type']!r} is not "
-                      f"'absolute'")
+    raise ConfigError(
+      f"{where}: position_embedding_type={hf['position_embedding_type']!r} is not 'absolute'"
+    )
   if hf.get("tie_word_embeddings", True) is False:
-    raise ConfigError(f"{where}: tie_word_embeddings=false (an untied MLM decoder) has no form here")
+    raise ConfigError(
+      f"{where}: tie_word_embeddings=false (an untied MLM decoder) has no form here"
+    )
   defaults = model_lib.model_config({})
   # AlbertConfig's own defaults are xxlarge's: use them for keys an old config.json leaves out.
-  hf_defaults = dict(vocab_size=30000, embedding_size=128, hidden_size=4096, num_hidden_layers=12,
-                     num_hidden_groups=1, num_attention_heads=64, intermediate_size=16384,
-                     inner_group_num=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                     max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02,
-                     layer_norm_eps=1e-12)
+  hf_defaults = dict(
+    vocab_size=30000,
+    embedding_size=128,
+    hidden_size=4096,
+    num_hidden_layers=12,
+    num_hidden_groups=1,
+    num_attention_heads=64,
+    intermediate_size=16384,
+    inner_group_num=1,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+    initializer_range=0.02,
+    layer_norm_eps=1e-12,
+  )
   get = lambda k: hf.get(k, hf_defaults[k])
   L, G, K = get("num_hidden_layers"), get("num_hidden_groups"), get("inner_group_num")
-  fields = {k: get(k) for k in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
-                                "num_attention_heads", "intermediate_size", "max_position_embeddings",
-                                "type_vocab_size", "initializer_range", "layer_norm_eps")}
-  fields.update(hidden_dropout_prob=float(get("hidden_dropout_prob")),
-                attention_probs_dropout_prob=float(get("attention_probs_dropout_prob")),
-                layer_norm_eps=float(fields["layer_norm_eps"]),
-                initializer_range=float(fields["initializer_range"]))
+  fields = {k: get(k) for k in ARCHITECTURE_FIELDS + ("initializer_range",)}
+  fields.update(
+    hidden_dropout_prob=float(get("hidden_dropout_prob")),
+    attention_probs_dropout_prob=float(get("attention_probs_dropout_prob")),
+    layer_norm_eps=float(fields["layer_norm_eps"]),
+    initializer_range=float(fields["initializer_range"]),
+  )
   if not (isinstance(G, int) and isinstance(L, int) and 0 < G <= L and L % G == 0):
     raise ConfigError(f"{where}: num_hidden_groups={G!r} must divide num_hidden_layers={L!r}")
   if G == L and K == 1 and L > 1:
     fields.update(sharing="none", num_hidden_groups=1, inner_group_num=1)
   else:
     if model_lib.layer_to_group(L, G) != hf_layer_to_group(L, G):
-      raise ConfigError(f"{where}: with num_hidden_layers={L} and num_hidden_groups={G} Hugging Face "
-                        f"assigns layers to groups {hf_layer_to_group(L, G)}, the original formula "
-                        f"{model_lib.layer_to_group(L, G)}; this model cannot run it exactly")
+      raise ConfigError(
+        f"{where}: with num_hidden_layers={L} and num_hidden_groups={G} Hugging Face "
+        f"assigns layers to groups {hf_layer_to_group(L, G)}, the original formula "
+        f"{model_lib.layer_to_group(L, G)}; this model cannot run it exactly"
+      )
     fields.update(sharing="all", num_hidden_groups=G, inner_group_num=K)
-  fields["embedding_hidden_mapping"] = ("always" if fields["embedding_size"] == fields["hidden_size"]
-                                        else "auto")
+  fields["embedding_hidden_mapping"] = (
+    "always" if fields["embedding_size"] == fields["hidden_size"] else "auto"
+  )
   config = {**config_dict(defaults), **fields}
   try:
     model_lib.model_config(config)
@@ -323,23 +373,36 @@ def from_hf_config(hf: dict, where: str = "config.json") -> dict:
 # ----------------------------------------------------------------------------------------------------
 # Parameters: our tree <-> Hugging Face state dict.
 
+
 def _expected_hf_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
   """Every tensor AlbertForPreTraining saves (the 32 untied ones for G = K = 1) and its shape."""
   V, E, H, I = hf["vocab_size"], hf["embedding_size"], hf["hidden_size"], hf["intermediate_size"]
   shapes = {
-      "albert.embeddings.word_embeddings.weight": (V, E),
-      "albert.embeddings.position_embeddings.weight": (hf["max_position_embeddings"], E),
-      "albert.embeddings.token_type_embeddings.weight": (hf["type_vocab_size"], E),
-      "albert.embeddings.LayerNorm.weight": (E,), "albert.embeddings.LayerNorm.bias": (E,),
-      "albert.encoder.embedding_hidden_mapping_in.weight": (H, E),
-      "albert.encoder.embedding_hidden_mapping_in.bias": (H,),
-      "albert.pooler.weight": (H, H), "albert.pooler.bias": (H,),
-      "predictions.bias": (V,), "predictions.dense.weight": (E, H), "predictions.dense.bias": (E,),
-      "predictions.LayerNorm.weight": (E,), "predictions.LayerNorm.bias": (E,),
-      "sop_classifier.classifier.weight": (2, H), "sop_classifier.classifier.bias": (2,),
+    "albert.embeddings.word_embeddings.weight": (V, E),
+    "albert.embeddings.position_embeddings.weight": (hf["max_position_embeddings"], E),
+    "albert.embeddings.token_type_embeddings.weight": (hf["type_vocab_size"], E),
+    "albert.embeddings.LayerNorm.weight": (E,),
+    "albert.embeddings.LayerNorm.bias": (E,),
+    "albert.encoder.embedding_hidden_mapping_in.weight": (H, E),
+    "albert.encoder.embedding_hidden_mapping_in.bias": (H,),
+    "albert.pooler.weight": (H, H),
+    "albert.pooler.bias": (H,),
+    "predictions.bias": (V,),
+    "predictions.dense.weight": (E, H),
+    "predictions.dense.bias": (E,),
+    "predictions.LayerNorm.weight": (E,),
+    "predictions.LayerNorm.bias": (E,),
+    "sop_classifier.classifier.weight": (2, H),
+    "sop_classifier.classifier.bias": (2,),
   }
-  block = {"attention.query": (H, H), "attention.key": (H, H), "attention.value": (H, H),
-           "attention.dense": (H, H), "ffn": (I, H), "ffn_output": (H, I)}
+  block = {
+    "attention.query": (H, H),
+    "attention.key": (H, H),
+    "attention.value": (H, H),
+    "attention.dense": (H, H),
+    "ffn": (I, H),
+    "ffn_output": (H, I),
+  }
   for g in range(hf["num_hidden_groups"]):
     for k in range(hf["inner_group_num"]):
       prefix = f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}"
@@ -352,11 +415,13 @@ def _expected_hf_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
 
 
 # A fine-tuning task kind -> (Hugging Face class, its head module: a dense layer in both trees).
-FINETUNED = {"classification": ("AlbertForSequenceClassification", "classifier"),
-             "regression": ("AlbertForSequenceClassification", "classifier"),
-             "squad_v1": ("AlbertForQuestionAnswering", "qa_outputs"),
-             "squad_v2": ("AlbertForQuestionAnswering", "qa_outputs"),
-             "race": ("AlbertForMultipleChoice", "classifier")}
+FINETUNED = {
+  "classification": ("AlbertForSequenceClassification", "classifier"),
+  "regression": ("AlbertForSequenceClassification", "classifier"),
+  "squad_v1": ("AlbertForQuestionAnswering", "qa_outputs"),
+  "squad_v2": ("AlbertForQuestionAnswering", "qa_outputs"),
+  "race": ("AlbertForMultipleChoice", "classifier"),
+}
 
 
 def finetuned_hf_config(hf_config: dict, task: Any, head_outputs: int) -> dict:
@@ -364,16 +429,21 @@ def finetuned_hf_config(hf_config: dict, task: Any, head_outputs: int) -> dict:
   architecture, _ = FINETUNED[task.kind]
   out = {**hf_config, "architectures": [architecture]}
   if architecture == "AlbertForSequenceClassification":
-    labels = [l for l in task.labels.split(",") if l] if task.kind == "classification" else ["score"]
-    out.update(num_labels=head_outputs, id2label={str(i): l for i, l in enumerate(labels)},
-               label2id={l: i for i, l in enumerate(labels)},
-               problem_type=("regression" if task.kind == "regression"
-                             else "single_label_classification"))
+    labels = (
+      [l for l in task.labels.split(",") if l] if task.kind == "classification" else ["score"]
+    )
+    out.update(
+      num_labels=head_outputs,
+      id2label={str(i): l for i, l in enumerate(labels)},
+      label2id={l: i for i, l in enumerate(labels)},
+      problem_type=("regression" if task.kind == "regression" else "single_label_classification"),
+    )
   return out
 
 
-def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
-                     task: Any = None) -> tuple[dict[str, np.ndarray], dict]:
+def to_hf_state_dict(
+  params: Any, config: Any, unshare: bool = False, task: Any = None
+) -> tuple[dict[str, np.ndarray], dict]:
   """(Hugging Face tensors as float32 NumPy, config.json dict) for our AlbertForPreTraining params, or,
   with `task` (a fine-tuning config's task section), for a fine-tuned model's backbone and head."""
   cfg = model_lib.model_config(config)
@@ -381,15 +451,18 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
   heads = HEADS if task is None else (FINETUNED[task.kind][1],)
   for head in ("albert",) + heads:
     if head not in params:
-      raise ConfigError(f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params")
+      raise ConfigError(
+        f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params"
+      )
   encoder = params["albert"]["encoder"]
   groups, mapping = encoder_groups(encoder, cfg, unshare=unshare)
   G, L = len(groups), cfg.num_hidden_layers
   if mapping != hf_layer_to_group(L, G):
     raise ConfigError(
-        f"model.num_hidden_groups={G} with num_hidden_layers={L}: the original formula assigns layers "
-        f"to groups {mapping}, Hugging Face {hf_layer_to_group(L, G)}; Hugging Face would run other "
-        f"weights")
+      f"model.num_hidden_groups={G} with num_hidden_layers={L}: the original formula assigns layers "
+      f"to groups {mapping}, Hugging Face {hf_layer_to_group(L, G)}; Hugging Face would run other "
+      f"weights"
+    )
   hf_config = to_hf_config(cfg, num_groups=G, inner_group_num=len(groups[0]))
   out = {}
 
@@ -399,26 +472,39 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
       out[_join(prefix, suffix)] = np.ascontiguousarray(x.T if transpose else x)
 
   for hf_name, path, kind in _TOP_MODULES:
-    if task is not None and (path[0] in HEADS or (path[-1] == "pooler" and heads == ("qa_outputs",))):
+    if task is not None and (
+      path[0] in HEADS or (path[-1] == "pooler" and heads == ("qa_outputs",))
+    ):
       continue  # AlbertForQuestionAnswering has no pooler
     if path[-1] == "embedding_hidden_mapping_in" and not cfg.has_embedding_projection:
       # The original has no projection when E == H; Hugging Face always has one: the identity is exact.
-      add(hf_name, {"kernel": np.eye(cfg.embedding_size, dtype=np.float32),
-                    "bias": np.zeros(cfg.hidden_size, np.float32)}, "dense")
+      add(
+        hf_name,
+        {
+          "kernel": np.eye(cfg.embedding_size, dtype=np.float32),
+          "bias": np.zeros(cfg.hidden_size, np.float32),
+        },
+        "dense",
+      )
       continue
     add(hf_name, get_path(params, path, "the model"), kind)
   for g, group in enumerate(groups):
     for k, block in enumerate(group):
       for hf_name, path, kind in _BLOCK_MODULES:
-        add(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}",
-            get_path(block, path, "the model"), kind)
+        add(
+          f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}",
+          get_path(block, path, "the model"),
+          kind,
+        )
   expected = _expected_hf_shapes(hf_config)
   if task is not None:
     head = heads[0]
     add(head, params[head], "dense")
     dropped = tuple(h + "." for h in HEADS) + (("albert.pooler.",) if head == "qa_outputs" else ())
     expected = {k: v for k, v in expected.items() if not k.startswith(dropped)}
-    expected.update({f"{head}.weight": out[f"{head}.weight"].shape, f"{head}.bias": out[f"{head}.bias"].shape})
+    expected.update(
+      {f"{head}.weight": out[f"{head}.weight"].shape, f"{head}.bias": out[f"{head}.bias"].shape}
+    )
     hf_config = finetuned_hf_config(hf_config, task, out[f"{head}.bias"].shape[0])
   got = {k: v.shape for k, v in out.items()}
   if got != expected:  # a mapping bug, not user input
@@ -426,8 +512,9 @@ def to_hf_state_dict(params: Any, config: Any, unshare: bool = False,
   return out, hf_config
 
 
-def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
-                       where: str = "the checkpoint") -> tuple[dict, dict]:
+def from_hf_state_dict(
+  tensors: dict[str, np.ndarray], hf_config: dict, where: str = "the checkpoint"
+) -> tuple[dict, dict]:
   """(our params, our model config dict) for a Hugging Face ALBERT state dict and config.json.
 
   Base-model checkpoints (keys without "albert.") and absent optional modules (AlbertForMaskedLM has no
@@ -437,24 +524,38 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
   config = from_hf_config(hf_config, f"{where}/config.json")
   cfg = model_lib.model_config(config)
   tensors = dict(tensors)
-  if not any(k.startswith("albert.") for k in tensors) and any(k.startswith("embeddings.") for k in tensors):
+  if not any(k.startswith("albert.") for k in tensors) and any(
+    k.startswith("embeddings.") for k in tensors
+  ):
     tensors = {f"albert.{k}": v for k, v in tensors.items()}  # saved from AlbertModel
   G, K = hf_config.get("num_hidden_groups", 1), hf_config.get("inner_group_num", 1)
   expected = _expected_hf_shapes({**config, "num_hidden_groups": G, "inner_group_num": K})
-  ignored = sorted(k for k in tensors if not k.startswith(("albert.", "predictions.", "sop_classifier."))
-                   or k in _BUFFERS)
+  ignored = sorted(
+    k
+    for k in tensors
+    if not k.startswith(("albert.", "predictions.", "sop_classifier.")) or k in _BUFFERS
+  )
   if ignored:
-    logging.info("%s: ignoring tensors that are not ALBERT pretraining parameters: %s", where,
-                 ", ".join(ignored))
+    logging.info(
+      "%s: ignoring tensors that are not ALBERT pretraining parameters: %s",
+      where,
+      ", ".join(ignored),
+    )
   for name, tied_to in zip(_TIED, ("albert.embeddings.word_embeddings.weight", "predictions.bias")):
     if name in tensors and tied_to in tensors:
       if not np.array_equal(np.asarray(tensors[name]), np.asarray(tensors[tied_to])):
-        raise ConfigError(f"{where}: {name} differs from {tied_to}; an untied MLM decoder has no form here")
+        raise ConfigError(
+          f"{where}: {name} differs from {tied_to}; an untied MLM decoder has no form here"
+        )
   unknown = sorted(k for k in tensors if k not in expected and k not in ignored and k not in _TIED)
   if unknown:
-    raise ConfigError(f"{where}: {len(unknown)} tensor(s) that config.json does not describe, e.g. "
-                      f"{unknown[0]} (num_hidden_groups/inner_group_num wrong?)")
-  absent = tuple(prefix for _, prefix in OPTIONAL_MODULES if not any(k.startswith(prefix) for k in tensors))
+    raise ConfigError(
+      f"{where}: {len(unknown)} tensor(s) that config.json does not describe, e.g. "
+      f"{unknown[0]} (num_hidden_groups/inner_group_num wrong?)"
+    )
+  absent = tuple(
+    prefix for _, prefix in OPTIONAL_MODULES if not any(k.startswith(prefix) for k in tensors)
+  )
   needed = [k for k in expected if not k.startswith(absent)]
   missing = [k for k in needed if k not in tensors]
   if missing:
@@ -478,14 +579,20 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
   for hf_name, path, kind in _TOP_MODULES:
     if (hf_name + ".").startswith(absent):
       continue
-    put_path(params, path, read(hf_name, kind))  # E == H imports as "always": the projection is kept
+    put_path(
+      params, path, read(hf_name, kind)
+    )  # E == H imports as "always": the projection is kept
   groups = []
   for g in range(G):
     group = []
     for k in range(K):
       block: dict = {}
       for hf_name, path, kind in _BLOCK_MODULES:
-        put_path(block, path, read(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}", kind))
+        put_path(
+          block,
+          path,
+          read(f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}.{hf_name}", kind),
+        )
       group.append(block)
     groups.append(group)
   mapping = hf_layer_to_group(cfg.num_hidden_layers, G)
@@ -495,6 +602,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], hf_config: dict,
 
 # ----------------------------------------------------------------------------------------------------
 # Files.
+
 
 def _read_hf_tensors(path: str) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file
@@ -513,8 +621,10 @@ def _read_hf_tensors(path: str) -> dict[str, np.ndarray]:
     try:
       import torch
     except ImportError:
-      raise ConfigError(f"{path} has only {HF_TORCH_WEIGHTS}, which needs PyTorch to read; install "
-                        f"torch or convert it to {HF_WEIGHTS}") from None
+      raise ConfigError(
+        f"{path} has only {HF_TORCH_WEIGHTS}, which needs PyTorch to read; install "
+        f"torch or convert it to {HF_WEIGHTS}"
+      ) from None
     state = torch.load(legacy, map_location="cpu", weights_only=True)
     return {k: v.float().numpy() for k, v in state.items()}
   raise ConfigError(f"{path} has no {HF_WEIGHTS}, {HF_INDEX} or {HF_TORCH_WEIGHTS}")
@@ -534,9 +644,17 @@ def load_hf(path: str) -> tuple[dict, dict]:
   return from_hf_state_dict(_read_hf_tensors(path), files.read_json(config_file), where=path)
 
 
-def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | None = None, *,
-            do_lower_case: bool = True, unshare: bool = False, readme: str | None = None,
-            task: Any = None) -> str:
+def save_hf(
+  params: Any,
+  model_config: Any,
+  out_dir: str,
+  spm_model_path: str | None = None,
+  *,
+  do_lower_case: bool = True,
+  unshare: bool = False,
+  readme: str | None = None,
+  task: Any = None,
+) -> str:
   """Writes a directory transformers.AlbertForPreTraining.from_pretrained loads with no missing or
   unexpected keys (and AlbertTokenizer.from_pretrained too when spm_model_path is given).
 
@@ -553,7 +671,7 @@ def save_hf(params: Any, model_config: Any, out_dir: str, spm_model_path: str | 
     save_file(tensors, os.path.join(tmp, HF_WEIGHTS), metadata={"format": "pt"})
     files.write_json(os.path.join(tmp, "config.json"), hf_config)
     if spm_model_path:
-      tokenizer_lib.write_hf_tokenizer(spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings)
+      tokenizer_lib.write_hf_tokenizer(
+        spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings
+      )
   return out_dir
-
-

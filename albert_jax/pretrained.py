@@ -15,14 +15,21 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files
-from albert_jax import model as model_lib
-from albert_jax.metrics import log
-from albert_jax.config_lib import ConfigError
+from albert_jax import files, model as model_lib
+from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
 from albert_jax.dataset import file_sha256
-from albert_jax.hf import (ARCHITECTURE_FIELDS, HF_WEIGHTS, OPTIONAL_MODULES, config_dict, encoder_groups,
-                           encoder_tree, get_path, load_hf, put_path)
+from albert_jax.hf import (
+  HF_WEIGHTS,
+  OPTIONAL_MODULES,
+  config_dict,
+  encoder_groups,
+  encoder_tree,
+  get_path,
+  load_hf,
+  put_path,
+)
 from albert_jax.jax_export import JAX_PARAMS, check_shapes, load_jax_export
+from albert_jax.metrics import log
 
 
 def is_hf_dir(path: str) -> bool:
@@ -30,7 +37,9 @@ def is_hf_dir(path: str) -> bool:
   return os.path.isfile(config_file) and files.read_json(config_file).get("model_type") is not None
 
 
-def load_pretrained(path: str, model_config: Any = None, init_params: Any = None) -> tuple[dict, dict]:
+def load_pretrained(
+  path: str, model_config: Any = None, init_params: Any = None
+) -> tuple[dict, dict]:
   """(params, model_config dict) from a Hugging Face ALBERT directory or one of our jax exports.
 
   Alone: the checkpoint in its own layout and config. With `model_config` (a run's config.model): the
@@ -42,28 +51,37 @@ def load_pretrained(path: str, model_config: Any = None, init_params: Any = None
   from them as they are, and the tree is checked leaf by leaf against them (shapes).
   """
   if not os.path.isdir(path):
-    raise ConfigError(f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
-                      f"--format=jax export)")
+    raise ConfigError(
+      f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
+      f"--format=jax export)"
+    )
   if os.path.isfile(os.path.join(path, JAX_PARAMS)):
     params, src_config = load_jax_export(path)
   elif is_hf_dir(path):
     params, src_config = load_hf(path)
   else:
-    raise ConfigError(f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
-                      f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})")
+    raise ConfigError(
+      f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
+      f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})"
+    )
   if model_config is None:
     return params, src_config
   src = model_lib.model_config(src_config)
   cfg = model_lib.model_config(model_config)
-  diffs = [f"model.{k}: checkpoint {getattr(src, k)!r} != config {getattr(cfg, k)!r}"
-           for k in ARCHITECTURE_FIELDS if getattr(src, k) != getattr(cfg, k)]
+  diffs = [
+    f"model.{k}: checkpoint {getattr(src, k)!r} != config {getattr(cfg, k)!r}"
+    for k in ARCHITECTURE_FIELDS
+    if getattr(src, k) != getattr(cfg, k)
+  ]
   if diffs:
     raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
   encoder = params["albert"]["encoder"]
   mapping_in = encoder.pop("embedding_hidden_mapping_in", None)
   if src.sharing in ("attention", "ffn"):  # one of our jax exports: only the same mode can hold it
     if src.sharing != cfg.sharing:
-      raise ConfigError(f"init_from={path} has model.sharing={src.sharing!r}, the config {cfg.sharing!r}")
+      raise ConfigError(
+        f"init_from={path} has model.sharing={src.sharing!r}, the config {cfg.sharing!r}"
+      )
     new_encoder = encoder
   else:  # a layout change; a shared-attention/FFN config accepts layers whose shared part is identical
     groups, mapping = encoder_groups(encoder, src)
@@ -75,8 +93,10 @@ def load_pretrained(path: str, model_config: Any = None, init_params: Any = None
     new_encoder["embedding_hidden_mapping_in"] = mapping_in
   elif mapping_in is not None:
     if not (np.array_equal(mapping_in["kernel"], np.eye(E)) and not np.any(mapping_in["bias"])):
-      raise ConfigError(f"init_from={path} has a learned E->H projection (embedding_hidden_mapping_in) "
-                        f"with E == H; set --config.model.embedding_hidden_mapping=always")
+      raise ConfigError(
+        f"init_from={path} has a learned E->H projection (embedding_hidden_mapping_in) "
+        f"with E == H; set --config.model.embedding_hidden_mapping=always"
+      )
   params["albert"]["encoder"] = new_encoder
   check_shapes(params, cfg, f"init_from={path}", optional=True)
   dtype = np.dtype(cfg.params_dtype)
@@ -90,8 +110,9 @@ def load_pretrained(path: str, model_config: Any = None, init_params: Any = None
       try:
         get_path(params, keys, "")
       except ConfigError:
-        logging.warning("init_from=%s has no %s parameters: keeping their fresh initialisation", path,
-                        module)
+        logging.warning(
+          "init_from=%s has no %s parameters: keeping their fresh initialisation", path, module
+        )
         put_path(params, keys, get_path(fresh, keys, "init_params"))
     got = jax.tree_util.tree_map(np.shape, params)
     want = jax.tree_util.tree_map(np.shape, fresh)
@@ -115,16 +136,18 @@ def use_its_vocabulary(config) -> None:
   if not os.path.isfile(theirs):
     if not given:
       raise ConfigError(
-          f"{config.init_from} holds no spiece.model: set data.spm_model_path to the vocabulary its "
-          f"embeddings were trained with")
+        f"{config.init_from} holds no spiece.model: set data.spm_model_path to the vocabulary its "
+        f"embeddings were trained with"
+      )
     return
   if not given:
     config.data.spm_model_path = theirs
     log(f"vocabulary: {theirs} (the one init_from's embeddings were trained with)")
   elif not os.path.isfile(given) or file_sha256(given) != file_sha256(theirs):
     raise ConfigError(
-        f"data.spm_model_path={given} is not the vocabulary of init_from ({theirs}); the imported "
-        f"embeddings would be read with other pieces")
+      f"data.spm_model_path={given} is not the vocabulary of init_from ({theirs}); the imported "
+      f"embeddings would be read with other pieces"
+    )
 
 
 def init_params(config, params, param_shardings):
@@ -135,7 +158,9 @@ def init_params(config, params, param_shardings):
   # Read weights are host NumPy (every host has all of them); the modules kept fresh are jax arrays
   # already on their shardings, possibly spanning hosts under FSDP: they stay where they are.
   params = jax.tree_util.tree_map(
-      lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x), s),
-      params, param_shardings)
+    lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x), s),
+    params,
+    param_shardings,
+  )
   log(f"initialised parameters from {config.init_from}")
   return params

@@ -1,6 +1,8 @@
 """Reliability on real Orbax checkpoints, real processes and real disks: damaged checkpoints set aside,
 one trainer per workdir, a full disk, one-line errors with one exit-code policy, a quiet console."""
+
 import errno
+import json
 import os
 import re
 import signal
@@ -12,18 +14,25 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from albert_jax import checkpoint, files
 from albert_jax.config_lib import ConfigError
+from tests.conftest import ROOT, main_cmd
 
 TRAIN = ml_collections.ConfigDict(dict(keep_checkpoints=5, keep_best=True))
-ABSTRACT = {"w": jax.ShapeDtypeStruct((4096,), jnp.float32), "step": jax.ShapeDtypeStruct((), jnp.int32)}
+ABSTRACT = {
+  "w": jax.ShapeDtypeStruct((4096,), jnp.float32),
+  "step": jax.ShapeDtypeStruct((), jnp.int32),
+}
 
 
 def save_steps(workdir, steps):
   with checkpoint.Checkpointer(str(workdir), TRAIN) as ckpt:
     for step in steps:
-      ckpt.save(step, {"w": jnp.full((4096,), float(step)), "step": jnp.int32(step)}, {"position": step})
+      ckpt.save(
+        step, {"w": jnp.full((4096,), float(step)), "step": jnp.int32(step)}, {"position": step}
+      )
 
 
 def largest_state_file(step_dir):
@@ -75,6 +84,36 @@ def test_damaged_newest_step_is_set_aside_and_the_previous_restored(tmp_path, ha
   assert file_list(tmp_path / "damaged" / aside) == kept  # nothing deleted
 
 
+def test_checksum_sees_one_changed_finite_value_and_not_the_sharding():
+  x = jnp.arange(4096, dtype=jnp.float32)
+  state = {
+    "w": x,
+    "step": jnp.int32(3),
+    "h": jnp.ones((8,), jnp.bfloat16),
+    "key": jax.random.key(0),
+  }
+  mesh = jax.make_mesh((8,), ("d",))
+  sharded = dict(state, w=jax.device_put(x, NamedSharding(mesh, P("d"))))
+  assert checkpoint.checksum(sharded) == checkpoint.checksum(state)
+  assert checkpoint.checksum(dict(state, w=x.at[17].set(17.5))) != checkpoint.checksum(state)
+  assert checkpoint.checksum(dict(state, h=state["h"].at[0].set(2))) != checkpoint.checksum(state)
+
+
+def test_a_step_that_reads_back_other_finite_values_is_set_aside(tmp_path):
+  """Damage that decodes to finite numbers: the saved checksum, not finiteness, catches it."""
+  save_steps(tmp_path, [1, 2])
+  (meta,) = (tmp_path / "checkpoints" / "2" / "data").glob("metadata")
+  saved = json.loads(meta.read_text())
+  assert saved["iterator"] == {"position": 2} and len(saved["state_checksum"]) == 2
+  saved["state_checksum"][1] += 1  # as if a value of "w" had been read back different
+  meta.write_text(json.dumps(saved))
+  with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+    step, state, data = ckpt.restore_sound(ABSTRACT)
+  assert step == 1 and data == {"position": 1}
+  (aside,) = os.listdir(tmp_path / "damaged")
+  assert aside.startswith("2-")
+
+
 def test_every_step_damaged_is_one_line_and_nothing_is_deleted(tmp_path):
   save_steps(tmp_path, [1, 2])
   for step in (1, 2):
@@ -108,23 +147,31 @@ def test_disk_full_error_is_recognised_through_a_chain():
 
 # --- the trainer as people run it --------------------------------------------------------------------
 
-from tests.test_train import data_dir, main_cmd  # noqa: E402,F401 (the prepared-data fixture)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def env(tmp_path):
   # One compilation cache for the test's runs: identical programs compile once.
-  return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
-              PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
 
 
 def run_main(tmp_path, workdir, data_dir, *extra, **train_fields):
-  return subprocess.run(main_cmd(workdir, data_dir, *extra, **train_fields), cwd=ROOT, env=env(tmp_path),
-                        capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+    main_cmd(workdir, data_dir, *extra, **train_fields),
+    cwd=ROOT,
+    env=env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
+@pytest.mark.slow
 def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   workdir = str(tmp_path / "w")
   r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
@@ -134,7 +181,9 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   assert "fill-mask on held-out examples at step 4" in r.stdout
   assert len(re.findall(r"^    predicted: \S+->\S+", r.stdout, re.M)) == 3, r.stdout
   # The console: our lines, no INFO line of Orbax, TFDS or absl.
-  assert not [l for l in (r.stdout + r.stderr).splitlines() if re.match(r"(INFO|I\d{4} |W\d{4} )", l)], r.stderr
+  assert not [
+    l for l in (r.stdout + r.stderr).splitlines() if re.match(r"(INFO|I\d{4} |W\d{4} )", l)
+  ], r.stderr
   logs = os.listdir(os.path.join(workdir, "logs"))
   assert len(logs) == 1 and "INFO" in open(os.path.join(workdir, "logs", logs[0])).read()
   straight, _, _, _ = checkpoint.load_params(workdir, 4)
@@ -152,9 +201,14 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
 
 def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
   workdir = tmp_path / "w"
-  first = subprocess.Popen(main_cmd(str(workdir), data_dir, num_steps=10_000, checkpoint_every=1, log_every=100),
-                           cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
+  first = subprocess.Popen(
+    main_cmd(str(workdir), data_dir, num_steps=10_000, checkpoint_every=1, log_every=100),
+    cwd=ROOT,
+    env=env(tmp_path),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   try:
     for line in first.stdout:
       if line.startswith("saved step"):
@@ -162,23 +216,37 @@ def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data
     second = run_main(tmp_path, str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
     assert second.returncode == 2, second.stderr[-2000:]
     assert second.stderr.strip().splitlines() == [
-        f"error: {workdir} is in use by another run (host {os.uname().nodename} pid {first.pid} since "
-        + second.stderr.split(" since ")[1].split(")")[0] + "); wait for it to finish, stop it, or use "
-        "another --workdir"], second.stderr
+      f"error: {workdir} is in use by another run (host {os.uname().nodename} pid {first.pid} since "
+      + second.stderr.split(" since ")[1].split(")")[0]
+      + "); wait for it to finish, stop it, or use "
+      "another --workdir"
+    ], second.stderr
   finally:
     first.send_signal(signal.SIGTERM)
     out = first.stdout.read()
     assert first.wait(timeout=300) == 0, out[-2000:]
-  assert checkpoint.load_params(str(workdir), "latest")[2] >= 1  # the first run's checkpoints restore
+  assert (
+    checkpoint.load_params(str(workdir), "latest")[2] >= 1
+  )  # the first run's checkpoints restore
 
 
 def test_lock_of_a_dead_process_is_taken_over(tmp_path):
-  holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from albert_jax import files\n"
-                             f"with files.workdir_lock({str(tmp_path)!r}):\n"
-                             "  print('held', flush=True); time.sleep(600)"],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  holder = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      "import sys, time; from albert_jax import files\n"
+      f"with files.workdir_lock({str(tmp_path)!r}):\n"
+      "  print('held', flush=True); time.sleep(600)",
+    ],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   assert holder.stdout.readline().strip() == "held"
-  with pytest.raises(ConfigError, match=f"is in use by another run \\(host .* pid {holder.pid} since "):
+  with pytest.raises(
+    ConfigError, match=f"is in use by another run \\(host .* pid {holder.pid} since "
+  ):
     with files.workdir_lock(str(tmp_path)):
       pass
   holder.send_signal(signal.SIGKILL)
@@ -189,12 +257,15 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 # --- a full disk ---------------------------------------------------------------------------------------
 
+
 def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
   if os.geteuid() != 0:
     pytest.skip("mounting a tmpfs needs root")
   mnt = tmp_path / "small"
   mnt.mkdir()
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)]).returncode != 0:
+  if (
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)]).returncode != 0
+  ):
     pytest.skip("mount -t tmpfs is not permitted here")
   try:
     rng = np.random.default_rng(0)  # random floats do not compress: 1 MiB a step
@@ -206,7 +277,9 @@ def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
     with pytest.raises(files.DiskFull) as e:
       ckpt.save(2, dict(first, step=jnp.int32(2)), {"position": 2})
       ckpt.close()
-    assert re.fullmatch(rf"no space left on device saving step 2 to {mnt}/checkpoints; .*", str(e.value))
+    assert re.fullmatch(
+      rf"no space left on device saving step 2 to {mnt}/checkpoints; .*", str(e.value)
+    )
     with checkpoint.Checkpointer(str(mnt), TRAIN) as again:
       step, state, data = again.restore_sound(abstract)
     assert step == 1 and data == {"position": 1}
@@ -217,13 +290,16 @@ def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
 
 def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
   from albert_jax import cli
+
   save_steps(tmp_path, [1])
   ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
   ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
   ckpt.wait()
 
   def full(*_):
-    raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(errno.ENOSPC, "No space left on device")
+    raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(
+      errno.ENOSPC, "No space left on device"
+    )
 
   ckpt.manager.wait_until_finished = full  # the OS's answer, at the point Orbax reports it
   with pytest.raises(SystemExit) as e:
@@ -231,18 +307,25 @@ def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
       ckpt.close()
   assert e.value.code == cli.ENVIRONMENT == 4
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith("error: no space left on device saving step 2 to "), err
+  assert len(err) == 1 and err[0].startswith("error: no space left on device saving step 2 to "), (
+    err
+  )
   assert checkpoint.latest_step(str(tmp_path)) == 2
 
 
 # --- bad values and the exit-code policy -------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value,message", [
+
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
     ("seed", -1, "seed=-1 must be an integer"),
     ("data.max_documents", -1, "data.max_documents=-1 must be >= 0"),
-])
+  ],
+)
 def test_bad_config_values_are_refused(field, value, message):
   from albert_jax import config_lib
+
   config = config_lib.base_config()
   section, _, key = field.rpartition(".")
   (config[section] if section else config)[key] = value
@@ -250,30 +333,64 @@ def test_bad_config_values_are_refused(field, value, message):
     config_lib.validate(config)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir="], "--workdir must name a directory"),
-    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=  "], "--workdir must name a directory"),
-    (["-m", "albert_jax.prepare", "--config=configs/tiny.py", "--workdir="], "--workdir must name a directory"),
-    (["-m", "albert_jax.estimate", "--config=configs/tiny.py", "--devices=0"], "--devices=0 must be >= 1"),
-    (["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=never_written", "--config.seed=-1"],
-     "seed=-1 must be an integer in [0, 2**31)"),
-])
+@pytest.mark.parametrize(
+  "args,message",
+  [
+    (
+      ["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir="],
+      "--workdir must name a directory",
+    ),
+    (
+      ["-m", "albert_jax.main", "--config=configs/tiny.py", "--workdir=  "],
+      "--workdir must name a directory",
+    ),
+    (
+      ["-m", "albert_jax.prepare", "--config=configs/tiny.py", "--workdir="],
+      "--workdir must name a directory",
+    ),
+    (
+      ["-m", "albert_jax.estimate", "--config=configs/tiny.py", "--devices=0"],
+      "--devices=0 must be >= 1",
+    ),
+    (
+      [
+        "-m",
+        "albert_jax.main",
+        "--config=configs/tiny.py",
+        "--workdir=never_written",
+        "--config.seed=-1",
+      ],
+      "seed=-1 must be an integer in [0, 2**31)",
+    ),
+  ],
+)
 def test_bad_flags_are_one_line_exit_2(tmp_path, args, message):
-  r = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(env(tmp_path), PYTHONPATH=ROOT),
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    [sys.executable, *args],
+    cwd=ROOT,
+    env=dict(env(tmp_path), PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == 2, r.stderr[-2000:]
   lines = r.stderr.strip().splitlines()
   assert lines[-1].startswith("error: ") and message in lines[-1], r.stderr[-2000:]
   assert "Traceback" not in r.stderr
-  assert not os.path.exists(os.path.join(ROOT, "logs"))  # nothing written into the current directory
+  assert not os.path.exists(
+    os.path.join(ROOT, "logs")
+  )  # nothing written into the current directory
   assert not os.path.exists(os.path.join(ROOT, "never_written"))
 
 
 def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_path, capsys):
   from absl import flags
+
   from albert_jax import cli, estimate, export, main, prepare  # noqa: F401 (importing defines no flag)
+
   before = set(flags.FLAGS)
   import importlib
+
   for module in (estimate, export, main, prepare):
     importlib.reload(module)
   assert set(flags.FLAGS) == before
@@ -293,13 +410,28 @@ def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
   if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)]).returncode != 0:
     pytest.skip("mount -t tmpfs is not permitted here")
   try:
-    r = subprocess.run([sys.executable, "-m", "albert_jax.prepare", "--config=configs/tiny.py",
-                        f"--workdir={tmp_path / 'w'}", "--config.model.vocab_size=1000",
-                        "--config.data.max_documents=400", f"--config.data.data_dir={mnt}/data"],
-                       cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "albert_jax.prepare",
+        "--config=configs/tiny.py",
+        f"--workdir={tmp_path / 'w'}",
+        "--config.model.vocab_size=1000",
+        "--config.data.max_documents=400",
+        f"--config.data.data_dir={mnt}/data",
+      ],
+      cwd=ROOT,
+      env=env(tmp_path),
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     assert r.returncode == 4, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
-    assert lines[-1].startswith(f"error: no space left on device preparing data in {mnt}/data; "), r.stderr
+    assert lines[-1].startswith(f"error: no space left on device preparing data in {mnt}/data; "), (
+      r.stderr
+    )
     assert "Traceback" not in r.stderr
     assert not os.path.exists(mnt / "data")  # no half-built dataset in place
   finally:
