@@ -10,17 +10,20 @@ Departure: the original FullTokenizer also splits a trailing comma off digit pie
 ("▁9," -> "▁9", ","). That only matters for bit-exact compatibility with the released 30k-clean
 vocabulary; it is not reproduced.
 """
+
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import logging
 import os
 import re
 import shutil
+import struct
 import unicodedata
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -48,8 +51,11 @@ def starts_word(piece: str, rule: str = "marker") -> bool:
   if rule == "marker":
     return piece.startswith(WORD_MARKER)
   if rule == "original":
-    return (piece.startswith((WORD_MARKER, "<")) or piece in _SP_SPECIAL
-            or not all(c.lower() in _SP_WORD_CHARS for c in piece))
+    return (
+      piece.startswith((WORD_MARKER, "<"))
+      or piece in _SP_SPECIAL
+      or not all(c.lower() in _SP_WORD_CHARS for c in piece)
+    )
   raise ValueError(f"word-start rule {rule!r} is not one of {WORD_START_RULES}")
 
 
@@ -69,9 +75,17 @@ def preprocess_text(text: str, lower: bool = True) -> str:
   return out
 
 
-def train(sentences: Iterable[str], model_path: str, vocab_size: int, *, lower: bool = True,
-          character_coverage: float = 0.99995, input_sentence_size: int = 1_000_000,
-          num_threads: int = 0, seed: int = 0) -> str:
+def train(
+  sentences: Iterable[str],
+  model_path: str,
+  vocab_size: int,
+  *,
+  lower: bool = True,
+  character_coverage: float = 0.99995,
+  input_sentence_size: int = 1_000_000,
+  num_threads: int = 0,
+  seed: int = 0,
+) -> str:
   """Trains an ALBERT unigram SentencePiece model on `sentences` (raw text, one sentence each).
 
   Writes `model_path` (and the matching .vocab next to it) and returns `model_path`. Sentences are
@@ -100,27 +114,45 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int, *, lower: 
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=_sentences(), model_writer=model, model_type="unigram",
-        vocab_size=vocab_size, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=-1, eos_id=-1,
-        control_symbols=list(CONTROL_SYMBOLS), user_defined_symbols=list(USER_DEFINED_SYMBOLS),
-        character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True, num_threads=num_threads, hard_vocab_limit=True,
-        minloglevel=2)
+      sentence_iterator=_sentences(),
+      model_writer=model,
+      model_type="unigram",
+      vocab_size=vocab_size,
+      pad_id=PAD_ID,
+      unk_id=UNK_ID,
+      bos_id=-1,
+      eos_id=-1,
+      control_symbols=list(CONTROL_SYMBOLS),
+      user_defined_symbols=list(USER_DEFINED_SYMBOLS),
+      character_coverage=character_coverage,
+      input_sentence_size=input_sentence_size,
+      shuffle_input_sentence=True,
+      num_threads=num_threads,
+      hard_vocab_limit=True,
+      minloglevel=2,
+    )
   except RuntimeError as e:
     if failed:
       raise failed[0] from None
     if not nonempty[0]:
       raise ConfigError("the corpus has no text to train a vocabulary on") from None
     msg = str(e)
-    match = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", msg)
+    match = re.search(
+      r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", msg
+    )
     if match:
       raise ConfigError(
-          f"the corpus is too small for a vocabulary of {match.group(1)} pieces (it supports at most "
-          f"{match.group(2)}); lower model.vocab_size or use more text") from None
+        f"the corpus is too small for a vocabulary of {match.group(1)} pieces (it supports at most "
+        f"{match.group(2)}); lower model.vocab_size or use more text"
+      ) from None
     if "Vocabulary size is smaller than required_chars" in msg:
-      raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the number of distinct "
-                        f"characters the corpus needs; raise it") from None
-    raise ConfigError(f"SentencePiece training failed: {msg.splitlines()[-1] if msg else e}") from None
+      raise ConfigError(
+        f"model.vocab_size={vocab_size} is smaller than the number of distinct "
+        f"characters the corpus needs; raise it"
+      ) from None
+    raise ConfigError(
+      f"SentencePiece training failed: {msg.splitlines()[-1] if msg else e}"
+    ) from None
   if failed:
     raise failed[0]
   if not model.getvalue():
@@ -151,7 +183,9 @@ class Tokenizer:
     try:
       self.sp.load(model_path)
     except (OSError, RuntimeError) as e:
-      raise ConfigError(f"cannot load SentencePiece model {model_path}: {str(e).splitlines()[0]}") from None
+      raise ConfigError(
+        f"cannot load SentencePiece model {model_path}: {str(e).splitlines()[0]}"
+      ) from None
     self.model_path = model_path
     self.lower = lower
     self.vocab_size = self.sp.get_piece_size()
@@ -162,13 +196,16 @@ class Tokenizer:
       got[self.sp.piece_to_id(sym)] = sym if self.sp.piece_to_id(sym) != self.sp.unk_id() else None
     if any(got.get(i) != name for i, name in expected.items()):
       raise ConfigError(
-          f"SentencePiece model {model_path} does not use ALBERT's ids (pad=0, unk=1, [CLS]=2, "
-          f"[SEP]=3, [MASK]=4); train one with albert_jax.prepare or pass an ALBERT spiece.model")
+        f"SentencePiece model {model_path} does not use ALBERT's ids (pad=0, unk=1, [CLS]=2, "
+        f"[SEP]=3, [MASK]=4); train one with albert_jax.prepare or pass an ALBERT spiece.model"
+      )
     self.word_start = np.array(
-        [starts_word(p, word_start_rule) and not self.sp.is_control(i) for i, p in enumerate(pieces)],
-        dtype=bool)
+      [starts_word(p, word_start_rule) and not self.sp.is_control(i) for i, p in enumerate(pieces)],
+      dtype=bool,
+    )
     self.candidate = np.array(
-        [not self.sp.is_control(i) and i != PAD_ID for i in range(self.vocab_size)], dtype=bool)
+      [not self.sp.is_control(i) and i != PAD_ID for i in range(self.vocab_size)], dtype=bool
+    )
     self.candidate[UNK_ID] = True
 
   def encode(self, text: str) -> list[int]:
@@ -187,13 +224,97 @@ class Tokenizer:
     return self.sp.id_to_piece(int(i))
 
 
+# ----------------------------------------------------------------------------------------------------
+# spiece.model's own fields, read from its protobuf wire format. sentencepiece's generated
+# sentencepiece_model_pb2 ties us to one protobuf runtime (0.2.3's needs protobuf >= 7, which
+# apache-beam refuses), and we read five fields of three messages.
+
+
+@dataclasses.dataclass(frozen=True)
+class SpmModel:
+  """What the Hugging Face tokenizer.json needs from spiece.model (sentencepiece_model.proto)."""
+
+  pieces: list[tuple[str, float, int]]  # (piece, score, type: 1 normal ... 6 byte), by id
+  model_type: int  # TrainerSpec.model_type: 1 unigram, 2 bpe, 3 word, 4 char
+  character_coverage: float  # TrainerSpec.character_coverage
+  precompiled_charsmap: bytes  # NormalizerSpec.precompiled_charsmap
+
+
+def _fields(buf: bytes):
+  """(field number, wire type, value) of one protobuf message: ints for varints, bytes for
+  length-delimited fields and fixed-width values (decoded by the caller)."""
+  pos, n = 0, len(buf)
+
+  def varint():
+    nonlocal pos
+    value = shift = 0
+    while True:
+      if pos >= n:
+        raise ValueError("truncated varint")
+      b = buf[pos]
+      pos += 1
+      value |= (b & 0x7F) << shift
+      if b < 0x80:
+        return value
+      shift += 7
+
+  while pos < n:
+    key = varint()
+    number, wire = key >> 3, key & 7
+    if wire == 0:
+      yield number, wire, varint()
+    elif wire in (1, 2, 5):
+      size = {1: 8, 5: 4}.get(wire) or varint()
+      if pos + size > n:
+        raise ValueError("truncated field")
+      yield number, wire, buf[pos : pos + size]
+      pos += size
+    else:
+      raise ValueError(f"unsupported wire type {wire}")
+
+
+def read_spm_model(path: str) -> SpmModel:
+  """spiece.model's pieces, scores and types, model type, character coverage and charsmap."""
+  with open(path, "rb") as f:
+    data = f.read()
+  pieces, model_type, coverage, charsmap = [], 1, 0.9995, b""  # the proto's defaults
+  try:
+    for number, _, value in _fields(data):
+      if number == 1:  # ModelProto.pieces: SentencePiece {piece = 1, score = 2, type = 3}
+        piece, score, kind = "", 0.0, 1
+        for n, _, v in _fields(value):
+          if n == 1:
+            piece = v.decode("utf-8")
+          elif n == 2:
+            score = struct.unpack("<f", v)[0]
+          elif n == 3:
+            kind = v
+        pieces.append((piece, score, kind))
+      elif number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10
+        for n, _, v in _fields(value):
+          if n == 3:
+            model_type = v
+          elif n == 10:
+            coverage = struct.unpack("<f", v)[0]
+      elif number == 3:  # ModelProto.normalizer_spec: precompiled_charsmap = 2
+        for n, _, v in _fields(value):
+          if n == 2:
+            charsmap = bytes(v)
+  except (ValueError, UnicodeDecodeError, struct.error, TypeError) as e:
+    raise ConfigError(f"{path} is not a SentencePiece model ({e})") from None
+  if not pieces:
+    raise ConfigError(f"{path} is not a SentencePiece model (no pieces)")
+  return SpmModel(pieces, model_type, coverage, charsmap)
+
+
 def load(model_path: str, lower: bool = True, word_start_rule: str = "marker") -> Tokenizer:
   """Loads an ALBERT SentencePiece model (ours or a released spiece.model)."""
   return Tokenizer(model_path, lower=lower, word_start_rule=word_start_rule)
 
 
-def write_hf_tokenizer(spm_model_path: str, out_dir: str, do_lower_case: bool = True,
-                    model_max_length: int = 512) -> None:
+def write_hf_tokenizer(
+  spm_model_path: str, out_dir: str, do_lower_case: bool = True, model_max_length: int = 512
+) -> None:
   """spiece.model, tokenizer.json and tokenizer_config.json that AlbertTokenizer.from_pretrained loads.
 
   transformers 5.x builds AlbertTokenizer's normaliser itself (`` '' -> ", NFKD, strip accents,
@@ -206,59 +327,109 @@ def write_hf_tokenizer(spm_model_path: str, out_dir: str, do_lower_case: bool = 
   exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
   combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
   """
-  from sentencepiece import sentencepiece_model_pb2
-
   from albert_jax import files
 
   load(spm_model_path)  # checks ALBERT's ids (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4)
-  proto = sentencepiece_model_pb2.ModelProto()
-  with open(spm_model_path, "rb") as f:
-    proto.ParseFromString(f.read())
+  proto = read_spm_model(spm_model_path)
   NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
-  if proto.trainer_spec.model_type != 1:
-    raise ConfigError(f"{spm_model_path} is not a unigram SentencePiece model (AlbertTokenizer needs one)")
-  max_score = max(p.score for p in proto.pieces if p.type == NORMAL)
-  vocab = [[p.piece, float(len(p.piece) * max_score - 0.1) if p.type == USER_DEFINED else float(p.score)]
-           for p in proto.pieces]
-  names = {i: p.piece for i, p in enumerate(proto.pieces) if p.type in (UNKNOWN, CONTROL)}
+  if proto.model_type != 1:
+    raise ConfigError(
+      f"{spm_model_path} is not a unigram SentencePiece model (AlbertTokenizer needs one)"
+    )
+  max_score = max(score for _, score, kind in proto.pieces if kind == NORMAL)
+  vocab = [
+    [piece, float(len(piece) * max_score - 0.1) if kind == USER_DEFINED else float(score)]
+    for piece, score, kind in proto.pieces
+  ]
+  names = {
+    i: piece for i, (piece, _, kind) in enumerate(proto.pieces) if kind in (UNKNOWN, CONTROL)
+  }
   pad, unk, cls, sep, mask = (names[i] for i in range(5))
-  normalizers = [{"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
-                 {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
-                 {"type": "NFKD"}, {"type": "StripAccents"}]
+  normalizers = [
+    {"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
+    {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
+    {"type": "NFKD"},
+    {"type": "StripAccents"},
+  ]
   if do_lower_case:
     normalizers.append({"type": "Lowercase"})
-  charsmap = proto.normalizer_spec.precompiled_charsmap
+  charsmap = proto.precompiled_charsmap
   if charsmap:
-    normalizers.append({"type": "Precompiled",
-                        "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")})
+    normalizers.append(
+      {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")}
+    )
   normalizers.append({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})
   special = lambda name: {"SpecialToken": {"id": name, "type_id": 0}}
   tokenizer_json = {
-      "version": "1.0", "truncation": None, "padding": None,
-      "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                        "normalized": False, "special": True} for i, c in sorted(names.items())],
-      "normalizer": {"type": "Sequence", "normalizers": normalizers},
-      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-          {"type": "WhitespaceSplit"},
-          {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]},
-      "post_processor": {
-          "type": "TemplateProcessing",
-          "single": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep)],
-          "pair": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep),
-                   {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": sep, "type_id": 1}}],
-          "special_tokens": {cls: {"id": cls, "ids": [2], "tokens": [cls]},
-                             sep: {"id": sep, "ids": [3], "tokens": [sep]}}},
-      "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
-      "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": [
+      {
+        "id": i,
+        "content": c,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+      }
+      for i, c in sorted(names.items())
+    ],
+    "normalizer": {"type": "Sequence", "normalizers": normalizers},
+    "pre_tokenizer": {
+      "type": "Sequence",
+      "pretokenizers": [
+        {"type": "WhitespaceSplit"},
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+      ],
+    },
+    "post_processor": {
+      "type": "TemplateProcessing",
+      "single": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep)],
+      "pair": [
+        special(cls),
+        {"Sequence": {"id": "A", "type_id": 0}},
+        special(sep),
+        {"Sequence": {"id": "B", "type_id": 1}},
+        {"SpecialToken": {"id": sep, "type_id": 1}},
+      ],
+      "special_tokens": {
+        cls: {"id": cls, "ids": [2], "tokens": [cls]},
+        sep: {"id": sep, "ids": [3], "tokens": [sep]},
+      },
+    },
+    "decoder": {
+      "type": "Metaspace",
+      "replacement": "\u2581",
+      "prepend_scheme": "always",
+      "split": True,
+    },
+    "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
   }
   shutil.copyfile(spm_model_path, os.path.join(out_dir, "spiece.model"))
   with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
     json.dump(tokenizer_json, f, ensure_ascii=False)
-  tokens = dict(bos_token=cls, eos_token=sep, unk_token=unk, sep_token=sep, pad_token=pad, cls_token=cls,
-                mask_token=mask)
-  files.write_json(os.path.join(out_dir, "tokenizer_config.json"), {
-      "tokenizer_class": "AlbertTokenizer", "do_lower_case": bool(do_lower_case), "keep_accents": False,
-      "remove_space": True, "model_max_length": int(model_max_length),
+  tokens = dict(
+    bos_token=cls,
+    eos_token=sep,
+    unk_token=unk,
+    sep_token=sep,
+    pad_token=pad,
+    cls_token=cls,
+    mask_token=mask,
+  )
+  files.write_json(
+    os.path.join(out_dir, "tokenizer_config.json"),
+    {
+      "tokenizer_class": "AlbertTokenizer",
+      "do_lower_case": bool(do_lower_case),
+      "keep_accents": False,
+      "remove_space": True,
+      "model_max_length": int(model_max_length),
       # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
-      "model_input_names": ["input_ids", "token_type_ids", "attention_mask"], **tokens})
+      "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+      **tokens,
+    },
+  )
   files.write_json(os.path.join(out_dir, "special_tokens_map.json"), tokens)

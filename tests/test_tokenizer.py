@@ -1,26 +1,16 @@
 """SentencePiece vocabulary: trained here on real English text (the interpreter's own docs)."""
+
 import numpy as np
 import pytest
 import sentencepiece as spm
 
 from albert_jax import tokenizer
 from albert_jax.config_lib import ConfigError
+from tests.conftest import pydoc_sentences
 
 
-def _sentences():
-  from pydoc_data import topics
-  return [line.strip() for key in sorted(topics.topics) for line in topics.topics[key].splitlines()
-          if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
-  return tokenizer.train(_sentences(), path, 1000, seed=0)
-
-
-def test_special_ids_and_flags(model_path):
-  tok = tokenizer.load(model_path)
+def test_special_ids_and_flags(spm_model_path):
+  tok = tokenizer.load(spm_model_path)
   sp = tok.sp
   assert tok.vocab_size == 1000
   assert [sp.id_to_piece(i) for i in range(5)] == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
@@ -28,18 +18,23 @@ def test_special_ids_and_flags(model_path):
   assert all(sp.is_control(i) for i in (0, 2, 3, 4)) and sp.is_unknown(1)
   # The original's user-defined symbols follow, then the learned pieces (unigram model).
   assert [sp.id_to_piece(i) for i in range(5, 13)] == list(tokenizer.USER_DEFINED_SYMBOLS)
-  from sentencepiece import sentencepiece_model_pb2 as model_pb2
-  proto = model_pb2.ModelProto()
-  with open(model_path, "rb") as f:
-    proto.ParseFromString(f.read())
-  assert proto.trainer_spec.model_type == model_pb2.TrainerSpec.UNIGRAM
-  assert proto.trainer_spec.character_coverage == pytest.approx(0.99995)
+  proto = tokenizer.read_spm_model(spm_model_path)
+  assert proto.model_type == 1  # unigram
+  assert proto.character_coverage == pytest.approx(0.99995)
+  # Our reader of the model file agrees with SentencePiece's own, piece by piece.
+  assert [p for p, _, _ in proto.pieces] == [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+  assert [s for _, s, _ in proto.pieces] == pytest.approx(
+    [sp.get_score(i) for i in range(sp.get_piece_size())]
+  )
+  kinds = {k: [i for i, (_, _, t) in enumerate(proto.pieces) if t == k] for k in (2, 3, 4)}
+  assert kinds[2] == [1] and kinds[3] == [0, 2, 3, 4] and kinds[4] == list(range(5, 13))
+  assert len(proto.precompiled_charsmap) > 1000  # nmt_nfkc's table
   # Control symbols never come out of encoding text, even when the text spells them.
   assert not set(tok.encode("[CLS] a [SEP] b [MASK] <pad>")) & {0, 2, 3, 4}
 
 
-def test_word_start_and_candidate_tables(model_path):
-  tok = tokenizer.load(model_path)
+def test_word_start_and_candidate_tables(spm_model_path):
+  tok = tokenizer.load(spm_model_path)
   pieces = [tok.id_to_piece(i) for i in range(tok.vocab_size)]
   expected = np.array([p.startswith("\u2581") for p in pieces])
   expected[[0, 1, 2, 3, 4]] = False
@@ -51,45 +46,68 @@ def test_word_start_and_candidate_tables(model_path):
   assert sum(tok.word_start[i] for i in ids) == 4
 
 
-def test_the_originals_word_start_rule(model_path):
+def test_the_originals_word_start_rule(spm_model_path):
   # google-research/albert's _is_start_piece_sp, case by case, then on the trained vocabulary.
-  cases = {"\u2581the": True, "s": False, "ing": False, ".": True, "(": True, "s.": False,
-           "<unk>": True, "2": True, "caf\u00e9": True, "\u2019s": True, "'": True, "=": True}
+  cases = {
+    "\u2581the": True,
+    "s": False,
+    "ing": False,
+    ".": True,
+    "(": True,
+    "s.": False,
+    "<unk>": True,
+    "2": True,
+    "caf\u00e9": True,
+    "\u2019s": True,
+    "'": True,
+    "=": True,
+  }
   for piece, expected in cases.items():
     assert tokenizer.starts_word(piece, "original") is expected, piece
   assert not tokenizer.starts_word(".", "marker") and tokenizer.starts_word("\u2581.", "marker")
-  marker, original = tokenizer.load(model_path), tokenizer.load(model_path, word_start_rule="original")
+  marker, original = (
+    tokenizer.load(spm_model_path),
+    tokenizer.load(spm_model_path, word_start_rule="original"),
+  )
   pieces = [marker.id_to_piece(i) for i in range(marker.vocab_size)]
-  assert (original.word_start >= marker.word_start).all()       # the original adds starts, never drops one
+  assert (
+    original.word_start >= marker.word_start
+  ).all()  # the original adds starts, never drops one
   extra = [p for p, a, b in zip(pieces, marker.word_start, original.word_start) if b and not a]
   assert "." in extra and "," in extra and "<unk>" in pieces and original.word_start[1]
-  assert not original.word_start[[0, 2, 3, 4]].any()            # control ids never
+  assert not original.word_start[[0, 2, 3, 4]].any()  # control ids never
   ids = marker.encode("the end. (one)")
   assert sum(marker.word_start[i] for i in ids) < sum(original.word_start[i] for i in ids)
   with pytest.raises(ValueError, match="word-start rule"):
     tokenizer.starts_word("a", "bert")
 
 
-def test_preprocessing_strips_accents_and_lowercases(model_path):
-  assert tokenizer.preprocess_text("  Héllo\t\n WÖRLD  ``naïve'' Ångström ") == \
-      'hello world "naive" angstrom'
-  assert tokenizer.preprocess_text("Café Über", lower=False) == "Cafe Uber"   # accents always go
-  tok = tokenizer.load(model_path)
+def test_preprocessing_strips_accents_and_lowercases(spm_model_path):
+  assert (
+    tokenizer.preprocess_text("  Héllo\t\n WÖRLD  ``naïve'' Ångström ")
+    == 'hello world "naive" angstrom'
+  )
+  assert tokenizer.preprocess_text("Café Über", lower=False) == "Cafe Uber"  # accents always go
+  tok = tokenizer.load(spm_model_path)
   assert tok.encode("CAFÉ  Résumé") == tok.encode("cafe resume")
-  cased = tokenizer.load(model_path, lower=False)
+  cased = tokenizer.load(spm_model_path, lower=False)
   assert cased.encode("Cafe") != cased.encode("cafe")
 
 
 def test_vocabulary_too_large_for_the_corpus(tmp_path):
   with pytest.raises(ConfigError, match=r"too small for a vocabulary of 5000 .* at most \d+"):
-    tokenizer.train(_sentences()[:300], str(tmp_path / "x.model"), 5000)
+    tokenizer.train(pydoc_sentences()[:300], str(tmp_path / "x.model"), 5000)
   assert not (tmp_path / "x.model").exists()
 
 
 def test_refuses_models_without_albert_ids(tmp_path):
   prefix = str(tmp_path / "plain")
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(_sentences()[:3000]), model_prefix=prefix,
-                                 vocab_size=300, minloglevel=2)   # default ids: unk=0, bos=1, eos=2
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(pydoc_sentences()[:3000]),
+    model_prefix=prefix,
+    vocab_size=300,
+    minloglevel=2,
+  )  # default ids: unk=0, bos=1, eos=2
   with pytest.raises(ConfigError, match="ALBERT's ids"):
     tokenizer.load(prefix + ".model")
   with pytest.raises(ConfigError, match="not found"):
@@ -99,7 +117,7 @@ def test_refuses_models_without_albert_ids(tmp_path):
     tokenizer.load(str(tmp_path / "garbage.model"))
 
 
-def test_training_is_reproducible(model_path, tmp_path):
-  again = tokenizer.train(_sentences(), str(tmp_path / "again.model"), 1000, seed=0)
-  a, b = tokenizer.load(model_path), tokenizer.load(again)
+def test_training_is_reproducible(spm_model_path, tmp_path):
+  again = tokenizer.train(pydoc_sentences(), str(tmp_path / "again.model"), 1000, seed=0)
+  a, b = tokenizer.load(spm_model_path), tokenizer.load(again)
   assert [a.id_to_piece(i) for i in range(1000)] == [b.id_to_piece(i) for i in range(1000)]
