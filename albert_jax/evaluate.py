@@ -17,6 +17,7 @@ Prints one JSON line: masked_lm_accuracy, masked_lm_loss, sentence_pair_accuracy
 sentence_pair_loss, data_task, model_task, examples (and split, step). Bad input exits with one
 line `error: ...` and status 2.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,7 @@ import json
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from albert_jax import cli
 from albert_jax.config_lib import ConfigError
@@ -36,7 +37,8 @@ _MASKING = ("max_predictions_per_seq", "masked_lm_prob", "max_ngram", "word_star
 
 def _is_workdir(path: str) -> bool:
   return os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
-      os.path.join(path, "checkpoints"))
+    os.path.join(path, "checkpoints")
+  )
 
 
 def load_model(path: str, step: str | int = "latest") -> dict:
@@ -46,14 +48,26 @@ def load_model(path: str, step: str | int = "latest") -> dict:
     from albert_jax import checkpoint, dataset
 
     params, config, step, _ = checkpoint.load_params(path, step)
-    return dict(params=params, model=config.model, task=config.data.task, step=step,
-                vocab=dataset.spm_model_path(config, path), run_config=config)
+    return dict(
+      params=params,
+      model=config.model,
+      task=config.data.task,
+      step=step,
+      vocab=dataset.spm_model_path(config, path),
+      run_config=config,
+    )
   from albert_jax import files, jax_export
 
   params, model = jax_export.load_jax_export(path)
   meta = files.read_json(os.path.join(path, "config.json"))
-  return dict(params=params, model=model, task=meta.get("task", "unknown"),
-              step=meta.get("step"), vocab=os.path.join(path, "spiece.model"), run_config=None)
+  return dict(
+    params=params,
+    model=model,
+    task=meta.get("task", "unknown"),
+    step=meta.get("step"),
+    vocab=os.path.join(path, "spiece.model"),
+    run_config=None,
+  )
 
 
 def _checkpoint_kind(path: str) -> str:
@@ -67,8 +81,10 @@ def _checkpoint_kind(path: str) -> str:
   meta = os.path.join(path, "config.json")
   if os.path.isfile(meta) and files.read_json(meta).get("format") == "albert_jax":  # JAX_FORMAT
     return "export"
-  raise ConfigError(f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
-                    f"nor an albert_jax export (export --format=jax)")
+  raise ConfigError(
+    f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
+    f"nor an albert_jax export (export --format=jax)"
+  )
 
 
 def data_config(data: str, batch_size: int, masking_from=None):
@@ -77,14 +93,16 @@ def data_config(data: str, batch_size: int, masking_from=None):
   The data side is rebuilt from prepared.json's fingerprint (what the examples were made with),
   so the pipeline's own check accepts it whichever run prepared it.
   """
-  from albert_jax import checkpoint, config_lib, dataset, files
+  from albert_jax import checkpoint, dataset, files
 
   if not data or not os.path.isdir(data):
     raise ConfigError(f"--data {data!r} is not a directory")
   if not os.path.isfile(os.path.join(data, dataset.PREPARED_FILE)):
     if not os.path.isfile(os.path.join(data, "config.json")):
-      raise ConfigError(f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) "
-                        f"nor a run's config.json")
+      raise ConfigError(
+        f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) "
+        f"nor a run's config.json"
+      )
     masking_from = checkpoint.read_config(data)
     data = dataset.data_dir(masking_from, data)
   ddir = os.path.abspath(data)
@@ -106,35 +124,46 @@ def _eval_step(cfg):
   """The jitted pretraining sums of AlbertForPreTraining(cfg), compiled once per model and shape."""
   import jax
 
-  from albert_jax import model as model_lib
-  from albert_jax import train
+  from albert_jax import model as model_lib, train
 
   model = model_lib.AlbertForPreTraining(cfg)
   return jax.jit(lambda p, b: train.PRETRAINING.sums(model, p, b, None))
 
 
-def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | int = "latest",
-          batches: int = 0, batch_size: int = 32) -> dict:
+def score(
+  checkpoint_path: str,
+  data: str,
+  *,
+  split: str = "eval",
+  step: str | int = "latest",
+  batches: int = 0,
+  batch_size: int = 32,
+) -> dict:
   """The intrinsic metrics of the model at `checkpoint_path` on `split` of the prepared `data`."""
   if batch_size < 1 or batches < 0:
     raise ConfigError("--batch_size must be positive and --batches not negative")
   _checkpoint_kind(checkpoint_path)
   data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
-  from albert_jax import dataset, input_pipeline, sharding, train
-  from albert_jax import model as model_lib
+  from albert_jax import dataset, input_pipeline, model as model_lib, sharding, train
 
   loaded = load_model(checkpoint_path, step)
   config, prepared = data_config(data, batch_size, loaded["run_config"])
   if not os.path.isfile(loaded["vocab"]):
-    raise ConfigError(f"the vocabulary of {checkpoint_path} ({loaded['vocab']}) is missing; "
-                      f"the vocabularies cannot be compared")
+    raise ConfigError(
+      f"the vocabulary of {checkpoint_path} ({loaded['vocab']}) is missing; "
+      f"the vocabularies cannot be compared"
+    )
   if dataset.file_sha256(loaded["vocab"]) != prepared["vocab_sha256"]:
-    raise ConfigError(f"{checkpoint_path} and the data in {config.data.data_dir} use different "
-                      f"vocabularies (spiece.model sha256 differs)")
+    raise ConfigError(
+      f"{checkpoint_path} and the data in {config.data.data_dir} use different "
+      f"vocabularies (spiece.model sha256 differs)"
+    )
   cfg = model_lib.model_config(loaded["model"])
   if config.data.max_seq_length > cfg.max_position_embeddings:
-    raise ConfigError(f"the data's max_seq_length={config.data.max_seq_length} exceeds the model's "
-                      f"max_position_embeddings={cfg.max_position_embeddings}")
+    raise ConfigError(
+      f"the data's max_seq_length={config.data.max_seq_length} exceeds the model's "
+      f"max_position_embeddings={cfg.max_position_embeddings}"
+    )
   num_examples = prepared["stats"][f"{split}_examples"]
   batches = batches or max(1, num_examples // batch_size)
 
@@ -143,50 +172,64 @@ def score(checkpoint_path: str, data: str, *, split: str = "eval", step: str | i
   with contextlib.redirect_stdout(sys.stderr):
     it = input_pipeline.make_iterator(config, "", split, process_index=0, process_count=1)
   try:
-    metrics = train.evaluate(_eval_step(cfg), loaded["params"], it, batches, mesh,
-                             model_lib.metrics_from_sums)
+    metrics = train.evaluate(
+      _eval_step(cfg), loaded["params"], it, batches, mesh, model_lib.metrics_from_sums
+    )
   finally:
     it.close()
   return {
-      "masked_lm_accuracy": metrics["masked_lm_accuracy"],
-      "masked_lm_loss": metrics["masked_lm_loss"],
-      "sentence_pair_accuracy": metrics["sentence_order_accuracy"],
-      "sentence_pair_loss": metrics["sentence_order_loss"],
-      "data_task": config.data.task,
-      "model_task": loaded["task"],
-      "examples": batches * batch_size,
-      "split": split,
-      "step": loaded["step"],
+    "masked_lm_accuracy": metrics["masked_lm_accuracy"],
+    "masked_lm_loss": metrics["masked_lm_loss"],
+    "sentence_pair_accuracy": metrics["sentence_order_accuracy"],
+    "sentence_pair_loss": metrics["sentence_order_loss"],
+    "data_task": config.data.task,
+    "model_task": loaded["task"],
+    "examples": batches * batch_size,
+    "split": split,
+    "step": loaded["step"],
   }
 
 
-def define_flags() -> None:
-  """The command line's flags (defined on demand: other CLIs define flags of the same names)."""
-  flags.DEFINE_string("checkpoint", None, "A run's workdir or a --format=jax export.")
-  flags.DEFINE_string("data", None, "Prepared data (holding prepared.json) or a workdir.")
-  flags.DEFINE_enum("split", "eval", ["train", "eval"], "Which prepared split to score.")
-  flags.DEFINE_string("step", "latest", "Workdir checkpoints: latest | best | a step number.")
-  flags.DEFINE_integer("batches", 0, "Batches to score; 0: one pass over the split.")
-  flags.DEFINE_integer("batch_size", 32, "Examples per batch.")
+def run():
+  """Defines the flags (here, not at import) and scores: one JSON line on stdout."""
+  checkpoint_flag = flags.DEFINE_string(
+    "checkpoint", None, "A run's workdir or a --format=jax export."
+  )
+  data_flag = flags.DEFINE_string(
+    "data", None, "Prepared data (holding prepared.json) or a workdir."
+  )
+  split_flag = flags.DEFINE_enum(
+    "split", "eval", ["train", "eval"], "Which prepared split to score."
+  )
+  step_flag = flags.DEFINE_string(
+    "step", "latest", "Workdir checkpoints: latest | best | a step number."
+  )
+  batches_flag = flags.DEFINE_integer("batches", 0, "Batches to score; 0: one pass over the split.")
+  batch_size_flag = flags.DEFINE_integer("batch_size", 32, "Examples per batch.")
+  cli.define_verbose()
   flags.mark_flags_as_required(["checkpoint", "data"])
 
+  def main(argv):
+    if len(argv) > 1:
+      cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    if batches_flag.value < 0 or batch_size_flag.value < 1:
+      cli.fail(
+        f"--batches={batches_flag.value} must be >= 0 and --batch_size={batch_size_flag.value} >= 1"
+      )
+    cli.setup_logging("evaluate", None)
+    with cli.guard():
+      result = score(
+        checkpoint_flag.value,
+        data_flag.value,
+        split=split_flag.value,
+        step=step_flag.value,
+        batches=batches_flag.value,
+        batch_size=batch_size_flag.value,
+      )
+    print(json.dumps(result), flush=True)
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  f = flags.FLAGS
-  if not f["verbosity"].present:  # library INFO and WARNING lines (Orbax's) only on request (-v 0)
-    logging.set_verbosity(logging.ERROR)
-  try:
-    result = score(f.checkpoint, f.data, split=f.split, step=f.step, batches=f.batches,
-                   batch_size=f.batch_size)
-  except ConfigError as e:
-    cli.fail(str(e))
-  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
-    cli.fail(f"{type(e).__name__}: {e}")
-  print(json.dumps(result), flush=True)
+  app.run(main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  run()

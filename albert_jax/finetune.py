@@ -23,30 +23,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import checkpoint, cli, config_lib, sharding
 from albert_jax.config_lib import ConfigError
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
-
-# Fields that fix the parameter tree; with model_from_init_from they are taken from init_from.
-LAYOUT_FIELDS = (
-  "vocab_size",
-  "embedding_size",
-  "hidden_size",
-  "num_hidden_layers",
-  "num_attention_heads",
-  "intermediate_size",
-  "max_position_embeddings",
-  "type_vocab_size",
-  "layer_norm_eps",
-  "sharing",
-  "num_hidden_groups",
-  "inner_group_num",
-  "embedding_hidden_mapping",
-)
-
 
 # ----------------------------------------------------------------------------------------------------
 # Objectives: per-batch sums that add up across micro-batches.
@@ -146,15 +128,16 @@ def resolve_init_from(config) -> None:
     source = checkpoint.read_config(path)
     theirs_model = source.model.to_dict()
     spm = dataset.spm_model_path(source, path)
-    fields = LAYOUT_FIELDS + ("scan_layers",)
+    fields = taken = config_lib.ARCHITECTURE_FIELDS + config_lib.LAYOUT_FIELDS
   else:
     _, theirs_model = pretrained.load_pretrained(path)
     spm = os.path.join(path, "spiece.model")
-    fields = LAYOUT_FIELDS[:9]  # load_pretrained converts the layout
+    fields = config_lib.ARCHITECTURE_FIELDS  # load_pretrained converts the layout
+    taken = fields + tuple(k for k in config_lib.LAYOUT_FIELDS if k != "scan_layers")
   with config.unlocked():
-    if config.model_from_init_from:
-      for k in LAYOUT_FIELDS + ("scan_layers",):
-        if k in theirs_model and (k in fields or k in LAYOUT_FIELDS[9:]):
+    if config.model_from_init_from:  # the architecture (and layout) of init_from
+      for k in taken:
+        if k in theirs_model:
           config.model[k] = theirs_model[k]
     diffs = [
       f"model.{k}: init_from {theirs_model.get(k)!r} != config {config.model[k]!r}"
@@ -302,21 +285,28 @@ def predict(forward, params, arrays: dict, batch_size: int, mesh) -> dict[str, n
   return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
 
 
+def squad_answers(config, outputs: dict, extra) -> dict[str, str]:
+  """SQuAD: question id -> answer text ("" for no answer), the original's post-processing."""
+  from albert_jax import squad
+
+  examples, features = extra
+  return squad.postprocess(
+    examples,
+    features,
+    outputs["start_logits"],
+    outputs["end_logits"],
+    version_2=config.task.kind == "squad_v2",
+  )
+
+
 def task_metrics(config, task, outputs: dict, arrays: dict, extra) -> dict[str, float]:
   kind = config.task.kind
   if kind in ("squad_v1", "squad_v2"):
     from albert_jax import squad
 
-    examples, features = extra
-    predictions = squad.postprocess(
-      examples,
-      features,
-      outputs["start_logits"],
-      outputs["end_logits"],
-      version_2=kind == "squad_v2",
-    )
+    predictions = squad_answers(config, outputs, extra)
     return {
-      k: float(v) for k, v in squad.evaluate(examples, predictions, kind == "squad_v2").items()
+      k: float(v) for k, v in squad.evaluate(extra[0], predictions, kind == "squad_v2").items()
     }
   if kind == "race":
     pred = np.argmax(outputs["logits"], axis=-1)
@@ -342,8 +332,7 @@ def _forward(model, kind):
 
 def build(config):
   """(mesh, trainer, forward): built once and shared by every seed (one compilation)."""
-  from albert_jax import model as M
-  from albert_jax import train
+  from albert_jax import model as M, train
 
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(config.train, mesh)
@@ -365,19 +354,18 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
   t = config.train
   mesh, trainer, forward = built
   eval_arrays = data["eval"][0] if "eval" in data else None
-  # Another model's checkpoints are refused before anything is written (check_workdir's test, here
-  # with the step read once, as the pretraining loop does).
+  # Another model's checkpoints are refused before anything is written (the step read once, as the
+  # pretraining loop does).
   latest = checkpoint.latest_step(workdir)
-  if latest is not None and checkpoint.config_path(workdir).exists():
-    saved = json.loads(checkpoint.config_path(workdir).read_text())
-    checkpoint.check_same_model(saved, config.to_dict(), workdir)
+  checkpoint.check_workdir(workdir, config, latest)
   result_path = os.path.join(workdir, "result.json")
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t, metric=config.task.metric))
     batches = Batches(data["train"][0], t.batch_size, config.seed)
-    start = ckpt.latest_step()
-    if start is not None:
-      state, data_state = ckpt.restore(start, trainer.abstract.targets)
+    start, state = latest, None
+    if start is not None:  # the newest sound step; damaged newer ones are moved aside
+      start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
+    if state is not None:
       batches.set_state(data_state)
       log(f"resumed from step {start} in {workdir}")
     else:
@@ -436,20 +424,29 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     best = ckpt.latest_step() if best is None else best
     best_metrics = dict(ckpt.manager.metrics(best) or {}) if best is not None else {}
     result = {"seed": config.seed, "best_step": best, "metrics": best_metrics}
-    if "test" in data and best is not None:
+    squad_eval = config.task.kind in ("squad_v1", "squad_v2") and eval_arrays is not None
+    if ("test" in data or squad_eval) and best is not None:
       state, _ = ckpt.restore(best, trainer.abstract.targets) if best != step else (state, None)
+    if "test" in data and best is not None:
       with sharding.with_mesh(mesh):
         result["test_outputs"] = predict(forward, state.params, data["test"][0], t.batch_size, mesh)
+    if squad_eval and best is not None:  # SQuAD's predictions.json: the eval file's answers
+      with sharding.with_mesh(mesh):
+        outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
+      result["answers"] = squad_answers(config, outputs, data["eval"][1])
   if jax.process_index() == 0:
     tmp = result_path + ".tmp"
     with open(tmp, "w") as f:
-      json.dump({k: v for k, v in result.items() if k != "test_outputs"}, f, indent=2)
+      json.dump({k: v for k, v in result.items() if k not in PRIVATE}, f, indent=2)
     os.replace(tmp, result_path)
   return result
 
 
 # ----------------------------------------------------------------------------------------------------
 # Several seeds, the summary and the predictions.
+
+# A seed's result entries that stay out of the JSON files (arrays and per-question answers).
+PRIVATE = ("test_outputs", "answers")
 
 
 def summarize(results: list[dict], metric: str) -> dict:
@@ -503,11 +500,14 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   out = {
     "task": config.task.name,
     "summary": summary,
-    "seeds": [{k: v for k, v in r.items() if k != "test_outputs"} for r in results],
+    "seeds": [{k: v for k, v in r.items() if k not in PRIVATE} for r in results],
   }
   if jax.process_index() == 0:
     _write_json(os.path.join(workdir, "eval_results.json"), out)
     best = next((r for r in results if r["seed"] == summary.get("best_seed")), results[-1])
+    if "answers" in best:
+      os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
+      _write_json(os.path.join(workdir, "predictions", "predictions.json"), best["answers"])
     if "test_outputs" in best and task is not None:
       os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
       logits = best["test_outputs"]["logits"]
@@ -559,27 +559,34 @@ def _write_json(path: str, value) -> None:
 # Command line.
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  if not flags.FLAGS["verbosity"].present:  # library INFO lines (Orbax's) only on request
-    logging.set_verbosity(logging.WARNING)
-  try:
-    config = cli.load_config(flags.FLAGS["config"])
-    finetune(config, cli.workdir(flags.FLAGS.workdir))
-  except ConfigError as e:
-    cli.fail(str(e))
-  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
-    cli.fail(f"{type(e).__name__}: {e}")
-  except FloatingPointError as e:
-    cli.fail(str(e), code=3)
+def run():
+  """Defines the flags (here, not at import) and runs the job."""
+  config_flag = config_flags.DEFINE_config_file(
+    "config", None, "configs/finetune/glue.py:task=NAME[,...]", lock_config=True
+  )
+  workdir_flag = flags.DEFINE_string(
+    "workdir", None, "Run directory: seed_<k>/, eval_results.json, predictions/."
+  )
+  cli.define_verbose()
+  flags.mark_flags_as_required(["config", "workdir"])
+
+  def main(argv):
+    if len(argv) > 1:
+      cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    workdir = cli.workdir(workdir_flag.value)
+    config = cli.load_config(config_flag)
+    cli.setup_logging("finetune", workdir)
+    with cli.guard():
+      from albert_jax import files
+
+      if jax.process_index() != 0:
+        finetune(config, workdir)
+      else:
+        with files.workdir_lock(workdir):
+          finetune(config, workdir)
+
+  app.run(main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":
-  # Defined here, not at import: the library is imported beside other CLIs (export's --workdir).
-  config_flags.DEFINE_config_file(
-    "config", None, "configs/finetune/glue.py:task=NAME[,...]", lock_config=True
-  )
-  flags.DEFINE_string("workdir", None, "Run directory: seed_<k>/, eval_results.json, predictions/.")
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main, flags_parser=cli.parse_flags)
+  run()

@@ -11,14 +11,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from albert_jax import checkpoint, config_lib, finetune, glue, hf
-from albert_jax import model as M
-from albert_jax import tokenizer as tokenizer_lib
-from albert_jax.config_lib import ConfigError
-
 import torch
 import transformers
+
+from albert_jax import (
+  checkpoint,
+  config_lib,
+  finetune,
+  glue,
+  hf,
+  model as M,
+  squad,
+  tokenizer as tokenizer_lib,
+)
+from albert_jax.config_lib import ConfigError
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,6 +202,7 @@ def test_bad_tsv_is_one_line(tmp_path, content, match):
 # --- Training ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_finetuning_learns_and_summarises_seeds(run):
   workdir, out = run
   seeds = out["seeds"]
@@ -231,6 +238,7 @@ def test_finetuning_learns_and_summarises_seeds(run):
   assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
 
 
+@pytest.mark.slow
 def test_resume_is_exact(env, run, tmp_path):
   """A run stopped after its step-20 checkpoint and rerun ends with bitwise the same parameters."""
   workdir, _ = run
@@ -442,6 +450,14 @@ def test_squad_v2_runs_end_to_end(env, tmp_path):
   metrics = out["seeds"][0]["metrics"]
   assert {"exact_match", "f1"} <= set(metrics) and 0 <= metrics["f1"] <= 100
   assert out["seeds"][0]["best_step"] == 2 and out["summary"]["metric"] == "f1"
+  # predictions.json: every question's answer text, and it scores what the run reported.
+  answers = json.loads((tmp_path / "run" / "predictions" / "predictions.json").read_text())
+  assert sorted(answers) == sorted(f"q{p}{x}" for p in range(6) for x in "ab")
+  assert all(isinstance(a, str) for a in answers.values())
+  scored = squad.evaluate(squad.read_squad(str(path), version_2=True), answers, True)
+  assert scored["f1"] == pytest.approx(metrics["f1"]) and scored["exact_match"] == pytest.approx(
+    metrics["exact_match"]
+  )
 
 
 def test_race_runs_end_to_end(env, tmp_path):
