@@ -16,6 +16,7 @@ stderr and one exit status:
 By default the console shows what the command does; the libraries' INFO lines (Orbax, TFDS, absl)
 go to the log file only, and to stderr too with --verbose.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,10 +25,9 @@ import os
 import sys
 import time
 import traceback
-from typing import Iterator
+from collections.abc import Iterator
 
-from absl import flags
-from absl import logging as absl_logging
+from absl import flags, logging as absl_logging
 
 from albert_jax.config_lib import ConfigError
 
@@ -57,14 +57,41 @@ def one_line(e: BaseException) -> str:
   return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 
 
+def quiet_libtpu() -> None:
+  """Off a TPU VM, libtpu (installed for `estimate --slice`) looks for the VM's metadata and prints
+  warnings in every jax program when it finds none, and takes a lock file that lets one process at a
+  time compile. These settings (only where unset, and only on a host without TPU chips, where the
+  lock protects no chip) tell it there is nothing to find and no chip to share."""
+  import glob
+
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  for key, value in (
+    ("TPU_SKIP_MDS_QUERY", "1"),
+    ("TPU_ACCELERATOR_TYPE", "v3-8"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ("TPU_WORKER_ID", "0"),
+    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+  ):
+    os.environ.setdefault(key, value)
+  # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
 def parse_flags(argv):
-  """absl's parser for app.run(main, flags_parser=parse_flags), with its errors as one line."""
+  """absl's parser for app.run(main, flags_parser=parse_flags), with its errors as one line.
+
+  Runs before jax starts a backend: libtpu's start-up noise on a host without TPUs is quietened here.
+  """
+  quiet_libtpu()
   try:
     return flags.FLAGS(argv)
   except (KeyError, AttributeError) as e:  # ml_collections: an override of a key the config lacks
     text = str(e.args[0] if e.args else e).encode().decode("unicode_escape").replace("'", "")
     fail(f"unknown config override: {' '.join(text.split())}")
-  except Exception as e:  # absl flag errors, a variant argument the config rejects, a bad value type
+  except (
+    Exception
+  ) as e:  # absl flag errors, a variant argument the config rejects, a bad value type
     fail(one_line(e))
 
 
@@ -141,15 +168,22 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   handler.python_handler.setFormatter(_ConsoleFormat())
   logging.getLogger().setLevel(logging.INFO)
   _log_file.clear()
-  if workdir and "://" not in workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
+  if (
+    workdir
+    and "://" not in workdir
+    and not (os.path.exists(workdir) and not os.path.isdir(workdir))
+  ):
     try:
       logs = os.path.join(workdir, "logs")
       os.makedirs(logs, exist_ok=True)
-      path = os.path.join(logs, f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
-                                f"{os.getpid()}.log")
+      path = os.path.join(
+        logs, f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
+      )
       file_handler = logging.FileHandler(path, encoding="utf-8")
       file_handler.setLevel(logging.INFO)
-      file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+      file_handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+      )
       logging.getLogger().addHandler(file_handler)
       _log_file.append(path)
     except OSError:  # a read-only workdir: console only
@@ -161,22 +195,30 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
 def guard() -> Iterator[None]:
   """Runs a command's work: any exception becomes one line and the exit status above."""
   from albert_jax import files
+
   try:
     yield
   except ConfigError as e:
     fail(str(e), BAD_INPUT)
   except FloatingPointError as e:
     fail(str(e), NON_FINITE)
-  except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-          UnicodeDecodeError) as e:
+  except (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    UnicodeDecodeError,
+  ) as e:
     fail(f"{type(e).__name__}: {e}", BAD_INPUT)
   except KeyboardInterrupt:
     fail("interrupted", 130)
   except Exception as e:  # noqa: BLE001 (the one place every remaining error is turned into a line)
     where = _record(e)
     if files.is_disk_full(e):
-      fail(one_line(e) if isinstance(e, files.DiskFull) else f"no space left on device: {one_line(e)}",
-           ENVIRONMENT)
+      fail(
+        one_line(e) if isinstance(e, files.DiskFull) else f"no space left on device: {one_line(e)}",
+        ENVIRONMENT,
+      )
     if isinstance(e, OSError) or _lost_peer(e):
       fail(f"{type(e).__name__}: {one_line(e)}{where}", ENVIRONMENT)
     fail(f"internal error: {type(e).__name__}: {one_line(e)}{where}", INTERNAL)
@@ -184,7 +226,9 @@ def guard() -> Iterator[None]:
 
 def _lost_peer(e: BaseException) -> bool:
   text = str(e)
-  return any(k in text for k in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "heartbeat", "coordination service"))
+  return any(
+    k in text for k in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "heartbeat", "coordination service")
+  )
 
 
 def _record(e: BaseException) -> str:

@@ -28,6 +28,7 @@ chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Co
 in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 1 when the TPU
 compiler finds that the config as given does not fit the slice (2 for bad input).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,9 +44,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax import config_lib, examples, hardware, sharding, tpu_compile, train
-from albert_jax import state as state_lib
-from albert_jax import model as M
+from albert_jax import (
+  config_lib,
+  examples,
+  hardware,
+  model as M,
+  sharding,
+  state as state_lib,
+  tpu_compile,
+  train,
+)
 from albert_jax.config_lib import ConfigError
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
@@ -57,6 +65,7 @@ USABLE_MEMORY_FRACTION = 0.9
 
 # ----------------------------------------------------------------------------------------------------
 # Mesh and the train state's bytes per device.
+
 
 def abstract_mesh(config, devices: int) -> AbstractMesh:
   """The config's mesh over `devices` devices, without needing the devices."""
@@ -82,23 +91,31 @@ def state_bytes(config, mesh) -> dict[str, int]:
   abstract = abstract.shapes
 
   def total(tree, tree_shardings):
-    return sum(_shard_bytes(x, s) for x, s in zip(jax.tree_util.tree_leaves(tree),
-                                                  jax.tree_util.tree_leaves(tree_shardings)))
+    return sum(
+      _shard_bytes(x, s)
+      for x, s in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(tree_shardings))
+    )
 
-  return {"params": total(abstract.params, shardings.params),
-          "opt_state": total(abstract.opt_state, shardings.opt_state)}
+  return {
+    "params": total(abstract.params, shardings.params),
+    "opt_state": total(abstract.opt_state, shardings.opt_state),
+  }
 
 
 # ----------------------------------------------------------------------------------------------------
 # Activations: traced from the model, not hand-counted.
+
 
 def _residual_bytes(fn, *args, only=None) -> int:
   """Bytes of what jax.vjp keeps for the backward pass of fn(*args): the leaves of its vjp function
   (those whose shape `only` accepts, if given), traced from shapes (jax.eval_shape: nothing is
   computed or allocated)."""
   residuals = jax.eval_shape(lambda *a: jax.vjp(fn, *a)[1], *args)
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(residuals)
-             if only is None or only(x.shape))
+  return sum(
+    int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+    for x in jax.tree_util.tree_leaves(residuals)
+    if only is None or only(x.shape)
+  )
 
 
 def _per_sequence(residual_bytes_at_batch) -> float:
@@ -122,8 +139,13 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, 
   remat = cfg.remat if remat is None else remat
   layer = M.AlbertLayer(cfg, deterministic=False)
   H, S = cfg.hidden_size, seq_len
-  params = nn.unbox(jax.eval_shape(lambda: layer.init(
-      jax.random.key(0), jnp.zeros((1, S, H), cfg.compute_dtype), jnp.ones((1, S), jnp.int32)))["params"])
+  params = nn.unbox(
+    jax.eval_shape(
+      lambda: layer.init(
+        jax.random.key(0), jnp.zeros((1, S, H), cfg.compute_dtype), jnp.ones((1, S), jnp.int32)
+      )
+    )["params"]
+  )
 
   def apply(p, x):
     mask = jnp.ones(x.shape[:2], jnp.int32)
@@ -145,8 +167,15 @@ def model_bytes_per_sequence(config) -> float:
     return examples.batch_spec(config, batch_size=b)
 
   def loss(p, bt):
-    out = model.apply({"params": p}, bt["input_ids"], bt["segment_ids"], bt["input_mask"],
-                      bt["masked_lm_positions"], deterministic=False, rngs={"dropout": jax.random.key(0)})
+    out = model.apply(
+      {"params": p},
+      bt["input_ids"],
+      bt["segment_ids"],
+      bt["input_mask"],
+      bt["masked_lm_positions"],
+      deterministic=False,
+      rngs={"dropout": jax.random.key(0)},
+    )
     sums = M.loss_sums(out, bt)
     return sums["mlm_nll"] + sums["sop_nll"]
 
@@ -166,7 +195,12 @@ def backward_bytes_per_token(config) -> float:
   1.5 F: tests/test_estimate.py allows for it).
   """
   cfg = M.model_config(config.model)
-  H, I, n, S = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, config.data.max_seq_length
+  H, I, n, S = (
+    cfg.hidden_size,
+    cfg.intermediate_size,
+    cfg.num_attention_heads,
+    config.data.max_seq_length,
+  )
   c = np.dtype(cfg.compute_dtype).itemsize
   per_token = (9 * H + 2 * I) * c + 2 * n * S * 4
   return per_token * (1.0 if cfg.remat == "none" else 1.25)
@@ -212,13 +246,19 @@ def recompute_flops_per_example(config) -> float:
   H, I, S = cfg.hidden_size, cfg.intermediate_size, config.data.max_seq_length
   depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)
   layer_forward = 2 * (4 * H * H + 2 * H * I) + 4 * S * H
-  per_token = {"none": 0, "dots_saveable": 0, "dots_with_no_batch_dims_saveable": 4 * S * H,
-               "full": layer_forward, "nothing_saveable": layer_forward}[cfg.remat]
+  per_token = {
+    "none": 0,
+    "dots_saveable": 0,
+    "dots_with_no_batch_dims_saveable": 4 * S * H,
+    "full": layer_forward,
+    "nothing_saveable": layer_forward,
+  }[cfg.remat]
   return float(depth * per_token * S)
 
 
 # ----------------------------------------------------------------------------------------------------
 # The estimate.
+
 
 @dataclasses.dataclass
 class Estimate:
@@ -228,19 +268,19 @@ class Estimate:
   mesh: dict[str, int]
   batch_size: int
   micro_batches: int
-  sequences_per_device: int        # per micro-step
+  sequences_per_device: int  # per micro-step
   seq_len: int
   params_total: int
   params_backbone: int
-  flops_per_example: float         # model FLOPs, training (3 x forward)
+  flops_per_example: float  # model FLOPs, training (3 x forward)
   flops_per_step: float
   recompute_flops_per_step: float  # what remat re-runs on top
-  memory: dict[str, float]         # bytes per device, by part, and "total"
+  memory: dict[str, float]  # bytes per device, by part, and "total"
   device_memory: float
   peak_flops: float
   peak_source: str
   mfu: float
-  step_seconds: float              # at `mfu` (model FLOPs, as the trainer reports MFU)
+  step_seconds: float  # at `mfu` (model FLOPs, as the trainer reports MFU)
   num_steps: int
   remat: str
   dtype: str
@@ -269,8 +309,15 @@ def memory_per_device(config, mesh, sequences: int) -> dict[str, float]:
   d = config.data
   batch = sequences * micro * (3 * d.max_seq_length * 4 + 3 * d.max_predictions_per_seq * 4 + 4)
   act = activation_bytes(config, sequences, tensor=int(mesh.shape["tensor"]))
-  parts = {"params": state["params"], "opt_state": state["opt_state"], "grads": grads, "update": update,
-           "batch": batch, "activations_saved": act["saved"], "activations_working": act["working"]}
+  parts = {
+    "params": state["params"],
+    "opt_state": state["opt_state"],
+    "grads": grads,
+    "update": update,
+    "batch": batch,
+    "activations_saved": act["saved"],
+    "activations_working": act["working"],
+  }
   parts["total"] = float(sum(parts.values()))
   return parts
 
@@ -281,11 +328,19 @@ def device_specs(device: str) -> tuple[float, float, str]:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / jax.local_device_count()
     return hardware.measured_matmul_flops(), memory, "measured f32 matmul on this CPU"
   if device not in hardware.PEAK_FLOPS:
-    raise ConfigError(f"--device={device!r} is not one of {', '.join(sorted(hardware.PEAK_FLOPS))}, cpu")
-  return hardware.PEAK_FLOPS[device], hardware.DEVICE_MEMORY[device], f"{device} datasheet, dense bf16"
+    raise ConfigError(
+      f"--device={device!r} is not one of {', '.join(sorted(hardware.PEAK_FLOPS))}, cpu"
+    )
+  return (
+    hardware.PEAK_FLOPS[device],
+    hardware.DEVICE_MEMORY[device],
+    f"{device} datasheet, dense bf16",
+  )
 
 
-def estimate(config, device: str, devices: int, mfu: float = DEFAULT_MFU, config_name: str = "") -> Estimate:
+def estimate(
+  config, device: str, devices: int, mfu: float = DEFAULT_MFU, config_name: str = ""
+) -> Estimate:
   """The analytic estimate of `config` on `devices` devices of kind `device` (nothing is compiled)."""
   config_lib.validate(config)
   M.model_config(config.model)
@@ -297,26 +352,43 @@ def estimate(config, device: str, devices: int, mfu: float = DEFAULT_MFU, config
   mesh = abstract_mesh(config, devices)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   if t.batch_size % (dp * t.micro_batches):
-    raise ConfigError(f"train.batch_size={t.batch_size} does not split over {dp} data-parallel devices x "
-                      f"{t.micro_batches} micro-batches")
+    raise ConfigError(
+      f"train.batch_size={t.batch_size} does not split over {dp} data-parallel devices x "
+      f"{t.micro_batches} micro-batches"
+    )
   sequences = t.batch_size // (dp * t.micro_batches)
   counts = M.param_counts(config.model)
   per_example = M.flops_per_example(config.model, d.max_seq_length, d.max_predictions_per_seq)
   peak, memory, source = device_specs(device)
   return Estimate(
-      config_name=config_name, device=device, devices=devices,
-      mesh={a: int(mesh.shape[a]) for a in sharding.MESH_AXES}, batch_size=t.batch_size,
-      micro_batches=t.micro_batches, sequences_per_device=sequences, seq_len=d.max_seq_length,
-      params_total=counts["total"], params_backbone=counts["backbone"], flops_per_example=per_example,
-      flops_per_step=per_example * t.batch_size,
-      recompute_flops_per_step=recompute_flops_per_example(config) * t.batch_size,
-      memory=memory_per_device(config, mesh, sequences), device_memory=memory, peak_flops=peak,
-      peak_source=source, mfu=mfu, step_seconds=per_example * t.batch_size / (devices * peak * mfu),
-      num_steps=t.num_steps, remat=config.model.remat, dtype=config.model.dtype)
+    config_name=config_name,
+    device=device,
+    devices=devices,
+    mesh={a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
+    batch_size=t.batch_size,
+    micro_batches=t.micro_batches,
+    sequences_per_device=sequences,
+    seq_len=d.max_seq_length,
+    params_total=counts["total"],
+    params_backbone=counts["backbone"],
+    flops_per_example=per_example,
+    flops_per_step=per_example * t.batch_size,
+    recompute_flops_per_step=recompute_flops_per_example(config) * t.batch_size,
+    memory=memory_per_device(config, mesh, sequences),
+    device_memory=memory,
+    peak_flops=peak,
+    peak_source=source,
+    mfu=mfu,
+    step_seconds=per_example * t.batch_size / (devices * peak * mfu),
+    num_steps=t.num_steps,
+    remat=config.model.remat,
+    dtype=config.model.dtype,
+  )
 
 
 # ----------------------------------------------------------------------------------------------------
 # The compiler's view.
+
 
 def local_config(config, mesh: dict[str, int], sequences_per_device: int, local_devices: int):
   """The same config on the local devices: the mesh's fsdp x tensor split kept, data parallel over the
@@ -326,7 +398,9 @@ def local_config(config, mesh: dict[str, int], sequences_per_device: int, local_
     return None
   local = config.copy_and_resolve_references()
   local.mesh.update(data=local_devices // model_axes, fsdp=mesh["fsdp"], tensor=mesh["tensor"])
-  local.train.batch_size = sequences_per_device * config.train.micro_batches * local.mesh.data * mesh["fsdp"]
+  local.train.batch_size = (
+    sequences_per_device * config.train.micro_batches * local.mesh.data * mesh["fsdp"]
+  )
   return local
 
 
@@ -345,12 +419,24 @@ def compiled_memory(config, devices=None) -> dict[str, Any]:
   m = compiled.memory_analysis()
   if m is None:
     return {"backend": jax.default_backend(), "available": False}
-  args, out, alias, temp = (m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-                            m.temp_size_in_bytes)
-  return {"backend": jax.default_backend(), "available": True, "devices": int(mesh.devices.size),
-          "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}, "compile_seconds": seconds,
-          "arguments": args, "outputs": out, "aliased": alias, "temp": temp,
-          "total": args + out - alias + temp}
+  args, out, alias, temp = (
+    m.argument_size_in_bytes,
+    m.output_size_in_bytes,
+    m.alias_size_in_bytes,
+    m.temp_size_in_bytes,
+  )
+  return {
+    "backend": jax.default_backend(),
+    "available": True,
+    "devices": int(mesh.devices.size),
+    "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
+    "compile_seconds": seconds,
+    "arguments": args,
+    "outputs": out,
+    "aliased": alias,
+    "temp": temp,
+    "total": args + out - alias + temp,
+  }
 
 
 def compare_with_compiler(config, est: Estimate) -> dict[str, Any] | None:
@@ -361,8 +447,9 @@ def compare_with_compiler(config, est: Estimate) -> dict[str, Any] | None:
   if local is None:
     return None
   result = compiled_memory(local, jax.local_devices())
-  result["analytic"] = memory_per_device(local, abstract_mesh(local, jax.local_device_count()),
-                                         est.sequences_per_device)
+  result["analytic"] = memory_per_device(
+    local, abstract_mesh(local, jax.local_device_count()), est.sequences_per_device
+  )
   return result
 
 
@@ -380,7 +467,7 @@ def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
   than the config's, then micro-batches under remat=full, then fsdp (with micro-batches)."""
   menu = ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full"]
   current = config.model.remat if config.model.remat in menu else "full"
-  out = [{"model.remat": r} for r in menu[menu.index(current) + 1:]]
+  out = [{"model.remat": r} for r in menu[menu.index(current) + 1 :]]
   remat = {"model.remat": "full"} if current != "full" else {}
   fsdp = 1
   while fsdp <= devices and len(out) < 24:
@@ -388,7 +475,9 @@ def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
     per_device = config.train.batch_size // (dp["data"] * dp["fsdp"])
     micro = 1 if fsdp > 1 else 2
     while micro <= per_device:
-      out.append({**remat, "train.micro_batches": micro, **({"mesh.fsdp": fsdp} if fsdp > 1 else {})})
+      out.append(
+        {**remat, "train.micro_batches": micro, **({"mesh.fsdp": fsdp} if fsdp > 1 else {})}
+      )
       micro *= 2
     fsdp *= 2
   return out
@@ -408,7 +497,11 @@ def fit(config, tpu: tpu_compile.Slice, mfu: float = DEFAULT_MFU, on_try=None) -
       on_try(overrides, result)
     if result["fits"]:
       extra = est.recompute_flops_per_step / est.flops_per_step
-      return {"overrides": overrides, "compiled": result, "step_seconds": est.step_seconds * (1 + extra)}
+      return {
+        "overrides": overrides,
+        "compiled": result,
+        "step_seconds": est.step_seconds * (1 + extra),
+      }
   return {"overrides": None}
 
 
@@ -420,6 +513,7 @@ def command_line(config_name: str, overrides: dict[str, Any], given: list[str]) 
 
 # ----------------------------------------------------------------------------------------------------
 # Report.
+
 
 def _gib(x: float) -> str:
   return f"{x / 2**30:.2f} GiB"
@@ -434,7 +528,9 @@ def _duration(seconds: float) -> str:
 
 
 def _collectives(found: dict[str, dict[str, float]]) -> str:
-  parts = [f"{k} {v['count']:.0f} ({v['bytes'] / 2**20:,.1f} MiB)" for k, v in found.items() if v["count"]]
+  parts = [
+    f"{k} {v['count']:.0f} ({v['bytes'] / 2**20:,.1f} MiB)" for k, v in found.items() if v["count"]
+  ]
   return ", ".join(parts) or "none"
 
 
@@ -445,18 +541,21 @@ def format_tpu(est: Estimate) -> list[str]:
   if not t["fits"] and "arguments" not in t:
     needed = _gib(t["needed"]) if t["needed"] else "more"
     have = _gib(t["available"]) if t["available"] else "the chip's HBM"
-    return [f"TPU compiler ({t['slice']}, mesh {mesh}): does not fit: needs {needed}, {have} available "
-            f"(compile stopped after {t['compile_seconds']:.0f}s)"]
+    return [
+      f"TPU compiler ({t['slice']}, mesh {mesh}): does not fit: needs {needed}, {have} available "
+      f"(compile stopped after {t['compile_seconds']:.0f}s)"
+    ]
   a = est.memory["total"]
   lines = [
-      f"TPU compiler ({t['slice']} = {t['topology']}: {t['devices']} x {t['device_kind']}, mesh {mesh}; "
-      f"compiled on this host in {t['compile_seconds']:.0f}s), per device:",
-      f"  arguments {_gib(t['arguments'])} + temporaries {_gib(t['temp'])} + outputs "
-      f"{_gib(t['outputs'])} - aliased {_gib(t['aliased'])} = {_gib(t['total'])} of "
-      f"{_gib(t['device_memory'])} HBM: " + ("fits" if t["fits"] else "DOES NOT FIT")
-      + f"; analytic {_gib(a)} ({100 * (a / t['total'] - 1):+.0f}%)",
-      f"  collectives per step: {_collectives(t['collectives'])}; the gradients' all-reduce is "
-      f"{est.params_total * 4 / 2**20:,.1f} MiB (parameters x 4 bytes)",
+    f"TPU compiler ({t['slice']} = {t['topology']}: {t['devices']} x {t['device_kind']}, mesh {mesh}; "
+    f"compiled on this host in {t['compile_seconds']:.0f}s), per device:",
+    f"  arguments {_gib(t['arguments'])} + temporaries {_gib(t['temp'])} + outputs "
+    f"{_gib(t['outputs'])} - aliased {_gib(t['aliased'])} = {_gib(t['total'])} of "
+    f"{_gib(t['device_memory'])} HBM: "
+    + ("fits" if t["fits"] else "DOES NOT FIT")
+    + f"; analytic {_gib(a)} ({100 * (a / t['total'] - 1):+.0f}%)",
+    f"  collectives per step: {_collectives(t['collectives'])}; the gradients' all-reduce is "
+    f"{est.params_total * 4 / 2**20:,.1f} MiB (parameters x 4 bytes)",
   ]
   return lines
 
@@ -471,102 +570,136 @@ def format_fit(est: Estimate, config_name: str, given: list[str]) -> list[str]:
     return [f"--fit: no remat policy, micro-batch count or fsdp split fits {est.tpu['slice']}"]
   c = f["compiled"]
   change = " ".join(f"--config.{k}={v}" for k, v in f["overrides"].items())
-  return [f"--fit: {change} fits {c['slice']}: {_gib(c['total'])} of {_gib(c['device_memory'])} per "
-          f"device (TPU compiler), predicted step time {f['step_seconds']:.3f} s at {100 * est.mfu:.0f}% "
-          "MFU (remat's recomputation included):",
-          "  " + command_line(config_name, f["overrides"], given)]
+  return [
+    f"--fit: {change} fits {c['slice']}: {_gib(c['total'])} of {_gib(c['device_memory'])} per "
+    f"device (TPU compiler), predicted step time {f['step_seconds']:.3f} s at {100 * est.mfu:.0f}% "
+    "MFU (remat's recomputation included):",
+    "  " + command_line(config_name, f["overrides"], given),
+  ]
 
 
 def format_report(est: Estimate) -> str:
   mem = est.memory
   mesh = " x ".join(f"{a}={s}" for a, s in est.mesh.items())
   lines = [
-      f"config: {est.config_name or '(given)'}; remat={est.remat}, dtype={est.dtype}",
-      f"devices: {est.devices} x {est.device} (mesh {mesh}); {est.peak_flops / 1e12:.1f} TFLOP/s peak and "
-      f"{_gib(est.device_memory)} per device ({est.peak_source})",
-      f"parameters: {est.params_total:,} ({est.params_backbone:,} backbone)",
-      f"batch: {est.batch_size} sequences of {est.seq_len} tokens; {est.sequences_per_device} per device "
-      f"per micro-step ({est.micro_batches} micro-batches)",
-      f"FLOPs: {est.flops_per_example:.3e} per example (training = 3 x forward), {est.flops_per_step:.3e} "
-      f"per step, {est.flops_per_step / est.devices:.3e} per device",
-      "memory per device (analytic):",
-      f"  parameters          {_gib(mem['params'])}",
-      f"  optimizer state     {_gib(mem['opt_state'])}",
-      f"  gradients           {_gib(mem['grads'])}",
-      f"  optimizer update    {_gib(mem['update'])}",
-      f"  batch               {_gib(mem['batch'])}",
-      f"  activations saved   {_gib(mem['activations_saved'])} (remat={est.remat})",
-      f"  backward, one layer {_gib(mem['activations_working'])}",
-      f"  total               {_gib(mem['total'])} of {_gib(est.device_memory)}: "
-      + ("fits" if est.fits else "DOES NOT FIT")
-      + f" (keeping {100 * (1 - USABLE_MEMORY_FRACTION):.0f}% free)",
+    f"config: {est.config_name or '(given)'}; remat={est.remat}, dtype={est.dtype}",
+    f"devices: {est.devices} x {est.device} (mesh {mesh}); {est.peak_flops / 1e12:.1f} TFLOP/s peak and "
+    f"{_gib(est.device_memory)} per device ({est.peak_source})",
+    f"parameters: {est.params_total:,} ({est.params_backbone:,} backbone)",
+    f"batch: {est.batch_size} sequences of {est.seq_len} tokens; {est.sequences_per_device} per device "
+    f"per micro-step ({est.micro_batches} micro-batches)",
+    f"FLOPs: {est.flops_per_example:.3e} per example (training = 3 x forward), {est.flops_per_step:.3e} "
+    f"per step, {est.flops_per_step / est.devices:.3e} per device",
+    "memory per device (analytic):",
+    f"  parameters          {_gib(mem['params'])}",
+    f"  optimizer state     {_gib(mem['opt_state'])}",
+    f"  gradients           {_gib(mem['grads'])}",
+    f"  optimizer update    {_gib(mem['update'])}",
+    f"  batch               {_gib(mem['batch'])}",
+    f"  activations saved   {_gib(mem['activations_saved'])} (remat={est.remat})",
+    f"  backward, one layer {_gib(mem['activations_working'])}",
+    f"  total               {_gib(mem['total'])} of {_gib(est.device_memory)}: "
+    + ("fits" if est.fits else "DOES NOT FIT")
+    + f" (keeping {100 * (1 - USABLE_MEMORY_FRACTION):.0f}% free)",
   ]
   c = est.compiled
   if c is None and est.tpu is not None:
     pass
   elif c is None:
-    lines.append("compiler memory analysis: not run (--compile=no, or the local devices cannot hold the "
-                 "mesh's fsdp x tensor split)")
+    lines.append(
+      "compiler memory analysis: not run (--compile=no, or the local devices cannot hold the "
+      "mesh's fsdp x tensor split)"
+    )
   elif not c.get("available"):
     lines.append(f"compiler memory analysis: not available on {c['backend']}")
   else:
     a = c["analytic"]["total"]
     lines.append(
-        f"compiler memory analysis ({c['backend']}, {c['devices']} local devices, same per-device batch, "
-        f"compiled in {c['compile_seconds']:.0f}s): arguments {_gib(c['arguments'])} + temporaries "
-        f"{_gib(c['temp'])} = {_gib(c['total'])}; analytic for the same mesh {_gib(a)} "
-        f"({100 * (a / c['total'] - 1):+.0f}%)"
-        + ("; XLA:CPU computes bfloat16 in float32, so it needs more than a TPU or GPU would"
-           if c["backend"] == "cpu" and est.dtype != "float32" else ""))
+      f"compiler memory analysis ({c['backend']}, {c['devices']} local devices, same per-device batch, "
+      f"compiled in {c['compile_seconds']:.0f}s): arguments {_gib(c['arguments'])} + temporaries "
+      f"{_gib(c['temp'])} = {_gib(c['total'])}; analytic for the same mesh {_gib(a)} "
+      f"({100 * (a / c['total'] - 1):+.0f}%)"
+      + (
+        "; XLA:CPU computes bfloat16 in float32, so it needs more than a TPU or GPU would"
+        if c["backend"] == "cpu" and est.dtype != "float32"
+        else ""
+      )
+    )
   if est.tpu is not None:
     lines += format_tpu(est)
   lines += [
-      f"predicted step time: {est.step_seconds:.3f} s at {100 * est.mfu:.0f}% MFU "
-      f"({est.batch_size * est.seq_len / est.step_seconds:,.0f} tokens/s)",
-      f"predicted run: {est.num_steps:,} steps in {_duration(est.total_seconds)} "
-      f"({est.total_seconds / 3600 * est.devices:,.0f} device-hours)",
+    f"predicted step time: {est.step_seconds:.3f} s at {100 * est.mfu:.0f}% MFU "
+    f"({est.batch_size * est.seq_len / est.step_seconds:,.0f} tokens/s)",
+    f"predicted run: {est.num_steps:,} steps in {_duration(est.total_seconds)} "
+    f"({est.total_seconds / 3600 * est.devices:,.0f} device-hours)",
   ]
   if est.recompute_flops_per_step:
     extra = est.recompute_flops_per_step / est.flops_per_step
     lines.append(
-        f"remat={est.remat} re-runs {est.recompute_flops_per_step:.3e} FLOPs per step (+{100 * extra:.0f}%), "
-        f"which MFU does not count: at the same device FLOP rate MFU reads "
-        f"{100 * est.mfu / (1 + extra):.0f}% "
-        f"and the run takes {_duration(est.total_seconds * (1 + extra))}")
+      f"remat={est.remat} re-runs {est.recompute_flops_per_step:.3e} FLOPs per step (+{100 * extra:.0f}%), "
+      f"which MFU does not count: at the same device FLOP rate MFU reads "
+      f"{100 * est.mfu / (1 + extra):.0f}% "
+      f"and the run takes {_duration(est.total_seconds * (1 + extra))}"
+    )
   return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Command line (flags defined only when run as a program, so importing this module defines none).
 
+
 def run() -> None:
   from absl import app, flags
-
-  from albert_jax import cli
   from ml_collections import config_flags
 
-  config_flag = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
-                                                lock_config=True)
-  device_flag = flags.DEFINE_string("device", None, "tpu_v3, tpu_v4, tpu_v5e, tpu_v5p, a100, h100, h200 "
-                                    "or cpu (default: this machine's accelerator, else cpu).")
-  devices_flag = flags.DEFINE_integer("devices", None, "Number of devices as jax counts them (default: 8 "
-                                      "with --device, else this machine's).")
-  mfu_flag = flags.DEFINE_float("mfu", DEFAULT_MFU, "Model FLOPs utilisation the predicted times assume.")
+  from albert_jax import cli
+
+  config_flag = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
+  )
+  device_flag = flags.DEFINE_string(
+    "device",
+    None,
+    "tpu_v3, tpu_v4, tpu_v5e, tpu_v5p, a100, h100, h200 "
+    "or cpu (default: this machine's accelerator, else cpu).",
+  )
+  devices_flag = flags.DEFINE_integer(
+    "devices",
+    None,
+    "Number of devices as jax counts them (default: 8 with --device, else this machine's).",
+  )
+  mfu_flag = flags.DEFINE_float(
+    "mfu", DEFAULT_MFU, "Model FLOPs utilisation the predicted times assume."
+  )
   # --compile alone means yes (a boolean flag's form); --compile=auto|yes|no as before.
-  compile_flag = flags.DEFINE_flag(flags.Flag(
-      flags.EnumParser(["auto", "yes", "no", "true", "false"]), flags.ArgumentSerializer(), "compile",
-      "auto", "Compile the train step: for a TPU --device (or --slice), with the TPU compiler for that "
+  compile_flag = flags.DEFINE_flag(
+    flags.Flag(
+      flags.EnumParser(["auto", "yes", "no", "true", "false"]),
+      flags.ArgumentSerializer(),
+      "compile",
+      "auto",
+      "Compile the train step: for a TPU --device (or --slice), with the TPU compiler for that "
       "slice (needs libtpu); otherwise for the local backend, at the same per-device batch (auto: the "
-      "local compile, when the local devices can hold the mesh's model split).", boolean=True))
-  slice_flag = flags.DEFINE_string("slice", None, "A TPU slice (v3-8, v3-256, v4-32, v5p-8, "
-                                   "v5litepod-16): sets --device and --devices and compiles for it.")
-  fit_flag = flags.DEFINE_bool("fit", False, "When the config does not fit the TPU slice, search the "
-                               "smallest change that does (remat, micro-batches, fsdp), compiling each.")
+      "local compile, when the local devices can hold the mesh's model split).",
+      boolean=True,
+    )
+  )
+  slice_flag = flags.DEFINE_string(
+    "slice",
+    None,
+    "A TPU slice (v3-8, v3-256, v4-32, v5p-8, "
+    "v5litepod-16): sets --device and --devices and compiles for it.",
+  )
+  fit_flag = flags.DEFINE_bool(
+    "fit",
+    False,
+    "When the config does not fit the TPU slice, search the "
+    "smallest change that does (remat, micro-batches, fsdp), compiling each.",
+  )
   cli.define_verbose()
   flags.mark_flags_as_required(["config"])
 
   argv_all = list(sys.argv)
-  tpu_compile.quiet_libtpu()
 
   def main(argv):
     if len(argv) > 1:
@@ -578,18 +711,27 @@ def run() -> None:
       config = cli.load_config(config_flag)
       compile_ = {"true": "yes", "false": "no"}.get(compile_flag.value, compile_flag.value)
       tpu = tpu_compile.parse_slice(slice_flag.value) if slice_flag.value else None
-      if tpu and ((device_flag.value and device_flag.value != tpu.device)
-                  or (devices_flag.value and devices_flag.value != tpu.devices)):
-        raise ConfigError(f"--slice={tpu.name} is {tpu.devices} x {tpu.device}; --device/--devices "
-                          "say otherwise")
+      if tpu and (
+        (device_flag.value and device_flag.value != tpu.device)
+        or (devices_flag.value and devices_flag.value != tpu.devices)
+      ):
+        raise ConfigError(
+          f"--slice={tpu.name} is {tpu.devices} x {tpu.device}; --device/--devices say otherwise"
+        )
       device = tpu.device if tpu else device_flag.value or hardware.device_name() or "cpu"
-      devices = tpu.devices if tpu else devices_flag.value or (
-          8 if device_flag.value and device != "cpu" else jax.device_count())
+      devices = (
+        tpu.devices
+        if tpu
+        else devices_flag.value
+        or (8 if device_flag.value and device != "cpu" else jax.device_count())
+      )
       if tpu is None and device_flag.value and (compile_ == "yes" or fit_flag.value):
         if device.startswith("tpu_"):
           tpu = tpu_compile.slice_for(device, devices)
       if fit_flag.value and tpu is None:
-        raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
+        raise ConfigError(
+          "--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256"
+        )
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])
       est = estimate(config, device, devices, mfu_flag.value, config_name=config_name)
       if tpu is not None and compile_ != "no":
@@ -599,16 +741,23 @@ def run() -> None:
       elif compile_ != "no":
         est.compiled = compare_with_compiler(config, est)
         if est.compiled is None and compile_ == "yes":
-          raise ConfigError(f"the {jax.local_device_count()} local devices cannot hold the mesh's "
-                            f"fsdp={est.mesh['fsdp']} x tensor={est.mesh['tensor']} split")
+          raise ConfigError(
+            f"the {jax.local_device_count()} local devices cannot hold the mesh's "
+            f"fsdp={est.mesh['fsdp']} x tensor={est.mesh['tensor']} split"
+          )
       print(format_report(est), flush=True)
       if fit_flag.value:
         given = [a for a in argv_all if a.startswith("--config.")]
-        lines = ["--fit: nothing compiled (--compile=no)"] if est.tpu is None else format_fit(
-            est, config_name, given)
+        lines = (
+          ["--fit: nothing compiled (--compile=no)"]
+          if est.tpu is None
+          else format_fit(est, config_name, given)
+        )
         print("\n".join(lines), flush=True)
     if est.tpu is not None and not est.tpu["fits"]:
-      sys.exit(cli.DOES_NOT_FIT)  # for scripts (launch/tpu_pod.sh): the config as given does not fit
+      sys.exit(
+        cli.DOES_NOT_FIT
+      )  # for scripts (launch/tpu_pod.sh): the config as given does not fit
 
   app.run(main, flags_parser=cli.parse_flags)
 

@@ -12,16 +12,12 @@ times and collective speeds are not measured: only memory, compilation and the c
 from __future__ import annotations
 
 import dataclasses
-import glob
-import logging
 import math
-import os
 import re
 import time
 from typing import Any
 
-
-from albert_jax import config_lib, examples, hardware, sharding, train
+from albert_jax import cli, config_lib, examples, hardware, sharding, train
 from albert_jax.config_lib import ConfigError
 
 INSTALL_HINT = (
@@ -104,25 +100,6 @@ def slice_for(device: str, devices: int) -> Slice:
   return parse_slice(f"{family}-{devices // per_chip * (2 if counts_cores else 1)}")
 
 
-def quiet_libtpu() -> None:
-  """Off a TPU VM, libtpu looks for the VM's metadata and prints warnings when it finds none, and
-  takes a lock file that lets one process at a time compile; these settings (only where unset, and
-  only on a host without TPU chips, where the lock protects no chip) tell it there is nothing to find
-  and no chip to share."""
-  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-    return
-  for key, value in (
-    ("TPU_SKIP_MDS_QUERY", "1"),
-    ("TPU_ACCELERATOR_TYPE", "v3-8"),
-    ("TPU_WORKER_HOSTNAMES", "localhost"),
-    ("TPU_WORKER_ID", "0"),
-    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
-  ):
-    os.environ.setdefault(key, value)
-  # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-
-
 def available() -> bool:
   try:
     import libtpu  # noqa: F401
@@ -135,7 +112,7 @@ def topology_devices(tpu: Slice) -> list:
   """The slice's devices from its topology (no TPU needed; libtpu compiles for them)."""
   if not available():
     raise ConfigError(INSTALL_HINT)
-  quiet_libtpu()
+  cli.quiet_libtpu()
   from jax.experimental import topologies
 
   kwargs = {"chip_config_name": tpu.chip_config_name} if tpu.chip_config_name else {}

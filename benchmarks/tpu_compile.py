@@ -23,12 +23,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from albert_jax import tpu_compile  # noqa: E402
-
-tpu_compile.quiet_libtpu()
-
 from albert_jax import cli  # noqa: E402
-from albert_jax import estimate as E  # noqa: E402
+
+cli.quiet_libtpu()
+
+from albert_jax import estimate as E, tpu_compile  # noqa: E402
 from albert_jax.config_lib import ConfigError  # noqa: E402
 
 CONFIGS = (
