@@ -7,6 +7,7 @@ r"""Pretrain ALBERT: python -m albert_jax.main --config=configs/NAME.py[:variant
 The config is locked: a mistyped override is an error. Re-running the same command resumes from the
 latest sound checkpoint in --workdir. Errors are one line `error: ...`; exit statuses: cli.py.
 """
+
 from __future__ import annotations
 
 from absl import app, flags
@@ -18,10 +19,12 @@ def run():
 
   from albert_jax import cli
 
-  config_flag = config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:args]).",
-                                                lock_config=True)
-  workdir_flag = flags.DEFINE_string("workdir", None,
-                                     "Run directory (local path or gs://): data, checkpoints, logs.")
+  config_flag = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
+  )
+  workdir_flag = flags.DEFINE_string(
+    "workdir", None, "Run directory (local path or gs://): data, checkpoints, logs."
+  )
   cli.define_verbose()
   flags.mark_flags_as_required(["config", "workdir"])
 
@@ -34,11 +37,14 @@ def run():
       from albert_jax import config_lib
 
       config_lib.validate(config)
-    cli.setup_logging("main", workdir)
-    with cli.guard():
-      from albert_jax import distributed, train
+    with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
+      from albert_jax import distributed
 
       distributed.initialize(config)
+    cli.setup_logging("main", workdir)
+    with cli.guard():
+      from albert_jax import train
+
       train.train_and_evaluate(config, workdir)
 
   app.run(main, flags_parser=cli.parse_flags)

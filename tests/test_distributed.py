@@ -6,6 +6,7 @@ two-process run; each process reads its own rows of every global batch (recorded
 around input_pipeline.make_iterator). A process whose peer never joins, and hosts that run different configs,
 end with one `error: ...` line instead of hanging.
 """
+
 import collections
 import json
 import os
@@ -25,11 +26,25 @@ from albert_jax.config_lib import ConfigError
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = dict(vocab_size=1000, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=128, max_position_embeddings=64)
+MODEL = dict(
+  vocab_size=1000,
+  embedding_size=32,
+  hidden_size=64,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  intermediate_size=128,
+  max_position_embeddings=64,
+)
 DATA = dict(max_seq_length=64, max_predictions_per_seq=10, max_documents=100)
-TRAIN = dict(batch_size=16, warmup_steps=2, log_every=1, eval_every=1000, eval_steps=1, checkpoint_every=2,
-             keep_checkpoints=3)
+TRAIN = dict(
+  batch_size=16,
+  warmup_steps=2,
+  log_every=1,
+  eval_every=1000,
+  eval_steps=1,
+  checkpoint_every=2,
+  keep_checkpoints=3,
+)
 
 # Runs albert_jax.main with input_pipeline.make_iterator wrapped so that every train batch this process reads is
 # appended (input_ids rows) to $ALBERT_TEST_RECORD.<process index>.
@@ -85,32 +100,50 @@ def free_port() -> int:
 
 
 def env(devices, tmp_path, **extra):
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-              PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path.parent / "jax_cache"),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
+  return dict(
+    os.environ,
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path.parent / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    **extra,
+  )
 
 
 def command(workdir, data_dir, *extra, record=True):
-  args = [f"--config=configs/tiny.py", f"--workdir={workdir}"]
+  args = ["--config=configs/tiny.py", f"--workdir={workdir}"]
   args += [f"--config.model.{k}={v}" for k, v in MODEL.items()]
-  args += [f"--config.data.{k}={v}" for k, v in DATA.items()] + [f"--config.data.data_dir={data_dir}"]
+  args += [f"--config.data.{k}={v}" for k, v in DATA.items()] + [
+    f"--config.data.data_dir={data_dir}"
+  ]
   args += [f"--config.train.{k}={v}" for k, v in TRAIN.items()] + list(extra)
-  head = [sys.executable, "-c", RECORDING_MAIN] if record else [sys.executable, "-m", "albert_jax.main"]
+  head = (
+    [sys.executable, "-c", RECORDING_MAIN] if record else [sys.executable, "-m", "albert_jax.main"]
+  )
   return head + args
 
 
 def distributed_args(port, process_id, num_processes=2, timeout=60):
-  return [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-          f"--config.distributed.num_processes={num_processes}",
-          f"--config.distributed.process_id={process_id}",
-          f"--config.distributed.initialization_timeout={timeout}"]
+  return [
+    f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+    f"--config.distributed.num_processes={num_processes}",
+    f"--config.distributed.process_id={process_id}",
+    f"--config.distributed.initialization_timeout={timeout}",
+  ]
 
 
 def start(cmd, environment, log):
   """Starts a process writing to <log>.out and <log>.err (files: a full pipe would block it, and a
   blocked process blocks its peer in the next collective)."""
-  return subprocess.Popen(cmd, cwd=ROOT, env=environment, stdout=open(f"{log}.out", "w"),
-                          stderr=open(f"{log}.err", "w"), text=True)
+  return subprocess.Popen(
+    cmd,
+    cwd=ROOT,
+    env=environment,
+    stdout=open(f"{log}.out", "w"),
+    stderr=open(f"{log}.err", "w"),
+    text=True,
+  )
 
 
 def output(log):
@@ -136,9 +169,17 @@ def two_processes(workdir, data_dir, tmp_path, name, *extra, per_process=((), ()
   """Processes 0 and 1 of one job (2 CPU devices each); logs and recorded rows under tmp_path/name.*"""
   port = free_port()
   record = dict(ALBERT_TEST_RECORD=str(tmp_path / f"{name}.rows"))
-  return [(start(command(workdir, data_dir, *extra, *distributed_args(port, i), *per_process[i]),
-                 env(2, tmp_path, **record), tmp_path / f"{name}.{i}"), tmp_path / f"{name}.{i}")
-          for i in range(2)]
+  return [
+    (
+      start(
+        command(workdir, data_dir, *extra, *distributed_args(port, i), *per_process[i]),
+        env(2, tmp_path, **record),
+        tmp_path / f"{name}.{i}",
+      ),
+      tmp_path / f"{name}.{i}",
+    )
+    for i in range(2)
+  ]
 
 
 def wait_for_line(proc, log, prefix, timeout=300):
@@ -162,9 +203,15 @@ def assert_ok(result):
 
 # --- settings and agreement (no processes) --------------------------------------------------------
 
+
 def dist_config(**fields):
-  config = ml_collections.ConfigDict({"distributed": dict(coordinator_address="", num_processes=0,
-                                                          process_id=-1, initialization_timeout=300)})
+  config = ml_collections.ConfigDict(
+    {
+      "distributed": dict(
+        coordinator_address="", num_processes=0, process_id=-1, initialization_timeout=300
+      )
+    }
+  )
   config.distributed.update(fields)
   return config
 
@@ -172,16 +219,26 @@ def dist_config(**fields):
 def test_settings_from_the_config_or_the_environment():
   explicit = dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3)
   assert distributed.settings(dist_config(**explicit), environ={}) == explicit
-  from_env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
+  from_env = {
+    "JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234",
+    "JAX_NUM_PROCESSES": "4",
+    "JAX_PROCESS_ID": "3",
+  }
   assert distributed.settings(dist_config(), environ=from_env) == explicit
   # The config wins over the environment, field by field.
   assert distributed.settings(dist_config(process_id=1), environ=from_env)["process_id"] == 1
   assert distributed.settings(dist_config(), environ={}) is None  # one process: nothing to join
-  assert distributed.settings(dist_config(coordinator_address="h:1", num_processes=1, process_id=0),
-                              environ={}) is None
+  assert (
+    distributed.settings(
+      dist_config(coordinator_address="h:1", num_processes=1, process_id=0), environ={}
+    )
+    is None
+  )
   assert distributed.settings(dist_config(), environ={"TPU_WORKER_HOSTNAMES": "a,b,c,d"}) == {}
   assert distributed.settings(dist_config(), environ={"TPU_WORKER_HOSTNAMES": "localhost"}) is None
-  assert distributed.settings(dist_config(), environ={"SLURM_JOB_ID": "7", "SLURM_NTASKS": "16"}) == {}
+  assert (
+    distributed.settings(dist_config(), environ={"SLURM_JOB_ID": "7", "SLURM_NTASKS": "16"}) == {}
+  )
 
 
 def test_a_cloud_tpu_vm_slice_is_joined_with_jax_detecting_it(monkeypatch):
@@ -190,29 +247,50 @@ def test_a_cloud_tpu_vm_slice_is_joined_with_jax_detecting_it(monkeypatch):
   assert distributed._cloud_tpu_vm_workers() == 0
   from jax._src import cloud_tpu_init
   from jax._src.clusters import cloud_tpu_cluster
+
   monkeypatch.setattr(cloud_tpu_init, "running_in_cloud_tpu_vm", True)
   monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
   monkeypatch.setenv("MEGASCALE_NUM_SLICES", "1")  # else read from the metadata server too
   for workers, expected in [(4, {}), (1, None)]:
-    monkeypatch.setattr(cloud_tpu_cluster.GceTpuCluster, "is_env_present", classmethod(lambda cls: True))
-    monkeypatch.setattr(cloud_tpu_cluster.GceTpuCluster, "_get_worker_list_in_slice",
-                        staticmethod(lambda n=workers: [f"10.0.0.{i}" for i in range(n)]))
+    monkeypatch.setattr(
+      cloud_tpu_cluster.GceTpuCluster, "is_env_present", classmethod(lambda cls: True)
+    )
+    monkeypatch.setattr(
+      cloud_tpu_cluster.GceTpuCluster,
+      "_get_worker_list_in_slice",
+      staticmethod(lambda n=workers: [f"10.0.0.{i}" for i in range(n)]),
+    )
     assert distributed._cloud_tpu_vm_workers() == workers
     assert distributed.settings(dist_config(), environ={}) == expected
 
 
-@pytest.mark.parametrize("fields, environ, message", [
+@pytest.mark.parametrize(
+  "fields, environ, message",
+  [
     (dict(coordinator_address="h:1"), {}, "num_processes, process_id not set"),
     (dict(num_processes=2, process_id=0), {}, "coordinator_address not set"),
     (dict(coordinator_address="nohost", num_processes=2, process_id=0), {}, "is not host:port"),
-    (dict(coordinator_address="h:1", num_processes=2, process_id=2), {}, "not in [0, num_processes=2)"),
-    (dict(coordinator_address="h:1", num_processes=2, process_id=0, initialization_timeout=0), {},
-     "initialization_timeout=0 must be positive"),
-    (dict(), {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"},
-     "JAX_NUM_PROCESSES='two' is not an integer"),
-])
+    (
+      dict(coordinator_address="h:1", num_processes=2, process_id=2),
+      {},
+      "not in [0, num_processes=2)",
+    ),
+    (
+      dict(coordinator_address="h:1", num_processes=2, process_id=0, initialization_timeout=0),
+      {},
+      "initialization_timeout=0 must be positive",
+    ),
+    (
+      dict(),
+      {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"},
+      "JAX_NUM_PROCESSES='two' is not an integer",
+    ),
+  ],
+)
 def test_incomplete_settings_are_one_line_errors(fields, environ, message):
-  with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+  with pytest.raises(
+    ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+  ):
     distributed.settings(dist_config(**fields), environ=environ)
 
 
@@ -226,22 +304,35 @@ def test_hosts_must_agree_on_config_jax_and_step():
   rows = np.array([[5, 9, 40], [5, 9, 40], [6, 9, 40], [5, 8, -1]])
   assert distributed.disagreements(rows[:2]) == []
   assert distributed.disagreements(rows) == [
-      "process 2 runs another config than process 0",
-      "process 3 runs another jax version than process 0",
-      "process 3 resumes from no checkpoint, process 0 from step 40"]
+    "process 2 runs another config than process 0",
+    "process 3 runs another jax version than process 0",
+    "process 3 resumes from no checkpoint, process 0 from step 40",
+  ]
 
 
 # --- real processes -------------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path, data_dir):
   single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
   steps = "--config.train.num_steps=6"
   # One process with 4 devices and, at the same time, two processes with 2 devices each: the same
   # global batch over the same data-parallel mesh of 4 devices. The single run keeps every step.
-  reference = (start(command(single, data_dir, steps, "--config.train.checkpoint_every=1",
-                             "--config.train.keep_checkpoints=6"),
-                     env(4, tmp_path, ALBERT_TEST_RECORD=str(tmp_path / "single.rows")), tmp_path / "single"),
-               tmp_path / "single")
+  reference = (
+    start(
+      command(
+        single,
+        data_dir,
+        steps,
+        "--config.train.checkpoint_every=1",
+        "--config.train.keep_checkpoints=6",
+      ),
+      env(4, tmp_path, ALBERT_TEST_RECORD=str(tmp_path / "single.rows")),
+      tmp_path / "single",
+    ),
+    tmp_path / "single",
+  )
   pair = two_processes(multi, data_dir, tmp_path, "first", steps)
   # A preemption notice to process 0 alone: the processes agree to stop, save and exit cleanly.
   assert wait_for_line(*pair[0], "step 2/6"), output(pair[0][1])
@@ -257,7 +348,7 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path,
   # ranks. ...") to stdout, and two of them can interleave mid-line: those fragments are not ours.
   ours = [l for l in out1.splitlines() if l.strip() and "[Gloo]" not in l and "peer ranks" not in l]
   assert ours == [], out1
-  assert sorted(os.listdir(multi)) == ["checkpoints", "config.json", "tensorboard"]
+  assert sorted(os.listdir(multi)) == [".lock", "checkpoints", "config.json", "logs", "tensorboard"]
   assert json.load(open(os.path.join(multi, "config.json")))["distributed"]["process_id"] == 0
 
   def params(workdir, step):
@@ -289,33 +380,61 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path,
     a, b = hosts[0][step], hosts[1][step]
     assert len(a) == len(b) == TRAIN["batch_size"] // 2
     assert not set(a) & set(b)
-    assert collections.Counter(a) + collections.Counter(b) == collections.Counter(reference_rows[step])
+    assert collections.Counter(a) + collections.Counter(b) == collections.Counter(
+      reference_rows[step]
+    )
 
 
 def test_a_process_whose_peer_never_joins_exits_with_one_clear_line(tmp_path, data_dir):
   timeout = 5
   began = time.monotonic()
   log = tmp_path / "alone"
-  [(code, out, err)] = finish([(start(
-      command(str(tmp_path / "alone"), data_dir, *distributed_args(free_port(), 0, timeout=timeout),
-              record=False), env(2, tmp_path), log), log)], timeout=120)
+  [(code, out, err)] = finish(
+    [
+      (
+        start(
+          command(
+            str(tmp_path / "alone"),
+            data_dir,
+            *distributed_args(free_port(), 0, timeout=timeout),
+            record=False,
+          ),
+          env(2, tmp_path),
+          log,
+        ),
+        log,
+      )
+    ],
+    timeout=120,
+  )
   elapsed = time.monotonic() - began
   assert code == 2, (out, err[-2000:])
   last = err.strip().splitlines()[-1]
   assert last.startswith("error: process 0 of 2: not every process joined within 5s"), err[-2000:]
   assert "config.distributed.initialization_timeout" in last and "127.0.0.1:" in last
   assert "Traceback" not in err and "Check failure" not in err
-  assert elapsed < timeout + 30  # start-up plus the timeout; jax alone would abort later, with a stack dump
+  assert (
+    elapsed < timeout + 30
+  )  # start-up plus the timeout; jax alone would abort later, with a stack dump
   assert not os.path.exists(tmp_path / "alone")  # nothing written before the job is complete
 
 
 def test_hosts_with_different_configs_stop_together_with_one_error(tmp_path, data_dir):
   workdir = str(tmp_path / "mismatch")
-  results = finish(two_processes(workdir, data_dir, tmp_path, "mismatch",
-                                 per_process=((), ("--config.train.learning_rate=0.001",))), timeout=200)
+  results = finish(
+    two_processes(
+      workdir,
+      data_dir,
+      tmp_path,
+      "mismatch",
+      per_process=((), ("--config.train.learning_rate=0.001",)),
+    ),
+    timeout=200,
+  )
   for code, out, err in results:
     assert code == 2, (out[-1000:], err[-2000:])
     assert err.strip().splitlines()[-1] == (
-        "error: the 2 processes disagree: process 1 runs another config than process 0; every host must "
-        "run the same command on the same (shared) --workdir")
+      "error: the 2 processes disagree: process 1 runs another config than process 0; every host must "
+      "run the same command on the same (shared) --workdir"
+    )
   assert checkpoint.latest_step(workdir) is None
