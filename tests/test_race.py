@@ -1,4 +1,5 @@
 """RACE: reading the release's layout, the original's option pairing and truncation, bad input."""
+
 import json
 
 import numpy as np
@@ -7,28 +8,28 @@ import pytest
 from albert_jax import race, tokenizer
 from albert_jax.config_lib import ConfigError
 
-ARTICLE = ("Tom lives in a small town near the sea. Every morning he walks his dog along the beach "
-           "before school, and in the evening he reads books about ships.")
-
-
-def _sentences():
-  from pydoc_data import topics
-  return [line.strip() for key in sorted(topics.topics) for line in topics.topics[key].splitlines()
-          if line.strip()]
+ARTICLE = (
+  "Tom lives in a small town near the sea. Every morning he walks his dog along the beach "
+  "before school, and in the evening he reads books about ships."
+)
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
-  return tokenizer.load(tokenizer.train(_sentences(), path, 1000, seed=0))
+def tok(spm_model_path):
+  return tokenizer.load(spm_model_path)
 
 
 def _article(**overrides):
-  article = {"id": "high1.txt", "article": ARTICLE,
-             "questions": ["Tom walks his dog _ .", "What does Tom read about?"],
-             "options": [["at night", "in the morning", "at noon", "never"],
-                         ["cars", "birds", "ships", "trees"]],
-             "answers": ["B", "C"]}
+  article = {
+    "id": "high1.txt",
+    "article": ARTICLE,
+    "questions": ["Tom walks his dog _ .", "What does Tom read about?"],
+    "options": [
+      ["at night", "in the morning", "at noon", "never"],
+      ["cars", "birds", "ships", "trees"],
+    ],
+    "answers": ["B", "C"],
+  }
   article.update(overrides)
   return article
 
@@ -36,9 +37,14 @@ def _article(**overrides):
 @pytest.fixture
 def race_dir(tmp_path):
   for split, level, name, article in [
-      ("dev", "high", "1.txt", _article()),
-      ("dev", "middle", "2.txt", _article(id="middle2.txt", questions=["Where? _", "Q2"],
-                                          answers=["A", "D"]))]:
+    ("dev", "high", "1.txt", _article()),
+    (
+      "dev",
+      "middle",
+      "2.txt",
+      _article(id="middle2.txt", questions=["Where? _", "Q2"], answers=["A", "D"]),
+    ),
+  ]:
     (tmp_path / split / level).mkdir(parents=True, exist_ok=True)
     (tmp_path / split / level / name).write_text(json.dumps(article))
   return tmp_path
@@ -46,8 +52,12 @@ def race_dir(tmp_path):
 
 def test_read_race_directory_and_file(race_dir):
   examples = race.read_race(str(race_dir / "dev"))
-  assert [e.example_id for e in examples] == ["high1.txt-0", "high1.txt-1", "middle2.txt-0",
-                                              "middle2.txt-1"]
+  assert [e.example_id for e in examples] == [
+    "high1.txt-0",
+    "high1.txt-1",
+    "middle2.txt-0",
+    "middle2.txt-1",
+  ]
   assert [e.label for e in examples] == [1, 2, 0, 3]
   assert examples[1].options == ["cars", "birds", "ships", "trees"]
   one = race.read_race(str(race_dir / "dev" / "high" / "1.txt"))
@@ -78,7 +88,7 @@ def test_features_pair_each_option_with_the_question(tok, race_dir):
   # No blank: question and option joined by a space.
   qa = tok.encode("What does Tom read about? ships")
   row = arrays["input_ids"][1, 2]
-  assert row[len(context) + 2:len(context) + 2 + len(qa)].tolist() == qa
+  assert row[len(context) + 2 : len(context) + 2 + len(qa)].tolist() == qa
   assert race.question_with_option("a _ b", "x y") == "a x y b"
   assert race.question_with_option("why?", "x") == "why? x"
 
@@ -91,14 +101,21 @@ def test_truncation_cuts_the_article_end_and_keeps_the_qa_tail(tok, race_dir):
   row = arrays["input_ids"][1, 2]
   assert arrays["input_mask"][1, 2].sum() == 24  # full
   kept = 24 - 3 - 6
-  assert row.tolist() == [tokenizer.CLS_ID, *context[:kept], tokenizer.SEP_ID, *qa[-6:],
-                          tokenizer.SEP_ID]
+  assert row.tolist() == [
+    tokenizer.CLS_ID,
+    *context[:kept],
+    tokenizer.SEP_ID,
+    *qa[-6:],
+    tokenizer.SEP_ID,
+  ]
   assert arrays["segment_ids"][1, 2].tolist() == [0] * (kept + 2) + [1] * 7
   with pytest.raises(ConfigError, match="must exceed max_qa_length"):
     race.make_features(examples, tok, max_seq_length=8, max_qa_length=6)
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(
+  "content, message",
+  [
     (None, "RACE data not found"),
     ("{oops", "is not valid JSON"),
     ({"article": "a", "questions": [], "options": []}, "missing key 'answers'"),
@@ -106,7 +123,8 @@ def test_truncation_cuts_the_article_end_and_keeps_the_qa_tail(tok, race_dir):
     (_article(options=[["a", "b", "c"], ["a", "b", "c", "d"]]), "question 1 has 3 options, not 4"),
     (_article(answers=["B"]), "must be lists of one length"),
     (_article(questions=[], options=[], answers=[]), "no RACE questions"),
-])
+  ],
+)
 def test_bad_input_gives_one_line(tmp_path, content, message):
   path = tmp_path / "bad.txt"
   if content is not None:

@@ -1,4 +1,5 @@
 """SQuAD: a real SentencePiece model, hand-made SQuAD files, windows, post-processing, EM/F1."""
+
 import json
 
 import numpy as np
@@ -7,28 +8,26 @@ import pytest
 from albert_jax import squad, tokenizer
 from albert_jax.config_lib import ConfigError
 
-CONTEXT = ("The Café  Müller in ZÜRICH was opened in 1921 by ``Hans'' Müller; it serves coffee.\n"
-           " Later  it moved to the old town, where it still stands today.")
+CONTEXT = (
+  "The Café  Müller in ZÜRICH was opened in 1921 by ``Hans'' Müller; it serves coffee.\n"
+  " Later  it moved to the old town, where it still stands today."
+)
 # A long context: the answer sits past the first window of the small sequences used below.
 LONG = " ".join(f"Sentence number {i} talks about the weather and the river." for i in range(5))
 LONG += " The treasure is hidden under the old bridge. " + LONG
 
 
-def _sentences():
-  from pydoc_data import topics
-  return [line.strip() for key in sorted(topics.topics) for line in topics.topics[key].splitlines()
-          if line.strip()]
-
-
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
-  return tokenizer.load(tokenizer.train(_sentences(), path, 1000, seed=0))
+def tok(spm_model_path):
+  return tokenizer.load(spm_model_path)
 
 
 def _qa(qid, question, context, *answers, impossible=False):
-  qa = {"id": qid, "question": question,
-        "answers": [{"text": a, "answer_start": context.index(a)} for a in answers]}
+  qa = {
+    "id": qid,
+    "question": question,
+    "answers": [{"text": a, "answer_start": context.index(a)} for a in answers],
+  }
   if impossible:
     qa["is_impossible"] = True
     qa["answers"] = []
@@ -43,14 +42,24 @@ def _write(path, paragraphs):
 
 @pytest.fixture
 def v2_file(tmp_path):
-  return _write(tmp_path / "dev.json", [
-      {"context": CONTEXT, "qas": [
+  return _write(
+    tmp_path / "dev.json",
+    [
+      {
+        "context": CONTEXT,
+        "qas": [
           _qa("cafe", "What is the café called?", CONTEXT, "Café  Müller"),
           _qa("city", "Where is it?", CONTEXT, "ZÜRICH"),
           _qa("who", "Who opened it?", CONTEXT, "``Hans'' Müller", "Hans"),
-          _qa("none", "What does it sell to dogs?", CONTEXT, impossible=True)]},
-      {"context": LONG,
-       "qas": [_qa("bridge", "Where is the treasure?", LONG, "under the old bridge")]}])
+          _qa("none", "What does it sell to dogs?", CONTEXT, impossible=True),
+        ],
+      },
+      {
+        "context": LONG,
+        "qas": [_qa("bridge", "Where is the treasure?", LONG, "under the old bridge")],
+      },
+    ],
+  )
 
 
 def test_read_squad(v2_file):
@@ -63,8 +72,9 @@ def test_read_squad(v2_file):
 
 def test_answer_pieces_map_back_to_the_answer_text(tok, v2_file):
   examples = squad.read_squad(v2_file, version_2=True)
-  arrays, features = squad.make_features(examples, tok, max_seq_length=384, doc_stride=128,
-                                         max_query_length=64, is_training=True)
+  arrays, features = squad.make_features(
+    examples, tok, max_seq_length=384, doc_stride=128, max_query_length=64, is_training=True
+  )
   assert len(features) == len(examples)  # everything fits one window at 384
   for r, (ex, f) in enumerate(zip(examples, features)):
     s, e = arrays["start_positions"][r], arrays["end_positions"][r]
@@ -73,25 +83,26 @@ def test_answer_pieces_map_back_to_the_answer_text(tok, v2_file):
       continue
     a, b = s - f.doc_offset + f.window_start, e - f.doc_offset + f.window_start
     # The pieces' spans give back the original characters (case, accents, `` '' quotes, spaces).
-    assert ex.context[f.piece_spans[a, 0]:f.piece_spans[b, 1]] == ex.answers[0]
+    assert ex.context[f.piece_spans[a, 0] : f.piece_spans[b, 1]] == ex.answers[0]
     # And the pieces themselves decode to the preprocessed answer.
-    decoded = tok.decode(arrays["input_ids"][r, s:e + 1])
+    decoded = tok.decode(arrays["input_ids"][r, s : e + 1])
     assert decoded == tokenizer.preprocess_text(ex.answers[0])
   ids = arrays["input_ids"][0]
   n = int(arrays["input_mask"][0].sum())
   query = tok.encode("What is the café called?")
-  assert list(ids[:len(query) + 2]) == [tokenizer.CLS_ID, *query, tokenizer.SEP_ID]
+  assert list(ids[: len(query) + 2]) == [tokenizer.CLS_ID, *query, tokenizer.SEP_ID]
   assert ids[n - 1] == tokenizer.SEP_ID and ids[n:].sum() == 0
-  assert arrays["segment_ids"][0, :len(query) + 2].sum() == 0
-  assert (arrays["segment_ids"][0, len(query) + 2:n] == 1).all()
+  assert arrays["segment_ids"][0, : len(query) + 2].sum() == 0
+  assert (arrays["segment_ids"][0, len(query) + 2 : n] == 1).all()
   assert arrays["segment_ids"][0, n:].sum() == 0
   assert all(a.dtype == np.int32 for a in arrays.values())
 
 
 def test_windows_cover_the_context_with_the_stride(tok, v2_file):
   examples = squad.read_squad(v2_file, version_2=True)[4:]
-  arrays, features = squad.make_features(examples, tok, max_seq_length=48, doc_stride=16,
-                                         max_query_length=8, is_training=True)
+  arrays, features = squad.make_features(
+    examples, tok, max_seq_length=48, doc_stride=16, max_query_length=8, is_training=True
+  )
   num_pieces = len(features[0].piece_spans)
   starts = [f.window_start for f in features]
   assert starts == list(range(0, 16 * len(features), 16))
@@ -100,7 +111,7 @@ def test_windows_cover_the_context_with_the_stride(tok, v2_file):
   # Every piece has exactly one window that is its max context.
   owners = np.zeros(num_pieces, int)
   for f in features:
-    owners[f.window_start:f.window_start + f.window_length] += f.max_context
+    owners[f.window_start : f.window_start + f.window_length] += f.max_context
   assert (owners == 1).all()
   # The answer is labelled in the windows that hold all of it and nowhere else.
   ex = examples[0]
@@ -115,8 +126,9 @@ def test_windows_cover_the_context_with_the_stride(tok, v2_file):
       assert arrays["end_positions"][r] == f.doc_offset + b - f.window_start
   assert 1 <= arrays["start_positions"].astype(bool).sum() < len(features)
   # Not training: no positions.
-  arrays, _ = squad.make_features(examples, tok, max_seq_length=48, doc_stride=16,
-                                  max_query_length=8, is_training=False)
+  arrays, _ = squad.make_features(
+    examples, tok, max_seq_length=48, doc_stride=16, max_query_length=8, is_training=False
+  )
   assert arrays["start_positions"].sum() == 0
 
 
@@ -135,15 +147,21 @@ def _logits_for(features, arrays, spans_by_row, null=None):
 
 def test_postprocess_picks_the_best_span(tok, v2_file):
   examples = squad.read_squad(v2_file, version_2=True)
-  arrays, features = squad.make_features(examples, tok, max_seq_length=384, doc_stride=128,
-                                         max_query_length=64, is_training=True)
+  arrays, features = squad.make_features(
+    examples, tok, max_seq_length=384, doc_stride=128, max_query_length=64, is_training=True
+  )
   pos = arrays["start_positions"], arrays["end_positions"]
   spans = {r: (pos[0][r], pos[1][r], 5.0) for r in (0, 1, 2, 4)}
   start, end = _logits_for(features, arrays, spans)
   start[3, features[3].doc_offset] = 1.0  # the impossible one: some weak span
   preds = squad.postprocess(examples, features, start, end)
-  assert preds == {"cafe": "Café  Müller", "city": "ZÜRICH", "who": "``Hans'' Müller",
-                   "none": "The", "bridge": "under the old bridge"}
+  assert preds == {
+    "cafe": "Café  Müller",
+    "city": "ZÜRICH",
+    "who": "``Hans'' Müller",
+    "none": "The",
+    "bridge": "under the old bridge",
+  }
   result = squad.evaluate(examples, preds, version_2=True)
   # "The" normalises to "" (articles go): the official v2 script counts it as a right null answer.
   assert result["exact_match"] == result["f1"] == pytest.approx(100.0)
@@ -154,16 +172,17 @@ def test_postprocess_picks_the_best_span(tok, v2_file):
   end[4, a + 1] = 1.0
   preds = squad.postprocess(examples, features, start, end, max_answer_length=2)
   f = features[4]
-  spans = f.piece_spans[a - f.doc_offset + f.window_start:]
+  spans = f.piece_spans[a - f.doc_offset + f.window_start :]
   assert pos[1][4] - a + 1 > 2  # the gold span is longer than two pieces
-  assert preds["bridge"] == LONG[spans[0, 0]:spans[1, 1]]
+  assert preds["bridge"] == LONG[spans[0, 0] : spans[1, 1]]
   assert preds["bridge"].startswith("under")
 
 
 def test_v2_null_answer_and_threshold(tok, v2_file):
   examples = squad.read_squad(v2_file, version_2=True)[:4]
-  arrays, features = squad.make_features(examples, tok, max_seq_length=384, doc_stride=128,
-                                         max_query_length=64, is_training=True)
+  arrays, features = squad.make_features(
+    examples, tok, max_seq_length=384, doc_stride=128, max_query_length=64, is_training=True
+  )
   pos = arrays["start_positions"], arrays["end_positions"]
   spans = {r: (pos[0][r], pos[1][r], 2.0) for r in range(3)}
   shift = features[3].doc_offset - features[0].doc_offset  # the café span in row 3's window
@@ -173,11 +192,13 @@ def test_v2_null_answer_and_threshold(tok, v2_file):
   preds = squad.postprocess(examples, features, start, end, version_2=True)
   assert preds == {"cafe": "Café  Müller", "city": "ZÜRICH", "who": "``Hans'' Müller", "none": ""}
   # null - best: cafe, who 0 - 4 = -4; city 3 - 4 = -1; none 5 - 4 = 1.
-  preds = squad.postprocess(examples, features, start, end, version_2=True,
-                            null_score_diff_threshold=1.5)
+  preds = squad.postprocess(
+    examples, features, start, end, version_2=True, null_score_diff_threshold=1.5
+  )
   assert preds["none"] == "Café  Müller"
-  preds = squad.postprocess(examples, features, start, end, version_2=True,
-                            null_score_diff_threshold=-1.5)
+  preds = squad.postprocess(
+    examples, features, start, end, version_2=True, null_score_diff_threshold=-1.5
+  )
   assert preds == {"cafe": "Café  Müller", "city": "", "who": "``Hans'' Müller", "none": ""}
   result = squad.evaluate(examples, preds, version_2=True)
   assert result["exact_match"] == result["f1"] == pytest.approx(75.0)
@@ -199,8 +220,10 @@ def test_official_normalisation_and_scores():
   assert squad.f1("", "paris") == 0.0
   assert squad.f1("the", "an") == 0.0  # v1.1: both normalise to nothing, scored 0
   assert squad.f1("the", "an", version_2=True) == 1.0  # v2.0: empty == empty
-  ex = [squad.SquadExample("q1", "?", "c", ["Denver Broncos", "Broncos"], [0, 0]),
-        squad.SquadExample("q2", "?", "c", ["1921"], [0])]
+  ex = [
+    squad.SquadExample("q1", "?", "c", ["Denver Broncos", "Broncos"], [0, 0]),
+    squad.SquadExample("q2", "?", "c", ["1921"], [0]),
+  ]
   # q1: EM 1 (matches "Broncos"); q2: pred [in, 1921] vs [1921] -> EM 0, F1 2/3.
   result = squad.evaluate(ex, {"q1": "the Broncos", "q2": "in 1921"}, version_2=False)
   assert result["exact_match"] == pytest.approx(50.0)
@@ -208,17 +231,40 @@ def test_official_normalisation_and_scores():
   assert squad.evaluate(ex, {"q1": "Broncos"}, version_2=False)["f1"] == pytest.approx(50.0)
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(
+  "content, message",
+  [
     (None, "not found"),
     ("{not json", "is not valid JSON"),
     ({"data": [{"paragraphs": [{"qas": []}]}]}, "missing key 'context'"),
-    ({"data": [{"paragraphs": [{"context": "abc", "qas": [
-        {"id": "1", "question": "q", "answers": [{"text": "abd", "answer_start": 0}]}]}]}]},
-     "does not match the context at answer_start=0"),
-    ({"data": [{"paragraphs": [{"context": "abc", "qas": [
-        {"id": "1", "question": "q", "answers": []}]}]}]}, "has no answers"),
+    (
+      {
+        "data": [
+          {
+            "paragraphs": [
+              {
+                "context": "abc",
+                "qas": [
+                  {"id": "1", "question": "q", "answers": [{"text": "abd", "answer_start": 0}]}
+                ],
+              }
+            ]
+          }
+        ]
+      },
+      "does not match the context at answer_start=0",
+    ),
+    (
+      {
+        "data": [
+          {"paragraphs": [{"context": "abc", "qas": [{"id": "1", "question": "q", "answers": []}]}]}
+        ]
+      },
+      "has no answers",
+    ),
     ({"data": []}, "holds no questions"),
-])
+  ],
+)
 def test_bad_files_give_one_line(tmp_path, content, message):
   path = tmp_path / "bad.json"
   if content is not None:
@@ -237,11 +283,14 @@ def test_unknown_pieces_and_normalised_characters_keep_their_text(tok):
   # The pieces tile the text but for spaces (the three pieces of "½" share its one character).
   distinct = dict.fromkeys((int(a), int(b)) for a, b in spans)
   assert "".join(context[a:b] for a, b in distinct) == context.replace(" ", "")
-  examples = [squad.SquadExample("q", "Where?", context, ["北京"], [context.index("北京")]),
-              squad.SquadExample("r", "What?", context, ["ﬁelds"], [context.index("ﬁelds")])]
-  arrays, features = squad.make_features(examples, tok, max_seq_length=64, doc_stride=32,
-                                         max_query_length=8, is_training=True)
+  examples = [
+    squad.SquadExample("q", "Where?", context, ["北京"], [context.index("北京")]),
+    squad.SquadExample("r", "What?", context, ["ﬁelds"], [context.index("ﬁelds")]),
+  ]
+  arrays, features = squad.make_features(
+    examples, tok, max_seq_length=64, doc_stride=32, max_query_length=8, is_training=True
+  )
   for r, (ex, f) in enumerate(zip(examples, features)):
     a = arrays["start_positions"][r] - f.doc_offset + f.window_start
     b = arrays["end_positions"][r] - f.doc_offset + f.window_start
-    assert context[f.piece_spans[a, 0]:f.piece_spans[b, 1]] == ex.answers[0]
+    assert context[f.piece_spans[a, 0] : f.piece_spans[b, 1]] == ex.answers[0]

@@ -1,54 +1,20 @@
 """The trainer: sharded parity on 8 CPU devices, micro-batches, non-finite steps, exact resume after
 SIGTERM, restart after SIGKILL during a save, and clear errors for bad input."""
+
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, dataset, input_pipeline, optim, sharding, train
+from albert_jax import checkpoint, input_pipeline, optim, sharding, train
 from albert_jax.config_lib import ConfigError
-from tests.conftest import load_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# A shrunken tiny config: the same code path, seconds per run.
-MODEL = dict(vocab_size=1000, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=128, max_position_embeddings=64)
-DATA = dict(max_seq_length=64, max_predictions_per_seq=10, max_documents=400)
-
-
-def small_config(data_dir, **train_fields):
-  config = load_config("tiny")
-  config.model.update(MODEL)
-  config.data.update(DATA, data_dir=data_dir)
-  config.train.update(dict(batch_size=16, num_steps=6, warmup_steps=2, log_every=1, eval_every=1000, eval_steps=2,
-                           checkpoint_every=1000))
-  config.train.update(train_fields)
-  return config
-
-
-def overrides(data_dir, **train_fields):
-  """The same config as command-line overrides for `python -m albert_jax.main`."""
-  args = [f"--config.model.{k}={v}" for k, v in MODEL.items()]
-  args += [f"--config.data.{k}={v}" for k, v in DATA.items()] + [f"--config.data.data_dir={data_dir}"]
-  fields = dict(batch_size=16, warmup_steps=2, log_every=1, eval_every=1000, eval_steps=2)
-  fields.update(train_fields)
-  return args + [f"--config.train.{k}={v}" for k, v in fields.items()]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("prepared"))
-  config = small_config(os.path.join(workdir, "data"))
-  dataset.prepare(config, workdir)
-  return os.path.join(workdir, "data")
+from tests.conftest import ROOT, main_cmd, small_config
 
 
 def first_batches(config, n):
@@ -75,6 +41,8 @@ def assert_trees_close(a, b, atol):
 
 # --- sharded parity ---------------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_meshes_match_one_device(data_dir):
   assert jax.device_count() == 8
   config = small_config(data_dir)
@@ -82,13 +50,19 @@ def test_meshes_match_one_device(data_dir):
   config.mesh.update(data=1, fsdp=1, tensor=1)
   ref_params, ref_losses, _ = run_steps(config, jax.devices()[:1], batches)
   assert ref_losses[-1] < ref_losses[0]
-  for mesh in (dict(data=8, fsdp=1, tensor=1), dict(data=1, fsdp=8, tensor=1), dict(data=4, fsdp=1, tensor=2)):
+  for mesh in (
+    dict(data=8, fsdp=1, tensor=1),
+    dict(data=1, fsdp=8, tensor=1),
+    dict(data=4, fsdp=1, tensor=2),
+  ):
     config.mesh.update(mesh)
     params, losses, state = run_steps(config, jax.devices(), batches)
     np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
     assert_trees_close(params, ref_params, atol=1e-5)
     if mesh["fsdp"] == 8:  # FSDP really shards parameters and optimizer moments
-      kernel = state.params["albert"]["encoder"]["albert_layer_groups_0"]["albert_layers_0"]["feed_forward"]["ffn"]["kernel"]
+      kernel = state.params["albert"]["encoder"]["albert_layer_groups_0"]["albert_layers_0"][
+        "feed_forward"
+      ]["ffn"]["kernel"]
       assert kernel.sharding.shard_shape(kernel.shape) == (64 // 8, 128)
     if mesh["tensor"] == 2:
       table = state.params["albert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -106,6 +80,7 @@ def test_micro_batches_equal_one_big_step(data_dir):
   assert_trees_close(got, ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_non_finite_step_is_skipped_and_counted(data_dir):
   config = small_config(data_dir)
   config.mesh.update(data=1, fsdp=1, tensor=1)
@@ -115,7 +90,9 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
   params_after, losses, state = run_steps(config, jax.devices()[:1], [good, bad])
   assert np.isnan(losses[1])
   assert int(state.skipped) == 1 and int(state.step) == 2
-  for x, y in zip(jax.tree_util.tree_leaves(params_before), jax.tree_util.tree_leaves(params_after)):
+  for x, y in zip(
+    jax.tree_util.tree_leaves(params_before), jax.tree_util.tree_leaves(params_after)
+  ):
     np.testing.assert_array_equal(x, y)
 
   # The learning rate logged is the one applied: a skipped step does not advance the schedule.
@@ -139,20 +116,26 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
 
 # --- the command line: resume, preemption, crashes ------------------------------------------------
 
-def main_cmd(workdir, data_dir, *extra, **train_fields):
-  return [sys.executable, "-m", "albert_jax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
-          *overrides(data_dir, **train_fields), *extra]
-
 
 def env():
-  e = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
-           PYTHONUNBUFFERED="1")
+  e = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+  )
   return e
 
 
 def run_main(workdir, data_dir, *extra, **train_fields):
-  return subprocess.run(main_cmd(workdir, data_dir, *extra, **train_fields), cwd=ROOT, env=env(),
-                        capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+    main_cmd(workdir, data_dir, *extra, **train_fields),
+    cwd=ROOT,
+    env=env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
 def final_metrics(workdir, step):
@@ -164,17 +147,27 @@ def final_metrics(workdir, step):
   return merged
 
 
+@pytest.mark.slow
 def test_exact_resume_after_sigterm(tmp_path, data_dir):
   steps = dict(num_steps=40, checkpoint_every=20, eval_every=20)
   # With dropout, so that the dropout RNG's resume is checked too.
-  dropout = ("--config.model.hidden_dropout_prob=0.1", "--config.model.attention_probs_dropout_prob=0.1")
+  dropout = (
+    "--config.model.hidden_dropout_prob=0.1",
+    "--config.model.attention_probs_dropout_prob=0.1",
+  )
   straight = str(tmp_path / "straight")
   r = run_main(straight, data_dir, *dropout, **steps)
   assert r.returncode == 0, r.stderr[-2000:]
 
   resumed = str(tmp_path / "resumed")
-  proc = subprocess.Popen(main_cmd(resumed, data_dir, *dropout, **steps), cwd=ROOT, env=env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(
+    main_cmd(resumed, data_dir, *dropout, **steps),
+    cwd=ROOT,
+    env=env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   for line in proc.stdout:
     if line.startswith("step 3/"):
       proc.send_signal(signal.SIGTERM)
@@ -197,10 +190,13 @@ def test_exact_resume_after_sigterm(tmp_path, data_dir):
   assert metrics_a == metrics_b and "masked_lm_accuracy" in metrics_a
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_save_restarts_from_the_last_complete_checkpoint(tmp_path, data_dir):
   workdir = tmp_path / "killed"
   cmd = main_cmd(str(workdir), data_dir, num_steps=200, checkpoint_every=1, log_every=50)
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   ckpts = workdir / "checkpoints"
   deadline = time.time() + 240
   caught = None
@@ -226,7 +222,9 @@ def test_sigkill_during_a_save_restarts_from_the_last_complete_checkpoint(tmp_pa
 def test_non_finite_halt_is_one_line_and_saves_nothing(tmp_path, data_dir):
   # A learning rate of 1e38 overflows the parameters within a few steps; checkpoints every step.
   workdir = str(tmp_path / "halted")
-  r = run_main(workdir, data_dir, num_steps=20, checkpoint_every=1, learning_rate=1e38, on_nonfinite="halt")
+  r = run_main(
+    workdir, data_dir, num_steps=20, checkpoint_every=1, learning_rate=1e38, on_nonfinite="halt"
+  )
   assert r.returncode == 3, r.stderr[-2000:]
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -241,15 +239,25 @@ def test_non_finite_halt_is_one_line_and_saves_nothing(tmp_path, data_dir):
 
 # --- bad input: one line, non-zero exit -------------------------------------------------------------
 
-@pytest.mark.parametrize("args,message", [
+
+@pytest.mark.parametrize(
+  "args,message",
+  [
     (["--config.train.batch_sise=3"], "batch_sise"),
     (["--config.model.num_attention_heads=5"], "not divisible by model.num_attention_heads"),
     (["--config.train.micro_batches=3"], "micro_batches=3 does not divide"),
     (["--config.model.sharing=most"], "model.sharing"),
-])
+  ],
+)
 def test_bad_config_is_a_one_line_error(tmp_path, data_dir, args, message):
-  r = subprocess.run(main_cmd(str(tmp_path / "w"), data_dir, num_steps=1) + args, cwd=ROOT, env=env(),
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    main_cmd(str(tmp_path / "w"), data_dir, num_steps=1) + args,
+    cwd=ROOT,
+    env=env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode != 0
   errors = [l for l in r.stderr.splitlines() if l.startswith(("error:", "FATAL"))]
   assert len(errors) == 1 and message in errors[0], r.stderr[-2000:]
@@ -263,7 +271,8 @@ def test_workdir_that_is_a_file_is_a_one_line_error(tmp_path, data_dir):
     cmd[2] = module
     r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
-        f"error: --workdir={tmp_path / 'notes.txt'} is a file, not a directory"), r.stderr[-2000:]
+      f"error: --workdir={tmp_path / 'notes.txt'} is a file, not a directory"
+    ), r.stderr[-2000:]
   assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -278,16 +287,30 @@ def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   workdir = str(tmp_path / "w")
   assert run_main(workdir, data_dir, num_steps=2, checkpoint_every=2).returncode == 0
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
-  r = subprocess.run(main_cmd(workdir, data_dir, num_steps=4) + ["--config.model.hidden_size=128"], cwd=ROOT,
-                     env=env(), capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    main_cmd(workdir, data_dir, num_steps=4) + ["--config.model.hidden_size=128"],
+    cwd=ROOT,
+    env=env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == 2
   assert r.stderr.strip().splitlines()[-1].startswith("error:") and "another model" in r.stderr
   assert "model.hidden_size: checkpoint 64 != config 128" in r.stderr
   # Another optimizer: its state cannot be restored from these checkpoints; refused the same way, and
   # config.json still describes the checkpoints (export reads it).
-  r = subprocess.run(main_cmd(workdir, data_dir, num_steps=4) + ["--config.train.optimizer=adamw"], cwd=ROOT,
-                     env=env(), capture_output=True, text=True, timeout=300)
-  assert r.returncode == 2 and "train.optimizer: checkpoint 'lamb' != config 'adamw'" in r.stderr, r.stderr
+  r = subprocess.run(
+    main_cmd(workdir, data_dir, num_steps=4) + ["--config.train.optimizer=adamw"],
+    cwd=ROOT,
+    env=env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 2 and "train.optimizer: checkpoint 'lamb' != config 'adamw'" in r.stderr, (
+    r.stderr
+  )
   assert checkpoint.read_config(workdir).train.optimizer == "lamb"
   assert checkpoint.load_params(workdir, "latest")[2] == 2
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before  # nothing lost
@@ -295,6 +318,8 @@ def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   saved = json.load(open(os.path.join(workdir, "config.json")))
   saved["model"]["hidden_size"] = 128
   json.dump(saved, open(os.path.join(workdir, "config.json"), "w"))
-  with pytest.raises(ConfigError, match="checkpoint 2 in .* does not fit the model of its config.json") as e:
+  with pytest.raises(
+    ConfigError, match="checkpoint 2 in .* does not fit the model of its config.json"
+  ) as e:
     checkpoint.load_params(workdir, "latest")
   assert "\n" not in str(e.value)
