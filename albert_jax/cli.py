@@ -20,6 +20,7 @@ go to the log file only, and to stderr too with --verbose.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -138,11 +139,15 @@ class _Console(logging.Filter):
 
 
 def _own(record: logging.LogRecord) -> bool:
-  return f"{os.sep}albert_jax{os.sep}" in record.pathname
+  """albert_jax's own lines (not a library's prints it passes on: prints_to_log)."""
+  return f"{os.sep}albert_jax{os.sep}" in record.pathname and not record.name.startswith(
+    f"{PRINTS_LOGGER}."
+  )
 
 
 class _ConsoleFormat(logging.Formatter):
-  """albert_jax's INFO lines as plain sentences (like its progress lines); the rest as absl's."""
+  """albert_jax's INFO lines as plain sentences (like its progress lines) and its warnings as
+  `warning: ...`; the rest as absl's."""
 
   def __init__(self):
     super().__init__()
@@ -151,7 +156,37 @@ class _ConsoleFormat(logging.Formatter):
   def format(self, record: logging.LogRecord) -> str:
     if _own(record) and record.levelno == logging.INFO:
       return record.getMessage()
+    if _own(record) and record.levelno == logging.WARNING:
+      return f"warning: {record.getMessage()}"
     return self.absl.format(record)
+
+
+# A library's print()s are logged under this prefix: the log file keeps them, the console shows them
+# only with --verbose.
+PRINTS_LOGGER = "prints"
+
+
+class _Lines(io.TextIOBase):
+  def __init__(self, logger: logging.Logger):
+    self.logger, self.pending = logger, ""
+
+  def write(self, text: str) -> int:
+    self.pending += text
+    *lines, self.pending = self.pending.split("\n")
+    for line in lines:
+      if line.strip():
+        self.logger.info(line.strip())
+    return len(text)
+
+
+@contextlib.contextmanager
+def prints_to_log(library: str):
+  """Runs a block whose library prints to stdout (TFDS announces each build there) with those prints
+  as INFO lines of the logger prints.<library>, so stdout and the console stay ours."""
+  lines = _Lines(logging.getLogger(f"{PRINTS_LOGGER}.{library}"))
+  with contextlib.redirect_stdout(lines):
+    yield
+  lines.write("\n")
 
 
 _log_file: list[str] = []

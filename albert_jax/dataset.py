@@ -36,6 +36,7 @@ import numpy as np
 from absl import logging
 
 from albert_jax import (
+  cli,
   config_lib,
   corpus as corpus_lib,
   examples as examples_lib,
@@ -597,8 +598,9 @@ def _make_shards(config, data, shards: list[dict], vocab_path: str, staging_dir:
   jobs = [
     (data, config.seed, vocab_path, shard, SPLITS, 1 if workers > 1 else -1) for shard in shards
   ]
-  progress = _Progress(f"prepare: tokenizing and pairing ({len(shards)} shards, {workers} workers)")
-  logging.info("making examples from %d shards on %d worker processes", len(shards), workers)
+  counts = f"{_plural(len(shards), 'shard')}, {_plural(workers, 'worker')}"
+  progress = _Progress(f"prepare: tokenizing and pairing ({counts})")
+  logging.info("making examples (%s)", counts)
   with contextlib.ExitStack() as stack:
     if workers > 1:
       pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
@@ -657,6 +659,10 @@ def _beam_options(config):
   return pipeline_options.PipelineOptions(flags)
 
 
+def _plural(n: int, noun: str) -> str:
+  return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _build_with_beam(config, data, shards, vocab_path: str, out: str, download_dir: str) -> dict:
   """Builds the dataset as an Apache Beam pipeline (TFDS's Beam support) on data.beam_runner.
 
@@ -680,7 +686,7 @@ def _build_with_beam(config, data, shards, vocab_path: str, out: str, download_d
     config.data.beam_runner,
     len(shards),
   )
-  with contextlib.redirect_stdout(sys.stderr):
+  with cli.prints_to_log("tensorflow_datasets"):  # TFDS announces the build on stdout
     builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(
         try_download_gcs=False,
@@ -753,7 +759,7 @@ def _build(config, out: str, fp: dict) -> dict:
       data_dir=out,
       file_format="array_record",
     )
-    with contextlib.redirect_stdout(sys.stderr):  # TFDS prints; keep stdout for our results
+    with cli.prints_to_log("tensorflow_datasets"):  # TFDS announces the build on stdout
       builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(
           try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS

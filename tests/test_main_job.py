@@ -3,6 +3,7 @@ steps, must reach masked_lm_accuracy and sentence_order_accuracy bars set from m
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -42,6 +43,14 @@ def test_tiny_main_job_learns(tmp_path):
     timeout=1200,
   )
   assert r.returncode == 0, r.stderr[-3000:]
+  # The console is for people: our lines, the libraries' (TFDS's build notices, absl-formatted INFO
+  # and warning lines) only in the log file; at the end, what the model guesses for masked words.
+  console = r.stdout + r.stderr
+  assert "Downloading and preparing dataset" not in console
+  assert not re.search(r"^[IW]\d{4} ", console, re.M), console[-3000:]
+  assert f"fill-mask on held-out examples at step {STEPS}" in r.stdout
+  (log,) = os.listdir(workdir / "logs")
+  assert "Downloading and preparing dataset" in (workdir / "logs" / log).read_text()
   rows = [json.loads(line) for line in open(workdir / "tensorboard" / "metrics.jsonl")]
   evals = [row for row in rows if "eval/masked_lm_accuracy" in row]
   assert evals[-1]["step"] == STEPS
