@@ -1,20 +1,21 @@
 """The prepared pretraining dataset: built once into a TFDS dataset on disk (read by input_pipeline.py).
 
 prepare(config, workdir)
-  vocabulary (trained on the corpus, or config.data.spm_model_path) -> shards of documents
-  (corpus.shards) -> unmasked sentence pairs (shard_examples: examples.create_pairs, a pure function
-  of config.seed and the shard, on data.num_prepare_workers processes or an Apache Beam pipeline
-  with data.beam_runner, so the same dataset whatever the parallelism) -> a real TFDS
-  dataset (a tfds.core.GeneratorBasedBuilder, ArrayRecord files, splits "train" and "eval") in
-  config.data.data_dir or <workdir>/data, with spiece.model and prepared.json (settings fingerprint
-  and statistics) beside it. Everything is built in a temporary directory and renamed into place,
-  so a failed or interrupted run never touches data already prepared; a finished dataset is reused
-  as is, and one built with another vocabulary or other settings is refused with a one-line error.
+  vocabulary (trained on a seeded sample of the corpus, or config.data.spm_model_path) -> shards of
+  documents (corpus.shards) -> per shard, unmasked sentence pairs (shard_examples:
+  examples.create_pairs, a pure function of config.seed and the shard) serialized as TFDS examples
+  into one ArrayRecord file per split (write_shard), on data.num_prepare_workers processes or an
+  Apache Beam pipeline with data.beam_runner -> the files put together as one TFDS dataset (TFDS's
+  metadata written beside them; splits "train" and "eval") in config.data.data_dir or
+  <workdir>/data, with spiece.model and prepared.json (settings fingerprint and statistics). The
+  same bytes whatever the parallelism, and memory bounded by a shard, not the corpus. Everything is
+  built in a temporary directory and renamed into place, so a failed or interrupted run never
+  touches data already prepared; a finished dataset is reused as is, and one built with another
+  vocabulary or other settings is refused with a one-line error.
 """
 
 from __future__ import annotations
 
-import array
 import collections
 import contextlib
 import dataclasses
@@ -29,7 +30,6 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,7 @@ from albert_jax.config_lib import ConfigError
 
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"
-FORMAT_VERSION = 2  # of prepared.json and the example layout (2: sharded, key-shuffled)
+FORMAT_VERSION = 3  # of prepared.json and the example layout (3: a file per shard, in shard order)
 SPLITS = ("train", "eval")
 PREPARED_FILE = "prepared.json"
 VOCAB_FILE = "spiece.model"
@@ -263,74 +263,41 @@ def _info(ddir: str, prepared: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# The TFDS builder.
+# The TFDS dataset's layout.
 
-_BUILDER_CLASS = None
+DESCRIPTION = (
+  "Unmasked ALBERT pretraining pairs: [CLS] A [SEP] B [SEP], segment ids and the sentence-order "
+  "(or next-sentence) label. Made by albert_jax.prepare; masks are drawn by the loader. Read it "
+  'with tfds.data_source("albert_pretraining", split=..., data_dir=<data dir>) (no TensorFlow).'
+)
+CITATION = (
+  "@inproceedings{lan2020albert, title={ALBERT: A Lite BERT for Self-supervised Learning of "
+  "Language Representations}, author={Lan, Zhenzhong and others}, booktitle={ICLR}, year={2020}}"
+)
 
 
-def _builder_class():
-  """The TFDS builder class, defined on first use so that importing data.py stays light."""
-  global _BUILDER_CLASS
-  if _BUILDER_CLASS is not None:
-    return _BUILDER_CLASS
+def _features():
+  """The examples' TFDS features: token and segment ids as raw little-endian arrays (cheap to
+  decode), the label as a scalar."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  class AlbertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Unmasked ALBERT pretraining pairs: [CLS] A [SEP] B [SEP], segment ids, order label.
+  bytes_enc = tfds.features.Encoding.BYTES
+  return tfds.features.FeaturesDict(
+    {
+      "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
+      "segment_ids": tfds.features.Tensor(shape=(None,), dtype=np.int8, encoding=bytes_enc),
+      "sentence_order_label": tfds.features.Scalar(dtype=np.int32),
+    }
+  )
 
-    The examples are made by albert_jax.prepare; this builder stores what it is handed. Read it
-    back with tfds.data_source("albert_pretraining", split=..., data_dir=<data dir>) (no
-    TensorFlow needed) or tfds.builder_from_directory.
-    """
 
-    name = DATASET_NAME
-    VERSION = tfds.core.Version(DATASET_VERSION)
-    RELEASE_NOTES = {DATASET_VERSION: "Unmasked SOP/NSP pairs; masks are drawn by the loader."}
+def _records_dir(out: str) -> str:
+  """Where TFDS looks for the dataset's files inside a data directory."""
+  return os.path.join(out, DATASET_NAME, DATASET_VERSION)
 
-    # No checksums file or metadata directory lives beside our code (TFDS would otherwise look for
-    # them through importlib_resources, an optional dependency that is not installed).
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls):
-      return None
 
-    def __init__(self, *, split_examples=None, beam_examples=None, **kwargs):
-      self._split_examples = split_examples or {}
-      self._beam_examples = beam_examples
-      super().__init__(**kwargs)
-
-    def _info(self):
-      bytes_enc = tfds.features.Encoding.BYTES  # raw little-endian arrays: cheap to decode
-      return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.__doc__,
-        features=tfds.features.FeaturesDict(
-          {
-            "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
-            "segment_ids": tfds.features.Tensor(shape=(None,), dtype=np.int8, encoding=bytes_enc),
-            "sentence_order_label": tfds.features.Scalar(dtype=np.int32),
-          }
-        ),
-        homepage="https://github.com/google-research/albert",
-        citation="@inproceedings{lan2020albert, title={ALBERT: A Lite BERT for Self-supervised "
-        "Learning of Language Representations}, author={Lan, Zhenzhong and others}, "
-        "booktitle={ICLR}, year={2020}}",
-        # TFDS shuffles each split by a hash of the example keys ("<seed>/<shard>/<n>"): one
-        # global order, the same from every writer (here or in Beam), drawn from the seed.
-        disable_shuffling=False,
-      )
-
-    def _split_generators(self, dl_manager):
-      del dl_manager
-      if self._beam_examples is not None:
-        return {split: self._beam_examples(split) for split in SPLITS}
-      return {split: self._generate_examples(make) for split, make in self._split_examples.items()}
-
-    def _generate_examples(self, make):
-      yield from make()
-
-  _BUILDER_CLASS = AlbertPretraining
-  return AlbertPretraining
+def _final_name(split: str, index: int, count: int) -> str:
+  return f"{DATASET_NAME}-{split}.array_record-{index:05d}-of-{count:05d}"
 
 
 def open_source(ddir: str, split: str, raw: bool = True):
@@ -467,85 +434,65 @@ def shard_examples(
   }
 
 
-def _shard_job(job) -> dict:
-  return shard_examples(*job)
+def write_shard(
+  data, seed: int, vocab_path: str, shard: dict, staging_dir: str, num_threads: int = 1
+) -> dict:
+  """Makes one shard's examples (shard_examples) and writes each split's as one ArrayRecord file
+  of serialized TFDS examples, <staging_dir>/<split>-<shard index>; returns the shard's summary
+  (per split: examples, bytes, tokens, documents, ...; corpus and pairing statistics).
+
+  Runs in prepare's worker processes and in Beam workers alike, so the files, and the dataset
+  assembled from them, are the same whatever the parallelism. Examples keep the order they were
+  made in (the loader shuffles globally). The summary is also written beside the files as JSON
+  (the way a Beam worker hands it back).
+  """
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  from tensorflow_datasets.core import example_serializer  # pylint: disable=g-import-not-at-top
+
+  result = shard_examples(data, seed, vocab_path, shard, SPLITS, num_threads)
+  features = _features()
+  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
+  for split in SPLITS:
+    arrays = result["splits"][split]
+    lengths = arrays["lengths"]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    path = os.path.join(staging_dir, f"{split}-{shard['index']:05d}")
+    nbytes = 0
+    writer = array_record_module.ArrayRecordWriter(path, "group_size:1")  # as TFDS writes them
+    try:
+      for n in range(len(lengths)):
+        a, b = offsets[n], offsets[n + 1]
+        example = serializer.get_tf_example(
+          features.encode_example(
+            {
+              "input_ids": arrays["tokens"][a:b],
+              "segment_ids": arrays["segments"][a:b],
+              "sentence_order_label": int(arrays["labels"][n]),
+            }
+          )
+        )
+        # deterministic: the features map in key order, whichever process serializes it
+        record = example.SerializeToString(deterministic=True)
+        writer.write(record)
+        nbytes += len(record)
+    finally:
+      writer.close()
+    summary[split] = {
+      "examples": len(lengths),
+      "bytes": nbytes,
+      "tokens": int(len(arrays["tokens"])),
+      "label_1": int(arrays["labels"].sum()),
+      "short_targets": arrays["short_targets"],
+      "documents": arrays["documents"],
+    }
+  with open(os.path.join(staging_dir, f"summary-{shard['index']:05d}.json"), "w") as f:
+    json.dump(summary, f)
+  return summary
 
 
-def _split_records(seed: int, shard: int, arrays: dict) -> Iterator[tuple[str, dict]]:
-  """(key, example) of one shard's split; the key decides the example's place in the shuffle."""
-  offsets = np.concatenate([[0], np.cumsum(arrays["lengths"])])
-  for n in range(len(arrays["lengths"])):
-    a, b = offsets[n], offsets[n + 1]
-    yield (
-      f"{seed}/{shard}/{n}",
-      {
-        "input_ids": np.asarray(arrays["tokens"][a:b], np.int32),
-        "segment_ids": np.asarray(arrays["segments"][a:b], np.int8),
-        "sentence_order_label": int(arrays["labels"][n]),
-      },
-    )
-
-
-def _beam_split_records(shard: dict, data, seed: int, vocab_path: str, split: str):
-  """A Beam FlatMap: the (key, example) records of one shard's split."""
-  result = shard_examples(data, seed, vocab_path, shard, (split,))
-  yield from _split_records(seed, shard["index"], result["splits"][split])
-
-
-class _Staging:
-  """Examples of one split in flat files while the shards are made (TFDS writes one split at a
-  time): memory holds a few numbers per example, not the examples."""
-
-  def __init__(self, directory: str, split: str):
-    self.tokens_path = os.path.join(directory, f"{split}.tokens")
-    self.segments_path = os.path.join(directory, f"{split}.segments")
-    self._tokens = open(self.tokens_path, "wb")
-    self._segments = open(self.segments_path, "wb")
-    self.shards = array.array("q")  # per shard: its index, first example, example count
-    self.lengths = array.array("i")
-    self.labels = array.array("b")
-    self.size = 0
-    self.short_targets = 0
-    self.num_tokens = 0
-    self.documents = 0
-
-  def add(self, shard: int, arrays: dict):
-    self.shards.extend([shard, len(self.lengths), len(arrays["lengths"])])
-    self.lengths.extend(arrays["lengths"].tolist())
-    self.labels.extend(arrays["labels"].tolist())
-    self._tokens.write(arrays["tokens"].tobytes())
-    self._segments.write(arrays["segments"].tobytes())
-    self.size += len(arrays["tokens"])
-    self.num_tokens += len(arrays["tokens"])
-    self.short_targets += arrays["short_targets"]
-    self.documents += arrays["documents"]
-
-  def close(self):
-    self._tokens.close()
-    self._segments.close()
-
-  def examples(self, seed: int):
-    """(key, example) of every staged example, the form a TFDS split generator yields."""
-    if not len(self.lengths):
-      return
-    tokens = np.memmap(self.tokens_path, dtype="<i4", mode="r")
-    segments = np.memmap(self.segments_path, dtype=np.int8, mode="r")
-    lengths = np.frombuffer(self.lengths, np.int32)
-    labels = np.frombuffer(self.labels, np.int8)
-    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    for i in range(0, len(self.shards), 3):
-      shard, first, count = self.shards[i : i + 3]
-      a, b = offsets[first], offsets[first + count]
-      yield from _split_records(
-        seed,
-        shard,
-        {
-          "tokens": tokens[a:b],
-          "segments": segments[a:b],
-          "labels": labels[first : first + count],
-          "lengths": lengths[first : first + count],
-        },
-      )
+def _write_shard_job(job) -> dict:
+  return write_shard(*job)
 
 
 def _is_eval(doc_index: int, seed: int, eval_fraction: float) -> bool:
@@ -587,65 +534,33 @@ def num_workers(config) -> int:
   return config.data.num_prepare_workers or os.cpu_count() or 1
 
 
-def _make_shards(config, data, shards: list[dict], vocab_path: str, staging_dir: str):
-  """Makes every shard's examples on num_workers(config) processes, staged in shard order."""
-  staged = {split: _Staging(staging_dir, split) for split in SPLITS}
+def _plural(n: int, noun: str) -> str:
+  return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _write_shards(config, jobs: list[tuple]) -> list[dict]:
+  """Runs write_shard for every shard on num_workers(config) processes (one here, or a spawned
+  pool: fork is unsafe once JAX has started threads), each tokenizing on one thread; returns the
+  summaries in shard order."""
+  workers = min(num_workers(config), len(jobs))
+  counts = f"{_plural(len(jobs), 'shard')}, {_plural(workers, 'worker')}"
+  progress = _Progress(f"prepare: tokenizing, pairing and writing ({counts})")
+  logging.info("making and writing examples (%s)", counts)
   cstats = corpus_lib.CorpusStats()
-  pair_stats: dict = collections.Counter()
-  workers = min(num_workers(config), len(shards))
-  # One worker runs here; more are spawned (fork is unsafe once JAX has started threads), each
-  # tokenizing on one thread.
-  jobs = [
-    (data, config.seed, vocab_path, shard, SPLITS, 1 if workers > 1 else -1) for shard in shards
-  ]
-  counts = f"{_plural(len(shards), 'shard')}, {_plural(workers, 'worker')}"
-  progress = _Progress(f"prepare: tokenizing and pairing ({counts})")
-  logging.info("making examples (%s)", counts)
+  summaries = []
   with contextlib.ExitStack() as stack:
     if workers > 1:
       pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-      results = pool.imap(_shard_job, jobs)
+      results = pool.imap(_write_shard_job, jobs)
     else:
-      results = map(_shard_job, jobs)
-    for done, result in enumerate(results, 1):
-      for split in SPLITS:
-        staged[split].add(result["shard"], result["splits"][split])
-      for field, value in result["corpus"].items():
+      results = map(_write_shard_job, jobs)
+    for done, summary in enumerate(results, 1):
+      summaries.append(summary)
+      for field, value in summary["corpus"].items():
         setattr(cstats, field, getattr(cstats, field) + value)
-      pair_stats.update(result["pairs"])
-      progress.update(cstats.documents, cstats.bytes, done / len(shards))
-  for split in SPLITS:
-    staged[split].close()
+      progress.update(cstats.documents, cstats.bytes, done / len(jobs))
   progress.update(cstats.documents, cstats.bytes, 1.0, force=True)
-  return staged, cstats, pair_stats
-
-
-def _staged_stats(staged: dict, cstats, pair_stats: dict) -> dict:
-  n_train, n_eval = len(staged["train"].lengths), len(staged["eval"].lengths)
-  n = max(n_train + n_eval, 1)
-  tokens = staged["train"].num_tokens + staged["eval"].num_tokens
-  all_labels = np.concatenate([np.frombuffer(staged[s].labels, np.int8) for s in SPLITS])
-  return {
-    "documents": cstats.documents,
-    "train_documents": staged["train"].documents,
-    "eval_documents": staged["eval"].documents,
-    "sentences": cstats.sentences,
-    "raw_text_mb": round(cstats.bytes / 1e6, 3),
-    "non_utf8_lines_skipped": cstats.non_utf8_lines,
-    "tokens": tokens,
-    "train_examples": n_train,
-    "eval_examples": n_eval,
-    "mean_example_tokens": round(tokens / n, 1),
-    "short_target_fraction": round(
-      (staged["train"].short_targets + staged["eval"].short_targets) / n, 4
-    ),
-    "sentence_order_label_1_fraction": round(float(all_labels.mean()), 4)
-    if n_train + n_eval
-    else 0.0,
-    "single_sentence_chunks": pair_stats.get("single_sentence_chunks", 0),
-    "skipped_chunks": pair_stats.get("skipped_chunks", 0),
-    "truncated_pairs": pair_stats.get("truncated", 0),
-  }
+  return summaries
 
 
 def _beam_options(config):
@@ -659,60 +574,110 @@ def _beam_options(config):
   return pipeline_options.PipelineOptions(flags)
 
 
-def _plural(n: int, noun: str) -> str:
-  return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _build_with_beam(config, data, shards, vocab_path: str, out: str, download_dir: str) -> dict:
-  """Builds the dataset as an Apache Beam pipeline (TFDS's Beam support) on data.beam_runner.
-
-  Each split is a PCollection of the shards' records, made by the same shard_examples as the
-  worker processes, so the dataset is the same. Statistics are those TFDS counts plus the
-  shards' document counts (the per-example statistics are not gathered).
-  """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  options = _beam_options(config)
+def _write_shards_with_beam(config, jobs: list[tuple], staging_dir: str) -> list[dict]:
+  """Runs write_shard for every shard as an Apache Beam pipeline on data.beam_runner (a shard per
+  element); the workers write the same files as prepare's own workers, and their summaries."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
 
-  def split_examples(split):
-    return f"Shards{split}" >> beam.Create(shards) | f"Examples{split}" >> beam.FlatMap(
-      _beam_split_records, data, config.seed, vocab_path, split
+  logging.info(
+    "making and writing examples with Apache Beam (%s, %s)",
+    config.data.beam_runner,
+    _plural(len(jobs), "shard"),
+  )
+  options = _beam_options(config)
+  with beam.Pipeline(runner=config.data.beam_runner, options=options) as pipeline:
+    _ = (
+      pipeline
+      | "Shards" >> beam.Create(jobs, reshuffle=True)
+      | "WriteShards" >> beam.Map(_write_shard_job)
+    )
+  summaries = []
+  for job in jobs:
+    path = os.path.join(staging_dir, f"summary-{job[3]['index']:05d}.json")
+    with open(path) as f:
+      summaries.append(json.load(f))
+  return summaries
+
+
+def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
+  """Moves the shards' files into TFDS's layout (empty ones dropped) and writes TFDS's metadata
+  (dataset_info.json, features.json) with the split's shard lengths: a TFDS dataset that
+  tfds.data_source and tfds.builder_from_directory read."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  records = _records_dir(out)
+  os.makedirs(records)
+  template = tfds.core.ShardedFileTemplate(
+    data_dir=records,
+    template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+    dataset_name=DATASET_NAME,
+    filetype_suffix="array_record",
+  )
+  split_infos = []
+  for split in SPLITS:
+    kept = [s for s in summaries if s[split]["examples"]]
+    for i, summary in enumerate(kept):
+      os.rename(
+        os.path.join(staging_dir, f"{split}-{summary['shard']:05d}"),
+        os.path.join(records, _final_name(split, i, len(kept))),
+      )
+    split_infos.append(
+      tfds.core.SplitInfo(
+        name=split,
+        shard_lengths=[s[split]["examples"] for s in kept],
+        num_bytes=sum(s[split]["bytes"] for s in kept),
+        filename_template=template.replace(split=split),
+      )
+    )
+  with cli.prints_to_log("tensorflow_datasets"):
+    tfds.folder_dataset.write_metadata(
+      data_dir=records,
+      features=_features(),
+      split_infos=split_infos,
+      filename_template=template,
+      check_data=False,
+      description=DESCRIPTION,
+      homepage="https://github.com/google-research/albert",
+      citation=CITATION,
     )
 
-  builder = _builder_class()(beam_examples=split_examples, data_dir=out, file_format="array_record")
-  logging.info(
-    "making and writing examples with Apache Beam (%s, %d shards)",
-    config.data.beam_runner,
-    len(shards),
-  )
-  with cli.prints_to_log("tensorflow_datasets"):  # TFDS announces the build on stdout
-    builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(
-        try_download_gcs=False,
-        download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS,
-        beam_runner=config.data.beam_runner,
-        beam_options=options,
-      ),
-      download_dir=download_dir,
-    )
-  info = builder.info.splits
-  docs = sum(shard["docs"] for shard in shards)
-  period = max(2, int(round(1 / config.data.eval_fraction)))
+
+def _stats(summaries: list[dict]) -> dict:
+  """prepared.json's statistics, summed over the shards."""
+  total = collections.Counter()
+  corpus, pairs = collections.Counter(), collections.Counter()
+  for s in summaries:
+    corpus.update(s["corpus"])
+    pairs.update(s["pairs"])
+    for split in SPLITS:
+      total.update({f"{split}_{k}": v for k, v in s[split].items()})
+  n = total["train_examples"] + total["eval_examples"]
+  tokens = total["train_tokens"] + total["eval_tokens"]
   return {
-    "documents": docs,
-    "train_examples": info["train"].num_examples,
-    "eval_examples": info["eval"].num_examples,
-    "raw_text_mb": None,
-    "train_documents": docs - docs // period,
-    "eval_documents": docs // period,
+    "documents": corpus["documents"],
+    "train_documents": total["train_documents"],
+    "eval_documents": total["eval_documents"],
+    "sentences": corpus["sentences"],
+    "raw_text_mb": round(corpus["bytes"] / 1e6, 3),
+    "non_utf8_lines_skipped": corpus["non_utf8_lines"],
+    "tokens": tokens,
+    "train_examples": total["train_examples"],
+    "eval_examples": total["eval_examples"],
+    "mean_example_tokens": round(tokens / max(n, 1), 1),
+    "short_target_fraction": round(
+      (total["train_short_targets"] + total["eval_short_targets"]) / max(n, 1), 4
+    ),
+    "sentence_order_label_1_fraction": round(
+      (total["train_label_1"] + total["eval_label_1"]) / max(n, 1), 4
+    ),
+    "single_sentence_chunks": pairs.get("single_sentence_chunks", 0),
+    "skipped_chunks": pairs.get("skipped_chunks", 0),
+    "truncated_pairs": pairs.get("truncated", 0),
   }
 
 
 def _build(config, out: str, fp: dict) -> dict:
   """Builds everything prepare() promises inside `out` (a fresh temporary directory)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
   d = config.data
   t_start = time.time()
   vocab_path = os.path.join(out, VOCAB_FILE)
@@ -730,45 +695,21 @@ def _build(config, out: str, fp: dict) -> dict:
       f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"
     )
 
-  # Cut the corpus into shards; make each into examples (in worker processes, or a Beam pipeline).
+  # Cut the corpus into shards; each is made into examples and written as files of its own (in
+  # worker processes, or a Beam pipeline); the files are then put together as one TFDS dataset.
   t0 = time.time()
   shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS)
   if not shards:
     raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
-  data = _job_data(d)
   staging_dir = os.path.join(out, "staging")
   os.makedirs(staging_dir)
-  tfds.disable_progress_bar()
-  download_dir = os.path.join(staging_dir, "downloads")
+  jobs = [(_job_data(d), config.seed, vocab_path, shard, staging_dir) for shard in shards]
   if d.beam_runner:
-    built = _build_with_beam(config, data, shards, vocab_path, out, download_dir)
-    examples_seconds, write_seconds = time.time() - t0, 0.0
-    staged = cstats = None
+    summaries = _write_shards_with_beam(config, jobs, staging_dir)
   else:
-    staged, cstats, pair_stats = _make_shards(config, data, shards, vocab_path, staging_dir)
-    examples_seconds = time.time() - t0
-    # Store as a TFDS dataset: TFDS shuffles each split by the hash of the keys.
-    t0 = time.time()
-    logging.info(
-      "writing the TFDS dataset (%s train, %s eval examples)",
-      f"{len(staged['train'].lengths):,}",
-      f"{len(staged['eval'].lengths):,}",
-    )
-    builder = _builder_class()(
-      split_examples={split: (lambda s=split: staged[s].examples(config.seed)) for split in SPLITS},
-      data_dir=out,
-      file_format="array_record",
-    )
-    with cli.prints_to_log("tensorflow_datasets"):  # TFDS announces the build on stdout
-      builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(
-          try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS
-        ),
-        download_dir=download_dir,
-      )
-    write_seconds = time.time() - t0
-    built = _staged_stats(staged, cstats, pair_stats)
-  shutil.rmtree(staging_dir)
+    summaries = _write_shards(config, jobs)
+  examples_seconds = time.time() - t0
+  built = _stats(summaries)
   for split in SPLITS:
     if not built[f"{split}_examples"]:
       raise ConfigError(
@@ -776,6 +717,10 @@ def _build(config, out: str, fp: dict) -> dict:
         f"{built[f'{split}_documents']} for {split}); use more text or a larger "
         f"data.eval_fraction"
       )
+  t0 = time.time()
+  _assemble(summaries, staging_dir, out)
+  shutil.rmtree(staging_dir)
+  assemble_seconds = time.time() - t0
 
   total = time.time() - t_start
   stats = dict(
@@ -787,11 +732,9 @@ def _build(config, out: str, fp: dict) -> dict:
       "seconds": round(total, 1),
       "vocab_seconds": round(vocab_seconds, 1),
       "examples_seconds": round(examples_seconds, 1),
-      "write_seconds": round(write_seconds, 1),
-      "mb_per_second": (
-        round(built["raw_text_mb"] / max(examples_seconds + write_seconds, 1e-9), 3)
-        if built.get("raw_text_mb") is not None
-        else None
+      "assemble_seconds": round(assemble_seconds, 1),
+      "mb_per_second": round(
+        built["raw_text_mb"] / max(examples_seconds + assemble_seconds, 1e-9), 3
       ),
     },
   )

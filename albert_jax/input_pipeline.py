@@ -206,8 +206,10 @@ def make_iterator(
   )
   train = split == "train"
   ds = grain.MapDataset.range(n)
-  if train and d.shuffle:
-    ds = ds.shuffle(seed=config.seed)  # a global shuffle, reseeded every epoch by repeat()
+  if d.shuffle or not train:
+    # Train: a global shuffle, reseeded every epoch by repeat(). Eval: the files hold the split in
+    # corpus order, so every evaluation reads the same seeded sample of the whole split.
+    ds = ds.shuffle(seed=config.seed)
   ds = ds.repeat(None)
   ds = ds[process_index::process_count]
   ds = ds.map_with_index(

@@ -43,6 +43,9 @@ WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it beg
 #             punctuation (digits, accents, other scripts). Its "€"/"£" entries are UTF-8 bytes, which
 #             no piece equals under Python 3; they are left out here for the same result.
 WORD_START_RULES = ("marker", "original")
+# SentencePiece's trainer splits its work by thread, and the vocabulary it learns depends on how
+# many: a fixed count (not the host's cores) gives the same vocabulary on every host.
+TRAIN_THREADS = 16
 _SP_SPECIAL = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 _SP_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz") | _SP_SPECIAL
 
@@ -83,7 +86,7 @@ def train(
   lower: bool = True,
   character_coverage: float = 0.99995,
   input_sentence_size: int = 1_000_000,
-  num_threads: int = 0,
+  num_threads: int = TRAIN_THREADS,
   seed: int = 0,
 ) -> str:
   """Trains an ALBERT unigram SentencePiece model on `sentences` (raw text, one sentence each).
@@ -108,8 +111,6 @@ def train(
     except Exception as e:  # pylint: disable=broad-except
       failed.append(e)
 
-  if num_threads <= 0:
-    num_threads = os.cpu_count() or 1
   spm.set_random_generator_seed(seed + 1)  # 0 would mean "random"; training is reproducible
   model = io.BytesIO()
   try:

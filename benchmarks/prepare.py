@@ -47,9 +47,9 @@ t0 = time.process_time()
 info = dataset.prepare(c, sys.argv[3])
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"cpu_seconds": time.process_time() - t0 + kids.ru_utime + kids.ru_stime,
-                  "seconds": info["examples_seconds"] + info["write_seconds"],
+                  "seconds": info["examples_seconds"] + info["assemble_seconds"],
                   "examples_seconds": info["examples_seconds"],
-                  "write_seconds": info["write_seconds"], "mb": info["raw_text_mb"],
+                  "assemble_seconds": info["assemble_seconds"], "mb": info["raw_text_mb"],
                   "shards": info["shards"], "examples": info["train_examples"],
                   "main_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
@@ -107,7 +107,7 @@ def main(argv):
   speedup = many["mb_per_second"] / one["mb_per_second"]
   print(
     f"{workers} workers: {many['mb_per_second']:.2f} MB/s ({many['seconds']:.1f} s; of which "
-    f"writing {many['write_seconds']:.1f} s); peak {many['main_rss_mb']:.0f} MB main, "
+    f"assembling the TFDS dataset {many['assemble_seconds']:.1f} s); peak {many['main_rss_mb']:.0f} MB main, "
     f"{many['worker_rss_mb']:.0f} MB per worker"
   )
   print(
