@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import glob
 import hashlib
+import heapq
 import json
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -501,31 +503,75 @@ def _is_eval(doc_index: int, seed: int, eval_fraction: float) -> bool:
   return doc_index % period == seed % period
 
 
-def _train_vocab(config, out_dir: str) -> float:
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+  """splitmix64's finaliser: a well-mixed 64-bit integer from any integer, the same everywhere."""
+  x = (x + 0x9E3779B97F4A7C15) & _MASK64
+  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+  return x ^ (x >> 31)
+
+
+def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:
+  """The `size` sentences of a shard with the smallest keys, a key being a hash of (seed, document
+  index, sentence index): the shards' samples merged the same way are a uniform, seeded sample of
+  the whole corpus (bottom-k sampling), whatever the number of workers. Returns them as sorted
+  (key, sentence) pairs, with the shard's corpus statistics."""
+  stats = corpus_lib.CorpusStats()
+  heap: list[tuple[int, str]] = []  # the largest kept key on top (keys negated)
+  for index, doc in corpus_lib.shard_documents(data, shard, stats):
+    base = _mix64((seed << 40) ^ index)
+    for j, sentence in enumerate(doc):
+      key = _mix64(base + j)
+      if len(heap) < size:
+        heapq.heappush(heap, (-key, sentence))
+      elif key < -heap[0][0]:
+        heapq.heapreplace(heap, (-key, sentence))
+  return {
+    "shard": shard["index"],
+    "sample": sorted((-k, s) for k, s in heap),
+    "corpus": dataclasses.asdict(stats),
+  }
+
+
+def _vocab_sample_job(job) -> dict:
+  return vocab_sample(*job)
+
+
+def _train_vocab(config, shards: list[dict], out_dir: str) -> float:
+  """Trains the vocabulary on a seeded sample of data.vocab_sample_sentences sentences (what
+  spm_train's input_sentence_size does), drawn from the shards on every worker."""
   d = config.data
   t0 = time.time()
-  stats = corpus_lib.CorpusStats()
-  progress = _Progress("vocabulary: reading the corpus")
-
-  def sentences():
-    for doc in corpus_lib.documents(d, stats):
-      progress.update(stats.documents, stats.bytes, _fraction(stats, d.max_documents))
-      yield from doc
-
+  size = d.vocab_sample_sentences
+  jobs = [(_job_data(d), config.seed, shard, size) for shard in shards]
+  heap: list[tuple[int, str]] = []
+  for result in _map_shards(config, _vocab_sample_job, jobs, "vocabulary: sampling sentences"):
+    for key, sentence in result["sample"]:
+      if len(heap) < size:
+        heapq.heappush(heap, (-key, sentence))
+      elif key < -heap[0][0]:
+        heapq.heapreplace(heap, (-key, sentence))
+      else:
+        break  # the rest of this sorted sample has larger keys
+  sentences = [s for _, s in sorted((-k, s) for k, s in heap)]
+  del heap
   logging.info(
-    "training a %d-piece SentencePiece unigram model on the corpus", config.model.vocab_size
+    "training a %d-piece SentencePiece unigram model on %s sampled sentences",
+    config.model.vocab_size,
+    f"{len(sentences):,}",
   )
   tokenizer_lib.train(
-    sentences(),
+    sentences,
     os.path.join(out_dir, VOCAB_FILE),
     config.model.vocab_size,
     lower=d.do_lower_case,
     character_coverage=d.spm_character_coverage,
-    input_sentence_size=d.vocab_sample_sentences,
+    input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
     seed=config.seed,
   )
-  if stats.documents == 0:
-    raise ConfigError("the corpus has no documents")
   return time.time() - t0
 
 
@@ -538,29 +584,27 @@ def _plural(n: int, noun: str) -> str:
   return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _write_shards(config, jobs: list[tuple]) -> list[dict]:
-  """Runs write_shard for every shard on num_workers(config) processes (one here, or a spawned
-  pool: fork is unsafe once JAX has started threads), each tokenizing on one thread; returns the
-  summaries in shard order."""
+def _map_shards(config, fn, jobs: list[tuple], what: str) -> Iterator[dict]:
+  """fn(job) for every shard's job on num_workers(config) processes (one here, or a spawned pool:
+  fork is unsafe once JAX has started threads), each on one thread; yields the results in shard
+  order, with progress (documents, MB/s, ETA) from their corpus statistics."""
   workers = min(num_workers(config), len(jobs))
   counts = f"{_plural(len(jobs), 'shard')}, {_plural(workers, 'worker')}"
-  progress = _Progress(f"prepare: tokenizing, pairing and writing ({counts})")
-  logging.info("making and writing examples (%s)", counts)
+  progress = _Progress(f"{what} ({counts})")
+  logging.info("%s (%s)", what, counts)
   cstats = corpus_lib.CorpusStats()
-  summaries = []
   with contextlib.ExitStack() as stack:
     if workers > 1:
       pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-      results = pool.imap(_write_shard_job, jobs)
+      results = pool.imap(fn, jobs)
     else:
-      results = map(_write_shard_job, jobs)
-    for done, summary in enumerate(results, 1):
-      summaries.append(summary)
-      for field, value in summary["corpus"].items():
+      results = map(fn, jobs)
+    for done, result in enumerate(results, 1):
+      for field, value in result["corpus"].items():
         setattr(cstats, field, getattr(cstats, field) + value)
       progress.update(cstats.documents, cstats.bytes, done / len(jobs))
+      yield result
   progress.update(cstats.documents, cstats.bytes, 1.0, force=True)
-  return summaries
 
 
 def _beam_options(config):
@@ -687,27 +731,31 @@ def _build(config, out: str, fp: dict) -> dict:
     if os.path.isfile(os.path.splitext(src)[0] + ".vocab"):
       shutil.copyfile(os.path.splitext(src)[0] + ".vocab", os.path.join(out, "spiece.vocab"))
     vocab_seconds = 0.0
-  else:
-    vocab_seconds = _train_vocab(config, out)
+  # Cut the corpus into shards; each is sampled for the vocabulary, then made into examples and
+  # written as files of its own (in worker processes, or a Beam pipeline); the files are then put
+  # together as one TFDS dataset.
+  t0 = time.time()
+  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS)
+  if not shards:
+    raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
+  shard_seconds = time.time() - t0
+  if not d.spm_model_path:
+    vocab_seconds = _train_vocab(config, shards, out)
   tok = tokenizer_lib.load(vocab_path, d.do_lower_case)
   if tok.vocab_size != config.model.vocab_size:
     raise ConfigError(
       f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"
     )
-
-  # Cut the corpus into shards; each is made into examples and written as files of its own (in
-  # worker processes, or a Beam pipeline); the files are then put together as one TFDS dataset.
   t0 = time.time()
-  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS)
-  if not shards:
-    raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
   staging_dir = os.path.join(out, "staging")
   os.makedirs(staging_dir)
   jobs = [(_job_data(d), config.seed, vocab_path, shard, staging_dir) for shard in shards]
   if d.beam_runner:
     summaries = _write_shards_with_beam(config, jobs, staging_dir)
   else:
-    summaries = _write_shards(config, jobs)
+    summaries = list(
+      _map_shards(config, _write_shard_job, jobs, "prepare: tokenizing, pairing and writing")
+    )
   examples_seconds = time.time() - t0
   built = _stats(summaries)
   for split in SPLITS:
@@ -730,6 +778,7 @@ def _build(config, out: str, fp: dict) -> dict:
       "max_seq_length": d.max_seq_length,
       "shards": len(shards),
       "seconds": round(total, 1),
+      "shard_seconds": round(shard_seconds, 1),
       "vocab_seconds": round(vocab_seconds, 1),
       "examples_seconds": round(examples_seconds, 1),
       "assemble_seconds": round(assemble_seconds, 1),

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from albert_jax import config_lib, corpus, dataset, tokenizer as tokenizer_lib
@@ -122,19 +123,51 @@ def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkey
     pytest.skip("apache-beam is not installed: the Beam DirectRunner build was not compared")
 
 
-def test_the_trained_vocabulary_does_not_depend_on_the_hosts_cores(setup, tmp_path, monkeypatch):
+def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_path, monkeypatch):
   # SentencePiece's trainer learns another vocabulary on another number of threads: prepare
-  # trains on a fixed number, so hosts with other core counts build the same vocabulary.
-  root, _ = setup
-  _write(str(tmp_path / "corpus.txt"), _documents()[::4])
+  # trains on a fixed number, so hosts with other core counts build the same vocabulary; the
+  # sentences it trains on are sampled by the workers, the same sample for any number of them.
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  _write(str(tmp_path / "corpus.txt"), _documents()[::2])
   c = _config(setup, input_files=str(tmp_path / "corpus.txt"), spm_model_path="")
   c.model.vocab_size = 500
+  c.data.vocab_sample_sentences = 1200  # fewer than the corpus holds: a real sample
   vocabs = []
-  for cores in (1, 4):
+  for cores, workers in ((1, 1), (4, 2)):
     monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
-    ddir = dataset.prepare(c, str(tmp_path / f"cores-{cores}"))["data_dir"]
-    vocabs.append(dataset.file_sha256(os.path.join(ddir, dataset.VOCAB_FILE)))
+    c.data.num_prepare_workers = workers
+    info = dataset.prepare(c, str(tmp_path / f"cores-{cores}"))
+    assert info["shards"] > 3 and info["sentences"] > 2 * c.data.vocab_sample_sentences
+    vocabs.append(dataset.file_sha256(os.path.join(info["data_dir"], dataset.VOCAB_FILE)))
   assert vocabs[0] == vocabs[1]
+  c.seed = 1  # another seed, another sample
+  other = dataset.prepare(c, str(tmp_path / "seed-1"))["data_dir"]
+  assert dataset.file_sha256(os.path.join(other, dataset.VOCAB_FILE)) != vocabs[0]
+
+
+def test_the_vocabulary_sample_is_uniform_and_seeded():
+  data = config_lib.base_config().data
+  docs = [[f"d{i} s{j}" for j in range(5)] for i in range(2000)]  # 10,000 sentences
+  shards = [
+    {
+      "kind": "builtin",
+      "index": k,
+      "first_doc": 500 * k,
+      "docs": 500,
+      "documents": docs[500 * k :][:500],
+    }
+    for k in range(4)
+  ]
+  merged = sorted(kv for s in shards for kv in dataset.vocab_sample(data, 0, s, 1000)["sample"])
+  sample = [sentence for _, sentence in merged[:1000]]
+  whole = dataset.vocab_sample(data, 0, {**shards[0], "docs": 2000, "documents": docs}, 1000)
+  assert sample == [sentence for _, sentence in whole["sample"]]  # shards merge to the whole's
+  # uniform: each quarter of the corpus and each sentence position holds about its share
+  quarters = np.bincount([int(s.split()[0][1:]) // 500 for s in sample], minlength=4)
+  positions = np.bincount([int(s.split()[1][1:]) for s in sample], minlength=5)
+  assert quarters.min() > 200 and positions.min() > 160, (quarters, positions)
+  other = dataset.vocab_sample(data, 1, {**shards[0], "docs": 2000, "documents": docs}, 1000)
+  assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
 
 
 def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypatch):
