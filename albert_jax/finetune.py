@@ -467,10 +467,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs config.seeds seeds in workdir/seed_<k>/ and writes eval_results.json and predictions/."""
   from albert_jax import glue
 
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    resolve_task(config)
-  config_lib.validate_finetune(config)
+  config = resolved(config)
   task = glue.task_of(config) if config.task.kind in glue.GENERIC else None
   resolve_init_from(config)
   data = load_data(config, task)
@@ -530,6 +527,16 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return out
 
 
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of config with its task resolved (resolve_task), validated before anything is read or
+  written."""
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    resolve_task(config)
+  config_lib.validate_finetune(config)
+  return config
+
+
 def resolve_task(config) -> None:
   """Fills task.kind, task.metric and task.labels from the task's name (GLUE's, or config.data's)."""
   from albert_jax import glue
@@ -575,15 +582,15 @@ def run():
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
-    cli.setup_logging("finetune", workdir)
+    with cli.guard():  # a bad value: one line before anything is written (no log file, no lock)
+      resolved(config)
     with cli.guard():
       from albert_jax import files
 
-      if jax.process_index() != 0:
+      # The lock before the log file: a run refused for a busy workdir writes nothing into it.
+      with files.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        cli.setup_logging("finetune", workdir)
         finetune(config, workdir)
-      else:
-        with files.workdir_lock(workdir):
-          finetune(config, workdir)
 
   app.run(main, flags_parser=cli.parse_flags)
 

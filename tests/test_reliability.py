@@ -213,8 +213,10 @@ def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data
     for line in first.stdout:
       if line.startswith("saved step"):
         break
+    before = set(os.listdir(workdir / "logs"))
     second = run_main(tmp_path, str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
     assert second.returncode == 2, second.stderr[-2000:]
+    assert set(os.listdir(workdir / "logs")) == before  # the refused run wrote no log file there
     assert second.stderr.strip().splitlines() == [
       f"error: {workdir} is in use by another run (host {os.uname().nodename} pid {first.pid} since "
       + second.stderr.split(" since ")[1].split(")")[0]
@@ -251,6 +253,8 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
       pass
   holder.send_signal(signal.SIGKILL)
   holder.wait()
+  with files.workdir_lock(str(tmp_path)), files.workdir_lock(str(tmp_path)):
+    pass  # re-entered by its holder (the CLI holds it around the trainer, which takes it too)
   with files.workdir_lock(str(tmp_path)):  # the kernel released the dead process's lock
     assert f"pid {os.getpid()} " in open(tmp_path / ".lock").read()
 
@@ -357,6 +361,26 @@ def test_bad_config_values_are_refused(field, value, message):
         "-m",
         "albert_jax.main",
         "--config=configs/tiny.py",
+        "--workdir=never_written",
+        "--config.seed=-1",
+      ],
+      "seed=-1 must be an integer in [0, 2**31)",
+    ),
+    (
+      [
+        "-m",
+        "albert_jax.prepare",
+        "--config=configs/tiny.py",
+        "--workdir=never_written",
+        "--config.seed=-1",
+      ],
+      "seed=-1 must be an integer in [0, 2**31)",
+    ),
+    (
+      [
+        "-m",
+        "albert_jax.finetune",
+        "--config=configs/finetune/glue.py:task=sst2",
         "--workdir=never_written",
         "--config.seed=-1",
       ],
