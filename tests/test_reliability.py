@@ -292,20 +292,25 @@ def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)])
 
 
+def _enospc(*_, **__):
+  raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(
+    errno.ENOSPC, "No space left on device"
+  )
+
+
 def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
   from albert_jax import cli
 
   save_steps(tmp_path, [1])
   ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
   ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
-  ckpt.wait()
+  written = ckpt.manager.wait_until_finished
 
-  def full(*_):
-    raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(
-      errno.ENOSPC, "No space left on device"
-    )
+  def full():
+    written()  # step 2 is written; the OS's answer comes back at the point Orbax reports it
+    _enospc()
 
-  ckpt.manager.wait_until_finished = full  # the OS's answer, at the point Orbax reports it
+  ckpt.manager.wait_until_finished = full
   with pytest.raises(SystemExit) as e:
     with cli.guard():
       ckpt.close()
@@ -315,6 +320,45 @@ def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
     err
   )
   assert checkpoint.latest_step(str(tmp_path)) == 2
+
+
+def test_disk_full_names_the_step_being_saved_not_the_last_one_written(tmp_path):
+  save_steps(tmp_path, [1])
+  with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+    ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
+    ckpt.wait()  # step 2 is written
+    ckpt.manager.save = _enospc
+    with pytest.raises(files.DiskFull, match=r"^no space left on device saving step 3 to "):
+      ckpt.save(3, {"w": jnp.full((4096,), 3.0), "step": jnp.int32(3)}, {"position": 3})
+  assert checkpoint.latest_step(str(tmp_path)) == 2
+
+
+def test_a_full_disk_on_closing_does_not_replace_a_halt(tmp_path, capsys, caplog):
+  """The halt (exit 3) that stopped the run stays its error; the failed close is a warning."""
+  from albert_jax import cli
+
+  ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
+  ckpt.save(1, {"w": jnp.full((4096,), 1.0), "step": jnp.int32(1)}, {"position": 1})
+  written = ckpt.manager.wait_until_finished
+
+  def full():
+    written()
+    _enospc()
+
+  ckpt.manager.wait_until_finished = full
+  with pytest.raises(SystemExit) as e:
+    with cli.guard(), ckpt:
+      raise FloatingPointError("non-finite loss at step 2: halted")
+  assert e.value.code == cli.NON_FINITE == 3
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == "error: non-finite loss at step 2: halted", err
+  (warning,) = [
+    r.getMessage() for r in caplog.records if "closing the checkpoints" in r.getMessage()
+  ]
+  assert warning.startswith(
+    "while stopping on FloatingPointError, closing the checkpoints failed: no space left on device "
+    "saving step 1 to "
+  ), warning
 
 
 # --- bad values and the exit-code policy -------------------------------------------------------------
