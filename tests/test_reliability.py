@@ -504,3 +504,39 @@ def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
     assert not os.path.exists(mnt / "data")  # no half-built dataset in place
   finally:
     subprocess.run(["umount", "-l", str(mnt)])
+
+
+# --- the console -----------------------------------------------------------------------------------
+
+
+def test_own_lines_are_those_of_files_in_the_package_directory():
+  import logging
+
+  from albert_jax import cli
+
+  package = os.path.dirname(os.path.abspath(cli.__file__))
+
+  def record(pathname, name="absl"):
+    return logging.LogRecord(name, logging.INFO, pathname, 1, "a line", None, None)
+
+  assert cli._own(record(os.path.join(package, "train.py")))  # noqa: SLF001
+  # A checkout named albert_jax with its venv inside: the libraries' files are not ours.
+  venv = "/home/u/albert_jax/.venv/lib/python3.11/site-packages"
+  assert not cli._own(record(f"{venv}/orbax/checkpoint/checkpoint_manager.py"))  # noqa: SLF001
+  assert not cli._own(record(package + "_extra" + os.sep + "x.py"))  # noqa: SLF001
+  # A library's prints passed on from our code stay the library's.
+  assert not cli._own(record(os.path.join(package, "cli.py"), "prints.tensorflow_datasets"))  # noqa: SLF001
+
+
+def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, caplog):
+  from albert_jax import cli
+
+  with caplog.at_level("INFO"), pytest.raises(RuntimeError):
+    with cli.prints_to_log("somelib"):
+      print("first line\nhalf a line", end="")
+      raise RuntimeError("failed mid-line")
+  assert [(r.name, r.getMessage()) for r in caplog.records] == [
+    ("prints.somelib", "first line"),
+    ("prints.somelib", "half a line"),
+  ]
+  assert capsys.readouterr().out == ""
