@@ -12,6 +12,10 @@ stderr and one exit status:
   3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt)
   4  an environment fault: no space left on the device, a lost peer host, another OS error
   5  estimate: the config, as given, does not fit the memory of the slice it was compiled for
+  130  interrupted (Ctrl-C, SIGINT)
+
+SIGTERM is no error: the trainers (main, finetune) save the current step and exit 0; the same command
+resumes.
 
 By default the console shows what the command does; the libraries' INFO lines (Orbax, TFDS, absl)
 go to the log file only, and to stderr too with --verbose.

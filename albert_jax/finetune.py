@@ -392,7 +392,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     save_due = Periodic(
       t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
     )
-    stop = cleanup.enter_context(train._StopSignal())  # noqa: SLF001
+    stop = cleanup.enter_context(train.StopSignal())
     step = start
     while step < t.num_steps:
       with sharding.with_mesh(mesh):
@@ -401,11 +401,10 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
       reporter.push(step, metrics)
       data_state = batches.get_state()
       if step < t.num_steps and stop.should_stop():
-        reporter.flush()
-        ckpt.save(step, state, data_state)
-        ckpt.wait()
-        log(f"SIGTERM: saved step {step} to {workdir}/checkpoints; exiting")
-        raise SystemExit(143)
+        train.save_and_stop(reporter, ckpt, step, state, data_state)
+        # Status 0 like pretraining's stop (a preemption is no error); the other seeds and the
+        # summary wait for the same command, which resumes here.
+        raise SystemExit(0)
       eval_metrics = None
       if eval_arrays is not None and eval_due(step):
         reporter.flush()
