@@ -297,14 +297,15 @@ def _leaf_sums(leaves):
       x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
       x = x.astype(jnp.uint8)
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    # An 8-byte leaf (x64 configs) bitcasts to two uint32 halves (a trailing axis of 2); both add in.
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
     return jnp.sum(jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32), dtype=jnp.uint32)
 
   return [bits(x) for x in leaves]
 
 
 def checksum(state: Any) -> list[int]:
-  """Per leaf, the sum of its bit patterns modulo 2**32: exact, independent of how the arrays are
+  """Per leaf, the sum of its bit patterns (in 32-bit words for 8-byte dtypes) modulo 2**32: exact, independent of how the arrays are
   sharded, and computed where they live (no host copy of the state). Any changed bits in a leaf
   change its sum unless they cancel out exactly, which garbled or missing data does not do."""
   return [int(v) for v in jax.device_get(_leaf_sums(jax.tree_util.tree_leaves(state)))]

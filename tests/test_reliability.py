@@ -99,6 +99,22 @@ def test_checksum_sees_one_changed_finite_value_and_not_the_sharding():
   assert checkpoint.checksum(dict(state, h=state["h"].at[0].set(2))) != checkpoint.checksum(state)
 
 
+def test_checksum_of_8_byte_leaves_under_x64(tmp_path):
+  """x64 configs save float64/int64 leaves: their checksum sees each 32-bit half, and they save."""
+  with jax.enable_x64(True):
+    x = jnp.arange(16, dtype=jnp.float64) / 3
+    state = {"w": x, "step": jnp.int64(2**40 + 3), "i": jnp.arange(4, dtype=jnp.int32)}
+    i, step, w = checkpoint.checksum(state)  # the leaves in key order
+    assert i == 6
+    assert step == 259  # 2**40 + 3: the low 32-bit word is 3, the high one 2**8
+    assert w == int(np.sum(np.asarray(x).view(np.uint32), dtype=np.uint32))
+    low_bit = jax.lax.bitcast_convert_type(x, jnp.uint64).at[5].add(1)
+    changed = jax.lax.bitcast_convert_type(low_bit, jnp.float64)
+    assert checkpoint.checksum(dict(state, w=changed))[2] == (w + 1) % 2**32
+    with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+      ckpt.save(1, state, {"position": 1})
+
+
 def test_a_step_that_reads_back_other_finite_values_is_set_aside(tmp_path):
   """Damage that decodes to finite numbers: the saved checksum, not finiteness, catches it."""
   save_steps(tmp_path, [1, 2])
