@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
@@ -145,6 +146,7 @@ class Checkpointer:
   def __init__(self, workdir: str, train_config, metric: str = BEST_METRIC):
     self.workdir = workdir
     self.manager = _manager(workdir, train_config, metric=metric)
+    self._saving: int | None = None  # the step of the async save not yet waited for
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -156,25 +158,29 @@ class Checkpointer:
     """
     # The data item carries the state's checksum: a restore that reads back other bits is damage.
     data = {CHECKSUM_KEY: checksum(state), ITERATOR_KEY: data_state}
-    with self._disk_full_as_one_line(step):
+    # Orbax finishes the previous save first anyway: waiting here names that step if it failed, and
+    # this one if it fails now.
+    self.wait()
+    self._saving = step
+    with self._disk_full_as_one_line():
       self.manager.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)),
         metrics=dict(metrics) if metrics else None,
         force=True,
       )
-    self._saving = step
 
   @contextlib.contextmanager
-  def _disk_full_as_one_line(self, step: int | None = None):
+  def _disk_full_as_one_line(self):
+    """A full disk as one DiskFull naming the step being saved (the one not yet waited for)."""
     try:
       yield
     except Exception as e:
       if not is_disk_full(e):
         raise
-      step = getattr(self, "_saving", None) or step
+      what = "saving" if self._saving is None else f"saving step {self._saving}"
       raise DiskFull(
-        f"no space left on device saving step {step} to {checkpoints_dir(self.workdir)}; "
+        f"no space left on device {what} to {checkpoints_dir(self.workdir)}; "
         f"earlier checkpoints are intact: free space and re-run to resume"
       ) from e
 
@@ -252,6 +258,7 @@ class Checkpointer:
   def wait(self) -> None:
     with self._disk_full_as_one_line():
       self.manager.wait_until_finished()
+    self._saving = None  # written: a later failure is a later step's
 
   def close(self) -> None:
     try:
@@ -266,8 +273,14 @@ class Checkpointer:
   def __enter__(self) -> Checkpointer:
     return self
 
-  def __exit__(self, *exc) -> None:
-    self.close()
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc_type is None:
+      self.close()
+      return
+    try:  # leaving on an error (a halt, an interrupt): that error is the run's, not the close's
+      self.close()
+    except Exception as e:  # noqa: BLE001
+      logging.warning(f"while stopping on {exc_type.__name__}, closing the checkpoints failed: {e}")
 
 
 CHECKSUM_KEY, ITERATOR_KEY = "state_checksum", "iterator"
@@ -284,14 +297,15 @@ def _leaf_sums(leaves):
       x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
       x = x.astype(jnp.uint8)
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    # An 8-byte leaf (x64 configs) bitcasts to two uint32 halves (a trailing axis of 2); both add in.
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
     return jnp.sum(jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32), dtype=jnp.uint32)
 
   return [bits(x) for x in leaves]
 
 
 def checksum(state: Any) -> list[int]:
-  """Per leaf, the sum of its bit patterns modulo 2**32: exact, independent of how the arrays are
+  """Per leaf, the sum of its bit patterns (in 32-bit words for 8-byte dtypes) modulo 2**32: exact, independent of how the arrays are
   sharded, and computed where they live (no host copy of the state). Any changed bits in a leaf
   change its sum unless they cancel out exactly, which garbled or missing data does not do."""
   return [int(v) for v in jax.device_get(_leaf_sums(jax.tree_util.tree_leaves(state)))]

@@ -12,6 +12,10 @@ stderr and one exit status:
   3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt)
   4  an environment fault: no space left on the device, a lost peer host, another OS error
   5  estimate: the config, as given, does not fit the memory of the slice it was compiled for
+  130  interrupted (Ctrl-C, SIGINT)
+
+SIGTERM is no error: the trainers (main, finetune) save the current step and exit 0; the same command
+resumes.
 
 By default the console shows what the command does; the libraries' INFO lines (Orbax, TFDS, absl)
 go to the log file only, and to stderr too with --verbose.
@@ -138,9 +142,14 @@ class _Console(logging.Filter):
     return self.verbose or _own(record) or record.levelno >= logging.WARNING
 
 
+# The package's own directory: a line logged from a file under it is ours. (Not any path holding
+# /albert_jax/: a checkout named albert_jax with its venv inside would claim every library's lines.)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _own(record: logging.LogRecord) -> bool:
   """albert_jax's own lines (not a library's prints it passes on: prints_to_log)."""
-  return f"{os.sep}albert_jax{os.sep}" in record.pathname and not record.name.startswith(
+  return record.pathname.startswith(_PACKAGE_DIR) and not record.name.startswith(
     f"{PRINTS_LOGGER}."
   )
 
@@ -184,9 +193,11 @@ def prints_to_log(library: str):
   """Runs a block whose library prints to stdout (TFDS announces each build there) with those prints
   as INFO lines of the logger prints.<library>, so stdout and the console stay ours."""
   lines = _Lines(logging.getLogger(f"{PRINTS_LOGGER}.{library}"))
-  with contextlib.redirect_stdout(lines):
-    yield
-  lines.write("\n")
+  try:
+    with contextlib.redirect_stdout(lines):
+      yield
+  finally:  # a last line without its newline (the block may have failed mid-line) is logged too
+    lines.write("\n")
 
 
 _log_file: list[str] = []

@@ -143,7 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
       checkpoint_every=5000,
       keep_checkpoints=5,
       keep_best=True,  # also keep the best checkpoint by masked_lm_accuracy
-      checkpoint_every_seconds=0,  # also save on a time policy (preemptible machines); 0: off
+      checkpoint_every_seconds=0.0,  # also save on a time policy (preemptible machines); 0: off
       profile_steps=0,  # > 0: a jax profiler trace of that many steps into <workdir>/profile
     )
   )

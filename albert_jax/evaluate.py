@@ -20,11 +20,9 @@ line `error: ...` and status 2.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-import sys
 
 from absl import app, flags
 
@@ -169,7 +167,7 @@ def score(
 
   mesh = sharding.single_device_mesh()
   # TFDS may print while opening the data; stdout is kept for the result line.
-  with contextlib.redirect_stdout(sys.stderr):
+  with cli.prints_to_log("tensorflow_datasets"):
     it = input_pipeline.make_iterator(config, "", split, process_index=0, process_count=1)
   try:
     metrics = train.evaluate(

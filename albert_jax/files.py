@@ -65,12 +65,18 @@ def is_disk_full(e: BaseException | None) -> bool:
   return False
 
 
+# The lock files this process holds: a nested workdir_lock of the same workdir re-enters (a second
+# flock on a new descriptor would refuse this very process).
+_held: set[str] = set()
+
+
 @contextlib.contextmanager
 def workdir_lock(workdir: str) -> Iterator[None]:
   """Holds <workdir>/.lock (fcntl.flock) for the block: one writer per workdir.
 
   The file records the holder (host, pid, start time) for the refusal message. The kernel releases
-  the lock when its process dies, so a dead run's lock is simply taken over. gs:// has no such lock
+  the lock when its process dies, so a dead run's lock is simply taken over. Re-entrant within a
+  process (the command line holds it around its log file and the trainer). gs:// has no such lock
   (object stores have no flock): the block runs unlocked there.
   """
   if "://" in workdir:
@@ -82,6 +88,10 @@ def workdir_lock(workdir: str) -> Iterator[None]:
 
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, ".lock")
+  key = os.path.realpath(path)
+  if key in _held:  # this process holds it already (the CLI takes it before opening its log file)
+    yield
+    return
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
     try:
@@ -97,6 +107,10 @@ def workdir_lock(workdir: str) -> Iterator[None]:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()} since {started}\n".encode(), 0)
-    yield
+    _held.add(key)
+    try:
+      yield
+    finally:
+      _held.discard(key)
   finally:
     os.close(fd)  # releases the lock; the file stays (removing it would race with a new holder)

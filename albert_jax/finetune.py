@@ -392,7 +392,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     save_due = Periodic(
       t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
     )
-    stop = cleanup.enter_context(train._StopSignal())  # noqa: SLF001
+    stop = cleanup.enter_context(train.StopSignal())
     step = start
     while step < t.num_steps:
       with sharding.with_mesh(mesh):
@@ -401,11 +401,10 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
       reporter.push(step, metrics)
       data_state = batches.get_state()
       if step < t.num_steps and stop.should_stop():
-        reporter.flush()
-        ckpt.save(step, state, data_state)
-        ckpt.wait()
-        log(f"SIGTERM: saved step {step} to {workdir}/checkpoints; exiting")
-        raise SystemExit(143)
+        train.save_and_stop(reporter, ckpt, step, state, data_state)
+        # Status 0 like pretraining's stop (a preemption is no error); the other seeds and the
+        # summary wait for the same command, which resumes here.
+        raise SystemExit(0)
       eval_metrics = None
       if eval_arrays is not None and eval_due(step):
         reporter.flush()
@@ -467,10 +466,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs config.seeds seeds in workdir/seed_<k>/ and writes eval_results.json and predictions/."""
   from albert_jax import glue
 
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    resolve_task(config)
-  config_lib.validate_finetune(config)
+  config = resolved(config)
   task = glue.task_of(config) if config.task.kind in glue.GENERIC else None
   resolve_init_from(config)
   data = load_data(config, task)
@@ -530,6 +526,16 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return out
 
 
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of config with its task resolved (resolve_task), validated before anything is read or
+  written."""
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    resolve_task(config)
+  config_lib.validate_finetune(config)
+  return config
+
+
 def resolve_task(config) -> None:
   """Fills task.kind, task.metric and task.labels from the task's name (GLUE's, or config.data's)."""
   from albert_jax import glue
@@ -575,15 +581,15 @@ def run():
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
-    cli.setup_logging("finetune", workdir)
+    with cli.guard():  # a bad value: one line before anything is written (no log file, no lock)
+      resolved(config)
     with cli.guard():
       from albert_jax import files
 
-      if jax.process_index() != 0:
+      # The lock before the log file: a run refused for a busy workdir writes nothing into it.
+      with files.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        cli.setup_logging("finetune", workdir)
         finetune(config, workdir)
-      else:
-        with files.workdir_lock(workdir):
-          finetune(config, workdir)
 
   app.run(main, flags_parser=cli.parse_flags)
 

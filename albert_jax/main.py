@@ -41,11 +41,17 @@ def run():
       from albert_jax import distributed
 
       distributed.initialize(config)
-    cli.setup_logging("main", workdir)
     with cli.guard():
-      from albert_jax import train
+      import contextlib
 
-      train.train_and_evaluate(config, workdir)
+      import jax
+
+      from albert_jax import files, train
+
+      # The lock before the log file: a run refused for a busy workdir writes nothing into it.
+      with files.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        cli.setup_logging("main", workdir)
+        train.train_and_evaluate(config, workdir)  # holds the same lock (re-entered)
 
   app.run(main, flags_parser=cli.parse_flags)
 

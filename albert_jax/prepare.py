@@ -45,6 +45,10 @@ def run() -> None:
       cli.fail("--config and --workdir are required")
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
+    with cli.guard():  # a bad value: one line before anything is written (no log file either)
+      from albert_jax import config_lib
+
+      config_lib.validate(config)
     cli.setup_logging("prepare", workdir)
     with cli.guard():
       from albert_jax import dataset, input_pipeline

@@ -226,8 +226,9 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
 # The loop.
 
 
-class _StopSignal:
-  """SIGTERM (a TPU preemption notice, or `launch/tpu_pod.sh stop`) asks for a save and a clean exit."""
+class StopSignal:
+  """SIGTERM (a TPU preemption notice, or `launch/tpu_pod.sh stop`) asks for a save and a clean exit
+  (status 0: the same command resumes). Pretraining and fine-tuning both stop through it."""
 
   def __init__(self):
     self.requested = False
@@ -257,6 +258,16 @@ class _StopSignal:
       return self.requested
     previous, self._vote = self._vote, distributed.any_process(self.requested)
     return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+
+
+def save_and_stop(
+  reporter: Reporter, ckpt: checkpoint.Checkpointer, step, state, data_state
+) -> None:
+  """What a trainer does on StopSignal: the step's metrics, its checkpoint written whole, one line."""
+  reporter.flush()
+  ckpt.save(step, state, data_state)
+  ckpt.wait()
+  log(f"SIGTERM: saved step {step} to {ckpt.workdir}/checkpoints; exiting")
 
 
 class _Profiler:
@@ -398,7 +409,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     cleanup.callback(profiler.close)
     eval_metrics: dict[str, float] = {}
     step = start
-    stop = cleanup.enter_context(_StopSignal())
+    stop = cleanup.enter_context(StopSignal())
     while step < t.num_steps:
       profiler.before(step)
       state, metrics = compiled(state, batch)
@@ -410,10 +421,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
       if not last:  # loads the next batch while the device runs this step
         batch = sharding.global_batch(next(train_iter), mesh)
       if not last and stop.should_stop():  # at the last step, finish as usual
-        reporter.flush()
-        ckpt.save(step, state, data_state)
-        ckpt.wait()
-        log(f"SIGTERM: saved step {step} to {workdir}/checkpoints; exiting")
+        save_and_stop(reporter, ckpt, step, state, data_state)
         break
       evaluated = eval_due is not None and eval_due(step)
       if evaluated:

@@ -23,19 +23,10 @@ import pytest
 
 from albert_jax import checkpoint, dataset, distributed
 from albert_jax.config_lib import ConfigError
-from tests.conftest import load_config
+from tests.conftest import DATA as SMALL_DATA, MODEL, ROOT, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = dict(
-  vocab_size=1000,
-  embedding_size=32,
-  hidden_size=64,
-  num_hidden_layers=2,
-  num_attention_heads=4,
-  intermediate_size=128,
-  max_position_embeddings=64,
-)
-DATA = dict(max_seq_length=64, max_predictions_per_seq=10, max_documents=100)
+# conftest's small model on fewer documents: this module prepares its own data, once.
+DATA = dict(SMALL_DATA, max_documents=100)
 TRAIN = dict(
   batch_size=16,
   warmup_steps=2,

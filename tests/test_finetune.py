@@ -253,6 +253,45 @@ def test_resume_is_exact(env, run, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
+  """A preemption notice mid-seed: the step is saved whole and the command ends with status 0."""
+  import signal
+
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.finetune",
+      "--config=configs/finetune/glue.py:task=sst2",
+      f"--workdir={workdir}",
+      f"--config.init_from={env / 'init'}",
+      f"--config.data.glue_dir={env / 'glue'}",
+      "--config.data.max_seq_length=32",
+      "--config.train.batch_size=16",
+      "--config.train.num_steps=100000",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=100000",
+      "--config.train.checkpoint_every=100000",
+    ],
+    cwd=ROOT,
+    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  for line in proc.stdout:
+    if line.startswith("step 3/"):
+      proc.send_signal(signal.SIGTERM)
+      break
+  out = proc.stdout.read()
+  assert proc.wait(timeout=300) == 0, out[-2000:]
+  stopped = int(out.split("SIGTERM: saved step ")[1].split()[0])
+  assert 3 <= stopped < 100000
+  assert checkpoint.latest_step(str(workdir / "seed_0")) == stopped
+  assert not (workdir / "eval_results.json").exists()  # the summary waits for the resumed run
+
+
 # --- Hugging Face: the three heads, and a fine-tuned export ------------------------------------------
 
 

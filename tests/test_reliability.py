@@ -99,6 +99,22 @@ def test_checksum_sees_one_changed_finite_value_and_not_the_sharding():
   assert checkpoint.checksum(dict(state, h=state["h"].at[0].set(2))) != checkpoint.checksum(state)
 
 
+def test_checksum_of_8_byte_leaves_under_x64(tmp_path):
+  """x64 configs save float64/int64 leaves: their checksum sees each 32-bit half, and they save."""
+  with jax.enable_x64(True):
+    x = jnp.arange(16, dtype=jnp.float64) / 3
+    state = {"w": x, "step": jnp.int64(2**40 + 3), "i": jnp.arange(4, dtype=jnp.int32)}
+    i, step, w = checkpoint.checksum(state)  # the leaves in key order
+    assert i == 6
+    assert step == 259  # 2**40 + 3: the low 32-bit word is 3, the high one 2**8
+    assert w == int(np.sum(np.asarray(x).view(np.uint32), dtype=np.uint32))
+    low_bit = jax.lax.bitcast_convert_type(x, jnp.uint64).at[5].add(1)
+    changed = jax.lax.bitcast_convert_type(low_bit, jnp.float64)
+    assert checkpoint.checksum(dict(state, w=changed))[2] == (w + 1) % 2**32
+    with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+      ckpt.save(1, state, {"position": 1})
+
+
 def test_a_step_that_reads_back_other_finite_values_is_set_aside(tmp_path):
   """Damage that decodes to finite numbers: the saved checksum, not finiteness, catches it."""
   save_steps(tmp_path, [1, 2])
@@ -213,8 +229,10 @@ def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data
     for line in first.stdout:
       if line.startswith("saved step"):
         break
+    before = set(os.listdir(workdir / "logs"))
     second = run_main(tmp_path, str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
     assert second.returncode == 2, second.stderr[-2000:]
+    assert set(os.listdir(workdir / "logs")) == before  # the refused run wrote no log file there
     assert second.stderr.strip().splitlines() == [
       f"error: {workdir} is in use by another run (host {os.uname().nodename} pid {first.pid} since "
       + second.stderr.split(" since ")[1].split(")")[0]
@@ -251,6 +269,8 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
       pass
   holder.send_signal(signal.SIGKILL)
   holder.wait()
+  with files.workdir_lock(str(tmp_path)), files.workdir_lock(str(tmp_path)):
+    pass  # re-entered by its holder (the CLI holds it around the trainer, which takes it too)
   with files.workdir_lock(str(tmp_path)):  # the kernel released the dead process's lock
     assert f"pid {os.getpid()} " in open(tmp_path / ".lock").read()
 
@@ -288,20 +308,25 @@ def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)])
 
 
+def _enospc(*_, **__):
+  raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(
+    errno.ENOSPC, "No space left on device"
+  )
+
+
 def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
   from albert_jax import cli
 
   save_steps(tmp_path, [1])
   ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
   ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
-  ckpt.wait()
+  written = ckpt.manager.wait_until_finished
 
-  def full(*_):
-    raise ValueError("RESOURCE_EXHAUSTED: writing") from OSError(
-      errno.ENOSPC, "No space left on device"
-    )
+  def full():
+    written()  # step 2 is written; the OS's answer comes back at the point Orbax reports it
+    _enospc()
 
-  ckpt.manager.wait_until_finished = full  # the OS's answer, at the point Orbax reports it
+  ckpt.manager.wait_until_finished = full
   with pytest.raises(SystemExit) as e:
     with cli.guard():
       ckpt.close()
@@ -311,6 +336,45 @@ def test_simulated_enospc_is_one_line_exit_4(tmp_path, capsys):
     err
   )
   assert checkpoint.latest_step(str(tmp_path)) == 2
+
+
+def test_disk_full_names_the_step_being_saved_not_the_last_one_written(tmp_path):
+  save_steps(tmp_path, [1])
+  with checkpoint.Checkpointer(str(tmp_path), TRAIN) as ckpt:
+    ckpt.save(2, {"w": jnp.full((4096,), 2.0), "step": jnp.int32(2)}, {"position": 2})
+    ckpt.wait()  # step 2 is written
+    ckpt.manager.save = _enospc
+    with pytest.raises(files.DiskFull, match=r"^no space left on device saving step 3 to "):
+      ckpt.save(3, {"w": jnp.full((4096,), 3.0), "step": jnp.int32(3)}, {"position": 3})
+  assert checkpoint.latest_step(str(tmp_path)) == 2
+
+
+def test_a_full_disk_on_closing_does_not_replace_a_halt(tmp_path, capsys, caplog):
+  """The halt (exit 3) that stopped the run stays its error; the failed close is a warning."""
+  from albert_jax import cli
+
+  ckpt = checkpoint.Checkpointer(str(tmp_path), TRAIN)
+  ckpt.save(1, {"w": jnp.full((4096,), 1.0), "step": jnp.int32(1)}, {"position": 1})
+  written = ckpt.manager.wait_until_finished
+
+  def full():
+    written()
+    _enospc()
+
+  ckpt.manager.wait_until_finished = full
+  with pytest.raises(SystemExit) as e:
+    with cli.guard(), ckpt:
+      raise FloatingPointError("non-finite loss at step 2: halted")
+  assert e.value.code == cli.NON_FINITE == 3
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == "error: non-finite loss at step 2: halted", err
+  (warning,) = [
+    r.getMessage() for r in caplog.records if "closing the checkpoints" in r.getMessage()
+  ]
+  assert warning.startswith(
+    "while stopping on FloatingPointError, closing the checkpoints failed: no space left on device "
+    "saving step 1 to "
+  ), warning
 
 
 # --- bad values and the exit-code policy -------------------------------------------------------------
@@ -357,6 +421,26 @@ def test_bad_config_values_are_refused(field, value, message):
         "-m",
         "albert_jax.main",
         "--config=configs/tiny.py",
+        "--workdir=never_written",
+        "--config.seed=-1",
+      ],
+      "seed=-1 must be an integer in [0, 2**31)",
+    ),
+    (
+      [
+        "-m",
+        "albert_jax.prepare",
+        "--config=configs/tiny.py",
+        "--workdir=never_written",
+        "--config.seed=-1",
+      ],
+      "seed=-1 must be an integer in [0, 2**31)",
+    ),
+    (
+      [
+        "-m",
+        "albert_jax.finetune",
+        "--config=configs/finetune/glue.py:task=sst2",
         "--workdir=never_written",
         "--config.seed=-1",
       ],
@@ -436,3 +520,39 @@ def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
     assert not os.path.exists(mnt / "data")  # no half-built dataset in place
   finally:
     subprocess.run(["umount", "-l", str(mnt)])
+
+
+# --- the console -----------------------------------------------------------------------------------
+
+
+def test_own_lines_are_those_of_files_in_the_package_directory():
+  import logging
+
+  from albert_jax import cli
+
+  package = os.path.dirname(os.path.abspath(cli.__file__))
+
+  def record(pathname, name="absl"):
+    return logging.LogRecord(name, logging.INFO, pathname, 1, "a line", None, None)
+
+  assert cli._own(record(os.path.join(package, "train.py")))  # noqa: SLF001
+  # A checkout named albert_jax with its venv inside: the libraries' files are not ours.
+  venv = "/home/u/albert_jax/.venv/lib/python3.11/site-packages"
+  assert not cli._own(record(f"{venv}/orbax/checkpoint/checkpoint_manager.py"))  # noqa: SLF001
+  assert not cli._own(record(package + "_extra" + os.sep + "x.py"))  # noqa: SLF001
+  # A library's prints passed on from our code stay the library's.
+  assert not cli._own(record(os.path.join(package, "cli.py"), "prints.tensorflow_datasets"))  # noqa: SLF001
+
+
+def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, caplog):
+  from albert_jax import cli
+
+  with caplog.at_level("INFO"), pytest.raises(RuntimeError):
+    with cli.prints_to_log("somelib"):
+      print("first line\nhalf a line", end="")
+      raise RuntimeError("failed mid-line")
+  assert [(r.name, r.getMessage()) for r in caplog.records] == [
+    ("prints.somelib", "first line"),
+    ("prints.somelib", "half a line"),
+  ]
+  assert capsys.readouterr().out == ""

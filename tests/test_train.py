@@ -323,3 +323,87 @@ def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   ) as e:
     checkpoint.load_params(workdir, "latest")
   assert "\n" not in str(e.value)
+
+
+# --- time-based saves, profiles, worker processes ---------------------------------------------------
+
+
+def saved_steps(text):
+  return [int(s) for s in re.findall(r"^saved step (\d+) to ", text, re.M)]
+
+
+def test_checkpoint_every_seconds_saves_on_time(tmp_path, data_dir, capsys):
+  """checkpoint_every never falls due in 4 steps; a (fractional) time policy saves after each."""
+  config = small_config(data_dir, num_steps=4, checkpoint_every=1000, keep_checkpoints=10)
+  config.train.checkpoint_every_seconds = 0.001  # a float: seconds need not be whole
+  train.train_and_evaluate(config, str(tmp_path / "timed"))
+  assert saved_steps(capsys.readouterr().out) == [1, 2, 3, 4]
+  assert checkpoint.latest_step(str(tmp_path / "timed")) == 4
+  train.train_and_evaluate(
+    small_config(data_dir, num_steps=4, checkpoint_every=1000), str(tmp_path / "untimed")
+  )
+  assert saved_steps(capsys.readouterr().out) == [4]  # the step policy alone: the last step
+
+
+def test_profile_steps_writes_a_jax_trace(tmp_path, data_dir, capsys):
+  workdir = tmp_path / "w"
+  train.train_and_evaluate(small_config(data_dir, num_steps=3, profile_steps=1), str(workdir))
+  assert f"profile of steps 3-3 written to {workdir}/profile" in capsys.readouterr().out
+  # TensorBoard's profile plugin layout: profile/plugins/profile/<run>/<host>.xplane.pb
+  (run,) = os.listdir(workdir / "profile" / "plugins" / "profile")
+  traces = list((workdir / "profile" / "plugins" / "profile" / run).glob("*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 1000, traces
+
+
+def _children_of(pid: int) -> set[int]:
+  """pid's child processes, less multiprocessing's resource tracker (kept for pid's lifetime)."""
+  kids = set()
+  for task in os.listdir(f"/proc/{pid}/task"):
+    with open(f"/proc/{pid}/task/{task}/children") as f:
+      kids |= {int(p) for p in f.read().split()}
+
+  def tracker(kid):
+    try:
+      with open(f"/proc/{kid}/cmdline") as f:
+        return "resource_tracker" in f.read()
+    except OSError:  # gone already
+      return True
+
+  return {k for k in kids if not tracker(k)}
+
+
+@pytest.mark.slow
+def test_no_worker_process_left_after_evaluation(tmp_path, data_dir):
+  """data.num_workers=1: each evaluation's grain workers end with it; only the train workers stay."""
+  proc = subprocess.Popen(
+    main_cmd(
+      str(tmp_path / "w"),
+      data_dir,
+      "--config.data.num_workers=1",
+      num_steps=10_000,
+      eval_every=2,
+      checkpoint_every=10_000,
+    ),
+    cwd=ROOT,
+    env=env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  try:
+    before = None
+    for line in proc.stdout:
+      if line.startswith("step 1/"):
+        before = _children_of(proc.pid)  # the train iterator's workers; no evaluation yet
+      if line.startswith("eval at step 6:"):
+        break
+    deadline = time.time() + 30
+    while _children_of(proc.pid) != before and time.time() < deadline:
+      time.sleep(0.2)
+    after = _children_of(proc.pid)
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    out = proc.stdout.read()
+    assert proc.wait(timeout=300) == 0, out[-2000:]
+  assert before, "the train iterator runs its worker in a child process"
+  assert after == before  # three evaluations later: no eval worker left behind
