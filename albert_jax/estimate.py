@@ -25,7 +25,7 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
 Peaks and memory per device: albert_jax/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
-in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 1 when the TPU
+in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 5 when the TPU
 compiler finds that the config as given does not fit the slice (2 for bad input).
 """
 
@@ -462,13 +462,32 @@ def _with(config, overrides: dict[str, Any]):
   return config
 
 
+def remat_menu(config) -> list[tuple[str, float]]:
+  """The model's remat policies ("none" and model.REMAT_POLICIES) in order of increasing savings, as
+  (policy, bytes per token one layer keeps for the backward pass, traced); of policies that keep the
+  same bytes only the first named is listed ("full" before "nothing_saveable")."""
+  S = config.data.max_seq_length
+  kept: dict[float, str] = {}
+  for policy in ("none", *M.REMAT_POLICIES):
+    kept.setdefault(layer_bytes_per_token(config.model, S, remat=policy), policy)
+  menu = sorted(((p, b) for b, p in kept.items()), key=lambda pb: -pb[1])
+  current = config.model.remat
+  if current not in dict(menu):  # an equivalent of a listed policy
+    menu.append((current, layer_bytes_per_token(config.model, S, remat=current)))
+    menu.sort(key=lambda pb: -pb[1])
+  return menu
+
+
 def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
-  """The changes --fit tries, smallest first: each remat policy of the model's menu that saves more
-  than the config's, then micro-batches under remat=full, then fsdp (with micro-batches)."""
-  menu = ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full"]
-  current = config.model.remat if config.model.remat in menu else "full"
-  out = [{"model.remat": r} for r in menu[menu.index(current) + 1 :]]
-  remat = {"model.remat": "full"} if current != "full" else {}
+  """The changes --fit tries, smallest first: each remat policy of the model's menu (remat_menu) that
+  saves more than the config's, then micro-batches under the policy that saves the most (full), then
+  fsdp (with micro-batches)."""
+  menu = remat_menu(config)
+  saved = dict(menu)
+  current = config.model.remat
+  out = [{"model.remat": r} for r, b in menu if b < saved[current]]
+  most = menu[-1][0]  # the policy that saves the most
+  remat = {"model.remat": most} if saved[current] > menu[-1][1] else {}
   fsdp = 1
   while fsdp <= devices and len(out) < 24:
     dp = abstract_mesh(_with(config, {"mesh.fsdp": fsdp, "mesh.data": -1}), devices).shape
