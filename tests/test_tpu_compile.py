@@ -148,3 +148,78 @@ def test_without_libtpu_compile_says_what_to_install(monkeypatch):
   monkeypatch.setattr(T, "available", lambda: False)
   with pytest.raises(ConfigError, match=re.escape('pip install -e ".[tpu]"')):
     T.topology_devices(T.parse_slice("v3-8"))
+
+
+# Runs estimate's command line with `import libtpu` failing, as on a host without libtpu.
+_NO_LIBTPU = """
+import sys
+class NoLibtpu:
+  def find_spec(self, name, path=None, target=None):
+    if name == "libtpu" or name.startswith("libtpu."):
+      raise ImportError("No module named 'libtpu'")
+sys.meta_path.insert(0, NoLibtpu())
+sys.argv[0] = "estimate"
+from albert_jax import estimate
+estimate.run()
+"""
+
+
+def test_without_libtpu_the_cli_names_the_jax_to_install_in_one_line():
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+  r = subprocess.run(
+    [sys.executable, "-c", _NO_LIBTPU, "--config=configs/albert_base.py", "--slice=v3-8"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(env, JAX_PLATFORMS="cpu"),
+  )
+  assert r.returncode == 2, r.stderr[-2000:]  # bad input: what to install, not a traceback
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1, r.stderr
+  assert f'"jax[tpu]=={jax.__version__}"' in lines[0] and "<" not in lines[0], lines[0]
+  assert 'pip install -e ".[tpu]"' in lines[0]
+
+
+@pytest.mark.parametrize(
+  "kind, name",
+  [
+    ("TPU v3", "tpu_v3"),
+    ("TPU v4", "tpu_v4"),
+    ("TPU v5 lite", "tpu_v5e"),
+    ("TPU v5e", "tpu_v5e"),
+    ("TPU v5", "tpu_v5p"),  # what jax says on a v5p
+    ("TPU v5p", "tpu_v5p"),
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("cpu", None),
+  ],
+)
+def test_device_kinds_map_to_their_peaks(kind, name):
+  class Device:
+    device_kind = kind
+
+  assert hardware.device_name(Device()) == name
+
+
+def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
+  config = load_config("albert_base")
+  menu = [p for p, _ in E.remat_menu(config)]
+  assert menu == ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full"]
+  candidates = E.fit_candidates(config, 256)
+  assert [c["model.remat"] for c in candidates[:3]] == menu[1:]
+  assert candidates[3] == {"model.remat": "full", "train.micro_batches": 2}
+  # A policy added to the model's menu is tried where its savings put it: one that keeps only the
+  # FFN's first matmul output saves less than full, more than the dots policies.
+  from albert_jax import model as M
+
+  ffn = config.model.intermediate_size
+
+  def save_ffn_in(prim, *avals, **params):
+    return prim is jax.lax.dot_general_p and avals[1].shape[-1] == ffn
+
+  monkeypatch.setattr(M, "REMAT_POLICIES", {**M.REMAT_POLICIES, "ffn_in": save_ffn_in})
+  menu = [p for p, _ in E.remat_menu(config)]
+  assert menu == ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "ffn_in", "full"]
+  config.model.remat = "dots_with_no_batch_dims_saveable"
+  candidates = E.fit_candidates(config, 256)
+  assert candidates[:2] == [{"model.remat": "ffn_in"}, {"model.remat": "full"}]
