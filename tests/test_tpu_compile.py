@@ -120,7 +120,7 @@ def test_a_config_that_cannot_fit_is_reported_with_its_figures():
 @needs_libtpu
 @pytest.mark.slow
 def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256():
-  r = run_cli("--config=configs/albert_xxlarge.py", "--slice=v3-256", "--fit")
+  r = run_cli("--config=configs/albert_xxlarge.py", "--slice=v3-256", "--fit", timeout=1800)
   assert r.returncode == 5, r.stderr[-2000:]  # the config as given does not fit
   assert "does not fit: needs" in r.stdout  # as it is (no remat, 16 sequences per core)
   command = r.stdout.strip().splitlines()[-1].strip()
@@ -142,6 +142,16 @@ def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256():
     config[section][key] = type(config[section][key])(value)
   step = float(re.search(r"predicted step time ([0-9.]+) s", r.stdout).group(1))
   assert step > E.estimate(config, "tpu_v3", 256).step_seconds  # remat's recomputation included
+  # The printed command's config, compiled again from its command line for the same slice: it fits,
+  # with the memory --fit reported. (Only the TPU compile: --slice skips the local one; libtpu's
+  # executables cannot be read back from jax's compilation cache without a TPU, so it recompiles.)
+  given = [a for a in command.split() if a.startswith("--config.")]
+  again = run_cli("--config=configs/albert_xxlarge.py", "--slice=v3-256", *given, timeout=1800)
+  assert again.returncode == 0, again.stderr[-2000:]
+  memory = next(l for l in again.stdout.splitlines() if " HBM: " in l)
+  assert re.search(r"= ([0-9.]+) GiB of 16.00 GiB HBM: fits;", memory).group(1) == m.group(1), (
+    memory
+  )
 
 
 def test_without_libtpu_compile_says_what_to_install(monkeypatch):
