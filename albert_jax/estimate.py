@@ -25,7 +25,7 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
 Peaks and memory per device: albert_jax/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
-in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 1 when the TPU
+in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 5 when the TPU
 compiler finds that the config as given does not fit the slice (2 for bad input).
 """
 
@@ -85,7 +85,9 @@ def _shard_bytes(shape_dtype, named_sharding) -> int:
 
 
 def state_bytes(config, mesh) -> dict[str, int]:
-  """Per-device bytes of the parameters and of the optimizer state, sharded as the trainer shards them."""
+  """Per-device bytes of the parameters and of the optimizer state, sharded as the trainer shards them,
+  and of the parameters of unshared layers stacked on an [L] axis (sharing="none", "attention", "ffn";
+  part of "params")."""
   abstract = state_lib.abstract_state(config, mesh)
   shardings = abstract.shardings
   abstract = abstract.shapes
@@ -96,9 +98,19 @@ def state_bytes(config, mesh) -> dict[str, int]:
       for x, s in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(tree_shardings))
     )
 
+  def stacked(tree, tree_shardings):
+    """The [L]-stacked parameters of unshared layers (encoder/albert_layers/...)."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return sum(
+      _shard_bytes(x, s)
+      for (path, x), s in zip(flat, jax.tree_util.tree_leaves(tree_shardings))
+      if any(getattr(k, "key", None) == "albert_layers" for k in path)
+    )
+
   return {
     "params": total(abstract.params, shardings.params),
     "opt_state": total(abstract.opt_state, shardings.opt_state),
+    "stacked_layers": stacked(abstract.params, shardings.params),
   }
 
 
@@ -306,6 +318,14 @@ def memory_per_device(config, mesh, sequences: int) -> dict[str, float]:
   grads = state["params"] * (2 if micro > 1 else 1)
   # The optimizer's update tensor; new moments and parameters reuse the donated state's buffers.
   update = state["params"]
+  # Unshared layers (their parameters stacked on [L] and scanned): the TPU compiler holds more
+  # layer-sized buffers through the backward layer loop than the gradients: bf16 copies of the stacked
+  # weights for the matmuls (f32 dots run as bf16 passes), the per-layer gradients before and after
+  # their all-reduce inside the loop. Calibrated against libtpu: at batch 4096 on a v3-256 the
+  # compiler's temporaries less the activations (two batch sizes, the same slope) exceed grads and
+  # update by 2.5x the layers' f32 parameters for bert_large, 2.4x for bert_base (whose activations
+  # are a little over-counted); 2x keeps both within 3%. ALBERT's shared block has none.
+  layer_buffers = 2 * state["stacked_layers"]
   d = config.data
   batch = sequences * micro * (3 * d.max_seq_length * 4 + 3 * d.max_predictions_per_seq * 4 + 4)
   act = activation_bytes(config, sequences, tensor=int(mesh.shape["tensor"]))
@@ -314,6 +334,7 @@ def memory_per_device(config, mesh, sequences: int) -> dict[str, float]:
     "opt_state": state["opt_state"],
     "grads": grads,
     "update": update,
+    "layer_buffers": layer_buffers,
     "batch": batch,
     "activations_saved": act["saved"],
     "activations_working": act["working"],
@@ -462,13 +483,32 @@ def _with(config, overrides: dict[str, Any]):
   return config
 
 
+def remat_menu(config) -> list[tuple[str, float]]:
+  """The model's remat policies ("none" and model.REMAT_POLICIES) in order of increasing savings, as
+  (policy, bytes per token one layer keeps for the backward pass, traced); of policies that keep the
+  same bytes only the first named is listed ("full" before "nothing_saveable")."""
+  S = config.data.max_seq_length
+  kept: dict[float, str] = {}
+  for policy in ("none", *M.REMAT_POLICIES):
+    kept.setdefault(layer_bytes_per_token(config.model, S, remat=policy), policy)
+  menu = sorted(((p, b) for b, p in kept.items()), key=lambda pb: -pb[1])
+  current = config.model.remat
+  if current not in dict(menu):  # an equivalent of a listed policy
+    menu.append((current, layer_bytes_per_token(config.model, S, remat=current)))
+    menu.sort(key=lambda pb: -pb[1])
+  return menu
+
+
 def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
-  """The changes --fit tries, smallest first: each remat policy of the model's menu that saves more
-  than the config's, then micro-batches under remat=full, then fsdp (with micro-batches)."""
-  menu = ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full"]
-  current = config.model.remat if config.model.remat in menu else "full"
-  out = [{"model.remat": r} for r in menu[menu.index(current) + 1 :]]
-  remat = {"model.remat": "full"} if current != "full" else {}
+  """The changes --fit tries, smallest first: each remat policy of the model's menu (remat_menu) that
+  saves more than the config's, then micro-batches under the policy that saves the most (full), then
+  fsdp (with micro-batches)."""
+  menu = remat_menu(config)
+  saved = dict(menu)
+  current = config.model.remat
+  out = [{"model.remat": r} for r, b in menu if b < saved[current]]
+  most = menu[-1][0]  # the policy that saves the most
+  remat = {"model.remat": most} if saved[current] > menu[-1][1] else {}
   fsdp = 1
   while fsdp <= devices and len(out) < 24:
     dp = abstract_mesh(_with(config, {"mesh.fsdp": fsdp, "mesh.data": -1}), devices).shape
@@ -595,6 +635,7 @@ def format_report(est: Estimate) -> str:
     f"  optimizer state     {_gib(mem['opt_state'])}",
     f"  gradients           {_gib(mem['grads'])}",
     f"  optimizer update    {_gib(mem['update'])}",
+    f"  unshared layers     {_gib(mem['layer_buffers'])} (the backward loop's layer buffers)",
     f"  batch               {_gib(mem['batch'])}",
     f"  activations saved   {_gib(mem['activations_saved'])} (remat={est.remat})",
     f"  backward, one layer {_gib(mem['activations_working'])}",

@@ -30,7 +30,10 @@ DEVICE_MEMORY = {
 
 
 def device_name(device=None) -> str | None:
-  """Maps jax's device_kind to a PEAK_FLOPS key, or None (CPU, unknown)."""
+  """Maps jax's device_kind to a PEAK_FLOPS key, or None (CPU, unknown).
+
+  v5e devices say "TPU v5 lite" (or "TPU v5e"); v5p devices say "TPU v5" (or "TPU v5p"), so a bare
+  "v5" is a v5p once the lite forms are ruled out."""
   kind = (device or jax.devices()[0]).device_kind.lower()
   for key, needle in (
     ("tpu_v3", "v3"),
@@ -38,6 +41,7 @@ def device_name(device=None) -> str | None:
     ("tpu_v5e", "v5 lite"),
     ("tpu_v5e", "v5e"),
     ("tpu_v5p", "v5p"),
+    ("tpu_v5p", "v5"),
     ("h200", "h200"),
     ("h100", "h100"),
     ("a100", "a100"),

@@ -17,12 +17,18 @@ import re
 import time
 from typing import Any
 
+import jax
+
 from albert_jax import cli, config_lib, examples, hardware, sharding, train
 from albert_jax.config_lib import ConfigError
 
-INSTALL_HINT = (
-  'the TPU compiler needs libtpu: pip install -e ".[tpu]" (or "jax[tpu]==<your jax version>")'
-)
+
+def install_hint() -> str:
+  """One line saying what to install for the TPU compiler: libtpu for the jax that is installed."""
+  return (
+    f'the TPU compiler needs libtpu: pip install -e ".[tpu]" (or "jax[tpu]=={jax.__version__}")'
+  )
+
 
 # Slice families: (topology prefix, estimate device key, jax devices per chip, the slice name counts
 # cores (True) or chips (False), topology dimensions, chip_config_name).
@@ -111,7 +117,7 @@ def available() -> bool:
 def topology_devices(tpu: Slice) -> list:
   """The slice's devices from its topology (no TPU needed; libtpu compiles for them)."""
   if not available():
-    raise ConfigError(INSTALL_HINT)
+    raise ConfigError(install_hint())
   cli.quiet_libtpu()
   from jax.experimental import topologies
 
