@@ -200,6 +200,8 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
     if not path:
       if split == "train":
         raise ConfigError("no training file: set data.glue_dir or data.train_file")
+      if split == "test" and config.data.glue_dir and not config.data.test_file:
+        log(f"no {glue.default_path(config, 'test')}: no test predictions")
       continue
     if kind in ("classification", "regression"):
       out[split] = glue.load_split(config, task, tok, split)

@@ -163,7 +163,8 @@ def task_of(config) -> Task:
 
 
 def split_path(config, split: str) -> str:
-  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set)."""
+  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, and for
+  the test split when glue_dir has no such file: test labels are not needed to fine-tune)."""
   given = {
     "train": config.data.train_file,
     "eval": config.data.eval_file,
@@ -171,6 +172,12 @@ def split_path(config, split: str) -> str:
   }[split]
   if given or not config.data.glue_dir:
     return given
+  path = default_path(config, split)
+  return "" if split == "test" and not os.path.isfile(path) else path
+
+
+def default_path(config, split: str) -> str:
+  """data.glue_dir's file of GLUE's name for the split."""
   names = MNLI_SPLIT_FILES if config.task.name == "mnli" else SPLIT_FILES
   return os.path.join(config.data.glue_dir, names[split])
 
@@ -185,7 +192,9 @@ def _rows(path: str) -> tuple[list[str] | None, list]:
     raise ConfigError(f"data file not found: {path}")
   ext = os.path.splitext(path)[1].lower()
   try:
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig: GLUE's own MRPC files (and many exported from spreadsheets) start with a byte-order
+    # mark, which would otherwise become part of the first column's name.
+    with open(path, encoding="utf-8-sig", newline="") as f:
       if ext in (".jsonl", ".json"):
         rows = []
         for n, line in enumerate(f, 1):

@@ -175,6 +175,41 @@ def test_glue_layouts_are_read_as_distributed(tmp_path):
   assert (a, b, labels, index) == (["One."], ["Two."], [None], ["7"])
 
 
+def test_mrpc_with_a_byte_order_mark_is_read(tmp_path):
+  """GLUE's own MRPC train.tsv/dev.tsv start with a UTF-8 BOM before the header's 'Quality'."""
+  path = tmp_path / "train.tsv"
+  path.write_bytes(
+    "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t7\t8\tOne.\tTwo.\n0\t9\t3\tA.\tB.\n".encode()
+  )
+  task = glue.GLUE_TASKS["mrpc"]
+  a, b, labels, _ = glue.read_examples(str(path), task, "train")
+  assert (a, b, labels) == (["One.", "A."], ["Two.", "B."], ["1", "0"])
+  assert glue.label_ids(labels, task, str(path)).tolist() == [1, 0]
+
+
+def _resolved(config):
+  with config.unlocked():
+    finetune.resolve_task(config)
+  finetune.resolve_init_from(config)
+  return config
+
+
+def test_glue_dir_without_test_tsv_skips_the_test_split(env, tmp_path, capsys):
+  glue_dir = tmp_path / "glue"
+  glue_dir.mkdir()
+  for name in ("train.tsv", "dev.tsv"):
+    shutil.copy(env / "glue" / name, glue_dir / name)
+  config = ft_config(env)
+  config.data.glue_dir = str(glue_dir)
+  data = finetune.load_data(_resolved(config), glue.GLUE_TASKS["sst2"])
+  assert sorted(data) == ["eval", "train"] and len(data["train"][0]["input_ids"]) == 256
+  assert f"no {glue_dir / 'test.tsv'}: no test predictions" in capsys.readouterr().out
+  # A test file named explicitly must exist.
+  config.data.test_file = str(glue_dir / "test.tsv")
+  with pytest.raises(ConfigError, match=f"data file not found: {glue_dir / 'test.tsv'}"):
+    finetune.load_data(config, glue.GLUE_TASKS["sst2"])
+
+
 def test_truncation_drops_from_the_longer_segment():
   a, b = glue.truncate_pair([1, 2, 3, 4, 5], [6, 7], 4)
   assert (a, b) == ([1, 2], [6, 7])
