@@ -114,8 +114,41 @@ def _is_workdir(path: str) -> bool:
   )
 
 
+RESULTS_FILE = "eval_results.json"
+
+
+def is_finetune_dir(path: str) -> bool:
+  """A fine-tuning run's directory (seed_<k>/ and eval_results.json), not one seed's."""
+  return os.path.isfile(os.path.join(path, RESULTS_FILE)) and not os.path.isfile(
+    os.path.join(path, "config.json")
+  )
+
+
+def best_seed_dir(path: str) -> tuple[str, int]:
+  """(seed_<k> directory, seed) of a fine-tuning directory's best seed, by its eval_results.json."""
+  results_path = os.path.join(path, RESULTS_FILE)
+  try:
+    with open(results_path, encoding="utf-8") as f:
+      results = json.load(f)
+    seeds = [s["seed"] for s in results["seeds"]]
+    best = results["summary"].get("best_seed")
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"{results_path} is not a fine-tuning summary ({e})") from None
+  if best not in seeds:
+    raise ConfigError(
+      f"{results_path} names no best seed (the run had no eval file); use {path}/seed_<k>"
+    )
+  seed_dir = os.path.join(path, f"seed_{seeds.index(best)}")
+  if not _is_workdir(seed_dir):
+    raise ConfigError(f"{seed_dir}, the best seed of {path}, holds no checkpoints")
+  return seed_dir, best
+
+
 def resolve_init_from(config) -> None:
-  """Takes init_from's architecture (model_from_init_from) or checks it, and its vocabulary."""
+  """Takes init_from's architecture (model_from_init_from) or checks it, and its vocabulary.
+
+  A fine-tuning directory stands for its best seed's (init_from is rewritten to that seed_<k>); a
+  fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
   from albert_jax import dataset, pretrained
 
   path = config.init_from
@@ -124,10 +157,16 @@ def resolve_init_from(config) -> None:
       f"init_from={path} is not a directory (a pretraining workdir, a --format=jax "
       f"export or a Hugging Face ALBERT directory)"
     )
+  if is_finetune_dir(path):
+    path, seed = best_seed_dir(path)
+    log(f"init_from: {config.init_from}'s best seed {seed} ({path})")
+    with config.unlocked():
+      config.init_from = path
   if _is_workdir(path):
     source = checkpoint.read_config(path)
     theirs_model = source.model.to_dict()
-    spm = dataset.spm_model_path(source, path)
+    # A fine-tuning run records the vocabulary it used (its init_from's); a pretraining run has its own.
+    spm = source.data.spm_model_path if "task" in source else dataset.spm_model_path(source, path)
     fields = taken = config_lib.ARCHITECTURE_FIELDS + config_lib.LAYOUT_FIELDS
   else:
     _, theirs_model = pretrained.load_pretrained(path)
@@ -161,8 +200,10 @@ def init_backbone(config, fresh: dict, param_shardings) -> dict:
 
   path = config.init_from
   if _is_workdir(path):
-    try:
-      step = checkpoint.resolve_step(path, "best")
+    try:  # by the run's own metric: a fine-tuned seed's best is by its task's
+      step = checkpoint.resolve_step(
+        path, "best", checkpoint.best_metric(checkpoint.read_config(path))
+      )
     except ConfigError:
       step = "latest"
     params, _, step, _ = checkpoint.load_params(path, step)

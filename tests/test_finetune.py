@@ -1,12 +1,14 @@
 """Fine-tuning: GLUE files and metrics, a tiny model that learns a synthetic SST-2, seeds, exact
 resume, best-checkpoint selection, the three heads against transformers, and one-line errors."""
 
+import copy
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -286,6 +288,37 @@ def test_resume_is_exact(env, run, tmp_path):
   got, _, _, _ = checkpoint.load_params(os.path.join(resumed, "seed_0"), 40)
   for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_init_from_a_finetuned_run(env, tmp_path):
+  """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory as init_from gives its best
+  seed's backbone (best checkpoint) and vocabulary; the new task's head starts fresh."""
+  short = dict(num_steps=3, warmup_steps=1, eval_every=3, checkpoint_every=3)
+  finetune.finetune(ft_config(env, **short), str(tmp_path / "a"))
+  config = ft_config(env, **{**short, "num_steps": 2, "eval_every": 2, "checkpoint_every": 2})
+  config.task.name = "classification"  # another task: a 3-way head, not sst2's 2-way one
+  config.data.labels = "0,1,2"
+  config.init_from = str(tmp_path / "a")
+  out = finetune.finetune(config, str(tmp_path / "b"))
+  assert out["seeds"][0]["best_step"] == 2
+  recorded = checkpoint.read_config(str(tmp_path / "b" / "seed_0"))
+  assert recorded.init_from == str(tmp_path / "a" / "seed_0")  # the best (only) seed
+  assert recorded.data.spm_model_path == os.path.abspath(env / "init" / "spiece.model")
+  # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
+  want, _, step, _ = checkpoint.load_params(str(tmp_path / "a" / "seed_0"), "best")
+  assert step == 3
+  model, inputs = M.finetune_model(recorded)
+  fresh = jax.tree_util.tree_map(
+    np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
+  )
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  got = finetune.init_backbone(recorded, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
+  for a, b in zip(
+    jax.tree_util.tree_leaves(want["albert"]), jax.tree_util.tree_leaves(got["albert"])
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert got["classifier"]["kernel"].shape == (SIZES["hidden_size"], 3)
+  np.testing.assert_array_equal(got["classifier"]["kernel"], fresh["classifier"]["kernel"])
 
 
 # --- Hugging Face: the three heads, and a fine-tuned export ------------------------------------------
