@@ -338,7 +338,10 @@ def squad_answers(config, outputs: dict, extra) -> dict[str, str]:
     features,
     outputs["start_logits"],
     outputs["end_logits"],
+    n_best_size=config.task.n_best_size,
+    max_answer_length=config.task.max_answer_length,
     version_2=config.task.kind == "squad_v2",
+    null_score_diff_threshold=config.task.null_score_diff_threshold,
   )
 
 

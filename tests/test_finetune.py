@@ -488,7 +488,8 @@ def _tiny_run(env, tmp_path, task, train_file, eval_file, **data):
   return finetune.finetune(config, str(tmp_path / "run"))
 
 
-def test_squad_v2_runs_end_to_end(env, tmp_path):
+def _squad_v2_file(path):
+  """Six paragraphs of 20 words, each with an answerable and an impossible question."""
   words = "the film was good and the story was very bright but the plot was sad".split()
   rng = np.random.default_rng(0)
   paragraphs = []
@@ -510,10 +511,14 @@ def test_squad_v2_runs_end_to_end(env, tmp_path):
         ],
       }
     )
-  path = tmp_path / "squad.json"
   path.write_text(
     json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]})
   )
+  return path
+
+
+def test_squad_v2_runs_end_to_end(env, tmp_path):
+  path = _squad_v2_file(tmp_path / "squad.json")
   out = _tiny_run(env, tmp_path, "squad_v2", path, path, doc_stride=8, max_query_length=8)
   metrics = out["seeds"][0]["metrics"]
   assert {"exact_match", "f1"} <= set(metrics) and 0 <= metrics["f1"] <= 100
@@ -546,3 +551,43 @@ def test_race_runs_end_to_end(env, tmp_path):
   out = _tiny_run(env, tmp_path, "race", tmp_path / "train", tmp_path / "dev", max_qa_length=16)
   metrics = out["seeds"][0]["metrics"]
   assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
+
+
+def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
+  """task.null_score_diff_threshold (and n_best_size, max_answer_length) reach the post-processing
+  finetune runs: "" when the null score beats the best span by more than the threshold."""
+  path = _squad_v2_file(tmp_path / "squad.json")
+  config = _glue_config("task=squad_v2")
+  assert (config.task.n_best_size, config.task.max_answer_length) == (20, 30)
+  config.init_from = str(env / "init")
+  config.data.update(train_file=str(path), eval_file=str(path), max_seq_length=32, doc_stride=8)
+  config.data.max_query_length = 8
+  data = finetune.load_data(_resolved(config), None)
+  arrays, extra = data["eval"]
+  rng = np.random.default_rng(0)
+  shape = arrays["input_ids"].shape
+  outputs = {"start_logits": rng.normal(size=shape), "end_logits": rng.normal(size=shape)}
+
+  def answers(**task):
+    c = copy.deepcopy(config)
+    c.task.update(task)
+    config_lib.validate_finetune(c)
+    return finetune.squad_answers(c, outputs, extra)
+
+  assert len(answers()) == 12
+  assert set(answers(null_score_diff_threshold=-1e6).values()) == {""}
+  assert "" not in answers(null_score_diff_threshold=1e6).values()
+  assert answers() == squad.postprocess(
+    extra[0], extra[1], outputs["start_logits"], outputs["end_logits"], version_2=True
+  )
+  # max_answer_length=1: every answer is at most one piece (a word or part of one, here).
+  assert max(len(a.split()) for a in answers(null_score_diff_threshold=1e6).values()) > 1
+  one = answers(null_score_diff_threshold=1e6, max_answer_length=1, n_best_size=3)
+  assert all(len(a.split()) <= 1 for a in one.values()) and any(one.values()), one
+  for field, value, match in [
+    ("n_best_size", 0, "task.n_best_size must be a positive integer"),
+    ("max_answer_length", -3, "task.max_answer_length must be a positive integer"),
+    ("null_score_diff_threshold", float("nan"), "must be a finite number"),
+  ]:
+    with pytest.raises(ConfigError, match=match):
+      answers(**{field: value})
