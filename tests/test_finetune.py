@@ -375,30 +375,31 @@ def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
     assert theirs.config.problem_type == "single_label_classification"
 
 
-def test_finetuned_export_loads_in_transformers(run, tmp_path):
+@pytest.mark.parametrize("form", ["seed", "run"])
+def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
+  """--workdir=DIR/seed_k --step=best, or the fine-tuning DIR itself: its best seed's best step."""
   workdir, out = run
-  seed_dir = os.path.join(workdir, "seed_0")
+  best_seed = out["summary"]["best_seed"]
+  k = [s["seed"] for s in out["seeds"]].index(best_seed) if form == "run" else 0
+  seed_dir = os.path.join(workdir, f"seed_{k}")
+  args = [f"--workdir={seed_dir}", "--step=best"] if form == "seed" else [f"--workdir={workdir}"]
   result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "albert_jax.export",
-      f"--workdir={seed_dir}",
-      f"--output={tmp_path / 'hf'}",
-      "--step=best",
-    ],
+    [sys.executable, "-m", "albert_jax.export", *args, f"--output={tmp_path / 'hf'}"],
     cwd=ROOT,
     capture_output=True,
     text=True,
   )
   assert result.returncode == 0, result.stderr
+  if form == "run":
+    step = out["seeds"][k]["best_step"]
+    assert f"{workdir}: best seed {best_seed} ({seed_dir}), step {step}" in result.stdout
   theirs, info = transformers.AlbertForSequenceClassification.from_pretrained(
     str(tmp_path / "hf"), output_loading_info=True
   )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   assert theirs.config.id2label == {0: "0", 1: "1"}
   params, config, step, _ = checkpoint.load_params(seed_dir, "best")
-  assert step == out["seeds"][0]["best_step"]
+  assert step == out["seeds"][k]["best_step"]
   model, _ = M.finetune_model(config)
   ids, segments, mask = _ids((4, 16))
   ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
