@@ -236,13 +236,14 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
 
   tok = tokenizer_lib.load(config.data.spm_model_path, lower=config.data.do_lower_case)
   kind, out = config.task.kind, {}
-  for split in ("train", "eval", "test"):
+  for split in ("train", "eval", "test", "eval_mm", "test_mm"):  # *_mm: MNLI's mismatched
     path = glue.split_path(config, split)
     if not path:
       if split == "train":
         raise ConfigError("no training file: set data.glue_dir or data.train_file")
-      if split == "test" and config.data.glue_dir and not config.data.test_file:
-        log(f"no {glue.default_path(config, 'test')}: no test predictions")
+      if glue.missing_split(config, split):
+        what = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MNLI-mm.tsv"}
+        log(f"no {glue.missing_split(config, split)}: no {what[split]}")
       continue
     if kind in ("classification", "regression"):
       out[split] = glue.load_split(config, task, tok, split)
@@ -458,6 +459,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
         with sharding.with_mesh(mesh):
           outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
         eval_metrics = task_metrics(config, task, outputs, eval_arrays, data["eval"][1])
+        eval_metrics.update(mismatched_metrics(config, task, data, forward, state.params, mesh))
         writer.write(step, eval_metrics, prefix="eval/")
         log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
       if eval_metrics is not None or save_due(step):
@@ -471,11 +473,14 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     best_metrics = dict(ckpt.manager.metrics(best) or {}) if best is not None else {}
     result = {"seed": config.seed, "best_step": best, "metrics": best_metrics}
     squad_eval = config.task.kind in ("squad_v1", "squad_v2") and eval_arrays is not None
-    if ("test" in data or squad_eval) and best is not None:
+    tests = [s for s in ("test", "test_mm") if s in data]  # test_mm: MNLI's mismatched
+    if (tests or squad_eval) and best is not None:
       state, _ = ckpt.restore(best, trainer.abstract.targets) if best != step else (state, None)
-    if "test" in data and best is not None:
+    for split in tests if best is not None else ():
       with sharding.with_mesh(mesh):
-        result["test_outputs"] = predict(forward, state.params, data["test"][0], t.batch_size, mesh)
+        result[f"{split}_outputs"] = predict(
+          forward, state.params, data[split][0], t.batch_size, mesh
+        )
     if squad_eval and best is not None:  # SQuAD's predictions.json: the eval file's answers
       with sharding.with_mesh(mesh):
         outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
@@ -492,7 +497,18 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
 # Several seeds, the summary and the predictions.
 
 # A seed's result entries that stay out of the JSON files (arrays and per-question answers).
-PRIVATE = ("test_outputs", "answers")
+PRIVATE = ("test_outputs", "test_mm_outputs", "answers")
+
+
+def mismatched_metrics(config, task, data: dict, forward, params, mesh) -> dict[str, float]:
+  """MNLI: the metrics on dev_mismatched as <metric>_mm ({} without it). The best checkpoint
+  stays chosen by the matched metric."""
+  if "eval_mm" not in data:
+    return {}
+  arrays, extra = data["eval_mm"]
+  with sharding.with_mesh(mesh):
+    outputs = predict(forward, params, arrays, config.train.batch_size, mesh)
+  return {f"{k}_mm": v for k, v in task_metrics(config, task, outputs, arrays, extra).items()}
 
 
 def summarize(results: list[dict], metric: str) -> dict:
@@ -554,13 +570,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if "answers" in best:
       os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
       _write_json(os.path.join(workdir, "predictions", "predictions.json"), best["answers"])
-    if "test_outputs" in best and task is not None:
+    for split, name in (("test", task and task.submission), ("test_mm", "MNLI-mm.tsv")):
+      if f"{split}_outputs" not in best or task is None:
+        continue
       os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
-      logits = best["test_outputs"]["logits"]
+      logits = best[f"{split}_outputs"]["logits"]
       pred = logits[:, 0] if task.kind == "regression" else np.argmax(logits, axis=-1)
-      glue.write_submission(
-        os.path.join(workdir, "predictions", task.submission), task, data["test"][1], pred
-      )
+      glue.write_submission(os.path.join(workdir, "predictions", name), task, data[split][1], pred)
   log(
     f"{config.task.metric}: "
     + (

@@ -321,6 +321,76 @@ def test_init_from_a_finetuned_run(env, tmp_path):
   np.testing.assert_array_equal(got["classifier"]["kernel"], fresh["classifier"]["kernel"])
 
 
+MNLI_PARSES = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+MNLI_PARSES += "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+
+
+def write_mnli(path, n, rng, test=False):
+  """MNLI's layout: the label is entailment when both sentences use the same word set."""
+  with open(path, "w") as f:
+    f.write(MNLI_PARSES + ("\n" if test else "\tlabel1\tgold_label\n"))
+    for i in range(n):
+      a, b = int(rng.integers(2)), int(rng.integers(2))
+      label = "entailment" if a == b else "contradiction"
+      row = f"{i}\t{i}\t{i}g\tfiction\t(x)\t(y)\t(X)\t(Y)\t{sentence(rng, a)}\t{sentence(rng, b)}"
+      f.write(row + ("\n" if test else f"\t{label}\t{label}\n"))
+
+
+def test_mnli_reads_matched_and_mismatched(env, tmp_path):
+  rng = np.random.default_rng(1)
+  glue_dir = tmp_path / "MNLI"
+  glue_dir.mkdir()
+  write_mnli(glue_dir / "train.tsv", 64, rng)
+  write_mnli(glue_dir / "dev_matched.tsv", 20, rng)
+  write_mnli(glue_dir / "dev_mismatched.tsv", 28, rng)
+  write_mnli(glue_dir / "test_matched.tsv", 6, rng, test=True)
+  write_mnli(glue_dir / "test_mismatched.tsv", 9, rng, test=True)
+  config = _glue_config("task=mnli")
+  config.init_from = str(env / "init")
+  config.data.update(glue_dir=str(glue_dir), max_seq_length=32)
+  config.train.update(
+    batch_size=8, num_steps=4, warmup_steps=1, eval_every=2, checkpoint_every=2, log_every=2
+  )
+  config.train.learning_rate = 5e-3
+  workdir = tmp_path / "run"
+  out = finetune.finetune(config, str(workdir))
+  seed = out["seeds"][0]
+  assert set(seed["metrics"]) == {"accuracy", "accuracy_mm"}
+  assert out["summary"]["accuracy_mm"]["mean"] == seed["metrics"]["accuracy_mm"]
+  # The best checkpoint is chosen by the matched accuracy; accuracy_mm is its mismatched one.
+  evals = [
+    json.loads(l)
+    for l in open(workdir / "seed_0" / "tensorboard" / "metrics.jsonl")
+    if "eval/accuracy" in l
+  ]
+  assert [e["step"] for e in evals] == [2, 4]
+  best = next(e for e in evals if e["step"] == seed["best_step"])
+  assert best["eval/accuracy"] == max(e["eval/accuracy"] for e in evals)
+  assert seed["metrics"] == {
+    "accuracy": best["eval/accuracy"],
+    "accuracy_mm": best["eval/accuracy_mm"],
+  }
+  params, recorded, _, _ = checkpoint.load_params(str(workdir / "seed_0"), seed["best_step"])
+  data = finetune.load_data(recorded, glue.GLUE_TASKS["mnli"])
+  arrays = data["eval_mm"][0]
+  assert len(arrays["input_ids"]) == 28 and len(data["eval"][0]["input_ids"]) == 20
+  model, _ = M.finetune_model(recorded)
+  logits = model.apply(
+    {"params": params},
+    jnp.asarray(arrays["input_ids"]),
+    jnp.asarray(arrays["segment_ids"]),
+    jnp.asarray(arrays["input_mask"]),
+  )["logits"]
+  accuracy = float(np.mean(np.argmax(np.asarray(logits), -1) == arrays["label"]))
+  assert seed["metrics"]["accuracy_mm"] == pytest.approx(accuracy)
+  for name, n in (("MNLI-m.tsv", 6), ("MNLI-mm.tsv", 9)):
+    rows = (workdir / "predictions" / name).read_text().splitlines()
+    assert rows[0] == "index\tprediction" and [r.split("\t")[0] for r in rows[1:]] == [
+      str(i) for i in range(n)
+    ]
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"contradiction", "entailment", "neutral"}
+
+
 # --- Hugging Face: the three heads, and a fine-tuned export ------------------------------------------
 
 
