@@ -528,6 +528,48 @@ def test_cli_errors_are_one_line(env, tmp_path, args, match):
   assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
 
 
+@pytest.mark.parametrize(
+  "task, name, content, match",
+  [
+    ("sst2", "train.tsv", "", "holds no examples"),
+    ("sst2", "train.tsv", "text\tlabel\ngood film\t1\n", "has no column 'sentence'"),
+    ("sst2", "train.tsv", "sentence\tlabel\ngood film\tpositive\n", "has label 'positive'"),
+    ("squad_v1", "train.json", '{"data": [', "is not valid JSON"),
+    (
+      "sst2,model=tiny",  # H=128 and 4000 pieces: init_from has H=32 and 64
+      "train.tsv",
+      "sentence\tlabel\ngood film\t1\n",
+      "is another model (model.vocab_size: init_from 64 != config 4000; "
+      "model.embedding_size: init_from 16 != config 64; model.hidden_size: init_from 32 != config "
+      "128",
+    ),
+  ],
+  ids=["empty", "columns", "label", "squad_json", "size"],
+)
+def test_cli_bad_input_is_one_line(env, tmp_path, task, name, content, match):
+  """Bad input through the command line: one stderr line `error: ...` and exit 2, before training."""
+  (tmp_path / name).write_text(content)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.finetune",
+      f"--config=configs/finetune/glue.py:task={task}",
+      f"--workdir={tmp_path / 'run'}",
+      f"--config.init_from={env / 'init'}",
+      f"--config.data.train_file={tmp_path / name}",
+      "--config.data.max_seq_length=32",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2, result.stderr
+  assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
+  assert not os.path.exists(tmp_path / "run" / "seed_0")  # nothing trained
+
+
 def test_benchmark_tiny():
   """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
   import importlib.util
