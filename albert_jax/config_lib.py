@@ -7,6 +7,8 @@ that exists is listed here, so `--config.section.field=value` overrides are chec
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 SHARING_MODES = ("all", "attention", "ffn", "none")
@@ -200,6 +202,12 @@ def finetune_base_config() -> ml_collections.ConfigDict:
       kind="classification",  # classification | regression | squad_v1 | squad_v2 | race
       metric="accuracy",  # the eval metric that picks each seed's best checkpoint
       classifier_dropout=0.1,
+      # SQuAD's post-processing (the original run_squad's flags): the best starts and ends per
+      # window, the longest answer in pieces, and v2.0's margin: "" when the null score exceeds the
+      # best span's by more than it (negative: more "", positive: fewer).
+      n_best_size=20,
+      max_answer_length=30,
+      null_score_diff_threshold=0.0,
     )
   )
   c.data = ml_collections.ConfigDict(
@@ -247,6 +255,18 @@ def validate_finetune(config) -> None:
   _check(
     0.0 <= t.classifier_dropout < 1.0,
     f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}",
+  )
+  for k in ("n_best_size", "max_answer_length"):
+    _check(
+      isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 1,
+      f"task.{k} must be a positive integer, got {t[k]!r}",
+    )
+  threshold = t.null_score_diff_threshold
+  _check(
+    isinstance(threshold, (int, float))
+    and not isinstance(threshold, bool)
+    and math.isfinite(threshold),
+    f"task.null_score_diff_threshold must be a finite number, got {threshold!r}",
   )
   _check(
     8 <= d.max_seq_length <= config.model.max_position_embeddings,

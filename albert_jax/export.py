@@ -2,6 +2,10 @@ r"""Export a run's checkpoint for Hugging Face transformers (PyTorch) or for JAX
 
   python -m albert_jax.export --workdir=runs/tiny --output=exports/tiny-hf
   python -m albert_jax.export --workdir=runs/tiny --step=best --output=exports/tiny-jax --format=jax
+  python -m albert_jax.export --workdir=runs/sst2 --output=exports/sst2-hf   # a fine-tuning run
+
+A fine-tuning directory (seed_<k>/ and eval_results.json) exports its best seed, by default at that
+seed's best step; --workdir=runs/sst2/seed_<k> exports one seed.
 
 --format=hf (default) writes what transformers.AlbertForPreTraining.from_pretrained(OUT) and
 AlbertTokenizer.from_pretrained(OUT) load with no missing or unexpected keys (albert_jax/hf.py):
@@ -238,26 +242,37 @@ def write_export(
 def export(
   workdir: str,
   output: str,
-  step: str | int = "latest",
+  step: str | int = "",
   fmt: str = "hf",
   overwrite: bool = False,
   unshare: bool = False,
   spm_model_path: str = "",
 ) -> str:
-  """Reads a checkpoint of the run in `workdir` (parameters only) and writes it with write_export."""
+  """Reads a checkpoint of the run in `workdir` (parameters only) and writes it with write_export.
+
+  step "" is the latest, or for a fine-tuning directory (seed_<k>/, eval_results.json) the best of
+  its best seed, which is exported (and named on stdout)."""
   if not workdir or ("://" not in workdir and not os.path.isdir(workdir)):  # gs://: Orbax reads it
     raise ConfigError(f"--workdir {workdir!r} is not a directory")
   if not output:
     raise ConfigError("--output is required")
   if os.path.abspath(output) == os.path.abspath(workdir):
     raise ConfigError("--output must not be the run's --workdir")
-  step = parse_step(step)
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax import checkpoint, dataset
+  from albert_jax import checkpoint, dataset, finetune
 
+  chosen = ""
+  if "://" not in workdir and finetune.is_finetune_dir(workdir):
+    # A fine-tuning run's directory: its best seed (eval_results.json), by default its best step.
+    seed_dir, seed = finetune.best_seed_dir(workdir)
+    chosen = f"{workdir}: best seed {seed} ({seed_dir})"
+    workdir, step = seed_dir, "best" if step in ("", None) else step
+  step = parse_step("latest" if step in ("", None) else step)
   params, config, step, metrics = checkpoint.load_params(workdir, step)
+  if chosen:
+    print(f"{chosen}, step {step}", flush=True)
   # A fine-tuning run records the vocabulary it used (init_from's); a pretraining run has its own.
   spm = spm_model_path or (
     config.data.spm_model_path if "task" in config else dataset.spm_model_path(config, workdir)
@@ -286,11 +301,16 @@ def export(
 def run() -> None:
   """Defines the flags (here, not at import) and writes the export."""
   workdir = flags.DEFINE_string(
-    "workdir", None, "Run directory holding checkpoints/ and config.json."
+    "workdir",
+    None,
+    "Run directory holding checkpoints/ and config.json, or a fine-tuning directory (its best seed).",
   )
   output = flags.DEFINE_string("output", None, "Directory to write (must not exist or be empty).")
   step = flags.DEFINE_string(
-    "step", "latest", "latest | best (by eval masked_lm_accuracy) | a step number."
+    "step",
+    "",
+    "latest | best (by the run's eval metric) | a step number. Default: latest; for a "
+    "fine-tuning directory (seed_<k>/ and eval_results.json), its best seed's best step.",
   )
   fmt = flags.DEFINE_enum(
     "format", "hf", ["hf", "jax"], "hf: transformers (PyTorch) layout; jax: ours."

@@ -114,8 +114,41 @@ def _is_workdir(path: str) -> bool:
   )
 
 
+RESULTS_FILE = "eval_results.json"
+
+
+def is_finetune_dir(path: str) -> bool:
+  """A fine-tuning run's directory (seed_<k>/ and eval_results.json), not one seed's."""
+  return os.path.isfile(os.path.join(path, RESULTS_FILE)) and not os.path.isfile(
+    os.path.join(path, "config.json")
+  )
+
+
+def best_seed_dir(path: str) -> tuple[str, int]:
+  """(seed_<k> directory, seed) of a fine-tuning directory's best seed, by its eval_results.json."""
+  results_path = os.path.join(path, RESULTS_FILE)
+  try:
+    with open(results_path, encoding="utf-8") as f:
+      results = json.load(f)
+    seeds = [s["seed"] for s in results["seeds"]]
+    best = results["summary"].get("best_seed")
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"{results_path} is not a fine-tuning summary ({e})") from None
+  if best not in seeds:
+    raise ConfigError(
+      f"{results_path} names no best seed (the run had no eval file); use {path}/seed_<k>"
+    )
+  seed_dir = os.path.join(path, f"seed_{seeds.index(best)}")
+  if not _is_workdir(seed_dir):
+    raise ConfigError(f"{seed_dir}, the best seed of {path}, holds no checkpoints")
+  return seed_dir, best
+
+
 def resolve_init_from(config) -> None:
-  """Takes init_from's architecture (model_from_init_from) or checks it, and its vocabulary."""
+  """Takes init_from's architecture (model_from_init_from) or checks it, and its vocabulary.
+
+  A fine-tuning directory stands for its best seed's (init_from is rewritten to that seed_<k>); a
+  fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
   from albert_jax import dataset, pretrained
 
   path = config.init_from
@@ -124,10 +157,16 @@ def resolve_init_from(config) -> None:
       f"init_from={path} is not a directory (a pretraining workdir, a --format=jax "
       f"export or a Hugging Face ALBERT directory)"
     )
+  if is_finetune_dir(path):
+    path, seed = best_seed_dir(path)
+    log(f"init_from: {config.init_from}'s best seed {seed} ({path})")
+    with config.unlocked():
+      config.init_from = path
   if _is_workdir(path):
     source = checkpoint.read_config(path)
     theirs_model = source.model.to_dict()
-    spm = dataset.spm_model_path(source, path)
+    # A fine-tuning run records the vocabulary it used (its init_from's); a pretraining run has its own.
+    spm = source.data.spm_model_path if "task" in source else dataset.spm_model_path(source, path)
     fields = taken = config_lib.ARCHITECTURE_FIELDS + config_lib.LAYOUT_FIELDS
   else:
     _, theirs_model = pretrained.load_pretrained(path)
@@ -161,8 +200,10 @@ def init_backbone(config, fresh: dict, param_shardings) -> dict:
 
   path = config.init_from
   if _is_workdir(path):
-    try:
-      step = checkpoint.resolve_step(path, "best")
+    try:  # by the run's own metric: a fine-tuned seed's best is by its task's
+      step = checkpoint.resolve_step(
+        path, "best", checkpoint.best_metric(checkpoint.read_config(path))
+      )
     except ConfigError:
       step = "latest"
     params, _, step, _ = checkpoint.load_params(path, step)
@@ -195,11 +236,14 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
 
   tok = tokenizer_lib.load(config.data.spm_model_path, lower=config.data.do_lower_case)
   kind, out = config.task.kind, {}
-  for split in ("train", "eval", "test"):
+  for split in ("train", "eval", "test", "eval_mm", "test_mm"):  # *_mm: MNLI's mismatched
     path = glue.split_path(config, split)
     if not path:
       if split == "train":
         raise ConfigError("no training file: set data.glue_dir or data.train_file")
+      if glue.missing_split(config, split):
+        what = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MNLI-mm.tsv"}
+        log(f"no {glue.missing_split(config, split)}: no {what[split]}")
       continue
     if kind in ("classification", "regression"):
       out[split] = glue.load_split(config, task, tok, split)
@@ -295,7 +339,10 @@ def squad_answers(config, outputs: dict, extra) -> dict[str, str]:
     features,
     outputs["start_logits"],
     outputs["end_logits"],
+    n_best_size=config.task.n_best_size,
+    max_answer_length=config.task.max_answer_length,
     version_2=config.task.kind == "squad_v2",
+    null_score_diff_threshold=config.task.null_score_diff_threshold,
   )
 
 
@@ -411,6 +458,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
         with sharding.with_mesh(mesh):
           outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
         eval_metrics = task_metrics(config, task, outputs, eval_arrays, data["eval"][1])
+        eval_metrics.update(mismatched_metrics(config, task, data, forward, state.params, mesh))
         writer.write(step, eval_metrics, prefix="eval/")
         log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
       if eval_metrics is not None or save_due(step):
@@ -424,11 +472,14 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     best_metrics = dict(ckpt.manager.metrics(best) or {}) if best is not None else {}
     result = {"seed": config.seed, "best_step": best, "metrics": best_metrics}
     squad_eval = config.task.kind in ("squad_v1", "squad_v2") and eval_arrays is not None
-    if ("test" in data or squad_eval) and best is not None:
+    tests = [s for s in ("test", "test_mm") if s in data]  # test_mm: MNLI's mismatched
+    if (tests or squad_eval) and best is not None:
       state, _ = ckpt.restore(best, trainer.abstract.targets) if best != step else (state, None)
-    if "test" in data and best is not None:
+    for split in tests if best is not None else ():
       with sharding.with_mesh(mesh):
-        result["test_outputs"] = predict(forward, state.params, data["test"][0], t.batch_size, mesh)
+        result[f"{split}_outputs"] = predict(
+          forward, state.params, data[split][0], t.batch_size, mesh
+        )
     if squad_eval and best is not None:  # SQuAD's predictions.json: the eval file's answers
       with sharding.with_mesh(mesh):
         outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
@@ -445,7 +496,18 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
 # Several seeds, the summary and the predictions.
 
 # A seed's result entries that stay out of the JSON files (arrays and per-question answers).
-PRIVATE = ("test_outputs", "answers")
+PRIVATE = ("test_outputs", "test_mm_outputs", "answers")
+
+
+def mismatched_metrics(config, task, data: dict, forward, params, mesh) -> dict[str, float]:
+  """MNLI: the metrics on dev_mismatched as <metric>_mm ({} without it). The best checkpoint
+  stays chosen by the matched metric."""
+  if "eval_mm" not in data:
+    return {}
+  arrays, extra = data["eval_mm"]
+  with sharding.with_mesh(mesh):
+    outputs = predict(forward, params, arrays, config.train.batch_size, mesh)
+  return {f"{k}_mm": v for k, v in task_metrics(config, task, outputs, arrays, extra).items()}
 
 
 def summarize(results: list[dict], metric: str) -> dict:
@@ -504,13 +566,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if "answers" in best:
       os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
       _write_json(os.path.join(workdir, "predictions", "predictions.json"), best["answers"])
-    if "test_outputs" in best and task is not None:
+    for split, name in (("test", task and task.submission), ("test_mm", "MNLI-mm.tsv")):
+      if f"{split}_outputs" not in best or task is None:
+        continue
       os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
-      logits = best["test_outputs"]["logits"]
+      logits = best[f"{split}_outputs"]["logits"]
       pred = logits[:, 0] if task.kind == "regression" else np.argmax(logits, axis=-1)
-      glue.write_submission(
-        os.path.join(workdir, "predictions", task.submission), task, data["test"][1], pred
-      )
+      glue.write_submission(os.path.join(workdir, "predictions", name), task, data[split][1], pred)
   log(
     f"{config.task.metric}: "
     + (

@@ -125,7 +125,16 @@ GLUE_TASKS = {
 }
 # GLUE's default file names inside data.glue_dir.
 SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
-MNLI_SPLIT_FILES = {"train": "train.tsv", "eval": "dev_matched.tsv", "test": "test_matched.tsv"}
+MNLI_SPLIT_FILES = {
+  "train": "train.tsv",
+  "eval": "dev_matched.tsv",
+  "test": "test_matched.tsv",
+  # Read alongside the matched ones when glue_dir has them: accuracy_mm and MNLI-mm.tsv.
+  "eval_mm": "dev_mismatched.tsv",
+  "test_mm": "test_mismatched.tsv",
+}
+# Splits that glue_dir may lack (a missing one is skipped, not an error).
+OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm")
 GENERIC = ("classification", "regression")
 
 
@@ -163,16 +172,30 @@ def task_of(config) -> Task:
 
 
 def split_path(config, split: str) -> str:
-  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set)."""
+  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, and for
+  the test split when glue_dir has no such file: test labels are not needed to fine-tune)."""
   given = {
     "train": config.data.train_file,
     "eval": config.data.eval_file,
     "test": config.data.test_file,
-  }[split]
+  }.get(split, "")
   if given or not config.data.glue_dir:
     return given
+  path = default_path(config, split)
+  return "" if not path or (split in OPTIONAL_SPLITS and not os.path.isfile(path)) else path
+
+
+def default_path(config, split: str) -> str:
+  """data.glue_dir's file of GLUE's name for the split ("" when the task has no such split)."""
   names = MNLI_SPLIT_FILES if config.task.name == "mnli" else SPLIT_FILES
-  return os.path.join(config.data.glue_dir, names[split])
+  return os.path.join(config.data.glue_dir, names[split]) if split in names else ""
+
+
+def missing_split(config, split: str) -> str:
+  """glue_dir's file for an optional split when the run would read it but it is absent, else ""."""
+  if split not in OPTIONAL_SPLITS or not config.data.glue_dir or split_path(config, split):
+    return ""
+  return default_path(config, split)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -185,7 +208,9 @@ def _rows(path: str) -> tuple[list[str] | None, list]:
     raise ConfigError(f"data file not found: {path}")
   ext = os.path.splitext(path)[1].lower()
   try:
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig: GLUE's own MRPC files (and many exported from spreadsheets) start with a byte-order
+    # mark, which would otherwise become part of the first column's name.
+    with open(path, encoding="utf-8-sig", newline="") as f:
       if ext in (".jsonl", ".json"):
         rows = []
         for n, line in enumerate(f, 1):
@@ -211,7 +236,7 @@ def read_examples(path: str, task: Task, split: str) -> tuple[list, list, list, 
   _, rows = _rows(path)
   if not rows:
     raise ConfigError(f"{path} holds no examples")
-  test = split == "test"
+  test = split.startswith("test")
   a_col, b_col = (task.test_text_a, task.test_text_b) if test else (task.text_a, task.text_b)
   label_col = None if test else task.label
   if rows and isinstance(rows[0], dict):  # JSONL: keys are the columns
@@ -321,7 +346,7 @@ def load_split(config, task: Task, tokenizer, split: str) -> tuple[dict, list]:
   path = split_path(config, split)
   text_a, text_b, labels, index = read_examples(path, task, split)
   arrays = encode_pairs(tokenizer, text_a, text_b, config.data.max_seq_length)
-  if split != "test":
+  if not split.startswith("test"):
     arrays["label"] = label_ids(labels, task, path)
   return arrays, index
 

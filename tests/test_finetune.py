@@ -1,12 +1,14 @@
 """Fine-tuning: GLUE files and metrics, a tiny model that learns a synthetic SST-2, seeds, exact
 resume, best-checkpoint selection, the three heads against transformers, and one-line errors."""
 
+import copy
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -175,6 +177,41 @@ def test_glue_layouts_are_read_as_distributed(tmp_path):
   assert (a, b, labels, index) == (["One."], ["Two."], [None], ["7"])
 
 
+def test_mrpc_with_a_byte_order_mark_is_read(tmp_path):
+  """GLUE's own MRPC train.tsv/dev.tsv start with a UTF-8 BOM before the header's 'Quality'."""
+  path = tmp_path / "train.tsv"
+  path.write_bytes(
+    "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t7\t8\tOne.\tTwo.\n0\t9\t3\tA.\tB.\n".encode()
+  )
+  task = glue.GLUE_TASKS["mrpc"]
+  a, b, labels, _ = glue.read_examples(str(path), task, "train")
+  assert (a, b, labels) == (["One.", "A."], ["Two.", "B."], ["1", "0"])
+  assert glue.label_ids(labels, task, str(path)).tolist() == [1, 0]
+
+
+def _resolved(config):
+  with config.unlocked():
+    finetune.resolve_task(config)
+  finetune.resolve_init_from(config)
+  return config
+
+
+def test_glue_dir_without_test_tsv_skips_the_test_split(env, tmp_path, capsys):
+  glue_dir = tmp_path / "glue"
+  glue_dir.mkdir()
+  for name in ("train.tsv", "dev.tsv"):
+    shutil.copy(env / "glue" / name, glue_dir / name)
+  config = ft_config(env)
+  config.data.glue_dir = str(glue_dir)
+  data = finetune.load_data(_resolved(config), glue.GLUE_TASKS["sst2"])
+  assert sorted(data) == ["eval", "train"] and len(data["train"][0]["input_ids"]) == 256
+  assert f"no {glue_dir / 'test.tsv'}: no test predictions" in capsys.readouterr().out
+  # A test file named explicitly must exist.
+  config.data.test_file = str(glue_dir / "test.tsv")
+  with pytest.raises(ConfigError, match=f"data file not found: {glue_dir / 'test.tsv'}"):
+    finetune.load_data(config, glue.GLUE_TASKS["sst2"])
+
+
 def test_truncation_drops_from_the_longer_segment():
   a, b = glue.truncate_pair([1, 2, 3, 4, 5], [6, 7], 4)
   assert (a, b) == ([1, 2], [6, 7])
@@ -292,6 +329,107 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   assert not (workdir / "eval_results.json").exists()  # the summary waits for the resumed run
 
 
+def test_init_from_a_finetuned_run(env, tmp_path):
+  """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory as init_from gives its best
+  seed's backbone (best checkpoint) and vocabulary; the new task's head starts fresh."""
+  short = dict(num_steps=3, warmup_steps=1, eval_every=3, checkpoint_every=3)
+  finetune.finetune(ft_config(env, **short), str(tmp_path / "a"))
+  config = ft_config(env, **{**short, "num_steps": 2, "eval_every": 2, "checkpoint_every": 2})
+  config.task.name = "classification"  # another task: a 3-way head, not sst2's 2-way one
+  config.data.labels = "0,1,2"
+  config.init_from = str(tmp_path / "a")
+  out = finetune.finetune(config, str(tmp_path / "b"))
+  assert out["seeds"][0]["best_step"] == 2
+  recorded = checkpoint.read_config(str(tmp_path / "b" / "seed_0"))
+  assert recorded.init_from == str(tmp_path / "a" / "seed_0")  # the best (only) seed
+  assert recorded.data.spm_model_path == os.path.abspath(env / "init" / "spiece.model")
+  # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
+  want, _, step, _ = checkpoint.load_params(str(tmp_path / "a" / "seed_0"), "best")
+  assert step == 3
+  model, inputs = M.finetune_model(recorded)
+  fresh = jax.tree_util.tree_map(
+    np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
+  )
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  got = finetune.init_backbone(recorded, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
+  for a, b in zip(
+    jax.tree_util.tree_leaves(want["albert"]), jax.tree_util.tree_leaves(got["albert"])
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert got["classifier"]["kernel"].shape == (SIZES["hidden_size"], 3)
+  np.testing.assert_array_equal(got["classifier"]["kernel"], fresh["classifier"]["kernel"])
+
+
+MNLI_PARSES = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+MNLI_PARSES += "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+
+
+def write_mnli(path, n, rng, test=False):
+  """MNLI's layout: the label is entailment when both sentences use the same word set."""
+  with open(path, "w") as f:
+    f.write(MNLI_PARSES + ("\n" if test else "\tlabel1\tgold_label\n"))
+    for i in range(n):
+      a, b = int(rng.integers(2)), int(rng.integers(2))
+      label = "entailment" if a == b else "contradiction"
+      row = f"{i}\t{i}\t{i}g\tfiction\t(x)\t(y)\t(X)\t(Y)\t{sentence(rng, a)}\t{sentence(rng, b)}"
+      f.write(row + ("\n" if test else f"\t{label}\t{label}\n"))
+
+
+def test_mnli_reads_matched_and_mismatched(env, tmp_path):
+  rng = np.random.default_rng(1)
+  glue_dir = tmp_path / "MNLI"
+  glue_dir.mkdir()
+  write_mnli(glue_dir / "train.tsv", 64, rng)
+  write_mnli(glue_dir / "dev_matched.tsv", 20, rng)
+  write_mnli(glue_dir / "dev_mismatched.tsv", 28, rng)
+  write_mnli(glue_dir / "test_matched.tsv", 6, rng, test=True)
+  write_mnli(glue_dir / "test_mismatched.tsv", 9, rng, test=True)
+  config = _glue_config("task=mnli")
+  config.init_from = str(env / "init")
+  config.data.update(glue_dir=str(glue_dir), max_seq_length=32)
+  config.train.update(
+    batch_size=8, num_steps=4, warmup_steps=1, eval_every=2, checkpoint_every=2, log_every=2
+  )
+  config.train.learning_rate = 5e-3
+  workdir = tmp_path / "run"
+  out = finetune.finetune(config, str(workdir))
+  seed = out["seeds"][0]
+  assert set(seed["metrics"]) == {"accuracy", "accuracy_mm"}
+  assert out["summary"]["accuracy_mm"]["mean"] == seed["metrics"]["accuracy_mm"]
+  # The best checkpoint is chosen by the matched accuracy; accuracy_mm is its mismatched one.
+  evals = [
+    json.loads(l)
+    for l in open(workdir / "seed_0" / "tensorboard" / "metrics.jsonl")
+    if "eval/accuracy" in l
+  ]
+  assert [e["step"] for e in evals] == [2, 4]
+  best = next(e for e in evals if e["step"] == seed["best_step"])
+  assert best["eval/accuracy"] == max(e["eval/accuracy"] for e in evals)
+  assert seed["metrics"] == {
+    "accuracy": best["eval/accuracy"],
+    "accuracy_mm": best["eval/accuracy_mm"],
+  }
+  params, recorded, _, _ = checkpoint.load_params(str(workdir / "seed_0"), seed["best_step"])
+  data = finetune.load_data(recorded, glue.GLUE_TASKS["mnli"])
+  arrays = data["eval_mm"][0]
+  assert len(arrays["input_ids"]) == 28 and len(data["eval"][0]["input_ids"]) == 20
+  model, _ = M.finetune_model(recorded)
+  logits = model.apply(
+    {"params": params},
+    jnp.asarray(arrays["input_ids"]),
+    jnp.asarray(arrays["segment_ids"]),
+    jnp.asarray(arrays["input_mask"]),
+  )["logits"]
+  accuracy = float(np.mean(np.argmax(np.asarray(logits), -1) == arrays["label"]))
+  assert seed["metrics"]["accuracy_mm"] == pytest.approx(accuracy)
+  for name, n in (("MNLI-m.tsv", 6), ("MNLI-mm.tsv", 9)):
+    rows = (workdir / "predictions" / name).read_text().splitlines()
+    assert rows[0] == "index\tprediction" and [r.split("\t")[0] for r in rows[1:]] == [
+      str(i) for i in range(n)
+    ]
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"contradiction", "entailment", "neutral"}
+
+
 # --- Hugging Face: the three heads, and a fine-tuned export ------------------------------------------
 
 
@@ -346,30 +484,31 @@ def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
     assert theirs.config.problem_type == "single_label_classification"
 
 
-def test_finetuned_export_loads_in_transformers(run, tmp_path):
+@pytest.mark.parametrize("form", ["seed", "run"])
+def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
+  """--workdir=DIR/seed_k --step=best, or the fine-tuning DIR itself: its best seed's best step."""
   workdir, out = run
-  seed_dir = os.path.join(workdir, "seed_0")
+  best_seed = out["summary"]["best_seed"]
+  k = [s["seed"] for s in out["seeds"]].index(best_seed) if form == "run" else 0
+  seed_dir = os.path.join(workdir, f"seed_{k}")
+  args = [f"--workdir={seed_dir}", "--step=best"] if form == "seed" else [f"--workdir={workdir}"]
   result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "albert_jax.export",
-      f"--workdir={seed_dir}",
-      f"--output={tmp_path / 'hf'}",
-      "--step=best",
-    ],
+    [sys.executable, "-m", "albert_jax.export", *args, f"--output={tmp_path / 'hf'}"],
     cwd=ROOT,
     capture_output=True,
     text=True,
   )
   assert result.returncode == 0, result.stderr
+  if form == "run":
+    step = out["seeds"][k]["best_step"]
+    assert f"{workdir}: best seed {best_seed} ({seed_dir}), step {step}" in result.stdout
   theirs, info = transformers.AlbertForSequenceClassification.from_pretrained(
     str(tmp_path / "hf"), output_loading_info=True
   )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   assert theirs.config.id2label == {0: "0", 1: "1"}
   params, config, step, _ = checkpoint.load_params(seed_dir, "best")
-  assert step == out["seeds"][0]["best_step"]
+  assert step == out["seeds"][k]["best_step"]
   model, _ = M.finetune_model(config)
   ids, segments, mask = _ids((4, 16))
   ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
@@ -428,6 +567,48 @@ def test_cli_errors_are_one_line(env, tmp_path, args, match):
   assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
 
 
+@pytest.mark.parametrize(
+  "task, name, content, match",
+  [
+    ("sst2", "train.tsv", "", "holds no examples"),
+    ("sst2", "train.tsv", "text\tlabel\ngood film\t1\n", "has no column 'sentence'"),
+    ("sst2", "train.tsv", "sentence\tlabel\ngood film\tpositive\n", "has label 'positive'"),
+    ("squad_v1", "train.json", '{"data": [', "is not valid JSON"),
+    (
+      "sst2,model=tiny",  # H=128 and 4000 pieces: init_from has H=32 and 64
+      "train.tsv",
+      "sentence\tlabel\ngood film\t1\n",
+      "is another model (model.vocab_size: init_from 64 != config 4000; "
+      "model.embedding_size: init_from 16 != config 64; model.hidden_size: init_from 32 != config "
+      "128",
+    ),
+  ],
+  ids=["empty", "columns", "label", "squad_json", "size"],
+)
+def test_cli_bad_input_is_one_line(env, tmp_path, task, name, content, match):
+  """Bad input through the command line: one stderr line `error: ...` and exit 2, before training."""
+  (tmp_path / name).write_text(content)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.finetune",
+      f"--config=configs/finetune/glue.py:task={task}",
+      f"--workdir={tmp_path / 'run'}",
+      f"--config.init_from={env / 'init'}",
+      f"--config.data.train_file={tmp_path / name}",
+      "--config.data.max_seq_length=32",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2, result.stderr
+  assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
+  assert not os.path.exists(tmp_path / "run" / "seed_0")  # nothing trained
+
+
 def test_benchmark_tiny():
   """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
   import importlib.util
@@ -459,7 +640,8 @@ def _tiny_run(env, tmp_path, task, train_file, eval_file, **data):
   return finetune.finetune(config, str(tmp_path / "run"))
 
 
-def test_squad_v2_runs_end_to_end(env, tmp_path):
+def _squad_v2_file(path):
+  """Six paragraphs of 20 words, each with an answerable and an impossible question."""
   words = "the film was good and the story was very bright but the plot was sad".split()
   rng = np.random.default_rng(0)
   paragraphs = []
@@ -481,10 +663,14 @@ def test_squad_v2_runs_end_to_end(env, tmp_path):
         ],
       }
     )
-  path = tmp_path / "squad.json"
   path.write_text(
     json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]})
   )
+  return path
+
+
+def test_squad_v2_runs_end_to_end(env, tmp_path):
+  path = _squad_v2_file(tmp_path / "squad.json")
   out = _tiny_run(env, tmp_path, "squad_v2", path, path, doc_stride=8, max_query_length=8)
   metrics = out["seeds"][0]["metrics"]
   assert {"exact_match", "f1"} <= set(metrics) and 0 <= metrics["f1"] <= 100
@@ -517,3 +703,43 @@ def test_race_runs_end_to_end(env, tmp_path):
   out = _tiny_run(env, tmp_path, "race", tmp_path / "train", tmp_path / "dev", max_qa_length=16)
   metrics = out["seeds"][0]["metrics"]
   assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
+
+
+def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
+  """task.null_score_diff_threshold (and n_best_size, max_answer_length) reach the post-processing
+  finetune runs: "" when the null score beats the best span by more than the threshold."""
+  path = _squad_v2_file(tmp_path / "squad.json")
+  config = _glue_config("task=squad_v2")
+  assert (config.task.n_best_size, config.task.max_answer_length) == (20, 30)
+  config.init_from = str(env / "init")
+  config.data.update(train_file=str(path), eval_file=str(path), max_seq_length=32, doc_stride=8)
+  config.data.max_query_length = 8
+  data = finetune.load_data(_resolved(config), None)
+  arrays, extra = data["eval"]
+  rng = np.random.default_rng(0)
+  shape = arrays["input_ids"].shape
+  outputs = {"start_logits": rng.normal(size=shape), "end_logits": rng.normal(size=shape)}
+
+  def answers(**task):
+    c = copy.deepcopy(config)
+    c.task.update(task)
+    config_lib.validate_finetune(c)
+    return finetune.squad_answers(c, outputs, extra)
+
+  assert len(answers()) == 12
+  assert set(answers(null_score_diff_threshold=-1e6).values()) == {""}
+  assert "" not in answers(null_score_diff_threshold=1e6).values()
+  assert answers() == squad.postprocess(
+    extra[0], extra[1], outputs["start_logits"], outputs["end_logits"], version_2=True
+  )
+  # max_answer_length=1: every answer is at most one piece (a word or part of one, here).
+  assert max(len(a.split()) for a in answers(null_score_diff_threshold=1e6).values()) > 1
+  one = answers(null_score_diff_threshold=1e6, max_answer_length=1, n_best_size=3)
+  assert all(len(a.split()) <= 1 for a in one.values()) and any(one.values()), one
+  for field, value, match in [
+    ("n_best_size", 0, "task.n_best_size must be a positive integer"),
+    ("max_answer_length", -3, "task.max_answer_length must be a positive integer"),
+    ("null_score_diff_threshold", float("nan"), "must be a finite number"),
+  ]:
+    with pytest.raises(ConfigError, match=match):
+      answers(**{field: value})

@@ -29,6 +29,9 @@ TABLE_14 = {
   "squad_v2": (3e-5, 48, 8144, 814, 512, 0.0),
   "race": (2e-5, 32, 12000, 1000, 512, 0.1),
 }
+# SQuAD's post-processing, the original run_squad's defaults: (n_best_size, max_answer_length,
+# null_score_diff_threshold); override with --config.task.<name>=...
+SQUAD_POSTPROCESS = (20, 30, 0.0)
 GENERIC = {
   "classification": (2e-5, 32, 1000, 100, 128, 0.0),
   "regression": (2e-5, 32, 1000, 100, 128, 0.0),
@@ -56,6 +59,11 @@ def get_config(arg=None):
     config.model_from_init_from = False
   config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = dropout
   config.data.max_seq_length = seq
+  if arg.task in ("squad_v1", "squad_v2"):
+    n_best, max_answer, threshold = SQUAD_POSTPROCESS
+    config.task.update(
+      n_best_size=n_best, max_answer_length=max_answer, null_score_diff_threshold=threshold
+    )
   config.train.update(
     learning_rate=lr,
     batch_size=batch,
