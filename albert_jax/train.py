@@ -364,6 +364,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
           params=pretrained.init_params(config, state.params, trainer.abstract.shardings.params)
         )
       start = 0
+      damaged = checkpoint.damaged_dir(workdir)
+      if damaged.exists() and any(damaged.iterdir()):
+        log(
+          f"starting from step 0: {workdir} holds no sound checkpoint; the damaged ones set "
+          f"aside earlier stay in {damaged}"
+        )
     checkpoint.write_config(
       workdir, config
     )  # only now: a failed restore keeps the checkpoints' config

@@ -213,6 +213,18 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   for x, y in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(again)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
   assert len(os.listdir(os.path.join(workdir, "damaged"))) == 1
+  # Every step damaged: one line, exit 2, all kept; the next run starts over and says where they are.
+  for step in (2, 4):
+    garble(tmp_path / "w" / "checkpoints" / str(step))
+  r = run_main(tmp_path, workdir, data_dir, num_steps=2, checkpoint_every=2)
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+    "error: every checkpoint"
+  )
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 3
+  r = run_main(tmp_path, workdir, data_dir, num_steps=2, checkpoint_every=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "starting from step 0:" in r.stdout and "saved step 2 to" in r.stdout
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 3
 
 
 def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
