@@ -1,6 +1,6 @@
 """prepare's scaling: MB/s of raw text on 1 worker and on every core, and peak memory per process.
 
-  python benchmarks/prepare.py [--workdir=/tmp/albert_prepare_bench] [--corpus_copies=10]
+  python benchmarks/prepare.py [--workdir=/tmp/albert_prepare_bench] [--corpus_copies=20]
                                [--workers=0] [--seq_length=512]
 
 Writes the built-in corpus (python_docs, ~1.9 MB) `corpus_copies` times as BERT-format text files,
@@ -31,7 +31,7 @@ from albert_jax import (
 )
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where corpus and data go.")
-_COPIES = flags.DEFINE_integer("corpus_copies", 10, "Copies of the built-in corpus to prepare.")
+_COPIES = flags.DEFINE_integer("corpus_copies", 20, "Copies of the built-in corpus to prepare.")
 _WORKERS = flags.DEFINE_integer("workers", 0, "Workers of the parallel run (0: every core).")
 _SEQ = flags.DEFINE_integer("seq_length", 512, "data.max_seq_length.")
 _VOCAB = 8000
@@ -87,7 +87,8 @@ def main(argv):
   del argv
   os.makedirs(_WORKDIR.value, exist_ok=True)
   text_dir = os.path.join(_WORKDIR.value, "corpus")
-  os.makedirs(text_dir, exist_ok=True)
+  shutil.rmtree(text_dir, ignore_errors=True)  # a run with fewer copies must not read old ones
+  os.makedirs(text_dir)
   docs = list(corpus.python_docs_documents())
   text = "\n\n".join("\n".join(doc) for doc in docs) + "\n"
   for i in range(_COPIES.value):
