@@ -21,7 +21,7 @@ REMAT_POLICIES = (
 )
 ATTENTION_IMPLS = ("einsum", "dot_product_attention")
 DTYPES = ("float32", "bfloat16", "float16")
-OPTIMIZERS = ("lamb", "optax_lamb", "adamw")
+OPTIMIZERS = ("lamb", "adam_weight_decay", "optax_lamb", "adamw")
 TASKS = ("sop", "nsp")
 
 
@@ -132,7 +132,8 @@ def base_config() -> ml_collections.ConfigDict:
       learning_rate=0.00176,
       end_learning_rate=0.0,
       lr_decay_power=1.0,
-      optimizer="lamb",  # lamb (the original's) | optax_lamb | adamw
+      # lamb (the original's) | adam_weight_decay (the original's fine-tuning one) | optax_lamb | adamw
+      optimizer="lamb",
       weight_decay=0.01,
       beta1=0.9,
       beta2=0.999,
@@ -183,7 +184,7 @@ def finetune_base_config() -> ml_collections.ConfigDict:
   c.model = base.model
   c.train = base.train
   c.train.update(
-    optimizer="adamw",
+    optimizer="adam_weight_decay",  # the original's fine-tuning optimizer
     weight_decay=0.01,
     epsilon=1e-6,
     batch_size=32,

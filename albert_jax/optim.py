@@ -3,12 +3,14 @@
 What the paper trained with (Lan et al. 2020, section 4.1; docs/optimizer.md) is the original code's
 `lamb_optimizer.LAMBOptimizer` driven by `optimization.create_optimizer` (google-research/albert). Both
 are reproduced here; `optax.lamb` differs from it (bias correction, trust ratio on every tensor), so it is
-offered only as a config choice (`train.optimizer=optax_lamb`), like `adamw`.
+offered only as a config choice (`train.optimizer=optax_lamb`), like `adamw` beside the original's
+fine-tuning optimizer (`adam_weight_decay`).
 
 Public API (the trainer calls `make_optimizer` and logs `make_schedule(...)(step)`):
   decay_mask(params)            -> pytree of bools: True where weight decay and the trust ratio apply.
   stacked_axes_from_boxes(boxed)-> pytree of ints: leading [L] axes of nn.scan-stacked layers.
   lamb(learning_rate, ...)      -> the original's LAMB as an optax.GradientTransformation.
+  adam_weight_decay(lr, ...)    -> the original's fine-tuning AdamWeightDecayOptimizer, likewise.
   make_schedule(train_config)   -> the original's warmup + polynomial decay (an optax.Schedule).
   clip_gradients(clip_norm)     -> global-norm clipping.
   make_optimizer(train_config)  -> clip, then the configured optimizer driven by the schedule.
@@ -111,8 +113,11 @@ def scale_by_original_lamb(
   weight_decay: float = 0.01,
   mask: PyTree | Callable[[PyTree], PyTree] | None = decay_mask,
   stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
+  trust_ratio: bool = True,
 ) -> optax.GradientTransformation:
-  """The LAMB direction without the learning rate: `ratio * u` (see `lamb`).
+  """The LAMB direction without the learning rate: `ratio * u` (see `lamb`); with
+  trust_ratio=False, `u` alone: the direction of the original's AdamWeightDecayOptimizer (see
+  `adam_weight_decay`).
 
   Args:
     b1, b2, eps, weight_decay: the original's beta_1, beta_2, epsilon and weight_decay_rate.
@@ -151,6 +156,8 @@ def scale_by_original_lamb(
         return u.astype(p.dtype)
       w = p.astype(jnp.float32)
       u = u + weight_decay * w
+      if not trust_ratio:
+        return u.astype(p.dtype)
       # `ratio = where(w_norm > 0, where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)` with Euclidean norms of
       # the whole tensor (tf linalg_ops.norm(ord=2)), or of each stacked slice.
       reduce = tuple(range(int(leaf_axes), w.ndim))
@@ -189,6 +196,30 @@ def lamb(
   return optax.chain(
     scale_by_original_lamb(
       b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask, stacked_axes=stacked_axes
+    ),
+    optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adam_weight_decay(
+  learning_rate: optax.ScalarOrSchedule,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-6,
+  weight_decay: float = 0.01,
+  mask: PyTree | Callable[[PyTree], PyTree] | None = decay_mask,
+) -> optax.GradientTransformation:
+  """The original's fine-tuning optimizer (AdamWeightDecayOptimizer in optimization.py, as BERT's):
+
+    m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2           (no bias correction)
+    u = m / (sqrt(v) + eps)                               (eps outside the root)
+    if mask(w): u = u + weight_decay*w                    (LayerNorm and bias: no decay)
+    update = -lr * u
+  `optax.adamw` differs in its bias correction of m and v (and its default eps, 1e-8).
+  """
+  return optax.chain(
+    scale_by_original_lamb(
+      b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask, trust_ratio=False
     ),
     optax.scale_by_learning_rate(learning_rate),
   )
@@ -257,9 +288,10 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
   """clip_gradients(train.clip_norm), then train.optimizer driven by make_schedule(train_config).
 
-  lamb: the original's (the paper's recipe). optax_lamb: optax.lamb with decay_mask for weight decay
-  (bias-corrected, trust ratio on every tensor). adamw: optax.adamw with decay_mask (bias-corrected,
-  decoupled decay scaled by the learning rate; the original's AdamWeightDecayOptimizer had neither).
+  lamb: the original's (the paper's pretraining recipe). adam_weight_decay: the original's
+  AdamWeightDecayOptimizer (its fine-tuning optimizer). optax_lamb: optax.lamb with decay_mask for
+  weight decay (bias-corrected, trust ratio on every tensor). adamw: optax.adamw with decay_mask
+  (bias-corrected, otherwise adam_weight_decay).
   `stacked_axes` (see scale_by_original_lamb) only affects `lamb`. update() needs params.
   """
   t = train_config
@@ -273,6 +305,10 @@ def make_optimizer(
       weight_decay=t.weight_decay,
       mask=decay_mask,
       stacked_axes=stacked_axes,
+    )
+  elif t.optimizer == "adam_weight_decay":
+    opt = adam_weight_decay(
+      schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay, mask=decay_mask
     )
   elif t.optimizer == "optax_lamb":
     opt = optax.lamb(

@@ -1,8 +1,9 @@
 """Classification fine-tuning step speed: ours against Hugging Face's PyTorch ALBERT, in one run.
 
 Ours: `albert_jax.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
-classifier dropout 0.1) and objective from albert_jax/finetune.py, AdamW (bias-corrected, decoupled
-decay), clipping and the non-finite guard, on a 1-device mesh. Theirs:
+classifier dropout 0.1) and objective from albert_jax/finetune.py, the original's
+AdamWeightDecay (Adam without bias correction, decoupled decay: the same work per step as torch's
+AdamW), clipping and the non-finite guard, on a 1-device mesh. Theirs:
 `transformers.AlbertForSequenceClassification` of the same sizes (gelu_new, same dropout), float32,
 torch.optim.AdamW, step = zero_grad, forward with labels, backward, clip_grad_norm_(1.0), step. The
 two alternate step by step (A B A B) so load on a shared machine hits both alike; figures are medians

@@ -94,8 +94,8 @@ def ft_config(env, **train):
     dict(
       batch_size=16,
       num_steps=40,
-      warmup_steps=4,
-      learning_rate=5e-3,
+      warmup_steps=10,
+      learning_rate=1e-3,
       eval_every=20,
       checkpoint_every=20,
       log_every=20,
@@ -245,6 +245,7 @@ def test_finetuning_learns_and_summarises_seeds(run):
   seeds = out["seeds"]
   assert [s["seed"] for s in seeds] == [0, 1]
   accuracies = [s["metrics"]["accuracy"] for s in seeds]
+  print("dev accuracy per seed", accuracies)
   assert max(accuracies) >= 0.85, accuracies  # chance is 0.5
   losses = [
     [
@@ -268,8 +269,9 @@ def test_finetuning_learns_and_summarises_seeds(run):
       if "eval/accuracy" in l
     ]
     assert [e["step"] for e in evals] == [20, 40]
-    best = max(evals, key=lambda e: e["eval/accuracy"])
-    assert s["best_step"] == best["step"] and s["metrics"]["accuracy"] == best["eval/accuracy"]
+    top = max(e["eval/accuracy"] for e in evals)
+    assert s["metrics"]["accuracy"] == top  # on a tie, either step holds the best accuracy
+    assert s["best_step"] in [e["step"] for e in evals if e["eval/accuracy"] == top]
   rows = open(os.path.join(workdir, "predictions", "SST-2.tsv")).read().splitlines()
   assert rows[0] == "index\tprediction" and len(rows) == 25
   assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}

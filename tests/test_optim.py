@@ -157,6 +157,51 @@ def test_lamb_matches_numpy_reference():
   )
 
 
+class NumpyAdamWeightDecay:
+  """optimization.AdamWeightDecayOptimizer.apply_gradients (the original's fine-tuning optimizer),
+  one parameter at a time, in float64."""
+
+  def __init__(self, params):
+    self.w = dict(params)
+    self.m = {k: np.zeros_like(v) for k, v in params.items()}
+    self.v = {k: np.zeros_like(v) for k, v in params.items()}
+
+  def step(self, grads, lr):
+    updates = {}
+    for k, g in grads.items():
+      self.m[k] = B1 * self.m[k] + (1 - B1) * g
+      self.v[k] = B2 * self.v[k] + (1 - B2) * g * g
+      update = self.m[k] / (np.sqrt(self.v[k]) + EPS)
+      if k not in EXCLUDED:
+        update += WD * self.w[k]
+      updates[k] = -lr * update
+      self.w[k] = self.w[k] + updates[k]
+    return updates
+
+
+def test_adam_weight_decay_matches_the_originals_finetuning_optimizer():
+  t = train_config(optimizer="adam_weight_decay", learning_rate=0.05, warmup_steps=2, num_steps=10)
+  params_np = small_tree()
+  params = to_jax(params_np)
+  grads_seq = [
+    random_grads(params_np, seed, scale) for seed, scale in zip(range(20, 25), (3, 0.1, 1, 2, 0.5))
+  ]
+  updates, final = run(optim.make_optimizer(t), params, grads_seq)
+  ref = NumpyAdamWeightDecay(flat(params))
+  for step, (grads, got) in enumerate(zip(grads_seq, updates)):
+    want = ref.step(np_clip(flat(to_jax(grads)), 1.0), np_schedule(step, 0.05, 2, 10))
+    for k, w in want.items():
+      np.testing.assert_allclose(flat(got)[k], w, rtol=1e-5, atol=1e-6, err_msg=f"{step} {k}")
+  for k, w in ref.w.items():
+    np.testing.assert_allclose(flat(final)[k], w, rtol=0, atol=1e-6, err_msg=k)
+  # not optax.adamw: its bias correction makes the first steps differ by far more than the tolerance
+  adamw, _ = run(
+    optim.make_optimizer(train_config(**dict(t, optimizer="adamw"))), params, grads_seq
+  )
+  k = "encoder/dense/kernel"
+  assert np.abs(flat(adamw[1])[k] - flat(updates[1])[k]).max() > 1e-3
+
+
 def test_excluded_leaves_get_plain_adam_steps_and_included_leaves_do_not():
   params_np = small_tree()
   params = to_jax(params_np)
@@ -309,8 +354,9 @@ def test_make_optimizer_runs_under_jit_and_respects_the_mask(name):
   zeros = jax.tree.map(np.zeros_like, small_tree())
   _, final = run(optim.make_optimizer(t), params, [zeros, zeros])
   lr1 = 0.1 * 1 / 2  # step 0 has lr 0; step 1 is half-way through warmup
-  # lamb / optax_lamb: u = 0 + wd*w and ratio ||w||/||wd*w|| = 1/wd, so w -= lr*w; adamw: w -= lr*wd*w.
-  shrink = lr1 * (WD if name == "adamw" else 1.0)
+  # lamb / optax_lamb: u = 0 + wd*w and ratio ||w||/||wd*w|| = 1/wd, so w -= lr*w; the Adams:
+  # w -= lr*wd*w.
+  shrink = lr1 * (WD if name in ("adamw", "adam_weight_decay") else 1.0)
   before, after = flat(params), flat(final)
   for k in before:
     if k in EXCLUDED or k == "zero/kernel":
