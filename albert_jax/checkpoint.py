@@ -15,6 +15,7 @@ written stay restorable.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -56,6 +57,39 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict, latest: int |
   path = config_path(workdir)
   if latest is not None and path.exists():
     check_same_model(json.loads(path.read_text()), config.to_dict(), workdir)
+
+
+# The vocabulary a workdir's checkpoints were trained with: the first run keeps a copy beside them.
+VOCAB_COPY = "spiece.model"
+
+
+def _sha256(path: epath.Path) -> str:
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_vocabulary(workdir: str, spm_model_path: str, latest: int | None) -> None:
+  """Refuses to resume with data made with another vocabulary than the checkpoints' (say, data
+  rebuilt after its directory was deleted, with a newly trained vocabulary): the embeddings would
+  be read against other token ids, silently. Workdirs without a kept copy are not checked."""
+  kept = epath.Path(workdir) / VOCAB_COPY
+  if latest is None or not kept.exists():
+    return
+  if _sha256(kept) != _sha256(epath.Path(spm_model_path)):
+    raise ConfigError(
+      f"the data's vocabulary {spm_model_path} is not the one the checkpoints in {workdir} were "
+      f"trained with ({kept}): prepare the data into a new data.data_dir with "
+      f"--config.data.spm_model_path={kept}, or start a new --workdir"
+    )
+
+
+def keep_vocabulary(workdir: str, spm_model_path: str) -> None:
+  """Copies the run's vocabulary into the workdir once (process 0; atomic), for check_vocabulary."""
+  kept = epath.Path(workdir) / VOCAB_COPY
+  if jax.process_index() != 0 or kept.exists():
+    return
+  tmp = kept.parent / f"{VOCAB_COPY}.tmp"
+  tmp.write_bytes(epath.Path(spm_model_path).read_bytes())
+  tmp.replace(kept)
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:

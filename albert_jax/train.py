@@ -334,6 +334,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
     f"vocabulary {info.get('spm_model_path')}"
   )
+  checkpoint.check_vocabulary(workdir, info["spm_model_path"], start)
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
   trainer = build(config, mesh)
@@ -370,9 +371,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
           f"starting from step 0: {workdir} holds no sound checkpoint; the damaged ones set "
           f"aside earlier stay in {damaged}"
         )
-    checkpoint.write_config(
-      workdir, config
-    )  # only now: a failed restore keeps the checkpoints' config
+    # Only now: a failed restore keeps the checkpoints' config (and their vocabulary's copy).
+    checkpoint.write_config(workdir, config)
+    checkpoint.keep_vocabulary(workdir, info["spm_model_path"])
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(train_iter), mesh)

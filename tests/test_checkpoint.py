@@ -85,3 +85,20 @@ def test_relative_workdir(tmp_path, monkeypatch):
   assert checkpoint.latest_step("runs/relative") == 3
   assert checkpoint.resolve_step("runs/relative", "best") == 3
   assert (tmp_path / "runs" / "relative" / "checkpoints" / "3").is_dir()
+
+
+def test_a_resume_with_another_vocabulary_is_refused(tmp_path):
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  first, other = tmp_path / "first.model", tmp_path / "other.model"
+  first.write_bytes(b"vocabulary one")
+  other.write_bytes(b"vocabulary two")
+  checkpoint.check_vocabulary(str(workdir), str(other), latest=5)  # no copy kept: not checked
+  checkpoint.keep_vocabulary(str(workdir), str(first))
+  checkpoint.keep_vocabulary(str(workdir), str(other))  # the first run's copy stays
+  assert (workdir / "spiece.model").read_bytes() == b"vocabulary one"
+  checkpoint.check_vocabulary(str(workdir), str(first), latest=5)
+  checkpoint.check_vocabulary(str(workdir), str(other), latest=None)  # nothing to resume
+  with pytest.raises(ConfigError, match="is not the one the checkpoints .* were trained with") as e:
+    checkpoint.check_vocabulary(str(workdir), str(other), latest=5)
+  assert "\n" not in str(e.value) and f"spm_model_path={workdir / 'spiece.model'}" in str(e.value)

@@ -203,6 +203,7 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   logs = os.listdir(os.path.join(workdir, "logs"))
   assert len(logs) == 1 and "INFO" in open(os.path.join(workdir, "logs", logs[0])).read()
   straight, _, _, _ = checkpoint.load_params(workdir, 4)
+  assert os.path.isfile(os.path.join(workdir, "spiece.model"))  # the vocabulary a resume must match
   garble(tmp_path / "w" / "checkpoints" / "4")
   r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
