@@ -23,6 +23,7 @@ import glob
 import hashlib
 import heapq
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -245,9 +246,19 @@ def check_prepared(config, workdir: str) -> tuple[str, dict]:
     )
   diffs = _differences(prepared, fingerprint(config, must_exist=False))
   if diffs:
+    keep = ""
+    if any(d.startswith("format ") for d in diffs) and not any(
+      d.startswith("vocab") for d in diffs
+    ):
+      # An earlier version's data: a rebuild would train another vocabulary, which a run resuming
+      # from checkpoints made with this one must not get.
+      keep = (
+        f" (to keep its vocabulary, copy {os.path.join(ddir, VOCAB_FILE)} elsewhere and set "
+        f"data.spm_model_path to the copy)"
+      )
     raise ConfigError(
       f"the data in {ddir} was prepared with other settings: {'; '.join(diffs)}; "
-      f"use another data.data_dir or delete {ddir} to rebuild"
+      f"use another data.data_dir or delete {ddir} to rebuild{keep}"
     )
   return ddir, prepared
 
@@ -518,7 +529,9 @@ def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:
   """The `size` sentences of a shard with the smallest keys, a key being a hash of (seed, document
   index, sentence index): the shards' samples merged the same way are a uniform, seeded sample of
   the whole corpus (bottom-k sampling), whatever the number of workers. Returns them as sorted
-  (key, sentence) pairs, with the shard's corpus statistics."""
+  (key, sentence) pairs, with the shard's corpus statistics. (_train_vocab asks each shard for a
+  few times its share of the corpus's sample, not the whole sample: what crosses to the main
+  process stays near the sample's size.)"""
   stats = corpus_lib.CorpusStats()
   heap: list[tuple[int, str]] = []  # the largest kept key on top (keys negated)
   for index, doc in corpus_lib.shard_documents(data, shard, stats):
@@ -536,6 +549,24 @@ def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:
   }
 
 
+def vocab_sample_caps(shards: list[dict], size: int) -> list[int]:
+  """How many sentences each shard sends towards a sample of `size`. A shard's sentences in the
+  corpus's sample number about size * its share of the corpus: asking each for 3x that (and 64
+  more) keeps the merge exact unless a shard is three times as dense in sentences as the corpus,
+  and keeps what the workers send near the sample's size."""
+  weights = [_shard_weight(shard) for shard in shards]
+  total = sum(weights)
+  return [min(size, math.ceil(3 * size * w / total) + 64) for w in weights]
+
+
+def _shard_weight(shard: dict) -> int:
+  """A shard's share of the corpus: its bytes for text files, its documents otherwise."""
+  if shard["kind"] == "files":
+    end = shard["end"] if shard["end"] is not None else os.path.getsize(shard["path"])
+    return max(end - shard["start"], 1)
+  return max(shard["docs"], 1)
+
+
 def _vocab_sample_job(job) -> dict:
   return vocab_sample(*job)
 
@@ -546,7 +577,8 @@ def _train_vocab(config, shards: list[dict], out_dir: str) -> float:
   d = config.data
   t0 = time.time()
   size = d.vocab_sample_sentences
-  jobs = [(_job_data(d), config.seed, shard, size) for shard in shards]
+  caps = vocab_sample_caps(shards, size)
+  jobs = [(_job_data(d), config.seed, shard, cap) for shard, cap in zip(shards, caps)]
   heap: list[tuple[int, str]] = []
   for result in _map_shards(config, _vocab_sample_job, jobs, "vocabulary: sampling sentences"):
     for key, sentence in result["sample"]:

@@ -9,6 +9,7 @@ import collections
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -151,6 +152,15 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   same_vocab = _config(config.data.input_files, spm_model_path=info["spm_model_path"])
   assert dataset.prepare(same_vocab, workdir)["num_train_examples"] == info["num_train_examples"]
   assert os.path.getmtime(os.path.join(info["data_dir"], dataset.PREPARED_FILE)) == stamp
+  # Data of an earlier format is refused, naming how to keep its vocabulary for a rebuild.
+  old = os.path.join(os.path.dirname(workdir), "old-format")
+  shutil.copytree(info["data_dir"], os.path.join(old, "data"))
+  path = os.path.join(old, "data", dataset.PREPARED_FILE)
+  stored = json.load(open(path))
+  stored["fingerprint"]["format"] = 2
+  json.dump(stored, open(path, "w"))
+  with pytest.raises(ConfigError, match=r"format \(2 there, 3 here\).*to keep its vocabulary"):
+    dataset.prepare(config, old)
   # Masking settings are not part of the data: they may change freely.
   masking = _config(config.data.input_files, max_predictions_per_seq=5, static_masking=True)
   assert next(input_pipeline.make_iterator(masking, workdir, process_index=0, process_count=1))[

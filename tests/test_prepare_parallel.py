@@ -166,6 +166,13 @@ def test_the_vocabulary_sample_is_uniform_and_seeded():
   quarters = np.bincount([int(s.split()[0][1:]) // 500 for s in sample], minlength=4)
   positions = np.bincount([int(s.split()[1][1:]) for s in sample], minlength=5)
   assert quarters.min() > 200 and positions.min() > 160, (quarters, positions)
+  # each shard sends only a few times its share, and the merge is still the whole corpus's sample
+  caps = dataset.vocab_sample_caps(shards, 1000)
+  assert caps == [814] * 4
+  capped = sorted(
+    kv for s, cap in zip(shards, caps) for kv in dataset.vocab_sample(data, 0, s, cap)["sample"]
+  )
+  assert [sentence for _, sentence in capped[:1000]] == sample
   other = dataset.vocab_sample(data, 1, {**shards[0], "docs": 2000, "documents": docs}, 1000)
   assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
 
@@ -184,8 +191,9 @@ import json, resource, sys
 from albert_jax import config_lib, dataset
 c = config_lib.base_config()
 c.model.vocab_size = 1000
-c.data.update(input_files=sys.argv[1], spm_model_path=sys.argv[2], max_seq_length=64,
-              num_prepare_workers=1)
+# The vocabulary is trained too (on a sample of a fixed size): its pass must not grow either.
+c.data.update(input_files=sys.argv[1], max_seq_length=64, num_prepare_workers=1,
+              vocab_sample_sentences=3000)
 info = dataset.prepare(c, sys.argv[3])
 print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "mb": info["raw_text_mb"]}))
