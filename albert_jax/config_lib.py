@@ -170,7 +170,8 @@ FINETUNE_KINDS = ("classification", "regression", "squad_v1", "squad_v2", "race"
 
 def finetune_base_config() -> ml_collections.ConfigDict:
   """Fine-tuning defaults: the pretraining schema's model, train and mesh sections, the original's
-  fine-tuning optimiser (AdamW, eps 1e-6, weight decay 0.01, clip 1.0, linear warmup and decay), and
+  fine-tuning optimiser (AdamWeightDecayOptimizer: Adam without bias correction, eps 1e-6, weight
+  decay 0.01, clip 1.0, linear warmup and decay), and
   the task and its data. configs/finetune/*.py set a task's Table 14 values."""
   base = base_config()
   c = ml_collections.ConfigDict()

@@ -113,7 +113,8 @@ def data_config(data: str, batch_size: int, masking_from=None):
     for key in _MASKING:
       d[key] = masking_from.data[key]
   c.train.batch_size = batch_size
-  c.data.shuffle = False
+  # The files hold each split in corpus order: scoring part of a split reads a seeded sample of it.
+  c.data.shuffle = True
   return c, prepared
 
 

@@ -49,8 +49,8 @@ class _EpochIndex:
     self.static, self.dupe = static_masking, dupe_factor
 
   def __call__(self, i: int, index: int):
-    # Eval wraps around with new masks too (its order is fixed): a split smaller than
-    # eval_steps * batch is not scored on identical examples twice.
+    # Eval wraps around with new masks too: a split smaller than eval_steps * batch is not scored
+    # on identical examples twice.
     epoch = (self.h + i * self.p) // self.n
     if self.static:
       epoch %= self.dupe
@@ -171,9 +171,10 @@ def make_iterator(
 ) -> BatchIterator:
   """An infinite iterator over this host's batches of `split` from the prepared data.
 
-  Per-host batch = config.train.batch_size // process_count. Train: shuffled (data.shuffle) with a
-  new order and new masks each epoch. Eval: in stored order, the same batches each time it is
-  created (a pass that wraps around the split draws new masks). Process index/count default to
+  Per-host batch = config.train.batch_size // process_count. Train: shuffled (data.shuffle; else in
+  stored order, which is corpus order) with a new order and new masks each epoch. Eval: in one
+  seeded order (a sample of the whole split), the same batches each time it is created (a pass that
+  wraps around the split draws a new order and new masks). Process index/count default to
   jax's (give both to simulate hosts). Call close() when done if data.num_workers > 0.
   """
   import grain  # pylint: disable=g-import-not-at-top

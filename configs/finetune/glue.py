@@ -4,7 +4,7 @@ r"""Fine-tuning on a GLUE task or a generic classification/regression file, and 
       --config.init_from=runs/base --config.data.glue_dir=glue_data/SST-2
 
 Defaults are the paper's Table 14 (learning rate, batch, steps, warmup, max sequence length) with
-AdamW and classifier dropout 0.1. task=classification|regression reads data.train_file etc. with the
+the original's AdamWeightDecayOptimizer and classifier dropout 0.1. task=classification|regression reads data.train_file etc. with the
 columns named in data.*_column (and data.labels). model=NAME (a configs/NAME.py) fixes the
 architecture, which init_from must then have; by default it is init_from's.
 """
