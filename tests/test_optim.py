@@ -157,14 +157,9 @@ def test_lamb_matches_numpy_reference():
   )
 
 
-class NumpyAdamWeightDecay:
+class NumpyAdamWeightDecay(NumpyLamb):
   """optimization.AdamWeightDecayOptimizer.apply_gradients (the original's fine-tuning optimizer),
-  one parameter at a time, in float64."""
-
-  def __init__(self, params):
-    self.w = dict(params)
-    self.m = {k: np.zeros_like(v) for k, v in params.items()}
-    self.v = {k: np.zeros_like(v) for k, v in params.items()}
+  one parameter at a time, in float64 (LAMB's state, no trust ratio)."""
 
   def step(self, grads, lr):
     updates = {}
