@@ -60,8 +60,14 @@ def _write_corpus(directory: str, copies: int) -> str:
   os.makedirs(directory, exist_ok=True)
   docs = _long_documents(list(corpus.python_docs_documents()))
   text = "\n\n".join("\n".join(doc) for doc in docs) + "\n"
+  for name in os.listdir(directory):  # copies left by a run with more of them
+    if name.startswith("part-") and int(name[5:8]) >= copies:
+      os.remove(os.path.join(directory, name))
   for i in range(copies):
-    with open(os.path.join(directory, f"part-{i:03d}.txt"), "w", encoding="utf-8") as f:
+    path = os.path.join(directory, f"part-{i:03d}.txt")
+    if os.path.isfile(path) and open(path, encoding="utf-8").read() == text:
+      continue  # unchanged (and its mtime kept): a rerun reuses the data prepared from it
+    with open(path, "w", encoding="utf-8") as f:
       f.write(text)
   return os.path.join(directory, "part-*.txt")
 
