@@ -339,7 +339,14 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path,
   # ranks. ...") to stdout, and two of them can interleave mid-line: those fragments are not ours.
   ours = [l for l in out1.splitlines() if l.strip() and "[Gloo]" not in l and "peer ranks" not in l]
   assert ours == [], out1
-  assert sorted(os.listdir(multi)) == [".lock", "checkpoints", "config.json", "logs", "tensorboard"]
+  assert sorted(os.listdir(multi)) == [
+    ".lock",
+    "checkpoints",
+    "config.json",
+    "logs",
+    "spiece.model",
+    "tensorboard",
+  ]
   assert json.load(open(os.path.join(multi, "config.json")))["distributed"]["process_id"] == 0
 
   def params(workdir, step):
