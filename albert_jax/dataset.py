@@ -356,15 +356,6 @@ class _Progress:
     logging.info(msg)
 
 
-def _fraction(stats: corpus_lib.CorpusStats, max_documents: int) -> float | None:
-  fractions = []
-  if stats.progress_total:
-    fractions.append(stats.progress_done / stats.progress_total)
-  if max_documents:
-    fractions.append(stats.documents / max_documents)
-  return max(fractions) if fractions else None
-
-
 def _job_data(data) -> Any:
   """The config.data fields a shard's worker needs, in a form any process can unpickle."""
   return types.SimpleNamespace(**data.to_dict())
@@ -373,9 +364,7 @@ def _job_data(data) -> Any:
 _TOKENIZERS: dict = {}  # per worker process: loaded once, used for every shard
 
 
-def shard_examples(
-  data, seed: int, vocab_path: str, shard: dict, splits=SPLITS, num_threads: int = 1
-) -> dict:
+def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: int = 1) -> dict:
   """The examples of one shard (corpus.shards), a pure function of seed, shard and settings.
 
   Runs in prepare's worker processes and in Beam workers alike. Documents go to the eval split by
@@ -390,10 +379,10 @@ def shard_examples(
   tok = _TOKENIZERS[key]
   cstats = corpus_lib.CorpusStats()
   pair_stats: dict = {}
-  docs: dict = {split: [] for split in splits}
-  doc_counts = {split: 0 for split in splits}
-  pairs: dict = {split: [] for split in splits}
-  groups = {split: 0 for split in splits}
+  docs: dict = {split: [] for split in SPLITS}
+  doc_counts = {split: 0 for split in SPLITS}
+  pairs: dict = {split: [] for split in SPLITS}
+  groups = {split: 0 for split in SPLITS}
 
   def flush(split: str):
     if not docs[split]:
@@ -420,7 +409,7 @@ def shard_examples(
 
   for index, doc in corpus_lib.shard_documents(data, shard, cstats):
     split = "eval" if _is_eval(index, seed, data.eval_fraction) else "train"
-    if split not in docs or not doc:
+    if not doc:
       continue
     docs[split].append(doc)
     doc_counts[split] += 1
@@ -428,7 +417,7 @@ def shard_examples(
       flush(split)
   max_num_tokens = data.max_seq_length - 3
   out = {}
-  for split in splits:
+  for split in SPLITS:
     flush(split)
     ps = pairs[split]
     out[split] = {
@@ -462,7 +451,7 @@ def write_shard(
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.core import example_serializer  # pylint: disable=g-import-not-at-top
 
-  result = shard_examples(data, seed, vocab_path, shard, SPLITS, num_threads)
+  result = shard_examples(data, seed, vocab_path, shard, num_threads)
   features = _features()
   serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
   summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
