@@ -71,6 +71,18 @@ _held: set[str] = set()
 
 
 @contextlib.contextmanager
+def primary_workdir_lock(workdir: str) -> Iterator[None]:
+  """workdir_lock on process 0 (the one writer of a multi-host run); the other processes hold none."""
+  import jax  # pylint: disable=g-import-not-at-top  (files.py stays importable without jax)
+
+  if jax.process_index() != 0:
+    yield
+    return
+  with workdir_lock(workdir):
+    yield
+
+
+@contextlib.contextmanager
 def workdir_lock(workdir: str) -> Iterator[None]:
   """Holds <workdir>/.lock (fcntl.flock) for the block: one writer per workdir.
 

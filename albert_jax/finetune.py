@@ -649,7 +649,7 @@ def run():
       from albert_jax import files
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
-      with files.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+      with files.primary_workdir_lock(workdir):
         cli.setup_logging("finetune", workdir)
         finetune(config, workdir)
 

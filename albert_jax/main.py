@@ -42,14 +42,10 @@ def run():
 
       distributed.initialize(config)
     with cli.guard():
-      import contextlib
-
-      import jax
-
       from albert_jax import files, train
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
-      with files.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+      with files.primary_workdir_lock(workdir):
         cli.setup_logging("main", workdir)
         train.train_and_evaluate(config, workdir)  # holds the same lock (re-entered)
 

@@ -304,9 +304,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
   """
   config_lib.validate(config)
-  if jax.process_index() != 0:
-    return _train_and_evaluate(config, workdir)
-  with files.workdir_lock(workdir):
+  with files.primary_workdir_lock(workdir):
     return _train_and_evaluate(config, workdir)
 
 
