@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from albert_jax import examples as examples_lib, tokenizer as tokenizer_lib
+from albert_jax import config_lib, examples as examples_lib, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
 
@@ -191,11 +191,7 @@ def make_iterator(
     process_index, process_count = jax.process_index(), jax.process_count()
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} is not in [0, {process_count})")
-  if config.train.batch_size % process_count:
-    raise ConfigError(
-      f"train.batch_size={config.train.batch_size} is not divisible by the "
-      f"{process_count} processes"
-    )
+  config_lib.check_batch_split(config.train, processes=process_count)
   per_host = config.train.batch_size // process_count
   d = config.data
   source = open_source(ddir, split)

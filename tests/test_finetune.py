@@ -725,7 +725,7 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   def answers(**task):
     c = copy.deepcopy(config)
     c.task.update(task)
-    config_lib.validate_finetune(c)
+    config_lib.validate(c)
     return finetune.squad_answers(c, outputs, extra)
 
   assert len(answers()) == 12
@@ -745,3 +745,64 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   ]:
     with pytest.raises(ConfigError, match=match):
       answers(**{field: value})
+
+
+# --- The task's sequence length against the positions init_from's model has ----------------------
+
+
+def _finetune_cli(env, workdir, *extra):
+  return subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.finetune",
+      "--config=configs/finetune/glue.py:task=sst2",
+      f"--workdir={workdir}",
+      f"--config.init_from={env / 'init'}",
+      f"--config.data.glue_dir={env / 'glue'}",
+      "--config.train.batch_size=16",
+      "--config.train.num_steps=4",
+      "--config.train.warmup_steps=1",
+      "--config.train.log_every=2",
+      "--config.train.eval_every=4",
+      "--config.train.checkpoint_every=4",
+      *extra,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+
+
+def test_task_sequence_length_is_capped_to_the_model_positions(env, tmp_path):
+  """SST-2's Table 14 length (512) on a 64-position model: announced and capped to 64 (nothing is
+  gathered beyond the position table), and every step's loss is finite."""
+  workdir = tmp_path / "run"
+  r = _finetune_cli(env, workdir)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert (
+    "data.max_seq_length: the task's 512 capped to the model's max_position_embeddings=64"
+    in r.stdout
+  )
+  saved = json.loads((workdir / "seed_0" / "config.json").read_text())
+  assert saved["data"]["max_seq_length"] == 64 and saved["task"]["max_seq_length"] == 512
+  with open(workdir / "seed_0" / "tensorboard" / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  train = [row for row in rows if "train/loss" in row]
+  assert [row["step"] for row in train] == [2, 4]
+  assert all(np.isfinite(row["train/loss"]) and row["train/skipped_updates"] == 0 for row in train)
+
+
+def test_a_set_sequence_length_beyond_the_positions_is_refused(env, tmp_path):
+  """--config.data.max_seq_length beyond the positions init_from's model has: one line naming both
+  numbers and the override, exit 2, and the workdir as it was (nothing written)."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  r = _finetune_cli(env, workdir, "--config.data.max_seq_length=128")
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines()[-1] == (
+    "error: data.max_seq_length=128 exceeds the model's max_position_embeddings=64; set "
+    "--config.data.max_seq_length=64 or less"
+  )
+  assert list(workdir.iterdir()) == []

@@ -228,13 +228,46 @@ def test_non_finite_halt_is_one_line_and_saves_nothing(tmp_path, data_dir):
   assert r.returncode == 3, r.stderr[-2000:]
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-  halted = re.fullmatch(r"error: non-finite loss or gradients at step (\d+); halting .*", errors[0])
+  halted = re.fullmatch(
+    r"error: non-finite update at step (\d+): loss \S+, gradient norm \S+.*; halting "
+    r"\(train.on_nonfinite=halt\): try .*",
+    errors[0],
+  )
   assert halted, errors[0]
   # Every step before it was saved, the halting step was not, and what was saved is finite.
   assert checkpoint.latest_step(workdir) == (int(halted.group(1)) - 1 or None)
   if int(halted.group(1)) > 1:
     params = checkpoint.load_params(workdir, "latest")[0]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+def test_a_run_that_skips_every_update_halts_after_max_consecutive_skips(tmp_path, data_dir):
+  """on_nonfinite=skip (the default) at a learning rate of 1e30: the parameters overflow after the
+  first steps and every later update is skipped; train.max_consecutive_skips=3 ends the run with
+  exit 3 and one line naming the step, the first non-finite quantity and what to try, and the
+  progress line counted the skips before that."""
+  workdir = str(tmp_path / "skipping")
+  r = run_main(workdir, data_dir, num_steps=40, learning_rate=1e30, max_consecutive_skips=3)
+  assert r.returncode == 3, r.stderr[-2000:]
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  halted = re.fullmatch(
+    r"error: 3 consecutive updates skipped by step (\d+) \(train.max_consecutive_skips=3\), "
+    r"the first at step (\d+): loss (\S+), gradient norm (\S+)(.*); halting: try a lower "
+    r"train.learning_rate.*",
+    errors[0],
+  )
+  assert halted, errors[0]
+  last, first = int(halted.group(1)), int(halted.group(2))
+  assert last == first + 2 and last < 40
+  assert not (np.isfinite(float(halted.group(3))) and np.isfinite(float(halted.group(4))))
+  announced = f"step {first}: loss "
+  assert any(l.startswith(announced) and "update skipped" in l for l in r.stdout.splitlines())
+  progress = [l for l in r.stdout.splitlines() if l.startswith(f"step {first + 1}/40 ")]
+  assert progress and "| skipped 2" in progress[0] and "non-finite: " in progress[0], r.stdout
+  with open(os.path.join(workdir, "tensorboard", "metrics.jsonl")) as f:
+    skipped = [row["train/skipped_updates"] for row in map(json.loads, f) if "train/loss" in row]
+  assert skipped[-1] == 2 and skipped[: first - 1] == [0] * (first - 1)
 
 
 # --- bad input: one line, non-zero exit -------------------------------------------------------------
