@@ -178,9 +178,9 @@ def make_train_step(
 
 
 def _param_name(path) -> str:
-  """albert/encoder/.../kernel for a parameter's tree path (a box's .value left out)."""
-  keys = (getattr(k, "key", getattr(k, "name", k)) for k in path)
-  return "/".join(str(k) for k in keys if k != "value")
+  """albert/encoder/.../kernel for a parameter's tree path: its dict keys (a box's attribute left
+  out; a module may itself be named `value`)."""
+  return "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
 
 def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> dict[str, float]:

@@ -806,3 +806,15 @@ def test_a_set_sequence_length_beyond_the_positions_is_refused(env, tmp_path):
     "--config.data.max_seq_length=64 or less"
   )
   assert list(workdir.iterdir()) == []
+
+
+def test_a_finetuning_run_that_skips_every_update_halts(env, tmp_path, capsys):
+  """Fine-tuning shares pretraining's limit: at a learning rate of 1e30 every update after the first
+  few is non-finite and skipped, and train.max_consecutive_skips=3 ends the seed (exit 3 from the
+  command) instead of training on nothing and reporting a result."""
+  config = ft_config(env, learning_rate=1e30, num_steps=30, log_every=1, max_consecutive_skips=3)
+  with pytest.raises(FloatingPointError, match=r"^3 consecutive updates skipped by step (\d+)"):
+    finetune.finetune(config, str(tmp_path / "run"))
+  out = capsys.readouterr().out
+  assert "update skipped (train.on_nonfinite=skip; 1 skipped in all)" in out
+  assert not (tmp_path / "run" / "eval_results.json").exists()

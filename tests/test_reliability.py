@@ -569,3 +569,59 @@ def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, ca
     ("prints.somelib", "half a line"),
   ]
   assert capsys.readouterr().out == ""
+
+
+# --- validation on the resolved config, before anything is written ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+  """A Hugging Face ALBERT directory (64 positions, H=32) that configs/tiny.py is not."""
+  from albert_jax import config_lib, hf, model as M, tokenizer as tokenizer_lib
+  from tests.conftest import pydoc_sentences
+
+  root = tmp_path_factory.mktemp("other")
+  spm = tokenizer_lib.train(pydoc_sentences()[:500], str(root / "spm" / "spiece.model"), 100)
+  c = config_lib.base_config().model
+  c.update(
+    vocab_size=100,
+    embedding_size=16,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+  )
+  cfg = M.model_config(c)
+  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+  hf.save_hf(params, cfg, str(root / "init"), spm)
+  return root / "init"
+
+
+@pytest.mark.parametrize("command", ["main", "prepare", "estimate"])
+def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_written(
+  tmp_path, other_model, command
+):
+  """configs/tiny.py itself is valid; with init_from naming another model it is not. Every command
+  that takes a config resolves init_from first and refuses it in one line, exit 2, before it writes
+  anything: the workdir holds what it held."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  args = ["--config=configs/tiny.py", f"--config.init_from={other_model}"]
+  args.append("--compile=no" if command == "estimate" else f"--workdir={workdir}")
+  r = subprocess.run(
+    [sys.executable, "-m", f"albert_jax.{command}", *args],
+    cwd=ROOT,
+    env=env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert re.fullmatch(
+    rf"error: init_from={re.escape(str(other_model))} is another model \(.*model.hidden_size: "
+    r"checkpoint 32 != config \d+.*\)",
+    r.stderr.strip().splitlines()[-1],
+  ), r.stderr[-2000:]
+  assert sorted(os.listdir(workdir)) == ["notes.txt"]

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import flax
 import jax
 import numpy as np
 import pytest
@@ -101,10 +102,15 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
   schedule = optim.make_schedule(config.train)
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(config.seed))
-    rates = []
+    rates, grads_finite = [], []
     for b in [good, bad, good, good]:
       state, metrics = trainer.train_step(state, sharding.global_batch(b, mesh))
       rates.append(float(metrics["learning_rate"]))
+      grads_finite.append(jax.device_get(metrics["grads_finite"]))
+  # Which parameters' gradients were not finite, by name (the halt line names them).
+  names = {"/".join(map(str, k)) for k in flax.traverse_util.flatten_dict(state.params)}
+  assert set(grads_finite[1]) == names and all(grads_finite[0].values())
+  assert not grads_finite[1]["albert/embeddings/word_embeddings/embedding"]
   np.testing.assert_allclose(rates, [float(schedule(i)) for i in (0, 1, 1, 2)], rtol=1e-6)
   assert rates[2] > 0 and rates[1] == rates[2]
   # ... and is what the update used: good, bad, good ends where good, good does.
@@ -440,3 +446,96 @@ def test_no_worker_process_left_after_evaluation(tmp_path, data_dir):
     assert proc.wait(timeout=300) == 0, out[-2000:]
   assert before, "the train iterator runs its worker in a child process"
   assert after == before  # three evaluations later: no eval worker left behind
+
+
+def test_isolated_skipped_updates_are_counted_on_the_console(tmp_path, capsys):
+  """The Reporter both loops share: isolated non-finite steps (a NaN at step 3, an Inf gradient norm
+  at steps 6 and 7) are each announced once with the parameters whose gradients are not finite, the
+  progress lines count them, and the run goes on; max_consecutive_skips=3 is not reached."""
+  from albert_jax.metrics import MetricWriter, Reporter
+
+  writer = MetricWriter(str(tmp_path / "tb"))
+  reporter = Reporter(
+    writer,
+    first_step=0,
+    num_steps=10,
+    log_every=2,
+    sequences_per_step=8,
+    tokens_per_sequence=16,
+    flops_per_step=0.0,
+    peak_flops=0.0,
+    halt_on_nonfinite=False,
+    max_consecutive_skips=3,
+  )
+  bad = {3: (float("nan"), 1.0), 6: (2.0, float("inf")), 7: (2.0, float("inf"))}
+  skipped = 0
+  for step in range(1, 11):
+    loss, norm = bad.get(step, (2.0, 1.0))
+    finite = step not in bad
+    skipped += not finite
+    reporter.push(
+      step,
+      {
+        "loss": np.float32(loss),
+        "grad_norm": np.float32(norm),
+        "learning_rate": np.float32(1e-3),
+        "finite": np.bool_(finite),
+        "skipped_updates": np.int32(skipped),
+        "grads_finite": {"albert/embeddings/word": np.bool_(norm == 1.0), "head/bias": True},
+      },
+    )
+  reporter.flush()
+  writer.close()
+  lines = capsys.readouterr().out.splitlines()
+  announced = [l for l in lines if "update skipped" in l]
+  assert announced == [
+    "step 3: loss nan, gradient norm 1: update skipped (train.on_nonfinite=skip; 1 skipped in all)",
+    "step 6: loss 2, gradient norm inf (non-finite gradients in albert/embeddings/word): update "
+    "skipped (train.on_nonfinite=skip; 2 skipped in all)",
+  ]
+  progress = [l for l in lines if l.startswith("step ") and "/10 " in l]
+  assert [l.split()[1] for l in progress] == ["2/10", "4/10", "6/10", "8/10", "10/10"]
+  assert "skipped" not in progress[0] and "| skipped 1" in progress[1]
+  assert progress[2].endswith("| skipped 2 | non-finite: grad_norm")
+  assert progress[-1].endswith("| skipped 3")
+
+
+def test_consecutive_skips_halt_and_on_nonfinite_halt_stop_at_once(tmp_path):
+  from albert_jax.metrics import MetricWriter, Reporter
+
+  def run(halt, max_skips):
+    writer = MetricWriter(str(tmp_path / f"tb{halt}{max_skips}"))
+    reporter = Reporter(
+      writer,
+      first_step=0,
+      num_steps=20,
+      log_every=100,
+      sequences_per_step=8,
+      tokens_per_sequence=16,
+      flops_per_step=0.0,
+      peak_flops=0.0,
+      halt_on_nonfinite=halt,
+      max_consecutive_skips=max_skips,
+    )
+    for step in range(1, 21):
+      finite = step < 5
+      reporter.push(
+        step,
+        {
+          "loss": np.float32(1.0 if finite else np.nan),
+          "grad_norm": np.float32(1.0),
+          "learning_rate": np.float32(1e-3),
+          "finite": np.bool_(finite),
+          "skipped_updates": np.int32(max(0, step - 4)),
+          "grads_finite": {},
+        },
+      )
+    reporter.flush()
+
+  with pytest.raises(FloatingPointError, match=r"^non-finite update at step 5: loss nan"):
+    run(True, 10)
+  with pytest.raises(
+    FloatingPointError, match=r"^4 consecutive updates skipped by step 8 .* the first at step 5: "
+  ):
+    run(False, 4)
+  run(False, 0)  # 0: no limit
