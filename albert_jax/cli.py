@@ -139,7 +139,49 @@ class _Console(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     if any(text in record.getMessage() for text in _ROUTINE):
       return False
+    if not self.verbose and _in_background(record):
+      return False
     return self.verbose or _own(record) or record.levelno >= logging.WARNING
+
+
+# What is raised in a library's thread or event loop (Orbax's background writer, its asyncio reads)
+# is logged under this name: the traceback goes to the log file, and the console keeps the one line
+# the command itself says about what happened (a step set aside, exit 4 on a full disk).
+BACKGROUND_LOGGER = "background"
+
+
+def _in_background(record: logging.LogRecord) -> bool:
+  """A library's report of something raised away from the command's own flow: an event loop's
+  (asyncio's logger), a thread's or an object's finaliser (routed here by _background_to_log), or
+  a traceback a library logs from one of its threads."""
+  if record.name.split(".")[0] in ("asyncio", BACKGROUND_LOGGER):
+    return True
+  return bool(record.exc_info) and record.threadName != "MainThread" and not _own(record)
+
+
+def _background_to_log() -> None:
+  """Exceptions no caller will see (raised in a thread, or while an object is finalised, e.g. a
+  coroutine whose event loop is closed) are logged instead of printed to stderr."""
+  import threading
+
+  logger = logging.getLogger(BACKGROUND_LOGGER)
+
+  def thread_hook(args) -> None:
+    if args.exc_type is SystemExit:
+      return
+    name = args.thread.name if args.thread is not None else "a thread"
+    logger.error("raised in %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+  def unraisable_hook(u) -> None:
+    logger.error(
+      "%s %r",
+      u.err_msg or "Exception ignored in",
+      u.object,
+      exc_info=(u.exc_type, u.exc_value, u.exc_traceback),
+    )
+
+  threading.excepthook = thread_hook
+  sys.unraisablehook = unraisable_hook
 
 
 # The package's own directory: a line logged from a file under it is ours. (Not any path holding
@@ -213,6 +255,7 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   handler.addFilter(_Console(verbose))
   handler.python_handler.setFormatter(_ConsoleFormat())
   logging.getLogger().setLevel(logging.INFO)
+  _background_to_log()
   _log_file.clear()
   if (
     workdir

@@ -260,6 +260,7 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   """One masked example as text. Targets: [MASK](original), a random replacement {shown>original},
   a kept target <original>. Pieces of one word are joined; [SEP] separates the segments."""
   marker = tokenizer_lib.WORD_MARKER
+  shown = lambda i: tokenizer_lib.piece_text(tok.id_to_piece(i))  # noqa: E731
   n = int(features["input_mask"][row].sum())
   k = int(features["masked_lm_weights"][row].sum())
   targets = dict(
@@ -274,12 +275,13 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
     new_word = piece.startswith(marker) or original < examples_lib.NUM_CONTROL_IDS or not out
     text = piece.replace(marker, "")
     if pos in targets:
+      text = shown(original)
       if i == tokenizer_lib.MASK_ID:
         text = f"[MASK]({text})"
       elif i == original:
         text = f"<{text}>"
       else:
-        text = "{" + tok.id_to_piece(i).replace(marker, "") + ">" + text + "}"
+        text = "{" + shown(i) + ">" + text + "}"
     if new_word or (out and out[-1] in ("[CLS]", "[SEP]")):
       out.append(text)
     else:

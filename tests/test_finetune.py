@@ -818,3 +818,35 @@ def test_a_finetuning_run_that_skips_every_update_halts(env, tmp_path, capsys):
   out = capsys.readouterr().out
   assert "update skipped (train.on_nonfinite=skip; 1 skipped in all)" in out
   assert not (tmp_path / "run" / "eval_results.json").exists()
+
+
+@pytest.mark.parametrize("given", ["eval", "test"])
+def test_a_split_given_explicitly_reads_nothing_of_its_own_from_glue_dir(env, tmp_path, given):
+  """MNLI: data.eval_file (or data.test_file) given with data.glue_dir stands alone: glue_dir's
+  mismatched file of that split is neither read (here it is not even MNLI) nor reported missing,
+  while the other splits still come from glue_dir."""
+  rng = np.random.default_rng(2)
+  glue_dir = tmp_path / "MNLI"
+  glue_dir.mkdir()
+  for name, n, test in [
+    ("train.tsv", 16, False),
+    ("dev_matched.tsv", 6, False),
+    ("dev_mismatched.tsv", 7, False),
+    ("test_matched.tsv", 4, True),
+    ("test_mismatched.tsv", 5, True),
+  ]:
+    write_mnli(glue_dir / name, n, rng, test=test)
+  (glue_dir / ("dev_mismatched.tsv" if given == "eval" else "test_mismatched.tsv")).write_text(
+    "not\tMNLI\n"
+  )
+  own = tmp_path / f"own_{given}.tsv"
+  write_mnli(own, 3, rng, test=given == "test")
+  config = _glue_config("task=mnli")
+  config.init_from = str(env / "init")
+  config.data.update({"glue_dir": str(glue_dir), "max_seq_length": 32, f"{given}_file": str(own)})
+  data = finetune.load_data(_resolved(config), glue.GLUE_TASKS["mnli"])
+  other = "test" if given == "eval" else "eval"
+  assert sorted(data) == sorted(["train", given, other, f"{other}_mm"])
+  assert len(data[given][0]["input_ids"]) == 3
+  assert len(data[f"{other}_mm"][0]["input_ids"]) == (5 if other == "test" else 7)
+  assert glue.missing_split(config, f"{given}_mm") == ""

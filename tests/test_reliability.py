@@ -625,3 +625,86 @@ def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_wri
     r.stderr.strip().splitlines()[-1],
   ), r.stderr[-2000:]
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
+
+
+BACKGROUND_PROBE = """
+import asyncio, gc, logging, sys, threading
+from absl import app
+from albert_jax import cli
+
+
+def writer():
+  raise RuntimeError("RESOURCE_EXHAUSTED: a background writer's failure")
+
+
+async def read():
+  raise ValueError("NOT_FOUND: an event loop's task that nobody awaited")
+
+
+class Finalised:
+  def __del__(self):
+    raise RuntimeError("Event loop is closed in a finaliser")
+
+
+def library():
+  try:
+    raise OSError("a library's own traceback from its thread")
+  except OSError:
+    logging.getLogger("orbax.checkpoint").exception("async save failed")
+
+
+def main(argv):
+  print(cli.setup_logging("probe", argv[1]), flush=True)
+  t = threading.Thread(target=writer, name="writer")
+  t.start()
+  t.join()
+  loop = asyncio.new_event_loop()
+  task = loop.create_task(read())
+  loop.run_until_complete(asyncio.sleep(0.01))
+  loop.close()
+  del task
+  gc.collect()
+  Finalised()
+  gc.collect()
+  t = threading.Thread(target=library)
+  t.start()
+  t.join()
+  logging.getLogger("orbax.checkpoint").warning("a library warning on the main thread")
+  print("done", flush=True)
+
+
+cli.define_verbose()
+app.run(main, flags_parser=cli.parse_flags)
+"""
+BACKGROUND_MESSAGES = [
+  "RESOURCE_EXHAUSTED: a background writer's failure",
+  "NOT_FOUND: an event loop's task that nobody awaited",
+  "Event loop is closed in a finaliser",
+  "a library's own traceback from its thread",
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_what_libraries_raise_in_threads_and_event_loops_goes_to_the_log_file(tmp_path, verbose):
+  """Whatever a library raises away from the command's flow (a thread, an asyncio task nobody
+  awaited, a finaliser, a traceback logged from a library's thread) reaches the log file with its
+  traceback and stays off the console (unless --verbose); the command's own lines and a library's
+  warning on the main thread still show."""
+  r = subprocess.run(
+    [sys.executable, "-c", BACKGROUND_PROBE, str(tmp_path), *(["--verbose"] if verbose else [])],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  log_path, done = r.stdout.split()
+  assert done == "done"
+  console = r.stdout + r.stderr
+  log = open(log_path).read()
+  for message in BACKGROUND_MESSAGES:
+    assert message in log, message
+    assert (message in console) == verbose, console
+  assert log.count("Traceback") >= len(BACKGROUND_MESSAGES)
+  assert ("Traceback" in console) == verbose
+  assert "a library warning on the main thread" in r.stderr
