@@ -292,6 +292,20 @@ def test_resume_is_exact(env, run, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _finetune_args(env, workdir):
+  """python -m albert_jax.finetune on the synthetic SST-2 from the tiny export, batch 16."""
+  return [
+    sys.executable,
+    "-m",
+    "albert_jax.finetune",
+    "--config=configs/finetune/glue.py:task=sst2",
+    f"--workdir={workdir}",
+    f"--config.init_from={env / 'init'}",
+    f"--config.data.glue_dir={env / 'glue'}",
+    "--config.train.batch_size=16",
+  ]
+
+
 def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   """A preemption notice mid-seed: the step is saved whole and the command ends with status 0."""
   import signal
@@ -299,15 +313,8 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   workdir = tmp_path / "run"
   proc = subprocess.Popen(
     [
-      sys.executable,
-      "-m",
-      "albert_jax.finetune",
-      "--config=configs/finetune/glue.py:task=sst2",
-      f"--workdir={workdir}",
-      f"--config.init_from={env / 'init'}",
-      f"--config.data.glue_dir={env / 'glue'}",
+      *_finetune_args(env, workdir),
       "--config.data.max_seq_length=32",
-      "--config.train.batch_size=16",
       "--config.train.num_steps=100000",
       "--config.train.log_every=1",
       "--config.train.eval_every=100000",
@@ -753,14 +760,7 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
 def _finetune_cli(env, workdir, *extra):
   return subprocess.run(
     [
-      sys.executable,
-      "-m",
-      "albert_jax.finetune",
-      "--config=configs/finetune/glue.py:task=sst2",
-      f"--workdir={workdir}",
-      f"--config.init_from={env / 'init'}",
-      f"--config.data.glue_dir={env / 'glue'}",
-      "--config.train.batch_size=16",
+      *_finetune_args(env, workdir),
       "--config.train.num_steps=4",
       "--config.train.warmup_steps=1",
       "--config.train.log_every=2",

@@ -575,27 +575,19 @@ def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, ca
 
 
 @pytest.fixture(scope="module")
-def other_model(tmp_path_factory):
-  """A Hugging Face ALBERT directory (64 positions, H=32) that configs/tiny.py is not."""
-  from albert_jax import config_lib, hf, model as M, tokenizer as tokenizer_lib
-  from tests.conftest import pydoc_sentences
+def other_model(tmp_path_factory, spm_model_path):
+  """A Hugging Face ALBERT directory of the tests' shrunken model (H=64), which configs/tiny.py is
+  not."""
+  from albert_jax import config_lib, hf, model as M
+  from tests.conftest import MODEL
 
-  root = tmp_path_factory.mktemp("other")
-  spm = tokenizer_lib.train(pydoc_sentences()[:500], str(root / "spm" / "spiece.model"), 100)
   c = config_lib.base_config().model
-  c.update(
-    vocab_size=100,
-    embedding_size=16,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-  )
+  c.update(MODEL)
   cfg = M.model_config(c)
   params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
-  hf.save_hf(params, cfg, str(root / "init"), spm)
-  return root / "init"
+  path = tmp_path_factory.mktemp("other") / "init"
+  hf.save_hf(params, cfg, str(path), spm_model_path)
+  return path
 
 
 @pytest.mark.parametrize("command", ["main", "prepare", "estimate"])
@@ -621,7 +613,7 @@ def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_wri
   assert r.returncode == 2, r.stderr[-2000:]
   assert re.fullmatch(
     rf"error: init_from={re.escape(str(other_model))} is another model \(.*model.hidden_size: "
-    r"checkpoint 32 != config \d+.*\)",
+    r"checkpoint 64 != config \d+.*\)",
     r.stderr.strip().splitlines()[-1],
   ), r.stderr[-2000:]
   assert sorted(os.listdir(workdir)) == ["notes.txt"]

@@ -133,15 +133,17 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
   ids = list(range(examples.NUM_CONTROL_IDS, tok.vocab_size))
   bare = [i for i in ids if set(tok.id_to_piece(i)) == {tokenizer.WORD_MARKER}]
   assert bare, "the vocabulary has a bare word-marker piece"
-  n = len(ids)
-  features = {
-    "input_ids": np.asarray([[tokenizer.MASK_ID] * n]),
-    "input_mask": np.ones((1, n), np.int32),
-    "masked_lm_positions": np.arange(n)[None],
-    "masked_lm_ids": np.asarray([ids]),
-    "masked_lm_weights": np.ones((1, n), np.float32),
-  }
-  text = input_pipeline.render_example(tok, features, 0)
-  assert "[MASK]()" not in text and text.count("[MASK](") == n
-  assert "[MASK](\u2581)" in text
+
+  def masked(i):  # [CLS] [MASK] [SEP] with piece i the target
+    return {
+      "input_ids": np.asarray([[tokenizer.CLS_ID, tokenizer.MASK_ID, tokenizer.SEP_ID]]),
+      "input_mask": np.ones((1, 3), np.int32),
+      "masked_lm_positions": np.asarray([[1]]),
+      "masked_lm_ids": np.asarray([[i]]),
+      "masked_lm_weights": np.ones((1, 1), np.float32),
+    }
+
+  shown = {i: input_pipeline.render_example(tok, masked(i), 0).split(" ")[1] for i in ids}
+  assert all(text.startswith("[MASK](") and len(text) > len("[MASK]()") for text in shown.values())
+  assert {shown[i] for i in bare} == {"[MASK](\u2581)"}
   assert all(tokenizer.piece_text(tok.id_to_piece(i)) for i in ids)

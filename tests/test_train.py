@@ -448,25 +448,30 @@ def test_no_worker_process_left_after_evaluation(tmp_path, data_dir):
   assert after == before  # three evaluations later: no eval worker left behind
 
 
-def test_isolated_skipped_updates_are_counted_on_the_console(tmp_path, capsys):
-  """The Reporter both loops share: isolated non-finite steps (a NaN at step 3, an Inf gradient norm
-  at steps 6 and 7) are each announced once with the parameters whose gradients are not finite, the
-  progress lines count them, and the run goes on; max_consecutive_skips=3 is not reached."""
+def _reporter(tmp_path, num_steps, log_every, halt, max_skips):
   from albert_jax.metrics import MetricWriter, Reporter
 
-  writer = MetricWriter(str(tmp_path / "tb"))
+  writer = MetricWriter(str(tmp_path / f"tb-{halt}-{max_skips}"))
   reporter = Reporter(
     writer,
     first_step=0,
-    num_steps=10,
-    log_every=2,
+    num_steps=num_steps,
+    log_every=log_every,
     sequences_per_step=8,
     tokens_per_sequence=16,
     flops_per_step=0.0,
     peak_flops=0.0,
-    halt_on_nonfinite=False,
-    max_consecutive_skips=3,
+    halt_on_nonfinite=halt,
+    max_consecutive_skips=max_skips,
   )
+  return writer, reporter
+
+
+def test_isolated_skipped_updates_are_counted_on_the_console(tmp_path, capsys):
+  """The Reporter both loops share: isolated non-finite steps (a NaN at step 3, an Inf gradient norm
+  at steps 6 and 7) are each announced once with the parameters whose gradients are not finite, the
+  progress lines count them, and the run goes on; max_consecutive_skips=3 is not reached."""
+  writer, reporter = _reporter(tmp_path, 10, 2, halt=False, max_skips=3)
   bad = {3: (float("nan"), 1.0), 6: (2.0, float("inf")), 7: (2.0, float("inf"))}
   skipped = 0
   for step in range(1, 11):
@@ -501,22 +506,8 @@ def test_isolated_skipped_updates_are_counted_on_the_console(tmp_path, capsys):
 
 
 def test_consecutive_skips_halt_and_on_nonfinite_halt_stop_at_once(tmp_path):
-  from albert_jax.metrics import MetricWriter, Reporter
-
   def run(halt, max_skips):
-    writer = MetricWriter(str(tmp_path / f"tb{halt}{max_skips}"))
-    reporter = Reporter(
-      writer,
-      first_step=0,
-      num_steps=20,
-      log_every=100,
-      sequences_per_step=8,
-      tokens_per_sequence=16,
-      flops_per_step=0.0,
-      peak_flops=0.0,
-      halt_on_nonfinite=halt,
-      max_consecutive_skips=max_skips,
-    )
+    _, reporter = _reporter(tmp_path, 20, 100, halt, max_skips)
     for step in range(1, 21):
       finite = step < 5
       reporter.push(
