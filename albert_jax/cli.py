@@ -124,8 +124,16 @@ def define_verbose() -> None:
 
 
 # Orbax warnings that describe how albert_jax uses it, not a problem: a save between evaluations has
-# no eval metrics; the read-only look at a workdir's steps before anything is written.
-_ROUTINE = ("did not provide metrics", "read_only=True", "Given directory is read only")
+# no eval metrics; the read-only look at a workdir's steps before anything is written; a damaged step
+# being tried.
+_ROUTINE = (
+  "did not provide metrics",
+  "read_only=True",
+  "Given directory is read only",
+  # Orbax reading a step whose files are missing: the trainer's own line says the step is set aside.
+  "Metadata file does not exist",
+  "Failed to get item metadata from directory",
+)
 
 
 class _Console(logging.Filter):
@@ -153,10 +161,11 @@ BACKGROUND_LOGGER = "background"
 def _in_background(record: logging.LogRecord) -> bool:
   """A library's report of something raised away from the command's own flow: an event loop's
   (asyncio's logger), a thread's or an object's finaliser (routed here by _background_to_log), or
-  a traceback a library logs from one of its threads."""
+  a traceback a library logs itself (Orbax's "Save Finalize thread failed" when its writer hit a
+  full disk): what matters of it reaches the command, which says it in its own line."""
   if record.name.split(".")[0] in ("asyncio", BACKGROUND_LOGGER):
     return True
-  return bool(record.exc_info) and record.threadName != "MainThread" and not _own(record)
+  return bool(record.exc_info) and not _own(record)
 
 
 def _background_to_log() -> None:
@@ -245,6 +254,14 @@ def prints_to_log(library: str):
 _log_file: list[str] = []
 
 
+class _LogFile(logging.FileHandler):
+  """The log file's handler. A line it cannot write (the disk is full, and the command says so in
+  its own line) is dropped, not reported as a "Logging error" with a traceback on stderr."""
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    pass
+
+
 def setup_logging(command: str, workdir: str | None = None) -> str | None:
   """Console: warnings and errors only (INFO too with --verbose); everything at INFO also goes to
   <workdir>/logs/<command>-<UTC time>.log when there is a local workdir. Returns the log's path."""
@@ -268,7 +285,7 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
       path = os.path.join(
         logs, f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
       )
-      file_handler = logging.FileHandler(path, encoding="utf-8")
+      file_handler = _LogFile(path, encoding="utf-8")
       file_handler.setLevel(logging.INFO)
       file_handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
