@@ -9,7 +9,8 @@ stderr and one exit status:
      stderr with --verbose
   2  bad input: a flag, config value, file or data that cannot be used, a workdir of another model
      or in use by another run, a workdir whose checkpoints are all damaged
-  3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt)
+  3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt, or
+     train.max_consecutive_skips skipped updates in a row)
   4  an environment fault: no space left on the device, a lost peer host, another OS error
   5  estimate: the config, as given, does not fit the memory of the slice it was compiled for
   130  interrupted (Ctrl-C, SIGINT)
