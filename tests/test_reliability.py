@@ -1,6 +1,7 @@
 """Reliability on real Orbax checkpoints, real processes and real disks: damaged checkpoints set aside,
 one trainer per workdir, a full disk, one-line errors with one exit-code policy, a quiet console."""
 
+import contextlib
 import errno
 import json
 import os
@@ -187,6 +188,18 @@ def run_main(tmp_path, workdir, data_dir, *extra, **train_fields):
   )
 
 
+def run_command(tmp_path, command, *args):
+  """python -m albert_jax.<command> args, as people run it."""
+  return subprocess.run(
+    [sys.executable, "-m", f"albert_jax.{command}", *args],
+    cwd=ROOT,
+    env=env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+
+
 @pytest.mark.slow
 def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   workdir = str(tmp_path / "w")
@@ -303,16 +316,24 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 # --- a full disk ---------------------------------------------------------------------------------------
 
 
-def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
+@contextlib.contextmanager
+def small_tmpfs(tmp_path, size: str):
+  """A tmpfs of `size` at tmp_path/small (a disk that fills), unmounted afterwards; skips the test
+  where mounting is not permitted."""
   if os.geteuid() != 0:
     pytest.skip("mounting a tmpfs needs root")
   mnt = tmp_path / "small"
   mnt.mkdir()
-  if (
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)]).returncode != 0
-  ):
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
     pytest.skip("mount -t tmpfs is not permitted here")
   try:
+    yield mnt
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
+  with small_tmpfs(tmp_path, "1500k") as mnt:
     rng = np.random.default_rng(0)  # random floats do not compress: 1 MiB a step
     abstract = {"w": jax.ShapeDtypeStruct((262144,), jnp.float32), "step": ABSTRACT["step"]}
     first = {"w": jnp.asarray(rng.standard_normal(262144, np.float32)), "step": jnp.int32(1)}
@@ -329,8 +350,6 @@ def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
       step, state, data = again.restore_sound(abstract)
     assert step == 1 and data == {"position": 1}
     np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(first["w"]))
-  finally:
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def _enospc(*_, **__):
@@ -512,29 +531,15 @@ def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_
 
 
 def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
-  if os.geteuid() != 0:
-    pytest.skip("mounting a tmpfs needs root")
-  mnt = tmp_path / "small"
-  mnt.mkdir()
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)]).returncode != 0:
-    pytest.skip("mount -t tmpfs is not permitted here")
-  try:
-    r = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "albert_jax.prepare",
-        "--config=configs/tiny.py",
-        f"--workdir={tmp_path / 'w'}",
-        "--config.model.vocab_size=1000",
-        "--config.data.max_documents=400",
-        f"--config.data.data_dir={mnt}/data",
-      ],
-      cwd=ROOT,
-      env=env(tmp_path),
-      capture_output=True,
-      text=True,
-      timeout=600,
+  with small_tmpfs(tmp_path, "200k") as mnt:
+    r = run_command(
+      tmp_path,
+      "prepare",
+      "--config=configs/tiny.py",
+      f"--workdir={tmp_path / 'w'}",
+      "--config.model.vocab_size=1000",
+      "--config.data.max_documents=400",
+      f"--config.data.data_dir={mnt}/data",
     )
     assert r.returncode == 4, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
@@ -543,8 +548,6 @@ def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
     )
     assert "Traceback" not in r.stderr
     assert not os.path.exists(mnt / "data")  # no half-built dataset in place
-  finally:
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 @pytest.mark.slow
@@ -554,13 +557,7 @@ def test_training_into_a_full_tmpfs_is_one_line_exit_4_without_library_traceback
   """The trainer's checkpoints fill a small disk: exit 4 and the one line naming the save. What
   Orbax's background writer raised (and the traceback Orbax logs of it) stays in the log file, and a
   log file that cannot be written on the full disk prints no "Logging error" either."""
-  if os.geteuid() != 0:
-    pytest.skip("mounting a tmpfs needs root")
-  mnt = tmp_path / "small"
-  mnt.mkdir()
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)]).returncode != 0:
-    pytest.skip("mount -t tmpfs is not permitted here")
-  try:
+  with small_tmpfs(tmp_path, "3m") as mnt:
     r = run_main(tmp_path, str(mnt / "w"), data_dir, num_steps=40, checkpoint_every=1)
     assert r.returncode == 4, r.stdout[-1000:] + r.stderr[-2000:]
     errors = [l for l in r.stderr.splitlines() if l.strip()]
@@ -568,8 +565,6 @@ def test_training_into_a_full_tmpfs_is_one_line_exit_4_without_library_traceback
     assert not [
       l for l in errors[:-1] if re.match(r"([EW]\d{4} |Traceback|\s+File |\w+Error)", l)
     ], r.stderr
-  finally:
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 # --- the console -----------------------------------------------------------------------------------
@@ -639,14 +634,7 @@ def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_wri
   (workdir / "notes.txt").write_text("mine")
   args = ["--config=configs/tiny.py", f"--config.init_from={other_model}"]
   args.append("--compile=no" if command == "estimate" else f"--workdir={workdir}")
-  r = subprocess.run(
-    [sys.executable, "-m", f"albert_jax.{command}", *args],
-    cwd=ROOT,
-    env=env(tmp_path),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  r = run_command(tmp_path, command, *args)
   assert r.returncode == 2, r.stderr[-2000:]
   assert re.fullmatch(
     rf"error: init_from={re.escape(str(other_model))} is another model \(.*model.hidden_size: "
