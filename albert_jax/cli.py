@@ -9,7 +9,8 @@ stderr and one exit status:
      stderr with --verbose
   2  bad input: a flag, config value, file or data that cannot be used, a workdir of another model
      or in use by another run, a workdir whose checkpoints are all damaged
-  3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt)
+  3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt, or
+     train.max_consecutive_skips skipped updates in a row)
   4  an environment fault: no space left on the device, a lost peer host, another OS error
   5  estimate: the config, as given, does not fit the memory of the slice it was compiled for
   130  interrupted (Ctrl-C, SIGINT)
@@ -124,8 +125,16 @@ def define_verbose() -> None:
 
 
 # Orbax warnings that describe how albert_jax uses it, not a problem: a save between evaluations has
-# no eval metrics; the read-only look at a workdir's steps before anything is written.
-_ROUTINE = ("did not provide metrics", "read_only=True", "Given directory is read only")
+# no eval metrics; the read-only look at a workdir's steps before anything is written; a damaged step
+# being tried.
+_ROUTINE = (
+  "did not provide metrics",
+  "read_only=True",
+  "Given directory is read only",
+  # Orbax reading a step whose files are missing: the trainer's own line says the step is set aside.
+  "Metadata file does not exist",
+  "Failed to get item metadata from directory",
+)
 
 
 class _Console(logging.Filter):
@@ -139,7 +148,50 @@ class _Console(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     if any(text in record.getMessage() for text in _ROUTINE):
       return False
+    if not self.verbose and _in_background(record):
+      return False
     return self.verbose or _own(record) or record.levelno >= logging.WARNING
+
+
+# What is raised in a library's thread or event loop (Orbax's background writer, its asyncio reads)
+# is logged under this name: the traceback goes to the log file, and the console keeps the one line
+# the command itself says about what happened (a step set aside, exit 4 on a full disk).
+BACKGROUND_LOGGER = "background"
+
+
+def _in_background(record: logging.LogRecord) -> bool:
+  """A library's report of something raised away from the command's own flow: an event loop's
+  (asyncio's logger), a thread's or an object's finaliser (routed here by _background_to_log), or
+  a traceback a library logs itself (Orbax's "Save Finalize thread failed" when its writer hit a
+  full disk): what matters of it reaches the command, which says it in its own line."""
+  if record.name.split(".")[0] in ("asyncio", BACKGROUND_LOGGER):
+    return True
+  return bool(record.exc_info) and not _own(record)
+
+
+def _background_to_log() -> None:
+  """Exceptions no caller will see (raised in a thread, or while an object is finalised, e.g. a
+  coroutine whose event loop is closed) are logged instead of printed to stderr."""
+  import threading
+
+  logger = logging.getLogger(BACKGROUND_LOGGER)
+
+  def thread_hook(args) -> None:
+    if args.exc_type is SystemExit:
+      return
+    name = args.thread.name if args.thread is not None else "a thread"
+    logger.error("raised in %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+  def unraisable_hook(u) -> None:
+    logger.error(
+      "%s %r",
+      u.err_msg or "Exception ignored in",
+      u.object,
+      exc_info=(u.exc_type, u.exc_value, u.exc_traceback),
+    )
+
+  threading.excepthook = thread_hook
+  sys.unraisablehook = unraisable_hook
 
 
 # The package's own directory: a line logged from a file under it is ours. (Not any path holding
@@ -203,6 +255,14 @@ def prints_to_log(library: str):
 _log_file: list[str] = []
 
 
+class _LogFile(logging.FileHandler):
+  """The log file's handler. A line it cannot write (the disk is full, and the command says so in
+  its own line) is dropped, not reported as a "Logging error" with a traceback on stderr."""
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    pass
+
+
 def setup_logging(command: str, workdir: str | None = None) -> str | None:
   """Console: warnings and errors only (INFO too with --verbose); everything at INFO also goes to
   <workdir>/logs/<command>-<UTC time>.log when there is a local workdir. Returns the log's path."""
@@ -213,6 +273,7 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   handler.addFilter(_Console(verbose))
   handler.python_handler.setFormatter(_ConsoleFormat())
   logging.getLogger().setLevel(logging.INFO)
+  _background_to_log()
   _log_file.clear()
   if (
     workdir
@@ -225,7 +286,7 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
       path = os.path.join(
         logs, f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
       )
-      file_handler = logging.FileHandler(path, encoding="utf-8")
+      file_handler = _LogFile(path, encoding="utf-8")
       file_handler.setLevel(logging.INFO)
       file_handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -138,8 +138,12 @@ def base_config() -> ml_collections.ConfigDict:
       beta1=0.9,
       beta2=0.999,
       epsilon=1e-6,
-      clip_norm=1.0,
-      on_nonfinite="skip",  # skip (and count) | halt
+      clip_norm=1.0,  # global-norm gradient clipping; 0 turns it off
+      # A step whose loss or gradient norm is not finite: skip (its update is dropped and counted) |
+      # halt (exit 3). A skipping run that cannot recover still halts after this many skipped steps
+      # in a row (0: never).
+      on_nonfinite="skip",
+      max_consecutive_skips=10,
       log_every=100,
       eval_every=5000,
       eval_steps=100,
@@ -201,6 +205,9 @@ def finetune_base_config() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict(
     dict(
       name="",  # a GLUE task (cola, sst2, ...), classification, regression, squad_v1/v2, race
+      # The task's sequence length (Table 14), used when data.max_seq_length is 0 (not set) and then
+      # capped to the model's max_position_embeddings.
+      max_seq_length=512,
       kind="classification",  # classification | regression | squad_v1 | squad_v2 | race
       metric="accuracy",  # the eval metric that picks each seed's best checkpoint
       classifier_dropout=0.1,
@@ -226,7 +233,9 @@ def finetune_base_config() -> ml_collections.ConfigDict:
       labels="",  # classification: the label set, comma-separated ("" for GLUE tasks)
       spm_model_path="",  # "" takes init_from's vocabulary
       do_lower_case=True,
-      max_seq_length=512,
+      # 0: the task's (task.max_seq_length, capped to the model's positions); a value set here must
+      # fit in the model's positions.
+      max_seq_length=0,
       # SQuAD and RACE.
       doc_stride=128,
       max_query_length=64,
@@ -236,50 +245,6 @@ def finetune_base_config() -> ml_collections.ConfigDict:
   c.mesh = base.mesh
   c.distributed = base.distributed
   return c
-
-
-def validate_finetune(config) -> None:
-  """Validates a fine-tuning config before anything is read, compiled or written."""
-  _check(
-    isinstance(config.seed, int) and 0 <= config.seed < 2**31,
-    f"seed={config.seed!r} must be an integer in [0, 2**31)",
-  )
-  _check(config.seeds >= 1, f"seeds={config.seeds} must be >= 1")
-  _check(
-    bool(config.init_from),
-    "init_from is required: a pretraining workdir, a --format=jax export "
-    "or a Hugging Face ALBERT directory",
-  )
-  validate_model(config.model)
-  validate_train(config.train)
-  t, d = config.task, config.data
-  _check(t.kind in FINETUNE_KINDS, f"task.kind={t.kind!r} is not one of {FINETUNE_KINDS}")
-  _check(
-    0.0 <= t.classifier_dropout < 1.0,
-    f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}",
-  )
-  for k in ("n_best_size", "max_answer_length"):
-    _check(
-      isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 1,
-      f"task.{k} must be a positive integer, got {t[k]!r}",
-    )
-  threshold = t.null_score_diff_threshold
-  _check(
-    isinstance(threshold, (int, float))
-    and not isinstance(threshold, bool)
-    and math.isfinite(threshold),
-    f"task.null_score_diff_threshold must be a finite number, got {threshold!r}",
-  )
-  _check(
-    8 <= d.max_seq_length <= config.model.max_position_embeddings,
-    f"data.max_seq_length={d.max_seq_length} must be in [8, model.max_position_embeddings="
-    f"{config.model.max_position_embeddings}]",
-  )
-  for axis in ("data", "fsdp", "tensor"):
-    _check(
-      config.mesh[axis] == -1 or config.mesh[axis] >= 1,
-      f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer",
-    )
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -422,13 +387,20 @@ def validate_model(m) -> None:
   _check(m.layer_norm_eps > 0, f"model.layer_norm_eps must be positive, got {m.layer_norm_eps!r}")
 
 
-def validate_data(d, model) -> None:
+def _validate_sequence_length(d, model) -> None:
+  """A sequence must fit in the position table: a position beyond it would be gathered out of range
+  (NaN or another row in jax's default gather mode), so training would run on garbage."""
   _check(d.max_seq_length >= 8, f"data.max_seq_length={d.max_seq_length} is too short (minimum 8)")
   _check(
     d.max_seq_length <= model.max_position_embeddings,
-    f"data.max_seq_length={d.max_seq_length} exceeds model.max_position_embeddings="
-    f"{model.max_position_embeddings}",
+    f"data.max_seq_length={d.max_seq_length} exceeds the model's max_position_embeddings="
+    f"{model.max_position_embeddings}; set --config.data.max_seq_length="
+    f"{model.max_position_embeddings} or less",
   )
+
+
+def validate_data(d, model) -> None:
+  _validate_sequence_length(d, model)
   _check(
     0 < d.max_predictions_per_seq <= d.max_seq_length,
     f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]",
@@ -459,18 +431,23 @@ def validate_data(d, model) -> None:
 
 
 def validate_train(t) -> None:
-  _check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
-  _check(t.micro_batches >= 1, f"train.micro_batches={t.micro_batches} must be >= 1")
-  _check(
-    t.batch_size % t.micro_batches == 0,
-    f"train.micro_batches={t.micro_batches} does not divide train.batch_size={t.batch_size}",
-  )
   _check(t.num_steps >= 0, f"train.num_steps={t.num_steps} must be >= 0")
   _check(0 <= t.warmup_steps, f"train.warmup_steps={t.warmup_steps} must be >= 0")
-  _check(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be positive")
+  _check(
+    math.isfinite(t.learning_rate) and t.learning_rate > 0,
+    f"train.learning_rate={t.learning_rate} must be a positive number",
+  )
   _check(t.optimizer in OPTIMIZERS, f"train.optimizer={t.optimizer!r} is not one of {OPTIMIZERS}")
   _check(
+    math.isfinite(t.clip_norm) and t.clip_norm >= 0,
+    f"train.clip_norm={t.clip_norm} must be >= 0 (0 turns clipping off)",
+  )
+  _check(
     t.on_nonfinite in ("skip", "halt"), f"train.on_nonfinite={t.on_nonfinite!r} is not skip or halt"
+  )
+  _check(
+    t.max_consecutive_skips >= 0,
+    f"train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0 (0: no limit)",
   )
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _check(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
@@ -483,19 +460,90 @@ def validate_train(t) -> None:
 
 
 def validate(config) -> None:
-  """Validates a whole config before anything is compiled or written."""
+  """The one validation of a config, pretraining's or fine-tuning's (one with a `task`).
+
+  Every command calls it on the fully resolved config (the variant, the overrides, init_from's
+  architecture and vocabulary, the task's defaults), before anything is prepared, written or traced:
+  a check on a half-resolved config passes what the finished one cannot run. Raises ConfigError with
+  a one-line message. What needs the devices (the batch over the mesh) is check_batch_split's."""
   _check(
     isinstance(config.seed, int) and 0 <= config.seed < 2**31,
     f"seed={config.seed!r} must be an integer in [0, 2**31)",
   )
   validate_model(config.model)
-  validate_data(config.data, config.model)
+  if "task" in config:
+    _validate_finetune(config)
+  else:
+    validate_data(config.data, config.model)
   validate_train(config.train)
+  check_batch_split(config.train)
   for axis in ("data", "fsdp", "tensor"):
     _check(
       config.mesh[axis] == -1 or config.mesh[axis] >= 1,
       f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer",
     )
+
+
+def _validate_finetune(config) -> None:
+  _check(config.seeds >= 1, f"seeds={config.seeds} must be >= 1")
+  _check(
+    bool(config.init_from),
+    "init_from is required: a pretraining workdir, a --format=jax export "
+    "or a Hugging Face ALBERT directory",
+  )
+  t, d = config.task, config.data
+  _check(t.kind in FINETUNE_KINDS, f"task.kind={t.kind!r} is not one of {FINETUNE_KINDS}")
+  _check(
+    0.0 <= t.classifier_dropout < 1.0,
+    f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}",
+  )
+  for k in ("n_best_size", "max_answer_length"):
+    _check(
+      isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 1,
+      f"task.{k} must be a positive integer, got {t[k]!r}",
+    )
+  threshold = t.null_score_diff_threshold
+  _check(
+    isinstance(threshold, (int, float))
+    and not isinstance(threshold, bool)
+    and math.isfinite(threshold),
+    f"task.null_score_diff_threshold must be a finite number, got {threshold!r}",
+  )
+  _validate_sequence_length(d, config.model)
+
+
+def check_batch_split(train, data_parallel: int = 1, processes: int = 1) -> None:
+  """The batch rule, once: train.batch_size splits into train.micro_batches equal micro-batches,
+  each of which splits over the `data_parallel` devices (mesh data x fsdp), and the batch over the
+  `processes` (each host loads its own share)."""
+  b, micro = train.batch_size, train.micro_batches
+  _check(b > 0, f"train.batch_size={b} must be positive")
+  _check(micro >= 1, f"train.micro_batches={micro} must be >= 1")
+  _check(b % micro == 0, f"train.micro_batches={micro} does not divide train.batch_size={b}")
+  _check(
+    (b // micro) % data_parallel == 0,
+    f"train.batch_size={b}"
+    + (f" / train.micro_batches={micro}" if micro > 1 else "")
+    + f" is not divisible by the {data_parallel} data-parallel devices (mesh data x fsdp)",
+  )
+  _check(b % processes == 0, f"train.batch_size={b} is not divisible by the {processes} processes")
+
+
+def resolve_sequence_length(config, announce) -> None:
+  """Fine-tuning: data.max_seq_length 0 (not set) becomes the task's (task.max_seq_length), capped
+  to the model's positions with `announce`d line; a length the user set is left for validate, which
+  refuses one beyond the positions."""
+  if config.data.max_seq_length:
+    return
+  positions = config.model.max_position_embeddings
+  length = config.task.max_seq_length
+  if length > positions:
+    announce(
+      f"data.max_seq_length: the task's {length} capped to the model's max_position_embeddings="
+      f"{positions}"
+    )
+    length = positions
+  config.data.max_seq_length = length
 
 
 def make(arg=None, **model_fields) -> ml_collections.ConfigDict:

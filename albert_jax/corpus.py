@@ -26,11 +26,12 @@ import dataclasses
 import glob
 import gzip
 import hashlib
+import io
 import os
 import re
 import sysconfig
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from albert_jax.config_lib import ConfigError
 
@@ -171,29 +172,39 @@ def _file_range_documents(
   non_utf8: str,
   stats: CorpusStats,
   progress_base: int = 0,
+  text: bytes | None = None,
 ) -> Iterator[list[str]]:
   """Documents of one text file that begin in bytes [start, end) (end None: to the end), at most
-  max_docs of them (0: all); first_line is the number of lines before `start`.
+  max_docs of them (0: all); first_line is the number of lines before `start`. `text`: those bytes
+  already read (a .gz shard streamed to its worker by with_shard_text), the file is not opened.
 
   A document is a run of lines that are not blank (ASCII whitespace only), so shards() finds the
   boundaries without decoding; its sentences are the lines that decode as UTF-8 and are not empty
   once stripped. A document left with no sentence is yielded as [] (it still takes its place).
   """
-  raw = _open(path)
+  raw = io.BytesIO(text) if text is not None else _open(path)
   with raw:
-    stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
-    if start:
+    gz = path.endswith(".gz") and text is None
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+    # A plain file is entered at `start`; a gzip stream cannot be, so it is read from its beginning
+    # and the lines before `start` (offsets in the uncompressed text) are passed over one by one.
+    if start and not gz and text is None:
       raw.seek(start)
-    pos, lineno, emitted, doc, in_doc = start, first_line, 0, [], False
+    pos, lineno = (0, 0) if gz else (start, first_line)
+    emitted, doc, in_doc = 0, [], False
 
     def finish():
       stats.documents += bool(doc)
       stats.sentences += len(doc)
-      stats.progress_done = progress_base + raw.tell()
+      stats.progress_done = progress_base + (raw.tell() if text is None else pos)
       return doc
 
     try:
       for line in stream:
+        if pos < start:
+          pos += len(line)
+          lineno += 1
+          continue
         if end is not None and pos >= end and not in_doc:
           break
         pos += len(line)
@@ -512,8 +523,10 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
 
   The cut depends only on the corpus and the two sizes, never on how many workers read it, so
   the examples made from each shard are the same whatever the parallelism. Text files are cut
-  at document boundaries every ~shard_bytes (a .gz file, which cannot be entered in the middle,
-  is one shard) by a scan that reads bytes without decoding them; TFDS datasets and the built-in
+  at document boundaries every ~shard_bytes of text by a scan that reads bytes without decoding
+  them, so one large file is many shards and a worker's memory does not grow with it; a .gz file is
+  cut the same way in its uncompressed text (its shards read by streaming through the ones before
+  them, since a gzip stream cannot be entered in the middle); TFDS datasets and the built-in
   corpus every shard_documents documents. Each shard records the global index of its first
   document (which decides the eval split) and how many documents it holds (data.max_documents
   is applied here).
@@ -542,7 +555,7 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
               in_doc = False
               if total + docs >= limit:
                 break
-              if pos - start >= shard_bytes and not path.endswith(".gz"):
+              if pos - start >= shard_bytes:
                 add(kind=kind, path=path, start=start, end=pos, first_line=start_line, docs=docs)
                 total += docs
                 start, start_line, docs = pos, lineno, 0
@@ -553,7 +566,7 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
           raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
         docs += in_doc
         if docs:
-          add(kind=kind, path=path, start=start, end=None, first_line=start_line, docs=docs)
+          add(kind=kind, path=path, start=start, end=pos, first_line=start_line, docs=docs)
           total += docs
   else:
     if kind == "tfds":
@@ -587,6 +600,7 @@ def shard_documents(
       shard["docs"],
       data.non_utf8,
       stats,
+      text=shard.get("text"),
     )
   elif shard["kind"] == "builtin":
     it = iter(shard["documents"])
@@ -599,3 +613,49 @@ def shard_documents(
   for doc in it:
     yield index, doc
     index += 1
+
+
+def _is_gz_shard(x) -> bool:
+  return isinstance(x, dict) and x.get("kind") == "files" and x["path"].endswith(".gz")
+
+
+def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
+  """The jobs in order, each .gz shard in them given its text: one stream through each .gz file
+  reads its shards' byte ranges in turn, so no worker streams through the shards before its own
+  (a gzip stream cannot be entered in the middle). The caller keeps few jobs in flight: memory is
+  a few shards' text, whatever the size of the file."""
+  raw = stream = path = None
+  pos = lineno = 0
+
+  def close():
+    if stream is not None:
+      stream.close()
+      raw.close()  # a GzipFile leaves the file it was given open
+
+  try:
+    for job in jobs:
+      shard = next((x for x in job if _is_gz_shard(x)), None)
+      if shard is None:
+        yield job
+        continue
+      if stream is None or path != shard["path"] or pos > shard["start"]:
+        close()
+        path, pos, lineno = shard["path"], 0, 0
+        raw = _open(path)
+        stream = gzip.GzipFile(fileobj=raw, mode="rb")
+      chunks = []
+      try:
+        while pos < shard["end"]:
+          line = stream.readline()
+          if not line:
+            break
+          if pos >= shard["start"]:
+            chunks.append(line)
+          pos += len(line)
+          lineno += 1
+      except (OSError, EOFError, zlib.error) as e:
+        raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+      text = dict(shard, text=b"".join(chunks))
+      yield tuple(text if x is shard else x for x in job)
+  finally:
+    close()

@@ -615,17 +615,30 @@ def _map_shards(config, fn, jobs: list[tuple], what: str) -> Iterator[dict]:
   logging.info("%s (%s)", what, counts)
   cstats = corpus_lib.CorpusStats()
   with contextlib.ExitStack() as stack:
+    jobs_with_text = corpus_lib.with_shard_text(jobs)  # .gz shards: read here, one stream a file
     if workers > 1:
       pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-      results = pool.imap(fn, jobs)
+      results = _in_order(pool, fn, jobs_with_text, 2 * workers)
     else:
-      results = map(fn, jobs)
+      results = map(fn, jobs_with_text)
     for done, result in enumerate(results, 1):
       for field, value in result["corpus"].items():
         setattr(cstats, field, getattr(cstats, field) + value)
       progress.update(cstats.documents, cstats.bytes, done / len(jobs))
       yield result
   progress.update(cstats.documents, cstats.bytes, 1.0, force=True)
+
+
+def _in_order(pool, fn, jobs: Iterator[tuple], in_flight: int) -> Iterator[dict]:
+  """fn(job) on the pool, in job order, with at most `in_flight` jobs sent ahead (Pool.imap would
+  take every job at once, and a job may carry its shard's text)."""
+  pending: collections.deque = collections.deque()
+  for job in jobs:
+    pending.append(pool.apply_async(fn, (job,)))
+    if len(pending) >= in_flight:
+      yield pending.popleft().get()
+  while pending:
+    yield pending.popleft().get()
 
 
 def _beam_options(config):

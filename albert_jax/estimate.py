@@ -372,11 +372,7 @@ def estimate(
   t, d = config.train, config.data
   mesh = abstract_mesh(config, devices)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  if t.batch_size % (dp * t.micro_batches):
-    raise ConfigError(
-      f"train.batch_size={t.batch_size} does not split over {dp} data-parallel devices x "
-      f"{t.micro_batches} micro-batches"
-    )
+  config_lib.check_batch_split(t, dp)
   sequences = t.batch_size // (dp * t.micro_batches)
   counts = M.param_counts(config.model)
   per_example = M.flops_per_example(config.model, d.max_seq_length, d.max_predictions_per_seq)
@@ -773,6 +769,9 @@ def run() -> None:
         raise ConfigError(
           "--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256"
         )
+      from albert_jax import pretrained
+
+      pretrained.resolve_and_validate(config)
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])
       est = estimate(config, device, devices, mfu_flag.value, config_name=config_name)
       if tpu is not None and compile_ != "no":

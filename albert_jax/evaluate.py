@@ -26,7 +26,7 @@ import os
 
 from absl import app, flags
 
-from albert_jax import cli
+from albert_jax import cli, config_lib
 from albert_jax.config_lib import ConfigError
 
 # Masking settings: not part of the prepared data (masks are drawn in the input pipeline).
@@ -115,6 +115,7 @@ def data_config(data: str, batch_size: int, masking_from=None):
   c.train.batch_size = batch_size
   # The files hold each split in corpus order: scoring part of a split reads a seeded sample of it.
   c.data.shuffle = True
+  config_lib.validate(c)
   return c, prepared
 
 

@@ -434,6 +434,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
       flops_per_step=0.0,
       peak_flops=0.0,
       halt_on_nonfinite=t.on_nonfinite == "halt",
+      max_consecutive_skips=t.max_consecutive_skips,
     )
     eval_due = Periodic(t.eval_every, last_step=t.num_steps)
     save_due = Periodic(
@@ -526,11 +527,15 @@ def summarize(results: list[dict], metric: str) -> dict:
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs config.seeds seeds in workdir/seed_<k>/ and writes eval_results.json and predictions/."""
+  return run_resolved(resolved(config), workdir)
+
+
+def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """finetune() on a config resolved() already (the command resolves and validates it before it
+  takes the workdir's lock or writes its log file)."""
   from albert_jax import glue
 
-  config = resolved(config)
   task = glue.task_of(config) if config.task.kind in glue.GENERIC else None
-  resolve_init_from(config)
   data = load_data(config, task)
   log(
     f"task {config.task.name}: "
@@ -589,12 +594,17 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of config with its task resolved (resolve_task), validated before anything is read or
-  written."""
+  """A copy of config, complete and validated before anything is read, written or traced: its task
+  (resolve_task), init_from's architecture and vocabulary (resolve_init_from), then the task's
+  sequence length capped to that architecture's positions (config_lib.resolve_sequence_length)."""
   config = copy.deepcopy(config)
   with config.unlocked():
     resolve_task(config)
-  config_lib.validate_finetune(config)
+  if config.init_from:  # without it validate says it is required
+    resolve_init_from(config)
+  with config.unlocked():
+    config_lib.resolve_sequence_length(config, log)
+  config_lib.validate(config)
   return config
 
 
@@ -644,14 +654,14 @@ def run():
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value: one line before anything is written (no log file, no lock)
-      resolved(config)
+      config = resolved(config)
     with cli.guard():
       from albert_jax import files
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir):
         cli.setup_logging("finetune", workdir)
-        finetune(config, workdir)
+        run_resolved(config, workdir)
 
   app.run(main, flags_parser=cli.parse_flags)
 

@@ -171,15 +171,22 @@ def task_of(config) -> Task:
   )
 
 
+# MNLI's mismatched splits go with the matched ones from glue_dir: a matched file given explicitly
+# (data.eval_file, data.test_file) stands alone, and glue_dir's mismatched one is not read.
+PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test"}
+
+
+def _given(config, split: str) -> str:
+  files = {"train": config.data.train_file, "eval": config.data.eval_file}
+  return {**files, "test": config.data.test_file}.get(split, "")
+
+
 def split_path(config, split: str) -> str:
-  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, and for
-  the test split when glue_dir has no such file: test labels are not needed to fine-tune)."""
-  given = {
-    "train": config.data.train_file,
-    "eval": config.data.eval_file,
-    "test": config.data.test_file,
-  }.get(split, "")
-  if given or not config.data.glue_dir:
+  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, for an
+  optional split when glue_dir has no such file: test labels are not needed to fine-tune, and for a
+  split that goes with one given explicitly: PAIRED_WITH)."""
+  given = _given(config, split)
+  if given or not config.data.glue_dir or _given(config, PAIRED_WITH.get(split, "")):
     return given
   path = default_path(config, split)
   return "" if not path or (split in OPTIONAL_SPLITS and not os.path.isfile(path)) else path
@@ -193,7 +200,12 @@ def default_path(config, split: str) -> str:
 
 def missing_split(config, split: str) -> str:
   """glue_dir's file for an optional split when the run would read it but it is absent, else ""."""
-  if split not in OPTIONAL_SPLITS or not config.data.glue_dir or split_path(config, split):
+  if (
+    split not in OPTIONAL_SPLITS
+    or not config.data.glue_dir
+    or split_path(config, split)
+    or _given(config, PAIRED_WITH.get(split, ""))
+  ):
     return ""
   return default_path(config, split)
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from albert_jax import examples as examples_lib, tokenizer as tokenizer_lib
+from albert_jax import config_lib, examples as examples_lib, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
 
@@ -191,11 +191,7 @@ def make_iterator(
     process_index, process_count = jax.process_index(), jax.process_count()
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} is not in [0, {process_count})")
-  if config.train.batch_size % process_count:
-    raise ConfigError(
-      f"train.batch_size={config.train.batch_size} is not divisible by the "
-      f"{process_count} processes"
-    )
+  config_lib.check_batch_split(config.train, processes=process_count)
   per_host = config.train.batch_size // process_count
   d = config.data
   source = open_source(ddir, split)
@@ -264,6 +260,7 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   """One masked example as text. Targets: [MASK](original), a random replacement {shown>original},
   a kept target <original>. Pieces of one word are joined; [SEP] separates the segments."""
   marker = tokenizer_lib.WORD_MARKER
+  shown = lambda i: tokenizer_lib.piece_text(tok.id_to_piece(i))  # noqa: E731
   n = int(features["input_mask"][row].sum())
   k = int(features["masked_lm_weights"][row].sum())
   targets = dict(
@@ -278,12 +275,13 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
     new_word = piece.startswith(marker) or original < examples_lib.NUM_CONTROL_IDS or not out
     text = piece.replace(marker, "")
     if pos in targets:
+      text = shown(original)
       if i == tokenizer_lib.MASK_ID:
         text = f"[MASK]({text})"
       elif i == original:
         text = f"<{text}>"
       else:
-        text = "{" + tok.id_to_piece(i).replace(marker, "") + ">" + text + "}"
+        text = "{" + shown(i) + ">" + text + "}"
     if new_word or (out and out[-1] in ("[CLS]", "[SEP]")):
       out.append(text)
     else:

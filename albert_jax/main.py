@@ -33,10 +33,10 @@ def run():
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
-    with cli.guard():  # a bad value: one line before anything is written
-      from albert_jax import config_lib
+    with cli.guard():  # a bad value, init_from's included: one line before anything is written
+      from albert_jax import pretrained
 
-      config_lib.validate(config)
+      pretrained.resolve_and_validate(config)
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
       from albert_jax import distributed
 

@@ -119,7 +119,12 @@ class Reporter:
 
   Every `log_every` steps: the console line (progress, ETA, loss, accuracies, rate, MFU), TensorBoard
   train/ and perf/ scalars. Step time counts training steps only: evaluations and saves restart the
-  timing window (`restart_window`). A non-finite step raises FloatingPointError when halting.
+  timing window (`restart_window`).
+
+  Non-finite steps (the step skipped its update): each run of them is announced on the console when
+  it starts, the progress line counts them, and FloatingPointError (exit 3) ends the run at the first
+  one when halting, or after `max_consecutive_skips` in a row (0: never) when skipping, naming the
+  first non-finite quantity of the run: a run that skips every update learns nothing.
   """
 
   def __init__(
@@ -134,12 +139,15 @@ class Reporter:
     flops_per_step: float,
     peak_flops: float,
     halt_on_nonfinite: bool,
+    max_consecutive_skips: int = 0,
   ):
     self.writer, self.num_steps, self.log_every = writer, num_steps, log_every
     self.sequences, self.tokens = sequences_per_step, tokens_per_sequence
     self.flops, self.peak, self.halt = flops_per_step, peak_flops, halt_on_nonfinite
+    self.max_skips = max_consecutive_skips
     self.progress = Progress(first_step, num_steps)
     self._pending = None
+    self._skips, self._first_skip = 0, ""  # the current run of skipped steps
     self.restart_window(first_step)
 
   def restart_window(self, step_done: int) -> None:
@@ -155,12 +163,13 @@ class Reporter:
       return
     step, metrics = self._pending
     self._pending = None
-    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not host.pop("finite") and self.halt:
-      raise FloatingPointError(
-        f"non-finite loss or gradients at step {step}; halting "
-        f"(train.on_nonfinite=halt); the last checkpoint is intact"
-      )
+    host = jax.device_get(dict(metrics))
+    grads_finite = host.pop("grads_finite", {})
+    host = {k: float(v) for k, v in host.items()}
+    if host.pop("finite"):
+      self._skips = 0
+    else:
+      self._nonfinite(step, host, grads_finite)
     if step % self.log_every and step != self.num_steps:
       return
     seconds = (time.perf_counter() - self._window_start) / max(step - self._window_step, 1)
@@ -187,5 +196,47 @@ class Reporter:
       f"lr {host['learning_rate']:.2e} | {perf['sequences_per_second']:.1f} seq/s"
       + (f" MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "")
       + (f" | skipped {int(host['skipped_updates'])}" if host["skipped_updates"] else "")
+      + nonfinite_note(host)
     )
     self.restart_window(step)
+
+  def _nonfinite(self, step: int, host: dict, grads_finite: Mapping) -> None:
+    """A step whose update was skipped: announced when a run of them starts; the halt."""
+    self._skips += 1
+    if self._skips == 1:
+      bad = [name for name, ok in grads_finite.items() if not ok]
+      where = (
+        f" (non-finite gradients in {', '.join(bad[:3])}"
+        + (f" and {len(bad) - 3} more parameters" if len(bad) > 3 else "")
+        + ")"
+        if bad
+        else ""
+      )
+      self._first_skip = (
+        f"step {step}: loss {host['loss']:.4g}, gradient norm {host['grad_norm']:.4g}{where}"
+      )
+    hint = (
+      "try a lower train.learning_rate, train.clip_norm > 0, model.dtype=float32, or check the "
+      "data; the last checkpoint is intact"
+    )
+    if self.halt:
+      raise FloatingPointError(
+        f"non-finite update at {self._first_skip}; halting (train.on_nonfinite=halt): {hint}"
+      )
+    if self.max_skips and self._skips >= self.max_skips:
+      raise FloatingPointError(
+        f"{self._skips} consecutive updates skipped by step {step} (train.max_consecutive_skips="
+        f"{self.max_skips}), the first at {self._first_skip}; halting: {hint}"
+      )
+    if self._skips == 1:
+      log(
+        f"{self._first_skip}: update skipped (train.on_nonfinite=skip; "
+        f"{int(host['skipped_updates'])} skipped in all)"
+      )
+
+
+def nonfinite_note(values: Mapping[str, float]) -> str:
+  """' | non-finite: a, b' naming the values that are NaN or Inf ('' when all are finite): a run's
+  reports say so on the console, not only in TensorBoard's log."""
+  bad = [k for k, v in values.items() if not np.isfinite(v)]
+  return f" | non-finite: {', '.join(bad)}" if bad else ""

@@ -200,7 +200,15 @@ class AlbertEmbeddings(nn.Module):
     self.dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
 
   def __call__(self, input_ids, token_type_ids):
-    positions = jnp.arange(input_ids.shape[-1])[None, :]
+    length = input_ids.shape[-1]
+    if length > self.cfg.max_position_embeddings:
+      # Caught at trace time (shapes are static): a gather past the table would read NaN (jax's
+      # default out-of-range mode), not fail. config_lib.validate refuses such configs earlier.
+      raise ValueError(
+        f"a sequence of {length} tokens exceeds the model's max_position_embeddings="
+        f"{self.cfg.max_position_embeddings}"
+      )
+    positions = jnp.arange(length)[None, :]
     x = (
       self.word_embeddings(input_ids)
       + self.position_embeddings(positions)

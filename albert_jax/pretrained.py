@@ -121,6 +121,18 @@ def load_pretrained(
   return params, config_dict(cfg)
 
 
+def resolve_and_validate(config) -> None:
+  """A pretraining config made complete and checked (config_lib.validate) before anything is
+  prepared, written or traced: with init_from, its vocabulary becomes the run's (use_its_vocabulary)
+  and its architecture must be the config's (load_pretrained's check, on the weights it reads)."""
+  from albert_jax import config_lib
+
+  if config.init_from:
+    use_its_vocabulary(config)
+    load_pretrained(config.init_from, config.model)
+  config_lib.validate(config)
+
+
 def use_its_vocabulary(config) -> None:
   """Imported embeddings belong to the vocabulary they were trained with: the run uses that one.
 

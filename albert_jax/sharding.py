@@ -15,6 +15,7 @@ from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from albert_jax import config_lib
 from albert_jax.config_lib import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -115,21 +116,7 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
 
 def check_batch(train_config, mesh: Mesh) -> None:
   """A global batch that every data-parallel device (and every micro-batch) can split evenly."""
-  dp = data_parallel_size(mesh)
-  b, micro = train_config.batch_size, train_config.micro_batches
-  if b % dp:
-    raise ConfigError(
-      f"train.batch_size={b} is not divisible by the {dp} data-parallel devices (mesh data x fsdp)"
-    )
-  if (b // micro) % dp:
-    raise ConfigError(
-      f"train.batch_size / train.micro_batches = {b // micro} is not divisible by the "
-      f"{dp} data-parallel devices"
-    )
-  if b % jax.process_count():
-    raise ConfigError(
-      f"train.batch_size={b} is not divisible by the {jax.process_count()} processes"
-    )
+  config_lib.check_batch_split(train_config, data_parallel_size(mesh), jax.process_count())
 
 
 def with_mesh(mesh: Mesh):

@@ -50,6 +50,13 @@ _SP_SPECIAL = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 _SP_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz") | _SP_SPECIAL
 
 
+def piece_text(piece: str) -> str:
+  """A piece as people read it: without the word marker, except a piece that is nothing but markers
+  (SentencePiece's bare "▁", a word boundary before a piece that cannot begin a word), which stays
+  as it is instead of showing as nothing."""
+  return piece.replace(WORD_MARKER, "") or piece
+
+
 def starts_word(piece: str, rule: str = "marker") -> bool:
   if rule == "marker":
     return piece.startswith(WORD_MARKER)

@@ -23,7 +23,6 @@ import optax
 
 from albert_jax import (
   checkpoint,
-  config_lib,
   dataset,
   distributed,
   files,
@@ -167,10 +166,21 @@ def make_train_step(
       learning_rate=schedule(state.step - state.skipped),
       finite=finite,
       skipped_updates=new_state.skipped,
+      # Which parameters' gradients are not finite: named in the line of a run that halts on them.
+      grads_finite={
+        _param_name(path): jnp.all(jnp.isfinite(g))
+        for path, g in jax.tree_util.tree_leaves_with_path(grads)
+      },
     )
     return new_state, metrics
 
   return train_step
+
+
+def _param_name(path) -> str:
+  """albert/encoder/.../kernel for a parameter's tree path: its dict keys (a box's attribute left
+  out; a module may itself be named `value`)."""
+  return "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
 
 def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> dict[str, float]:
@@ -208,8 +218,7 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
       )["mlm_logits"]
     )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))
-  marker = input_pipeline.tokenizer_lib.WORD_MARKER
-  piece = lambda i: tok.id_to_piece(int(i)).replace(marker, "") or marker  # noqa: E731
+  piece = lambda i: input_pipeline.tokenizer_lib.piece_text(tok.id_to_piece(int(i)))  # noqa: E731
   lines = []
   for row in range(min(num_examples, len(batch["input_ids"]))):
     k = int(batch["masked_lm_weights"][row].sum())
@@ -303,7 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
 
   One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
   """
-  config_lib.validate(config)
+  pretrained.resolve_and_validate(config)
   with files.primary_workdir_lock(workdir):
     return _train_and_evaluate(config, workdir)
 
@@ -325,7 +334,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
   checkpoint.check_workdir(workdir, config, start)
 
   # --- Data -------------------------------------------------------------------------------------
-  pretrained.use_its_vocabulary(config)
   # Process 0 prepares (once); the others then open what it built.
   info = distributed.primary_first("prepare the data", lambda: dataset.prepare(config, workdir))
   log(
@@ -405,6 +413,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
       flops_per_step=flops_per_step,
       peak_flops=total_peak,
       halt_on_nonfinite=t.on_nonfinite == "halt",
+      max_consecutive_skips=t.max_consecutive_skips,
     )
     eval_due = Periodic(t.eval_every, last_step=t.num_steps) if t.eval_steps else None
     save_due = Periodic(

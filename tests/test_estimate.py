@@ -118,7 +118,7 @@ def test_remat_full_is_what_lets_albert_xxlarge_fit_a_v3_256():
 
 
 def test_bad_input_is_a_config_error():
-  with pytest.raises(ConfigError, match="does not split over 3 data-parallel devices"):
+  with pytest.raises(ConfigError, match="is not divisible by the 3 data-parallel devices"):
     E.estimate(load_config("albert_base"), "tpu_v3", 3)
   with pytest.raises(ConfigError, match="--device='tpu_v9' is not one of"):
     E.estimate(load_config("albert_base"), "tpu_v9", 8)

@@ -292,6 +292,20 @@ def test_resume_is_exact(env, run, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _finetune_args(env, workdir):
+  """python -m albert_jax.finetune on the synthetic SST-2 from the tiny export, batch 16."""
+  return [
+    sys.executable,
+    "-m",
+    "albert_jax.finetune",
+    "--config=configs/finetune/glue.py:task=sst2",
+    f"--workdir={workdir}",
+    f"--config.init_from={env / 'init'}",
+    f"--config.data.glue_dir={env / 'glue'}",
+    "--config.train.batch_size=16",
+  ]
+
+
 def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   """A preemption notice mid-seed: the step is saved whole and the command ends with status 0."""
   import signal
@@ -299,15 +313,8 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   workdir = tmp_path / "run"
   proc = subprocess.Popen(
     [
-      sys.executable,
-      "-m",
-      "albert_jax.finetune",
-      "--config=configs/finetune/glue.py:task=sst2",
-      f"--workdir={workdir}",
-      f"--config.init_from={env / 'init'}",
-      f"--config.data.glue_dir={env / 'glue'}",
+      *_finetune_args(env, workdir),
       "--config.data.max_seq_length=32",
-      "--config.train.batch_size=16",
       "--config.train.num_steps=100000",
       "--config.train.log_every=1",
       "--config.train.eval_every=100000",
@@ -725,7 +732,7 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   def answers(**task):
     c = copy.deepcopy(config)
     c.task.update(task)
-    config_lib.validate_finetune(c)
+    config_lib.validate(c)
     return finetune.squad_answers(c, outputs, extra)
 
   assert len(answers()) == 12
@@ -745,3 +752,101 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   ]:
     with pytest.raises(ConfigError, match=match):
       answers(**{field: value})
+
+
+# --- The task's sequence length against the positions init_from's model has ----------------------
+
+
+def _finetune_cli(env, workdir, *extra):
+  return subprocess.run(
+    [
+      *_finetune_args(env, workdir),
+      "--config.train.num_steps=4",
+      "--config.train.warmup_steps=1",
+      "--config.train.log_every=2",
+      "--config.train.eval_every=4",
+      "--config.train.checkpoint_every=4",
+      *extra,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+
+
+def test_task_sequence_length_is_capped_to_the_model_positions(env, tmp_path):
+  """SST-2's Table 14 length (512) on a 64-position model: announced and capped to 64 (nothing is
+  gathered beyond the position table), and every step's loss is finite."""
+  workdir = tmp_path / "run"
+  r = _finetune_cli(env, workdir)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert (
+    "data.max_seq_length: the task's 512 capped to the model's max_position_embeddings=64"
+    in r.stdout
+  )
+  saved = json.loads((workdir / "seed_0" / "config.json").read_text())
+  assert saved["data"]["max_seq_length"] == 64 and saved["task"]["max_seq_length"] == 512
+  with open(workdir / "seed_0" / "tensorboard" / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  train = [row for row in rows if "train/loss" in row]
+  assert [row["step"] for row in train] == [2, 4]
+  assert all(np.isfinite(row["train/loss"]) and row["train/skipped_updates"] == 0 for row in train)
+
+
+def test_a_set_sequence_length_beyond_the_positions_is_refused(env, tmp_path):
+  """--config.data.max_seq_length beyond the positions init_from's model has: one line naming both
+  numbers and the override, exit 2, and the workdir as it was (nothing written)."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  r = _finetune_cli(env, workdir, "--config.data.max_seq_length=128")
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines()[-1] == (
+    "error: data.max_seq_length=128 exceeds the model's max_position_embeddings=64; set "
+    "--config.data.max_seq_length=64 or less"
+  )
+  assert list(workdir.iterdir()) == []
+
+
+def test_a_finetuning_run_that_skips_every_update_halts(env, tmp_path, capsys):
+  """Fine-tuning shares pretraining's limit: at a learning rate of 1e30 every update after the first
+  few is non-finite and skipped, and train.max_consecutive_skips=3 ends the seed (exit 3 from the
+  command) instead of training on nothing and reporting a result."""
+  config = ft_config(env, learning_rate=1e30, num_steps=30, log_every=1, max_consecutive_skips=3)
+  with pytest.raises(FloatingPointError, match=r"^3 consecutive updates skipped by step (\d+)"):
+    finetune.finetune(config, str(tmp_path / "run"))
+  out = capsys.readouterr().out
+  assert "update skipped (train.on_nonfinite=skip; 1 skipped in all)" in out
+  assert not (tmp_path / "run" / "eval_results.json").exists()
+
+
+@pytest.mark.parametrize("given", ["eval", "test"])
+def test_a_split_given_explicitly_reads_nothing_of_its_own_from_glue_dir(env, tmp_path, given):
+  """MNLI: data.eval_file (or data.test_file) given with data.glue_dir stands alone: glue_dir's
+  mismatched file of that split is neither read (here it is not even MNLI) nor reported missing,
+  while the other splits still come from glue_dir."""
+  rng = np.random.default_rng(2)
+  glue_dir = tmp_path / "MNLI"
+  glue_dir.mkdir()
+  for name, n, test in [
+    ("train.tsv", 16, False),
+    ("dev_matched.tsv", 6, False),
+    ("dev_mismatched.tsv", 7, False),
+    ("test_matched.tsv", 4, True),
+    ("test_mismatched.tsv", 5, True),
+  ]:
+    write_mnli(glue_dir / name, n, rng, test=test)
+  (glue_dir / ("dev_mismatched.tsv" if given == "eval" else "test_mismatched.tsv")).write_text(
+    "not\tMNLI\n"
+  )
+  own = tmp_path / f"own_{given}.tsv"
+  write_mnli(own, 3, rng, test=given == "test")
+  config = _glue_config("task=mnli")
+  config.init_from = str(env / "init")
+  config.data.update({"glue_dir": str(glue_dir), "max_seq_length": 32, f"{given}_file": str(own)})
+  data = finetune.load_data(_resolved(config), glue.GLUE_TASKS["mnli"])
+  other = "test" if given == "eval" else "eval"
+  assert sorted(data) == sorted(["train", given, other, f"{other}_mm"])
+  assert len(data[given][0]["input_ids"]) == 3
+  assert len(data[f"{other}_mm"][0]["input_ids"]) == (5 if other == "test" else 7)
+  assert glue.missing_split(config, f"{given}_mm") == ""

@@ -442,3 +442,25 @@ def test_gelu_tanh_custom_derivative_matches_autodiff():
   assert float(jax.grad(jax.grad(M.gelu_tanh))(0.5)) == pytest.approx(
     float(jax.grad(jax.grad(lambda v: jax.nn.gelu(v, approximate=True)))(0.5)), abs=1e-5
   )
+
+
+def test_a_sequence_longer_than_the_position_table_fails_at_trace_time():
+  """The position gather past the table would give NaN in jax's default mode: refused instead."""
+  c = config_lib.base_config().model
+  c.update(
+    vocab_size=50,
+    embedding_size=8,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+  )
+  model = M.AlbertModel(M.model_config(c))
+  ids = jnp.ones((1, 16), jnp.int32)
+  params = model.init(jax.random.key(0), ids, ids * 0, ids)["params"]
+  out = model.apply({"params": params}, ids, ids * 0, ids)
+  assert np.isfinite(np.asarray(out["sequence_output"])).all()
+  longer = jnp.ones((1, 17), jnp.int32)
+  with pytest.raises(ValueError, match="17 tokens exceeds the model's max_position_embeddings=16"):
+    model.apply({"params": params}, longer, longer * 0, longer)

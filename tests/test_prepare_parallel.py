@@ -123,6 +123,30 @@ def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkey
     pytest.skip("apache-beam is not installed: the Beam DirectRunner build was not compared")
 
 
+def test_one_large_gz_file_is_many_shards_and_the_same_dataset(setup, tmp_path, monkeypatch):
+  """A corpus in one .gz file (a Wikipedia dump) is cut into shards like the same text in one plain
+  file, so 1 and 2 workers write byte-identical files, and the same examples as the plain file."""
+  import gzip
+
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  root, _ = setup
+  text = b"".join((root / "corpus" / f"part-{i}.txt").read_bytes() + b"\n" for i in range(3))
+  (tmp_path / "one.txt").write_bytes(text)
+  (tmp_path / "one.txt.gz").write_bytes(gzip.compress(text))
+  built = {}
+  for name, pattern, workers in [
+    ("plain", "one.txt", 1),
+    ("gz1", "one.txt.gz", 1),
+    ("gz2", "one.txt.gz", 2),
+  ]:
+    config = _config(setup, input_files=str(tmp_path / pattern), num_prepare_workers=workers)
+    info = dataset.prepare(config, str(tmp_path / name))
+    assert info["shards"] > 5, name
+    built[name] = info["data_dir"]
+  assert _files(built["gz1"]) == _files(built["gz2"])
+  assert _records(built["gz1"]) == _records(built["gz2"]) == _records(built["plain"])
+
+
 def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_path, monkeypatch):
   # SentencePiece's trainer learns another vocabulary on another number of threads: prepare
   # trains on a fixed number, so hosts with other core counts build the same vocabulary; the
@@ -256,22 +280,34 @@ def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, 
   assert os.listdir(workdir) == []  # no data directory, no build left behind
 
 
-def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path):
+@pytest.mark.parametrize("suffix", [".txt", ".gz"])
+def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path, suffix):
+  """One file is many shards, plain (entered at its byte offsets) or gzip (cut in its uncompressed
+  text): read by a worker on its own, or streamed to it (with_shard_text, prepare's workers), the
+  shards are the corpus's documents in order, and a bad line is named by its number."""
+  import gzip
+
   lines = []
   for i in range(2000):
     lines += [f"Sentence {i} one.", f"Sentence {i} two.", ""]
   lines[4501] = "bad \udce9"  # the 4502nd line is not UTF-8
-  path = tmp_path / "a.txt"
-  path.write_bytes(b"".join(l.encode("utf-8", "surrogateescape") + b"\n" for l in lines))
+  path = tmp_path / f"a{suffix}"
+  text = b"".join(l.encode("utf-8", "surrogateescape") + b"\n" for l in lines)
+  path.write_bytes(gzip.compress(text) if suffix == ".gz" else text)
   data = config_lib.base_config().data
   data.update(input_files=str(path), max_documents=1900)
   shards = corpus.shards(data, 4096, 100)
   assert len(shards) > 10 and sum(s["docs"] for s in shards) == 1900
+  assert max(s["end"] - s["start"] for s in shards) < 4096 + 64
   read = [(i, doc) for s in shards for i, doc in corpus.shard_documents(data, s)]
   assert [i for i, _ in read] == list(range(1900))
   assert [doc for _, doc in read] == list(corpus.documents(data))
   assert read[1500][1] == ["Sentence 1500 one."]  # its bad second line skipped
+  streamed = list(corpus.with_shard_text((data, s) for s in shards))
+  assert all(("text" in s) == (suffix == ".gz") for _, s in streamed)
+  assert [(i, d) for _, s in streamed for i, d in corpus.shard_documents(data, s)] == read
   data.non_utf8 = "error"
-  with pytest.raises(ConfigError, match=r"a\.txt:4502: not valid UTF-8"):
-    for s in shards:
-      list(corpus.shard_documents(data, s))
+  for jobs in (shards, [s for _, s in corpus.with_shard_text((data, s) for s in shards)]):
+    with pytest.raises(ConfigError, match=rf"a\{suffix}:4502: not valid UTF-8"):
+      for s in jobs:
+        list(corpus.shard_documents(data, s))

@@ -1,6 +1,7 @@
 """Reliability on real Orbax checkpoints, real processes and real disks: damaged checkpoints set aside,
 one trainer per workdir, a full disk, one-line errors with one exit-code policy, a quiet console."""
 
+import contextlib
 import errno
 import json
 import os
@@ -187,6 +188,18 @@ def run_main(tmp_path, workdir, data_dir, *extra, **train_fields):
   )
 
 
+def run_command(tmp_path, command, *args):
+  """python -m albert_jax.<command> args, as people run it."""
+  return subprocess.run(
+    [sys.executable, "-m", f"albert_jax.{command}", *args],
+    cwd=ROOT,
+    env=env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+
+
 @pytest.mark.slow
 def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   workdir = str(tmp_path / "w")
@@ -214,6 +227,18 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   for x, y in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(again)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
   assert len(os.listdir(os.path.join(workdir, "damaged"))) == 1
+  # A step whose manifest is gone: set aside the same way, and the console holds only our lines (no
+  # library warning or traceback from Orbax's reads of it, which go to the log file).
+  delete_manifest(tmp_path / "w" / "checkpoints" / "4")
+  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "checkpoint 4 is damaged" in r.stdout and "resumed from step 2" in r.stdout
+  assert not [
+    l
+    for l in (r.stdout + r.stderr).splitlines()
+    if re.match(r"([IWE]\d{4} |Traceback|Exception|RuntimeError)", l)
+  ], r.stdout + r.stderr
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 2
   # Every step damaged: one line, exit 2, all kept; the next run starts over and says where they are.
   for step in (2, 4):
     garble(tmp_path / "w" / "checkpoints" / str(step))
@@ -221,11 +246,11 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
     "error: every checkpoint"
   )
-  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 3
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 4
   r = run_main(tmp_path, workdir, data_dir, num_steps=2, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "starting from step 0:" in r.stdout and "saved step 2 to" in r.stdout
-  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 3
+  assert len(os.listdir(os.path.join(workdir, "damaged"))) == 4
 
 
 def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
@@ -291,16 +316,24 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 # --- a full disk ---------------------------------------------------------------------------------------
 
 
-def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
+@contextlib.contextmanager
+def small_tmpfs(tmp_path, size: str):
+  """A tmpfs of `size` at tmp_path/small (a disk that fills), unmounted afterwards; skips the test
+  where mounting is not permitted."""
   if os.geteuid() != 0:
     pytest.skip("mounting a tmpfs needs root")
   mnt = tmp_path / "small"
   mnt.mkdir()
-  if (
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)]).returncode != 0
-  ):
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
     pytest.skip("mount -t tmpfs is not permitted here")
   try:
+    yield mnt
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
+  with small_tmpfs(tmp_path, "1500k") as mnt:
     rng = np.random.default_rng(0)  # random floats do not compress: 1 MiB a step
     abstract = {"w": jax.ShapeDtypeStruct((262144,), jnp.float32), "step": ABSTRACT["step"]}
     first = {"w": jnp.asarray(rng.standard_normal(262144, np.float32)), "step": jnp.int32(1)}
@@ -317,8 +350,6 @@ def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
       step, state, data = again.restore_sound(abstract)
     assert step == 1 and data == {"position": 1}
     np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(first["w"]))
-  finally:
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def _enospc(*_, **__):
@@ -500,29 +531,15 @@ def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_
 
 
 def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
-  if os.geteuid() != 0:
-    pytest.skip("mounting a tmpfs needs root")
-  mnt = tmp_path / "small"
-  mnt.mkdir()
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)]).returncode != 0:
-    pytest.skip("mount -t tmpfs is not permitted here")
-  try:
-    r = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "albert_jax.prepare",
-        "--config=configs/tiny.py",
-        f"--workdir={tmp_path / 'w'}",
-        "--config.model.vocab_size=1000",
-        "--config.data.max_documents=400",
-        f"--config.data.data_dir={mnt}/data",
-      ],
-      cwd=ROOT,
-      env=env(tmp_path),
-      capture_output=True,
-      text=True,
-      timeout=600,
+  with small_tmpfs(tmp_path, "200k") as mnt:
+    r = run_command(
+      tmp_path,
+      "prepare",
+      "--config=configs/tiny.py",
+      f"--workdir={tmp_path / 'w'}",
+      "--config.model.vocab_size=1000",
+      "--config.data.max_documents=400",
+      f"--config.data.data_dir={mnt}/data",
     )
     assert r.returncode == 4, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
@@ -531,8 +548,23 @@ def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
     )
     assert "Traceback" not in r.stderr
     assert not os.path.exists(mnt / "data")  # no half-built dataset in place
-  finally:
-    subprocess.run(["umount", "-l", str(mnt)])
+
+
+@pytest.mark.slow
+def test_training_into_a_full_tmpfs_is_one_line_exit_4_without_library_tracebacks(
+  tmp_path, data_dir
+):
+  """The trainer's checkpoints fill a small disk: exit 4 and the one line naming the save. What
+  Orbax's background writer raised (and the traceback Orbax logs of it) stays in the log file, and a
+  log file that cannot be written on the full disk prints no "Logging error" either."""
+  with small_tmpfs(tmp_path, "3m") as mnt:
+    r = run_main(tmp_path, str(mnt / "w"), data_dir, num_steps=40, checkpoint_every=1)
+    assert r.returncode == 4, r.stdout[-1000:] + r.stderr[-2000:]
+    errors = [l for l in r.stderr.splitlines() if l.strip()]
+    assert errors[-1].startswith("error: no space left on device"), r.stderr
+    assert not [
+      l for l in errors[:-1] if re.match(r"([EW]\d{4} |Traceback|\s+File |\w+Error)", l)
+    ], r.stderr
 
 
 # --- the console -----------------------------------------------------------------------------------
@@ -569,3 +601,127 @@ def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, ca
     ("prints.somelib", "half a line"),
   ]
   assert capsys.readouterr().out == ""
+
+
+# --- validation on the resolved config, before anything is written ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory, spm_model_path):
+  """A Hugging Face ALBERT directory of the tests' shrunken model (H=64), which configs/tiny.py is
+  not."""
+  from albert_jax import config_lib, hf, model as M
+  from tests.conftest import MODEL
+
+  c = config_lib.base_config().model
+  c.update(MODEL)
+  cfg = M.model_config(c)
+  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+  path = tmp_path_factory.mktemp("other") / "init"
+  hf.save_hf(params, cfg, str(path), spm_model_path)
+  return path
+
+
+@pytest.mark.parametrize("command", ["main", "prepare", "estimate"])
+def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_written(
+  tmp_path, other_model, command
+):
+  """configs/tiny.py itself is valid; with init_from naming another model it is not. Every command
+  that takes a config resolves init_from first and refuses it in one line, exit 2, before it writes
+  anything: the workdir holds what it held."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  args = ["--config=configs/tiny.py", f"--config.init_from={other_model}"]
+  args.append("--compile=no" if command == "estimate" else f"--workdir={workdir}")
+  r = run_command(tmp_path, command, *args)
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert re.fullmatch(
+    rf"error: init_from={re.escape(str(other_model))} is another model \(.*model.hidden_size: "
+    r"checkpoint 64 != config \d+.*\)",
+    r.stderr.strip().splitlines()[-1],
+  ), r.stderr[-2000:]
+  assert sorted(os.listdir(workdir)) == ["notes.txt"]
+
+
+BACKGROUND_PROBE = """
+import asyncio, gc, logging, sys, threading
+from absl import app
+from albert_jax import cli
+
+
+def writer():
+  raise RuntimeError("RESOURCE_EXHAUSTED: a background writer's failure")
+
+
+async def read():
+  raise ValueError("NOT_FOUND: an event loop's task that nobody awaited")
+
+
+class Finalised:
+  def __del__(self):
+    raise RuntimeError("Event loop is closed in a finaliser")
+
+
+def library():
+  try:
+    raise OSError("a library's own traceback from its thread")
+  except OSError:
+    logging.getLogger("orbax.checkpoint").exception("async save failed")
+
+
+def main(argv):
+  print(cli.setup_logging("probe", argv[1]), flush=True)
+  t = threading.Thread(target=writer, name="writer")
+  t.start()
+  t.join()
+  loop = asyncio.new_event_loop()
+  task = loop.create_task(read())
+  loop.run_until_complete(asyncio.sleep(0.01))
+  loop.close()
+  del task
+  gc.collect()
+  Finalised()
+  gc.collect()
+  t = threading.Thread(target=library)
+  t.start()
+  t.join()
+  logging.getLogger("orbax.checkpoint").warning("a library warning on the main thread")
+  print("done", flush=True)
+
+
+cli.define_verbose()
+app.run(main, flags_parser=cli.parse_flags)
+"""
+BACKGROUND_MESSAGES = [
+  "RESOURCE_EXHAUSTED: a background writer's failure",
+  "NOT_FOUND: an event loop's task that nobody awaited",
+  "Event loop is closed in a finaliser",
+  "a library's own traceback from its thread",
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_what_libraries_raise_in_threads_and_event_loops_goes_to_the_log_file(tmp_path, verbose):
+  """Whatever a library raises away from the command's flow (a thread, an asyncio task nobody
+  awaited, a finaliser, a traceback logged from a library's thread) reaches the log file with its
+  traceback and stays off the console (unless --verbose); the command's own lines and a library's
+  warning on the main thread still show."""
+  r = subprocess.run(
+    [sys.executable, "-c", BACKGROUND_PROBE, str(tmp_path), *(["--verbose"] if verbose else [])],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  log_path, done = r.stdout.split()
+  assert done == "done"
+  console = r.stdout + r.stderr
+  log = open(log_path).read()
+  for message in BACKGROUND_MESSAGES:
+    assert message in log, message
+    assert (message in console) == verbose, console
+  assert log.count("Traceback") >= len(BACKGROUND_MESSAGES)
+  assert ("Traceback" in console) == verbose
+  assert "a library warning on the main thread" in r.stderr

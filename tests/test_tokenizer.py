@@ -121,3 +121,29 @@ def test_training_is_reproducible(spm_model_path, tmp_path):
   again = tokenizer.train(pydoc_sentences(), str(tmp_path / "again.model"), 1000, seed=0)
   a, b = tokenizer.load(spm_model_path), tokenizer.load(again)
   assert [a.id_to_piece(i) for i in range(1000)] == [b.id_to_piece(i) for i in range(1000)]
+
+
+def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
+  """The fill-mask and --inspect lines show each masked target as [MASK](text): for every piece of a
+  real vocabulary the text is not empty, and a bare word marker (SentencePiece emits "▁" alone before
+  a piece that cannot begin a word) shows as "▁", not as [MASK]()."""
+  from albert_jax import examples, input_pipeline
+
+  tok = tokenizer.load(spm_model_path)
+  ids = list(range(examples.NUM_CONTROL_IDS, tok.vocab_size))
+  bare = [i for i in ids if set(tok.id_to_piece(i)) == {tokenizer.WORD_MARKER}]
+  assert bare, "the vocabulary has a bare word-marker piece"
+
+  def masked(i):  # [CLS] [MASK] [SEP] with piece i the target
+    return {
+      "input_ids": np.asarray([[tokenizer.CLS_ID, tokenizer.MASK_ID, tokenizer.SEP_ID]]),
+      "input_mask": np.ones((1, 3), np.int32),
+      "masked_lm_positions": np.asarray([[1]]),
+      "masked_lm_ids": np.asarray([[i]]),
+      "masked_lm_weights": np.ones((1, 1), np.float32),
+    }
+
+  shown = {i: input_pipeline.render_example(tok, masked(i), 0).split(" ")[1] for i in ids}
+  assert all(text.startswith("[MASK](") and len(text) > len("[MASK]()") for text in shown.values())
+  assert {shown[i] for i in bare} == {"[MASK](\u2581)"}
+  assert all(tokenizer.piece_text(tok.id_to_piece(i)) for i in ids)

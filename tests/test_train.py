@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import flax
 import jax
 import numpy as np
 import pytest
@@ -101,10 +102,15 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
   schedule = optim.make_schedule(config.train)
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(config.seed))
-    rates = []
+    rates, grads_finite = [], []
     for b in [good, bad, good, good]:
       state, metrics = trainer.train_step(state, sharding.global_batch(b, mesh))
       rates.append(float(metrics["learning_rate"]))
+      grads_finite.append(jax.device_get(metrics["grads_finite"]))
+  # Which parameters' gradients were not finite, by name (the halt line names them).
+  names = {"/".join(map(str, k)) for k in flax.traverse_util.flatten_dict(state.params)}
+  assert set(grads_finite[1]) == names and all(grads_finite[0].values())
+  assert not grads_finite[1]["albert/embeddings/word_embeddings/embedding"]
   np.testing.assert_allclose(rates, [float(schedule(i)) for i in (0, 1, 1, 2)], rtol=1e-6)
   assert rates[2] > 0 and rates[1] == rates[2]
   # ... and is what the update used: good, bad, good ends where good, good does.
@@ -228,13 +234,46 @@ def test_non_finite_halt_is_one_line_and_saves_nothing(tmp_path, data_dir):
   assert r.returncode == 3, r.stderr[-2000:]
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-  halted = re.fullmatch(r"error: non-finite loss or gradients at step (\d+); halting .*", errors[0])
+  halted = re.fullmatch(
+    r"error: non-finite update at step (\d+): loss \S+, gradient norm \S+.*; halting "
+    r"\(train.on_nonfinite=halt\): try .*",
+    errors[0],
+  )
   assert halted, errors[0]
   # Every step before it was saved, the halting step was not, and what was saved is finite.
   assert checkpoint.latest_step(workdir) == (int(halted.group(1)) - 1 or None)
   if int(halted.group(1)) > 1:
     params = checkpoint.load_params(workdir, "latest")[0]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+def test_a_run_that_skips_every_update_halts_after_max_consecutive_skips(tmp_path, data_dir):
+  """on_nonfinite=skip (the default) at a learning rate of 1e30: the parameters overflow after the
+  first steps and every later update is skipped; train.max_consecutive_skips=3 ends the run with
+  exit 3 and one line naming the step, the first non-finite quantity and what to try, and the
+  progress line counted the skips before that."""
+  workdir = str(tmp_path / "skipping")
+  r = run_main(workdir, data_dir, num_steps=40, learning_rate=1e30, max_consecutive_skips=3)
+  assert r.returncode == 3, r.stderr[-2000:]
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  halted = re.fullmatch(
+    r"error: 3 consecutive updates skipped by step (\d+) \(train.max_consecutive_skips=3\), "
+    r"the first at step (\d+): loss (\S+), gradient norm (\S+)(.*); halting: try a lower "
+    r"train.learning_rate.*",
+    errors[0],
+  )
+  assert halted, errors[0]
+  last, first = int(halted.group(1)), int(halted.group(2))
+  assert last == first + 2 and last < 40
+  assert not (np.isfinite(float(halted.group(3))) and np.isfinite(float(halted.group(4))))
+  announced = f"step {first}: loss "
+  assert any(l.startswith(announced) and "update skipped" in l for l in r.stdout.splitlines())
+  progress = [l for l in r.stdout.splitlines() if l.startswith(f"step {first + 1}/40 ")]
+  assert progress and "| skipped 2" in progress[0] and "non-finite: " in progress[0], r.stdout
+  with open(os.path.join(workdir, "tensorboard", "metrics.jsonl")) as f:
+    skipped = [row["train/skipped_updates"] for row in map(json.loads, f) if "train/loss" in row]
+  assert skipped[-1] == 2 and skipped[: first - 1] == [0] * (first - 1)
 
 
 # --- bad input: one line, non-zero exit -------------------------------------------------------------
@@ -407,3 +446,87 @@ def test_no_worker_process_left_after_evaluation(tmp_path, data_dir):
     assert proc.wait(timeout=300) == 0, out[-2000:]
   assert before, "the train iterator runs its worker in a child process"
   assert after == before  # three evaluations later: no eval worker left behind
+
+
+def _reporter(tmp_path, num_steps, log_every, halt, max_skips):
+  from albert_jax.metrics import MetricWriter, Reporter
+
+  writer = MetricWriter(str(tmp_path / f"tb-{halt}-{max_skips}"))
+  reporter = Reporter(
+    writer,
+    first_step=0,
+    num_steps=num_steps,
+    log_every=log_every,
+    sequences_per_step=8,
+    tokens_per_sequence=16,
+    flops_per_step=0.0,
+    peak_flops=0.0,
+    halt_on_nonfinite=halt,
+    max_consecutive_skips=max_skips,
+  )
+  return writer, reporter
+
+
+def test_isolated_skipped_updates_are_counted_on_the_console(tmp_path, capsys):
+  """The Reporter both loops share: isolated non-finite steps (a NaN at step 3, an Inf gradient norm
+  at steps 6 and 7) are each announced once with the parameters whose gradients are not finite, the
+  progress lines count them, and the run goes on; max_consecutive_skips=3 is not reached."""
+  writer, reporter = _reporter(tmp_path, 10, 2, halt=False, max_skips=3)
+  bad = {3: (float("nan"), 1.0), 6: (2.0, float("inf")), 7: (2.0, float("inf"))}
+  skipped = 0
+  for step in range(1, 11):
+    loss, norm = bad.get(step, (2.0, 1.0))
+    finite = step not in bad
+    skipped += not finite
+    reporter.push(
+      step,
+      {
+        "loss": np.float32(loss),
+        "grad_norm": np.float32(norm),
+        "learning_rate": np.float32(1e-3),
+        "finite": np.bool_(finite),
+        "skipped_updates": np.int32(skipped),
+        "grads_finite": {"albert/embeddings/word": np.bool_(norm == 1.0), "head/bias": True},
+      },
+    )
+  reporter.flush()
+  writer.close()
+  lines = capsys.readouterr().out.splitlines()
+  announced = [l for l in lines if "update skipped" in l]
+  assert announced == [
+    "step 3: loss nan, gradient norm 1: update skipped (train.on_nonfinite=skip; 1 skipped in all)",
+    "step 6: loss 2, gradient norm inf (non-finite gradients in albert/embeddings/word): update "
+    "skipped (train.on_nonfinite=skip; 2 skipped in all)",
+  ]
+  progress = [l for l in lines if l.startswith("step ") and "/10 " in l]
+  assert [l.split()[1] for l in progress] == ["2/10", "4/10", "6/10", "8/10", "10/10"]
+  assert "skipped" not in progress[0] and "| skipped 1" in progress[1]
+  assert progress[2].endswith("| skipped 2 | non-finite: grad_norm")
+  assert progress[-1].endswith("| skipped 3")
+
+
+def test_consecutive_skips_halt_and_on_nonfinite_halt_stop_at_once(tmp_path):
+  def run(halt, max_skips):
+    _, reporter = _reporter(tmp_path, 20, 100, halt, max_skips)
+    for step in range(1, 21):
+      finite = step < 5
+      reporter.push(
+        step,
+        {
+          "loss": np.float32(1.0 if finite else np.nan),
+          "grad_norm": np.float32(1.0),
+          "learning_rate": np.float32(1e-3),
+          "finite": np.bool_(finite),
+          "skipped_updates": np.int32(max(0, step - 4)),
+          "grads_finite": {},
+        },
+      )
+    reporter.flush()
+
+  with pytest.raises(FloatingPointError, match=r"^non-finite update at step 5: loss nan"):
+    run(True, 10)
+  with pytest.raises(
+    FloatingPointError, match=r"^4 consecutive updates skipped by step 8 .* the first at step 5: "
+  ):
+    run(False, 4)
+  run(False, 0)  # 0: no limit

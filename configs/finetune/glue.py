@@ -58,7 +58,9 @@ def get_config(arg=None):
     config.model = module.get_config().model
     config.model_from_init_from = False
   config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = dropout
-  config.data.max_seq_length = seq
+  # The task's length; data.max_seq_length stays 0 (not set), so finetune caps this one to the
+  # positions init_from's model has, and refuses a length set with --config.data.max_seq_length.
+  config.task.max_seq_length = seq
   if arg.task in ("squad_v1", "squad_v2"):
     n_best, max_answer, threshold = SQUAD_POSTPROCESS
     config.task.update(
