@@ -20,7 +20,6 @@ import collections
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import heapq
 import json
 import math
@@ -47,13 +46,13 @@ from albert_jax import (
   tokenizer as tokenizer_lib,
 )
 from albert_jax.config_lib import ConfigError
+from albert_jax.workdir import VOCAB_FILE
 
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"
 FORMAT_VERSION = 3  # of prepared.json and the example layout (3: a file per shard, in shard order)
 SPLITS = ("train", "eval")
 PREPARED_FILE = "prepared.json"
-VOCAB_FILE = "spiece.model"
 # The corpus is cut into shards of about SHARD_BYTES of text (text files) or SHARD_DOCUMENTS
 # documents (TFDS, built-in), each made into examples on its own from the seed and its index: the
 # dataset is the same whatever the number of workers. Within a shard, the documents of a split
@@ -90,14 +89,6 @@ def spm_model_path(config, workdir: str) -> str:
   return path
 
 
-def file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
-
-
 def fingerprint(config, must_exist: bool = True) -> dict:
   """Everything the stored examples depend on (masking settings are not: masks are drawn later).
 
@@ -120,7 +111,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
           f"data.spm_model_path has {size} pieces but model.vocab_size="
           f"{config.model.vocab_size}; set model.vocab_size={size}"
         )
-      vocab = {"source": "file", "sha256": file_sha256(path)}
+      vocab = {"source": "file", "sha256": files.sha256(path)}
   else:
     vocab = {
       "source": "trained",
@@ -820,7 +811,7 @@ def _build(config, out: str, fp: dict) -> dict:
     )
   prepared = {
     "fingerprint": fp,
-    "vocab_sha256": file_sha256(vocab_path),
+    "vocab_sha256": files.sha256(vocab_path),
     "stats": stats,
     "dataset": {"name": DATASET_NAME, "version": DATASET_VERSION, "file_format": "array_record"},
     "python": sys.version.split()[0],

@@ -261,12 +261,12 @@ def export(
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax import checkpoint, dataset, finetune
+  from albert_jax import checkpoint, dataset, workdir as workdir_lib
 
   chosen = ""
-  if "://" not in workdir and finetune.is_finetune_dir(workdir):
+  if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
     # A fine-tuning run's directory: its best seed (eval_results.json), by default its best step.
-    seed_dir, seed = finetune.best_seed_dir(workdir)
+    seed_dir, seed = workdir_lib.best_seed_dir(workdir)
     chosen = f"{workdir}: best seed {seed} ({seed_dir})"
     workdir, step = seed_dir, "best" if step in ("", None) else step
   step = parse_step("latest" if step in ("", None) else step)

@@ -31,8 +31,8 @@ from albert_jax import (
   input_pipeline,
   model as M,
   optim,
-  pretrained,
   sharding,
+  workdir as workdir_lib,
 )
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.state import AbstractState, TrainState, abstract_state
@@ -322,17 +322,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
   distributed.check_same_run(
     config, start
   )  # same config and step on every host, or one clear error
-  checkpoint.check_workdir(workdir, config, start)
+  workdir_lib.check_workdir(workdir, config, start)
 
   # --- Data -------------------------------------------------------------------------------------
-  pretrained.use_its_vocabulary(config)
+  workdir_lib.use_its_vocabulary(config)
   # Process 0 prepares (once); the others then open what it built.
   info = distributed.primary_first("prepare the data", lambda: dataset.prepare(config, workdir))
   log(
     f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
     f"vocabulary {info.get('spm_model_path')}"
   )
-  checkpoint.check_vocabulary(workdir, info["spm_model_path"], start)
+  workdir_lib.check_vocabulary(workdir, info["spm_model_path"], start)
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
   trainer = build(config, mesh)
@@ -360,18 +360,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
         state = trainer.init(jax.random.PRNGKey(config.seed))
       if config.init_from:
         state = state.replace(
-          params=pretrained.init_params(config, state.params, trainer.abstract.shardings.params)
+          params=workdir_lib.init_params(config, state.params, trainer.abstract.shardings.params)
         )
       start = 0
-      damaged = checkpoint.damaged_dir(workdir)
+      damaged = workdir_lib.path(workdir, workdir_lib.DAMAGED)
       if damaged.exists() and any(damaged.iterdir()):
         log(
           f"starting from step 0: {workdir} holds no sound checkpoint; the damaged ones set "
           f"aside earlier stay in {damaged}"
         )
     # Only now: a failed restore keeps the checkpoints' config (and their vocabulary's copy).
-    checkpoint.write_config(workdir, config)
-    checkpoint.keep_vocabulary(workdir, info["spm_model_path"])
+    workdir_lib.write_config(workdir, config)
+    workdir_lib.keep_vocabulary(workdir, info["spm_model_path"])
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(train_iter), mesh)
