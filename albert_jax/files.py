@@ -28,11 +28,46 @@ def is_remote(path) -> bool:
 
 
 def path(p, *parts: str) -> epath.Path:
-  """An epath for a user's path (local ones absolute, ~ expanded), with parts appended."""
-  out = epath.Path(p)
+  """An epath for a user's path (local ones absolute, ~ expanded), with parts appended. A bucket
+  is checked on its first use in this process (check_bucket)."""
   if not is_remote(p):
-    out = epath.Path(os.path.abspath(os.path.expanduser(p)))  # local only: never a bucket
-  return out.joinpath(*parts)
+    return epath.Path(os.path.abspath(os.path.expanduser(p))).joinpath(*parts)  # never a bucket
+  check_bucket(str(p))
+  return epath.Path(p).joinpath(*parts)
+
+
+_buckets_seen: set[tuple[str, str]] = set()
+
+
+def check_bucket(p: str) -> None:
+  """A one-line ConfigError, within seconds, when a gs:// path cannot be used: no Google Cloud
+  credentials (the storage clients would otherwise retry the network for minutes) or no such
+  bucket. Checked once per bucket and process."""
+  scheme, _, rest = p.partition("://")
+  bucket = rest.split("/", 1)[0]
+  if (scheme, bucket) in _buckets_seen:
+    return
+  if scheme != "gs":
+    raise ConfigError(f"{p}: only local paths and gs:// are supported")
+  if not bucket:
+    raise ConfigError(f"{p} names no bucket")
+  if not os.environ.get("STORAGE_EMULATOR_HOST"):  # an emulator needs none
+    import google.auth  # pylint: disable=g-import-not-at-top
+    from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+
+    try:
+      google.auth.default()
+    except exceptions.DefaultCredentialsError:
+      raise ConfigError(
+        f"no Google Cloud credentials to reach {p}: on a Cloud TPU VM the VM's service account "
+        f"provides them; elsewhere run `gcloud auth application-default login` or set "
+        f"GOOGLE_APPLICATION_CREDENTIALS"
+      ) from None
+  if not epath.Path(f"gs://{bucket}").exists():
+    raise ConfigError(
+      f"{p}: bucket gs://{bucket} does not exist (or these credentials cannot see it)"
+    )
+  _buckets_seen.add((scheme, bucket))
 
 
 def read_json(p) -> dict:

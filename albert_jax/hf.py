@@ -665,7 +665,7 @@ def save_hf(
 
   cfg = model_lib.model_config(model_config)
   tensors, hf_config = to_hf_state_dict(params, cfg, unshare=unshare, task=task)
-  if spm_model_path and not os.path.isfile(spm_model_path):
+  if spm_model_path and not files.path(spm_model_path).is_file():
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
   with files.staged_dir(out_dir, readme) as tmp:
     save_file(tensors, os.path.join(tmp, HF_WEIGHTS), metadata={"format": "pt"})

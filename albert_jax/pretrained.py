@@ -8,14 +8,13 @@ converted to the run's; the pooler and heads it lacks keep their fresh initialis
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import model as model_lib, workdir
+from albert_jax import files, model as model_lib, workdir
 from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
 from albert_jax.hf import (
   HF_WEIGHTS,
@@ -43,12 +42,12 @@ def load_pretrained(
   and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
   from them as they are, and the tree is checked leaf by leaf against them (shapes).
   """
-  if not os.path.isdir(path):
+  if not files.path(path).is_dir():
     raise ConfigError(
       f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
       f"--format=jax export)"
     )
-  if os.path.isfile(os.path.join(path, JAX_PARAMS)):
+  if files.path(path, JAX_PARAMS).is_file():
     params, src_config = load_jax_export(path)
   elif workdir.kind(path) is workdir.Kind.HF:
     params, src_config = load_hf(path)

@@ -2,6 +2,9 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -54,3 +57,98 @@ def test_missing_object_fails_fast(bucket):
   with pytest.raises(FileNotFoundError):
     files.read_json(f"{bucket}/nothing-here/x.json")
   assert time.time() - start < 10
+
+
+def _corpus(bucket: str) -> str:
+  """The pydoc corpus as one text file in the bucket (8 sentences a document); its glob."""
+  from tests.conftest import pydoc_sentences
+
+  lines = []
+  for i, line in enumerate(pydoc_sentences()):
+    lines += [line, ""] if i % 8 == 7 else [line]
+  files.path(bucket, "corpus", "part-0.txt").write_text("\n".join(lines) + "\n")
+  return f"{bucket}/corpus/*.txt"
+
+
+def _run(args, **kw):
+  from tests.conftest import ROOT
+
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+  )
+  return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.mark.slow
+def test_main_job_export_and_evaluate_on_gs_only(bucket):
+  """Corpus, prepared data and workdir in the bucket: train, resume, a damaged newest step set
+  aside in the bucket, SIGTERM's save and resume, an export to the bucket and evaluate on it."""
+  from tests.conftest import ROOT, main_cmd
+
+  corpus, run, data = _corpus(bucket), f"{bucket}/run", f"{bucket}/data"
+  cmd = lambda **t: main_cmd(run, data, f"--config.data.input_files={corpus}", **t)  # noqa: E731
+  r = _run(cmd(num_steps=4, checkpoint_every=2))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "saved step 4 to gs://" in r.stdout
+  held = files.files_under(run)
+  assert {"config.json", "spiece.model", "tensorboard/metrics.jsonl"} <= set(held)
+  assert any(n.startswith("logs/main-") for n in held) and any(
+    n.startswith("tensorboard/events.out.tfevents") for n in held
+  )
+  jsonl = files.path(run, "tensorboard", "metrics.jsonl").read_text().splitlines()
+  steps = [json.loads(line)["step"] for line in jsonl]
+  assert [s for s in steps if s] == [1, 2, 3, 4, 4]  # four train lines and the eval at step 4
+  prepared = files.read_json(f"{data}/prepared.json")
+  assert prepared["stats"]["train_examples"] > 100 and files.sha256(
+    f"{data}/spiece.model"
+  ) == files.sha256(f"{run}/spiece.model")
+  # The newest step damaged in the bucket: set aside under damaged/ (a "folder" never created).
+  files.path(run, "checkpoints", "4", "state", "manifest.ocdbt").unlink()
+  r = _run(cmd(num_steps=6, checkpoint_every=2))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "checkpoint 4 is damaged" in r.stdout and "resumed from step 2" in r.stdout
+  (aside,) = files.path(run, "damaged").iterdir()
+  assert aside.name.startswith("4-") and (aside / "state" / "_METADATA").exists()
+  assert "saved step 6 to gs://" in r.stdout
+  # SIGTERM: the step in flight is saved to the bucket and a rerun resumes from it.
+  proc = subprocess.Popen(
+    cmd(num_steps=10_000, checkpoint_every=10_000),
+    cwd=ROOT,
+    env=dict(
+      os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1"
+    ),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  out = []
+  for line in proc.stdout:
+    out.append(line)
+    if line.startswith("step 8/"):
+      proc.send_signal(signal.SIGTERM)
+      break
+  out += proc.stdout.readlines()
+  assert proc.wait(timeout=300) == 0, "".join(out)[-3000:]
+  saved = [int(line.split()[2]) for line in out if line.startswith("saved step")]
+  assert saved and saved[-1] >= 8
+  r = _run(cmd(num_steps=saved[-1] + 1, checkpoint_every=1000))
+  assert r.returncode == 0 and f"resumed from step {saved[-1]}" in r.stdout, r.stderr[-3000:]
+  # Export into the bucket (never a local folder named gs:), then evaluate reads both from it.
+  export_dir = f"{bucket}/export"
+  r = _run(
+    [sys.executable, "-m", "albert_jax.export", f"--workdir={run}", f"--output={export_dir}",
+     "--format=jax"]
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert workdir_lib.kind(export_dir) is workdir_lib.Kind.EXPORT
+  assert not os.path.exists(os.path.join(ROOT, "gs:")) and not os.path.exists("gs:")
+  r = _run(
+    [sys.executable, "-m", "albert_jax.evaluate", f"--checkpoint={export_dir}", f"--data={data}",
+     "--batches=2", "--batch_size=8"]
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["step"] == saved[-1] + 1 and 0 <= result["masked_lm_accuracy"] <= 1
