@@ -77,11 +77,10 @@ def read_json(p) -> dict:
     raise ConfigError(f"{p} is not valid JSON: {e}") from None
 
 
-def write_json(p, obj: dict, *, indent: int = 2) -> None:
-  """Writes obj as JSON whole: locally through a renamed temporary file, on gs:// as one object
-  (an object appears only once its upload completes)."""
+def write_text(p, text: str) -> None:
+  """Writes a file whole: locally through a renamed temporary file (its folder made), on gs:// as
+  one object (an object appears only once its upload completes)."""
   target = path(p)
-  text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n"
   if is_remote(p):
     target.write_text(text, encoding="utf-8")
     return
@@ -89,6 +88,10 @@ def write_json(p, obj: dict, *, indent: int = 2) -> None:
   tmp = target.parent / f".{target.name}.tmp"
   tmp.write_text(text, encoding="utf-8")
   tmp.replace(target)
+
+
+def write_json(p, obj, *, indent: int = 2) -> None:
+  write_text(p, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def sha256(p) -> str:

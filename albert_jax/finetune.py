@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import time
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from albert_jax import checkpoint, cli, config_lib, sharding, workdir as workdir_lib
+from albert_jax import checkpoint, cli, config_lib, files, sharding, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 
@@ -371,10 +370,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
         outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
       result["answers"] = squad_answers(config, outputs, data["eval"][1])
   if jax.process_index() == 0:
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump({k: v for k, v in result.items() if k not in PRIVATE}, f, indent=2)
-    os.replace(tmp, result_path)
+    files.write_json(result_path, {k: v for k, v in result.items() if k not in PRIVATE})
   return result
 
 
@@ -423,7 +419,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     + ", ".join(f"{len(a['input_ids'])} {s}" for s, (a, _) in data.items())
     + f" examples; vocabulary {config.data.spm_model_path}"
   )
-  os.makedirs(workdir, exist_ok=True)
+  files.path(workdir).mkdir(parents=True, exist_ok=True)
   built = build(config)
   results = []
   for k in range(config.seeds):
@@ -447,18 +443,18 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     "seeds": [{k: v for k, v in r.items() if k not in PRIVATE} for r in results],
   }
   if jax.process_index() == 0:
-    _write_json(os.path.join(workdir, "eval_results.json"), out)
+    files.write_json(files.path(workdir, workdir_lib.RESULTS_FILE), out)
     best = next((r for r in results if r["seed"] == summary.get("best_seed")), results[-1])
     if "answers" in best:
-      os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
-      _write_json(os.path.join(workdir, "predictions", "predictions.json"), best["answers"])
+      files.write_json(files.path(workdir, "predictions", "predictions.json"), best["answers"])
     for split, name in (("test", task and task.submission), ("test_mm", "MNLI-mm.tsv")):
       if f"{split}_outputs" not in best or task is None:
         continue
-      os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
       logits = best[f"{split}_outputs"]["logits"]
       pred = logits[:, 0] if task.kind == "regression" else np.argmax(logits, axis=-1)
-      glue.write_submission(os.path.join(workdir, "predictions", name), task, data[split][1], pred)
+      glue.write_submission(
+        str(files.path(workdir, "predictions", name)), task, data[split][1], pred
+      )
   log(
     f"{config.task.metric}: "
     + (
@@ -500,13 +496,6 @@ def resolve_task(config) -> None:
   config.task.labels = ",".join(task.labels)
   if task.kind == "regression" and config.task.metric == "accuracy":
     config.task.metric = "pearson"
-
-
-def _write_json(path: str, value) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=2)
-  os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------

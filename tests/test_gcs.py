@@ -99,8 +99,9 @@ def test_main_job_export_and_evaluate_on_gs_only(bucket):
     n.startswith("tensorboard/events.out.tfevents") for n in held
   )
   jsonl = files.path(run, "tensorboard", "metrics.jsonl").read_text().splitlines()
-  steps = [json.loads(line)["step"] for line in jsonl]
-  assert [s for s in steps if s] == [1, 2, 3, 4, 4]  # four train lines and the eval at step 4
+  records = [json.loads(line) for line in jsonl]
+  assert sorted({r["step"] for r in records if "train/loss" in r}) == [1, 2, 3, 4]
+  assert [r["step"] for r in records if "eval/masked_lm_accuracy" in r] == [4]
   prepared = files.read_json(f"{data}/prepared.json")
   assert prepared["stats"]["train_examples"] > 100 and files.sha256(
     f"{data}/spiece.model"
@@ -152,3 +153,61 @@ def test_main_job_export_and_evaluate_on_gs_only(bucket):
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads(r.stdout.strip().splitlines()[-1])
   assert result["step"] == saved[-1] + 1 and 0 <= result["masked_lm_accuracy"] <= 1
+  # Fine-tuning from the bucket's run, on TSVs in the bucket, writing its results there.
+  glue = f"{bucket}/glue"
+  words = ["good", "fine", "great", "bad", "poor", "awful"]
+  for name, n in (("train.tsv", 64), ("dev.tsv", 16)):
+    rows = [
+      f"the film is {words[i % 6]} and {words[(i * 7) % 6]}\t{int(i % 6 < 3)}" for i in range(n)
+    ]
+    files.path(glue, name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+  test_rows = [f"{i}\tthe film is {words[i % 6]}" for i in range(8)]
+  files.path(glue, "test.tsv").write_text("index\tsentence\n" + "\n".join(test_rows) + "\n")
+  ft = f"{bucket}/ft"
+  r = _run(
+    [sys.executable, "-m", "albert_jax.finetune", "--config=configs/finetune/glue.py:task=sst2",
+     f"--workdir={ft}", f"--config.init_from={run}", f"--config.data.glue_dir={glue}",
+     "--config.data.max_seq_length=32", "--config.train.batch_size=16",
+     "--config.train.num_steps=4", "--config.train.warmup_steps=1", "--config.train.eval_every=4",
+     "--config.train.checkpoint_every=4", "--config.train.log_every=2"]
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = files.read_json(f"{ft}/eval_results.json")
+  assert [s["seed"] for s in results["seeds"]] == [results["summary"]["best_seed"]]
+  assert 0 <= results["summary"]["accuracy"]["mean"] <= 1
+  submission = files.path(ft, "predictions", "SST-2.tsv").read_text().splitlines()
+  assert submission[0] == "index\tprediction" and len(submission) == 9
+  assert workdir_lib.kind(f"{ft}/seed_0") is workdir_lib.Kind.PRETRAINING  # a run with checkpoints
+  assert workdir_lib.read_config(f"{ft}/seed_0").data.spm_model_path == f"{data}/spiece.model"
+
+
+def _one_line_error(r, started: float, *expected: str) -> None:
+  assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+  lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1 and all(e in lines[0] for e in expected), r.stderr[-2000:]
+  assert time.time() - started < 60  # seconds, not the minutes of a client's retries
+
+
+def test_bad_gs_paths_are_one_line_within_seconds(bucket, tmp_path):
+  from tests.conftest import GCS_ENV, ROOT, main_cmd
+
+  started = time.time()
+  r = _run(main_cmd("gs://no-such-bucket-here/run", f"{bucket}/data", "--config.train.num_steps=1"))
+  _one_line_error(r, started, "bucket gs://no-such-bucket-here does not exist")
+  started = time.time()
+  r = _run(
+    [sys.executable, "-m", "albert_jax.evaluate", f"--checkpoint={bucket}/nothing",
+     f"--data={bucket}/nothing"]
+  )  # fmt: skip
+  _one_line_error(r, started, f"--checkpoint '{bucket}/nothing' is not a directory")
+  started = time.time()
+  no_emulator = {k: v for k, v in os.environ.items() if k not in GCS_ENV}
+  r = subprocess.run(
+    main_cmd(f"{bucket}/run", f"{bucket}/data", "--config.train.num_steps=1"),
+    cwd=ROOT,
+    env=dict(no_emulator, HOME=str(tmp_path), PYTHONPATH=os.environ.get("PYTHONPATH", "")),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  _one_line_error(r, started, "no Google Cloud credentials to reach gs://")
