@@ -308,7 +308,9 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
       )
       start = 0
     workdir_lib.write_config(workdir, config)
-    writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
+    writer = cleanup.enter_context(
+      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
+    )
     reporter = Reporter(
       writer,
       first_step=start,

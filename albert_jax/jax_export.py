@@ -17,10 +17,9 @@ import numpy as np
 from albert_jax import files, model as model_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.hf import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
-from albert_jax.workdir import VOCAB_FILE
+from albert_jax.workdir import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
 
 JAX_PARAMS = "params.safetensors"
-JAX_FORMAT = "albert_jax"
 JAX_FORMAT_VERSION = 1
 
 
@@ -76,7 +75,7 @@ def save_jax(
       "do_lower_case": bool(do_lower_case),
       **(extra or {}),
     }
-    files.write_json(os.path.join(tmp, "config.json"), meta)
+    files.write_json(os.path.join(tmp, CONFIG_FILE), meta)
     if spm_model_path:
       files.path(spm_model_path).copy(os.path.join(tmp, VOCAB_FILE))
   return out_dir
@@ -121,7 +120,7 @@ def load_jax_export(path: str) -> tuple[dict, dict]:
   """
   from safetensors.numpy import load
 
-  meta_file = files.path(path, "config.json")
+  meta_file = files.path(path, CONFIG_FILE)
   if not files.path(path).is_dir():
     raise ConfigError(f"export directory not found: {path}")
   if not meta_file.is_file() or not files.path(path, JAX_PARAMS).is_file():

@@ -386,7 +386,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     )
 
     # --- Loop -----------------------------------------------------------------------------------
-    writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
+    writer = cleanup.enter_context(
+      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
+    )
     writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
     peak, peak_source = hardware.peak_flops_per_device()
     # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every
