@@ -88,8 +88,8 @@ def fingerprint(config, must_exist: bool = True) -> dict:
   """
   d = config.data
   if d.spm_model_path:
-    path = os.path.expanduser(d.spm_model_path)
-    if not os.path.isfile(path):
+    path = str(files.path(d.spm_model_path))
+    if not files.path(path).is_file():
       if not must_exist:  # prepared data keeps its own copy of the vocabulary
         vocab = {"source": "file", "sha256": None}
       else:
