@@ -191,6 +191,7 @@ def _one_line_error(r, started: float, *expected: str) -> None:
   assert time.time() - started < 60  # seconds, not the minutes of a client's retries
 
 
+@pytest.mark.slow
 def test_bad_gs_paths_are_one_line_within_seconds(bucket, tmp_path):
   from tests.conftest import GCS_ENV, ROOT, main_cmd
 
