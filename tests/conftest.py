@@ -56,13 +56,24 @@ GCS_ENV = {
 os.environ.update(GCS_ENV)
 
 
-def _die_with_parent() -> None:
-  """The emulator ends when the test process does (PR_SET_PDEATHSIG), not before: tensorboardX
-  uploads its event files once more at interpreter exit, after the session's fixtures are gone."""
-  import ctypes
-  import signal
-
-  ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+# Runs the emulator (argv[2:]) for as long as the test process (argv[1]) lives, and no longer: not when
+# the session's fixtures end, since tensorboardX uploads its event files once more at interpreter
+# exit. It forks away first, so the emulator is no child of the test process (tests count those).
+_KEEPER = """
+import ctypes, os, signal, subprocess, sys, time
+if os.fork():
+  os._exit(0)
+server = subprocess.Popen(
+  sys.argv[2:], preexec_fn=lambda: ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
+)  # 1: PR_SET_PDEATHSIG, the emulator ends with its keeper
+while server.poll() is None:
+  try:
+    os.kill(int(sys.argv[1]), 0)
+  except ProcessLookupError:
+    break
+  time.sleep(0.5)
+server.terminate()
+"""
 
 
 @pytest.fixture(scope="session")
@@ -72,12 +83,13 @@ def gcs_url():
 
   port = GCS_URL.rsplit(":", 1)[1]
   log = open(os.path.join(tempfile.mkdtemp(prefix="albert_jax_gcs_"), "server.log"), "wb")  # noqa: SIM115
-  server = subprocess.Popen(
-    [str(_server._get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", port,
-     "-backend", "memory", "-external-url", GCS_URL, "-log-level", "error"],
+  subprocess.run(
+    [sys.executable, "-c", _KEEPER, str(os.getpid()), str(_server._get_binary_path()),
+     "-scheme", "http", "-host", "127.0.0.1", "-port", port, "-backend", "memory",
+     "-external-url", GCS_URL, "-log-level", "error"],
     stdout=log,
     stderr=subprocess.STDOUT,
-    preexec_fn=_die_with_parent,
+    check=True,
   )  # fmt: skip
   deadline = time.time() + 30
   while True:
@@ -85,7 +97,7 @@ def gcs_url():
       urllib.request.urlopen(f"{GCS_URL}/storage/v1/b", timeout=1).close()
       break
     except OSError:
-      if server.poll() is not None or time.time() > deadline:
+      if time.time() > deadline:
         raise RuntimeError(f"the GCS emulator did not start (see {log.name})") from None
       time.sleep(0.05)
   return GCS_URL

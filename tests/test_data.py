@@ -442,17 +442,17 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
   assert not workdir.exists() or os.listdir(workdir) == []
 
 
-def test_remote_data_dir_is_one_line_and_creates_nothing(prepared, tmp_path, monkeypatch):
+def test_missing_bucket_is_one_line_and_creates_nothing(prepared, tmp_path, monkeypatch, gcs_url):
+  """gs:// data is prepared into the bucket (tests/test_gcs.py); a bucket that does not exist is one
+  line, and nothing local is made (no directory named "gs:")."""
   config, _, _ = prepared
   config = config.copy_and_resolve_references()
   monkeypatch.chdir(tmp_path)
-  for data_dir, workdir in [("gs://bucket/data", "w"), ("", "gs://bucket/run")]:
+  for data_dir, workdir in [("gs://no-such-bucket-d/data", "w"), ("", "gs://no-such-bucket-w/run")]:
     config.data.data_dir = data_dir
-    with pytest.raises(
-      ConfigError, match="prepared data must be on a local or mounted filesystem, not gs://"
-    ):
+    with pytest.raises(ConfigError, match=r"bucket gs://no-such-bucket-[dw] does not exist"):
       dataset.prepare(config, workdir)
-  assert os.listdir(tmp_path) == []  # no local directory named "gs:"
+  assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("content", ["{not json", "{}", "[1, 2]"])
