@@ -104,14 +104,14 @@ def sha256(p) -> str:
 
 
 def files_under(d) -> list[str]:
-  """The relative names of every file under a directory, sorted (gs:// included: no ** globs)."""
-  out = []
-  for child in epath.Path(d).iterdir():
-    if child.is_dir():
-      out += [f"{child.name}/{name}" for name in files_under(child)]
-    else:
-      out.append(child.name)
-  return sorted(out)
+  """The relative names of every file under a directory (gs:// included: no ** globs), in
+  os.walk's order with sorted names: a folder's files, then each subfolder's."""
+  children = sorted(epath.Path(d).iterdir(), key=lambda c: c.name)
+  folders = [c for c in children if c.is_dir()]
+  out = [c.name for c in children if c not in folders]
+  for folder in folders:
+    out += [f"{folder.name}/{name}" for name in files_under(folder)]
+  return out
 
 
 def move(src, dst) -> None:
