@@ -2,7 +2,7 @@
 
 OUT/params.safetensors ('/'-joined names, float32), OUT/config.json ({"format": "albert_jax", "model":
 every ModelConfig field, ...}) and OUT/spiece.model. `load_jax_export(OUT)` reads it back; `init_from`
-accepts it (pretrained.py).
+accepts it (workdir.py, through pretrained.py).
 """
 
 from __future__ import annotations
