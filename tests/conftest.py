@@ -223,3 +223,34 @@ def spm_model_path(tmp_path_factory):
 def pytest_collection_modifyitems(items):
   """Tests marked slow first: on two workers the long ones run beside the short ones, not last."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def build_tiny_text(data_dir: str, documents: list[list[str]]) -> None:
+  """A TFDS dataset "tiny_text" (array_record) in data_dir: one Wikipedia-like record of running
+  text per document, for the TFDS corpus source."""
+  import tensorflow_datasets as tfds
+
+  class TinyText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    name = "tiny_text"
+    VERSION = tfds.core.Version("1.0.0")
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+      return None
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+        builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
+      )
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i, doc in enumerate(documents):
+        yield i, {"text": " ".join(doc)}  # sentences run together on one line
+
+  TinyText(data_dir=data_dir, file_format="array_record").download_and_prepare(
+    download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+  )

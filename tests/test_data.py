@@ -18,6 +18,7 @@ import pytest
 
 from albert_jax import config_lib, corpus, dataset, examples, input_pipeline
 from albert_jax.config_lib import ConfigError
+from tests.conftest import build_tiny_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, P, BATCH = 64, 10, 8
@@ -559,34 +560,7 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
 
 def test_tfds_text_source(prepared, tmp_path):
   _, _, info = prepared
-  import tensorflow_datasets as tfds
-
-  class TinyText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Wikipedia-like records: one document of running text each."""
-
-    name = "tiny_text"
-    VERSION = tfds.core.Version("1.0.0")
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls):
-      return None
-
-    def _info(self):
-      return tfds.core.DatasetInfo(
-        builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
-      )
-
-    def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples()}
-
-    def _generate_examples(self):
-      for i, doc in enumerate(_topic_documents()[:40]):
-        yield i, {"text": " ".join(doc)}  # sentences run together on one line
-
-  TinyText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare(
-    download_config=tfds.download.DownloadConfig(try_download_gcs=False)
-  )
+  build_tiny_text(str(tmp_path / "tfds"), _topic_documents()[:40])
   docs = list(corpus.tfds_documents("tiny_text", data_dir=str(tmp_path / "tfds")))
   assert len(docs) == 40
   assert np.mean([len(d) for d in docs]) > 10  # split back into sentences

@@ -261,3 +261,27 @@ def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monk
     assert info["num_train_examples"] == local["num_train_examples"], name
     assert files.read_json(f"{bucket}/{name}/prepared.json")["vocab_sha256"] == files.sha256(vocab)
   assert not any(n.startswith(".") for n in files.files_under(bucket))  # no staging left behind
+
+
+def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
+  """data.tfds_data_dir on gs://: the TFDS source is read from the bucket, as from a local copy."""
+  from albert_jax import corpus, dataset
+  from tests.conftest import build_tiny_text, small_config
+
+  documents = [[f"document {i} sentence {j} is here ." for j in range(12)] for i in range(30)]
+  build_tiny_text(str(tmp_path / "tfds"), documents)
+  local = tmp_path / "tfds"
+  for name in files.files_under(local):
+    files.path(local / name).copy(files.path(bucket, "tfds", name))
+  assert list(corpus.tfds_documents("tiny_text", data_dir=f"{bucket}/tfds")) == list(
+    corpus.tfds_documents("tiny_text", data_dir=str(local))
+  )
+  config = small_config(f"{bucket}/data")
+  config.data.update(
+    builtin_corpus="",
+    tfds_name="tiny_text",
+    tfds_data_dir=f"{bucket}/tfds",
+    spm_model_path=spm_model_path,
+  )
+  info = dataset.prepare(config, str(tmp_path / "work"))
+  assert info["documents"] == 30 and info["num_train_examples"] > 20
