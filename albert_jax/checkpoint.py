@@ -1,7 +1,6 @@
 """Orbax checkpoints: async saves of the whole train state plus the data iterator's position.
 
-Layout: <workdir>/config.json (the resolved config of the run) and <workdir>/checkpoints/<step>/
-{state, data}. Orbax writes each step into a temporary directory and renames it when complete, so a
+Layout: <workdir>/checkpoints/<step>/{state, data} (the rest of the workdir: workdir.py). Orbax writes each step into a temporary directory and renames it when complete, so a
 run killed at any moment (SIGKILL during a save too) restarts from the latest complete checkpoint.
 Kept: the last `train.keep_checkpoints` plus the best by eval masked_lm_accuracy.
 
@@ -15,120 +14,19 @@ written stay restorable.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
-from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
-from albert_jax import config_lib, sharding, state as state_lib
+from albert_jax import sharding, state as state_lib, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.files import DiskFull, is_disk_full
-from albert_jax.metrics import log
 
 BEST_METRIC = "masked_lm_accuracy"
-
-
-def config_path(workdir: str) -> epath.Path:
-  return epath.Path(workdir) / "config.json"
-
-
-def read_config(workdir: str) -> ml_collections.ConfigDict:
-  path = config_path(workdir)
-  if not path.exists():
-    raise ConfigError(f"{workdir} holds no config.json: not an albert_jax workdir")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
-
-
-def check_workdir(workdir: str, config: ml_collections.ConfigDict, latest: int | None) -> None:
-  """Refuses a workdir whose checkpoints hold another model's state (a one-line ConfigError).
-
-  `latest` is the workdir's latest step as every process read it (latest_step) before anything was
-  written: reading it again here would race with process 0 creating the checkpoint directory.
-  """
-  path = config_path(workdir)
-  if latest is not None and path.exists():
-    check_same_model(json.loads(path.read_text()), config.to_dict(), workdir)
-
-
-# The vocabulary a workdir's checkpoints were trained with: the first run keeps a copy beside them.
-VOCAB_COPY = "spiece.model"
-
-
-def _sha256(path: epath.Path) -> str:
-  return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def check_vocabulary(workdir: str, spm_model_path: str, latest: int | None) -> None:
-  """Refuses to resume with data made with another vocabulary than the checkpoints' (say, data
-  rebuilt after its directory was deleted, with a newly trained vocabulary): the embeddings would
-  be read against other token ids, silently. Workdirs without a kept copy are not checked."""
-  kept = epath.Path(workdir) / VOCAB_COPY
-  if latest is None or not kept.exists():
-    return
-  if _sha256(kept) != _sha256(epath.Path(spm_model_path)):
-    raise ConfigError(
-      f"the data's vocabulary {spm_model_path} is not the one the checkpoints in {workdir} were "
-      f"trained with ({kept}): prepare the data into a new data.data_dir with "
-      f"--config.data.spm_model_path={kept}, or start a new --workdir"
-    )
-
-
-def keep_vocabulary(workdir: str, spm_model_path: str) -> None:
-  """Copies the run's vocabulary into the workdir once (process 0; atomic), for check_vocabulary."""
-  kept = epath.Path(workdir) / VOCAB_COPY
-  if jax.process_index() != 0 or kept.exists():
-    return
-  tmp = kept.parent / f"{VOCAB_COPY}.tmp"
-  tmp.write_bytes(epath.Path(spm_model_path).read_bytes())
-  tmp.replace(kept)
-
-
-def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes the resolved config (process 0; atomic). The trainer calls it once the state is
-  restored or initialised, so a resume that fails leaves the config of the checkpoints in place."""
-  if jax.process_index() != 0:
-    return
-  path = config_path(workdir)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.parent / "config.json.tmp"
-  tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True))
-  tmp.replace(path)  # atomic, and overwrites the previous run's config
-
-
-# Fields that change the layout of the saved state (parameter shapes and tree, optimizer state); the
-# rest (dtype, remat, dropout, learning rate, ...) may differ between a checkpoint and a resumed run.
-SHAPE_FIELDS = config_lib.SIZE_FIELDS + config_lib.LAYOUT_FIELDS
-STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (("train", "optimizer"),)
-
-
-def check_same_model(saved: dict, current: dict, workdir: str) -> None:
-  """saved, current: whole configs as dicts (config.json's and this run's)."""
-  diffs = [
-    f"{section}.{k}: checkpoint {saved.get(section, {}).get(k)!r} != config "
-    f"{current.get(section, {}).get(k)!r}"
-    for section, k in STATE_FIELDS
-    if k in saved.get(section, {}) and saved[section][k] != current.get(section, {}).get(k)
-  ]
-  if diffs:
-    raise ConfigError(
-      f"{workdir} holds a checkpoint of another model ({'; '.join(diffs)}); "
-      f"use a new --workdir or the same model config"
-    )
-
-
-def checkpoints_dir(workdir: str) -> epath.Path:
-  """<workdir>/checkpoints, absolute (Orbax refuses relative paths; gs:// paths stay as they are)."""
-  root = workdir if "://" in workdir else os.path.abspath(workdir)
-  return epath.Path(root) / "checkpoints"
 
 
 def best_metric(config) -> str:
@@ -163,12 +61,12 @@ def _manager(
     read_only=read_only,
   )
   return ocp.CheckpointManager(
-    checkpoints_dir(workdir), options=options, item_names=("state", "data")
+    workdir_lib.checkpoints_dir(workdir), options=options, item_names=("state", "data")
   )
 
 
 def latest_step(workdir: str) -> int | None:
-  if not checkpoints_dir(workdir).exists():
+  if not workdir_lib.checkpoints_dir(workdir).exists():
     return None
   with _manager(workdir, read_only=True) as mngr:
     return mngr.latest_step()
@@ -214,7 +112,7 @@ class Checkpointer:
         raise
       what = "saving" if self._saving is None else f"saving step {self._saving}"
       raise DiskFull(
-        f"no space left on device {what} to {checkpoints_dir(self.workdir)}; "
+        f"no space left on device {what} to {workdir_lib.checkpoints_dir(self.workdir)}; "
         f"earlier checkpoints are intact: free space and re-run to resume"
       ) from e
 
@@ -265,13 +163,13 @@ class Checkpointer:
         if moved:
           self.manager.reload()
         return step, state, data_state
-      set_aside(self.workdir, step, problem)
+      workdir_lib.set_aside(self.workdir, step, problem)
       moved = True
     if moved:
       self.manager.reload()
       raise ConfigError(
-        f"every checkpoint in {checkpoints_dir(self.workdir)} is damaged (moved to "
-        f"{damaged_dir(self.workdir)}); start a new --workdir or restore them"
+        f"every checkpoint in {workdir_lib.checkpoints_dir(self.workdir)} is damaged (moved to "
+        f"{workdir_lib.path(self.workdir, workdir_lib.DAMAGED)}); start a new --workdir or restore them"
       )
     return None, None, None
 
@@ -280,7 +178,7 @@ class Checkpointer:
     try:
       tree = (
         ocp.StandardCheckpointer()
-        .metadata(checkpoints_dir(self.workdir) / str(step) / "state")
+        .metadata(workdir_lib.checkpoints_dir(self.workdir) / str(step) / "state")
         .item_metadata.tree
       )
       saved = sorted(tuple(m.shape) for m in jax.tree_util.tree_leaves(tree))
@@ -357,27 +255,9 @@ def damage(step: int, state: Any) -> str | None:
   return None if bool(finite) else "it holds non-finite values"
 
 
-def damaged_dir(workdir: str) -> epath.Path:
-  return checkpoints_dir(workdir).parent / "damaged"
-
-
-def set_aside(workdir: str, step: int, problem: str) -> epath.Path:
-  """Moves checkpoints/<step> to damaged/<step>-<UTC time> (process 0; kept for inspection)."""
-  target = damaged_dir(workdir) / f"{step}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-  if jax.process_index() == 0:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    (checkpoints_dir(workdir) / str(step)).rename(target)
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(f"albert_jax set aside step {step}")
-  log(f"checkpoint {step} is damaged ({problem}): moved to {target}; trying the previous step")
-  return target
-
-
 def resolve_step(workdir: str, step: str | int, metric: str = BEST_METRIC) -> int:
   """'latest', 'best' or a step number -> an existing step, or a one-line ConfigError."""
-  if not checkpoints_dir(workdir).exists():
+  if not workdir_lib.checkpoints_dir(workdir).exists():
     raise ConfigError(f"{workdir} holds no checkpoints")
   with _manager(workdir, read_only=True, metric=metric) as mngr:
     steps = mngr.all_steps()
@@ -401,7 +281,7 @@ def resolve_step(workdir: str, step: str | int, metric: str = BEST_METRIC) -> in
 
 def load_params(workdir: str, step: str | int = "latest"):
   """(params, config, step, metrics) of a run's checkpoint, parameters only, on the default device."""
-  config = read_config(workdir)
+  config = workdir_lib.read_config(workdir)
   step = resolve_step(workdir, step, best_metric(config))
   # Onto this process's first device, whatever mesh (or pod) wrote the checkpoint: without a target
   # sharding Orbax refuses a checkpoint saved with another topology.
@@ -415,7 +295,7 @@ def load_params(workdir: str, step: str | int = "latest"):
   try:
     with ocp.PyTreeCheckpointer() as reader:
       restored = reader.restore(
-        checkpoints_dir(workdir) / str(step) / "state",
+        workdir_lib.checkpoints_dir(workdir) / str(step) / "state",
         args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
       )
   except (ValueError, KeyError) as e:

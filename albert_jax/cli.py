@@ -29,6 +29,7 @@ import io
 import logging
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -275,17 +276,19 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   logging.getLogger().setLevel(logging.INFO)
   _background_to_log()
   _log_file.clear()
-  if (
-    workdir
-    and "://" not in workdir
-    and not (os.path.exists(workdir) and not os.path.isdir(workdir))
-  ):
+  _remote_log.clear()
+  if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
+    from albert_jax import files, workdir as workdir_lib
+
+    name = f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
     try:
-      logs = os.path.join(workdir, "logs")
-      os.makedirs(logs, exist_ok=True)
-      path = os.path.join(
-        logs, f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
-      )
+      if files.is_remote(workdir):  # written locally, uploaded whole when the process exits
+        path = os.path.join(tempfile.mkdtemp(prefix="albert_jax_log_"), name)
+        _remote_log[:] = [path, str(files.path(workdir, workdir_lib.LOGS, name))]
+      else:
+        logs = os.path.join(workdir, workdir_lib.LOGS)
+        os.makedirs(logs, exist_ok=True)
+        path = os.path.join(logs, name)
       file_handler = _LogFile(path, encoding="utf-8")
       file_handler.setLevel(logging.INFO)
       file_handler.setFormatter(
@@ -296,6 +299,22 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
     except OSError:  # a read-only workdir: console only
       pass
   return _log_file[0] if _log_file else None
+
+
+# A gs:// workdir's log file: (local file, its object), uploaded whole as each guarded block ends.
+_remote_log: list[str] = []
+
+
+def _upload_log() -> None:
+  from albert_jax import files
+
+  if not _remote_log:
+    return
+  local, remote = _remote_log
+  try:
+    files.path(local).copy(files.path(remote), overwrite=True)
+  except Exception as e:  # noqa: BLE001 (at exit: a log that cannot be uploaded must not hide the result)
+    print(f"warning: could not upload the log file {local} to {remote}: {e}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -329,6 +348,8 @@ def guard() -> Iterator[None]:
     if isinstance(e, OSError) or _lost_peer(e):
       fail(f"{type(e).__name__}: {one_line(e)}{where}", ENVIRONMENT)
     fail(f"internal error: {type(e).__name__}: {one_line(e)}{where}", INTERNAL)
+  finally:
+    _upload_log()
 
 
 def _lost_peer(e: BaseException) -> bool:

@@ -33,6 +33,7 @@ import sysconfig
 import zlib
 from collections.abc import Iterable, Iterator
 
+from albert_jax import files as files_lib
 from albert_jax.config_lib import ConfigError
 
 BUILTIN_CORPORA = ("python_docs",)
@@ -141,12 +142,17 @@ def resolve_input_files(spec: str) -> list[str]:
   for pattern in (p.strip() for p in spec.split(",")):
     if not pattern:
       continue
-    pattern = os.path.expanduser(pattern)
-    matches = sorted(glob.glob(pattern, recursive=True))
+    if files_lib.is_remote(pattern):  # gs://: one level of * per part (no ** over a bucket)
+      bucket, _, rest = pattern.partition("://")[2].partition("/")
+      root = files_lib.path(f"{pattern.partition('://')[0]}://{bucket}")
+      matches = sorted(str(p) for p in root.glob(rest)) if rest else []
+    else:
+      pattern = os.path.expanduser(pattern)
+      matches = sorted(glob.glob(pattern, recursive=True))
     if not matches:
       raise ConfigError(f"data.input_files: no file matches {pattern!r}")
     for path in matches:
-      if os.path.isdir(path):
+      if files_lib.path(path).is_dir():
         raise ConfigError(
           f"data.input_files: {path} is a directory; name its files (e.g. {path}/*.txt)"
         )
@@ -158,9 +164,13 @@ def resolve_input_files(spec: str) -> list[str]:
 
 def _open(path: str):
   try:
-    return open(path, "rb")
+    return files_lib.path(path).open("rb")
   except OSError as e:
-    raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def file_size(path: str) -> int:
+  return files_lib.path(path).stat().length
 
 
 def _file_range_documents(
@@ -237,14 +247,14 @@ def text_file_documents(
   A document never spans two files. Lines are decoded one at a time so a bad byte costs one line.
   """
   stats = stats if stats is not None else CorpusStats()
-  stats.progress_total = sum(os.path.getsize(f) for f in files)
+  stats.progress_total = sum(file_size(f) for f in files)
   done_before = 0
   for path in files:
     stats.files += 1
     for doc in _file_range_documents(path, 0, None, 0, 0, non_utf8, stats, done_before):
       if doc:
         yield doc
-    done_before += os.path.getsize(path)
+    done_before += file_size(path)
     stats.progress_done = done_before
 
 
@@ -477,8 +487,12 @@ def identity(data) -> dict:
       files = resolve_input_files(data.input_files)
       h = hashlib.sha256()
       for f in files:
-        st = os.stat(f)
-        h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        if files_lib.is_remote(f):  # an object's size and its last write
+          st = files_lib.path(f).stat()
+          h.update(f"{f}\0{st.length}\0{int(st.mtime * 1e9)}\0".encode())
+        else:
+          st = os.stat(f)
+          h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
       ident.update(files_sha256=h.hexdigest()[:16])
     except (ConfigError, OSError):
       ident.update(files_sha256=None)

@@ -20,7 +20,6 @@ import collections
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import heapq
 import json
 import math
@@ -47,13 +46,13 @@ from albert_jax import (
   tokenizer as tokenizer_lib,
 )
 from albert_jax.config_lib import ConfigError
+from albert_jax.workdir import VOCAB_FILE
 
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"
 FORMAT_VERSION = 3  # of prepared.json and the example layout (3: a file per shard, in shard order)
 SPLITS = ("train", "eval")
 PREPARED_FILE = "prepared.json"
-VOCAB_FILE = "spiece.model"
 # The corpus is cut into shards of about SHARD_BYTES of text (text files) or SHARD_DOCUMENTS
 # documents (TFDS, built-in), each made into examples on its own from the seed and its index: the
 # dataset is the same whatever the number of workers. Within a shard, the documents of a split
@@ -68,34 +67,16 @@ GROUP_DOCUMENTS = 10_000
 
 
 def data_dir(config, workdir: str) -> str:
-  """Where prepared data lives: config.data.data_dir, or <workdir>/data. A local (or mounted) path:
-  prepare renames a finished build into place and the reader opens files, neither of which works
-  on gs:// here, so a remote path is a one-line error rather than a local directory named 'gs:'."""
-  path = config.data.data_dir or os.path.join(workdir, "data")
-  if "://" in path:
-    raise ConfigError(
-      f"prepared data must be on a local or mounted filesystem, not {path}: set data.data_dir to "
-      f"a local path (on a pod, copy the prepared data to each worker's disk or mount the bucket "
-      f"with gcsfuse)"
-    )
-  return os.path.abspath(path)
+  """Where prepared data lives: config.data.data_dir, or <workdir>/data (local or gs://)."""
+  return str(files.path(config.data.data_dir or files.path(workdir, "data")))
 
 
 def spm_model_path(config, workdir: str) -> str:
   """The vocabulary the prepared data uses (a copy of a brought model, or the trained one)."""
-  path = os.path.join(data_dir(config, workdir), VOCAB_FILE)
-  if not os.path.exists(path) and config.data.spm_model_path:
-    path = config.data.spm_model_path
-    return path if "://" in path else os.path.abspath(path)
-  return path
-
-
-def file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
+  path = files.path(data_dir(config, workdir), VOCAB_FILE)
+  if not path.exists() and config.data.spm_model_path:
+    path = files.path(config.data.spm_model_path)
+  return str(path)
 
 
 def fingerprint(config, must_exist: bool = True) -> dict:
@@ -107,8 +88,8 @@ def fingerprint(config, must_exist: bool = True) -> dict:
   """
   d = config.data
   if d.spm_model_path:
-    path = os.path.expanduser(d.spm_model_path)
-    if not os.path.isfile(path):
+    path = str(files.path(d.spm_model_path))
+    if not files.path(path).is_file():
       if not must_exist:  # prepared data keeps its own copy of the vocabulary
         vocab = {"source": "file", "sha256": None}
       else:
@@ -120,7 +101,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
           f"data.spm_model_path has {size} pieces but model.vocab_size="
           f"{config.model.vocab_size}; set model.vocab_size={size}"
         )
-      vocab = {"source": "file", "sha256": file_sha256(path)}
+      vocab = {"source": "file", "sha256": files.sha256(path)}
   else:
     vocab = {
       "source": "trained",
@@ -220,12 +201,11 @@ def _describe_vocab(v) -> str:
 
 
 def _read_prepared(ddir: str) -> dict | None:
-  path = os.path.join(ddir, PREPARED_FILE)
-  if not os.path.isfile(path):
+  path = files.path(ddir, PREPARED_FILE)
+  if not path.is_file():
     return None
   try:
-    with open(path) as f:
-      prepared = json.load(f)
+    prepared = json.loads(path.read_text())
   except (ValueError, UnicodeDecodeError):
     prepared = None
   if not (isinstance(prepared, dict) and isinstance(prepared.get("fingerprint"), dict)):
@@ -268,7 +248,7 @@ def _info(ddir: str, prepared: dict) -> dict:
   return dict(
     stats,
     data_dir=ddir,
-    spm_model_path=os.path.join(ddir, VOCAB_FILE),
+    spm_model_path=str(files.path(ddir, VOCAB_FILE)),
     num_train_examples=stats["train_examples"],
     num_eval_examples=stats["eval_examples"],
     vocab_sha256=prepared["vocab_sha256"],
@@ -551,7 +531,7 @@ def vocab_sample_caps(shards: list[dict], size: int) -> list[int]:
 def _shard_weight(shard: dict) -> int:
   """A shard's share of the corpus: its bytes for text files, its documents otherwise."""
   if shard["kind"] == "files":
-    end = shard["end"] if shard["end"] is not None else os.path.getsize(shard["path"])
+    end = shard["end"] if shard["end"] is not None else corpus_lib.file_size(shard["path"])
     return max(end - shard["start"], 1)
   return max(shard["docs"], 1)
 
@@ -760,10 +740,10 @@ def _build(config, out: str, fp: dict) -> dict:
   t_start = time.time()
   vocab_path = os.path.join(out, VOCAB_FILE)
   if d.spm_model_path:
-    src = os.path.expanduser(d.spm_model_path)
-    shutil.copyfile(src, vocab_path)
-    if os.path.isfile(os.path.splitext(src)[0] + ".vocab"):
-      shutil.copyfile(os.path.splitext(src)[0] + ".vocab", os.path.join(out, "spiece.vocab"))
+    src = files.path(d.spm_model_path)
+    src.copy(vocab_path)
+    if src.with_suffix(".vocab").is_file():
+      src.with_suffix(".vocab").copy(os.path.join(out, "spiece.vocab"))
     vocab_seconds = 0.0
   # Cut the corpus into shards; each is sampled for the vocabulary, then made into examples and
   # written as files of its own (in worker processes, or a Beam pipeline); the files are then put
@@ -833,7 +813,7 @@ def _build(config, out: str, fp: dict) -> dict:
     )
   prepared = {
     "fingerprint": fp,
-    "vocab_sha256": file_sha256(vocab_path),
+    "vocab_sha256": files.sha256(vocab_path),
     "stats": stats,
     "dataset": {"name": DATASET_NAME, "version": DATASET_VERSION, "file_format": "array_record"},
     "python": sys.version.split()[0],
@@ -867,6 +847,51 @@ def _remove_interrupted_builds(ddir: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _build_or_disk_full(config, out: str, fp: dict, ddir: str) -> None:
+  try:
+    _build(config, out, fp)
+  except Exception as e:
+    if files.is_disk_full(e):
+      raise files.DiskFull(
+        f"no space left on device preparing data in {ddir}; nothing was put in "
+        f"place: free space and re-run"
+      ) from e
+    raise
+
+
+def _prepare_to_bucket(config, workdir: str, ddir: str) -> dict:
+  """prepare() into gs://: the workers build in a local temporary directory (array_record and
+  SentencePiece write local files), which is then uploaded file by file with prepared.json last:
+  readers (prepare's own check included) see the dataset only once it is complete. Objects left by
+  an interrupted upload, without prepared.json, are overwritten by the next prepare."""
+  if not files.is_empty_dir(ddir) and not _only_partial_upload(ddir):
+    raise ConfigError(
+      f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
+      f"use another data.data_dir or empty it"
+    )
+  fp = fingerprint(config)
+  if config.data.beam_runner:
+    _beam_options(config)
+  tmp = tempfile.mkdtemp(prefix="albert_jax_prepare_")
+  logging.info("preparing data for %s (building in %s)", ddir, tmp)
+  try:
+    _build_or_disk_full(config, tmp, fp, ddir)
+    files.upload(tmp, ddir, last=(PREPARED_FILE,))
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  ddir, prepared = check_prepared(config, workdir)
+  logging.info("prepared %s: %s", ddir, json.dumps(prepared["stats"]))
+  return _info(ddir, prepared)
+
+
+def _only_partial_upload(ddir: str) -> bool:
+  """Whether ddir holds only what an interrupted upload leaves (our files, no prepared.json)."""
+  return all(
+    name.split("/")[0] in (VOCAB_FILE, "spiece.vocab", DATASET_NAME)
+    for name in files.files_under(ddir)
+  )
+
+
 def prepare(config, workdir: str) -> dict:
   """Prepares vocabulary and examples once (idempotent); returns the dataset's info and statistics.
 
@@ -881,6 +906,8 @@ def prepare(config, workdir: str) -> dict:
     ddir, prepared = check_prepared(config, workdir)
     logging.info("prepared data found in %s", ddir)
     return _info(ddir, prepared)
+  if files.is_remote(ddir):
+    return _prepare_to_bucket(config, workdir, ddir)
   if os.path.isdir(ddir) and os.listdir(ddir):
     raise ConfigError(
       f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
@@ -900,15 +927,7 @@ def prepare(config, workdir: str) -> dict:
   os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would become the data directory's mode
   logging.info("preparing data in %s (building in %s)", ddir, tmp)
   try:
-    try:
-      _build(config, tmp, fp)
-    except Exception as e:
-      if files.is_disk_full(e):
-        raise files.DiskFull(
-          f"no space left on device preparing data in {ddir}; nothing was put in "
-          f"place: free space and re-run"
-        ) from e
-      raise
+    _build_or_disk_full(config, tmp, fp, ddir)
     try:
       os.rename(tmp, ddir)  # atomic; an empty directory is replaced
     except OSError as e:

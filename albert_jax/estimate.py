@@ -769,9 +769,9 @@ def run() -> None:
         raise ConfigError(
           "--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256"
         )
-      from albert_jax import pretrained
+      from albert_jax import workdir as workdir_lib
 
-      pretrained.resolve_and_validate(config)
+      workdir_lib.resolve_and_validate(config)
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])
       est = estimate(config, device, devices, mfu_flag.value, config_name=config_name)
       if tpu is not None and compile_ != "no":

@@ -22,27 +22,20 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 
 from absl import app, flags
 
-from albert_jax import cli, config_lib
+from albert_jax import cli, config_lib, files, workdir
 from albert_jax.config_lib import ConfigError
 
 # Masking settings: not part of the prepared data (masks are drawn in the input pipeline).
 _MASKING = ("max_predictions_per_seq", "masked_lm_prob", "max_ngram", "word_start")
 
 
-def _is_workdir(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
-    os.path.join(path, "checkpoints")
-  )
-
-
 def load_model(path: str, step: str | int = "latest") -> dict:
   """{params, model (the model config), task, vocab (spiece.model path), step, run_config} of a
   workdir checkpoint or a jax export."""
-  if _checkpoint_kind(path) == "workdir":
+  if _checkpoint_kind(path) is workdir.Kind.PRETRAINING:
     from albert_jax import checkpoint, dataset
 
     params, config, step, _ = checkpoint.load_params(path, step)
@@ -54,31 +47,27 @@ def load_model(path: str, step: str | int = "latest") -> dict:
       vocab=dataset.spm_model_path(config, path),
       run_config=config,
     )
-  from albert_jax import files, jax_export
+  from albert_jax import jax_export
 
   params, model = jax_export.load_jax_export(path)
-  meta = files.read_json(os.path.join(path, "config.json"))
+  meta = files.read_json(files.path(path, workdir.CONFIG_FILE))
   return dict(
     params=params,
     model=model,
     task=meta.get("task", "unknown"),
     step=meta.get("step"),
-    vocab=os.path.join(path, "spiece.model"),
+    vocab=str(files.path(path, workdir.VOCAB_FILE)),
     run_config=None,
   )
 
 
-def _checkpoint_kind(path: str) -> str:
-  """'workdir' or 'export' (cheap: reads no parameters), else a one-line ConfigError."""
-  from albert_jax import files
-
-  if not path or not os.path.isdir(path):
+def _checkpoint_kind(path: str) -> workdir.Kind:
+  """A pretraining workdir or an export (cheap: reads no parameters), else a one-line ConfigError."""
+  if not path or not files.path(path).is_dir():
     raise ConfigError(f"--checkpoint {path!r} is not a directory")
-  if _is_workdir(path):
-    return "workdir"
-  meta = os.path.join(path, "config.json")
-  if os.path.isfile(meta) and files.read_json(meta).get("format") == "albert_jax":  # JAX_FORMAT
-    return "export"
+  found = workdir.kind(path)
+  if found in (workdir.Kind.PRETRAINING, workdir.Kind.EXPORT):
+    return found
   raise ConfigError(
     f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
     f"nor an albert_jax export (export --format=jax)"
@@ -91,22 +80,22 @@ def data_config(data: str, batch_size: int, masking_from=None):
   The data side is rebuilt from prepared.json's fingerprint (what the examples were made with),
   so the pipeline's own check accepts it whichever run prepared it.
   """
-  from albert_jax import checkpoint, dataset, files
+  from albert_jax import dataset
 
-  if not data or not os.path.isdir(data):
+  if not data or not files.path(data).is_dir():
     raise ConfigError(f"--data {data!r} is not a directory")
-  if not os.path.isfile(os.path.join(data, dataset.PREPARED_FILE)):
-    if not os.path.isfile(os.path.join(data, "config.json")):
+  if not files.path(data, dataset.PREPARED_FILE).exists():
+    if not files.path(data, workdir.CONFIG_FILE).exists():
       raise ConfigError(
         f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) "
         f"nor a run's config.json"
       )
-    masking_from = checkpoint.read_config(data)
+    masking_from = workdir.read_config(data)
     data = dataset.data_dir(masking_from, data)
-  ddir = os.path.abspath(data)
-  if not os.path.isfile(os.path.join(ddir, dataset.PREPARED_FILE)):
+  ddir = str(files.path(data))
+  if not files.path(ddir, dataset.PREPARED_FILE).exists():
     raise ConfigError(f"no prepared data in {ddir}")
-  prepared = files.read_json(os.path.join(ddir, dataset.PREPARED_FILE))
+  prepared = files.read_json(files.path(ddir, dataset.PREPARED_FILE))
   c = dataset.config_for_prepared(ddir, prepared)
   d = c.data
   if masking_from is not None:
@@ -144,16 +133,16 @@ def score(
     raise ConfigError("--batch_size must be positive and --batches not negative")
   _checkpoint_kind(checkpoint_path)
   data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
-  from albert_jax import dataset, input_pipeline, model as model_lib, sharding, train
+  from albert_jax import input_pipeline, model as model_lib, sharding, train
 
   loaded = load_model(checkpoint_path, step)
   config, prepared = data_config(data, batch_size, loaded["run_config"])
-  if not os.path.isfile(loaded["vocab"]):
+  if not files.path(loaded["vocab"]).exists():
     raise ConfigError(
       f"the vocabulary of {checkpoint_path} ({loaded['vocab']}) is missing; "
       f"the vocabularies cannot be compared"
     )
-  if dataset.file_sha256(loaded["vocab"]) != prepared["vocab_sha256"]:
+  if files.sha256(loaded["vocab"]) != prepared["vocab_sha256"]:
     raise ConfigError(
       f"{checkpoint_path} and the data in {config.data.data_dir} use different "
       f"vocabularies (spiece.model sha256 differs)"

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from typing import Any
 
 from absl import app, flags
-from etils import epath
 
-from albert_jax import cli
+from albert_jax import cli, files, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError
 
 FORMATS = ("hf", "jax")
@@ -146,26 +146,23 @@ CARD_MARKER = "# ALBERT pretrained with albert_jax"
 def _is_export(path: str) -> bool:
   """An earlier export of ours: weights, config.json and our model card (a downloaded Hugging Face model
   has the first two too, and --overwrite must never delete it)."""
-  card = os.path.join(path, "README.md")
+  d = files.path(path)
   try:
-    with open(card, encoding="utf-8") as f:
-      ours = CARD_MARKER in f.read(4096)
+    ours = CARD_MARKER in (d / "README.md").read_text(encoding="utf-8")[:4096]
   except (OSError, UnicodeDecodeError):
     ours = False
   return (
     ours
-    and os.path.isfile(os.path.join(path, "config.json"))
-    and any(
-      os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "params.safetensors")
-    )
-    and not os.path.exists(os.path.join(path, "checkpoints"))
+    and (d / workdir_lib.CONFIG_FILE).is_file()
+    and any((d / f).is_file() for f in ("model.safetensors", "params.safetensors"))
+    and not (d / workdir_lib.CHECKPOINTS).exists()
   )
 
 
 def check_output(output: str, overwrite: bool) -> str:
   """The absolute output path, if it is free (missing or empty) or an earlier export to overwrite."""
-  output = os.path.abspath(output)
-  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+  output = str(files.path(output))
+  if not files.is_empty_dir(output):
     if not overwrite:
       raise ConfigError(
         f"{output} exists and is not empty; pass --overwrite to replace an earlier export"
@@ -194,12 +191,17 @@ def write_export(
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   output = check_output(output, overwrite)
-  if spm_model_path and not os.path.isfile(spm_model_path):
+  if spm_model_path and not files.path(spm_model_path).is_file():
     raise ConfigError(f"vocabulary not found: {spm_model_path} (pass --spm_model_path)")
   metrics = {k: float(v) for k, v in (metrics or {}).items()}
   do_lower_case = bool(config.data.do_lower_case) if "data" in config else True
   readme = model_card(config, step, metrics, fmt, source)
-  staging = output + f".new-{os.getpid()}"
+  # Written locally first: beside the output (one rename puts it in place), or for gs:// in a
+  # temporary directory uploaded once complete, the model card last.
+  if files.is_remote(output):
+    staging = os.path.join(tempfile.mkdtemp(prefix="albert_jax_export_"), "export")
+  else:
+    staging = output + f".new-{os.getpid()}"
   shutil.rmtree(staging, ignore_errors=True)
   try:
     if fmt == "hf":
@@ -231,9 +233,12 @@ def write_export(
         extra=extra,
         readme=readme,
       )
-    if os.path.isdir(output):
-      shutil.rmtree(output)  # empty, or an earlier export with --overwrite
-    os.replace(staging, output)
+    if files.path(output).is_dir():
+      files.path(output).rmtree()  # empty, or an earlier export with --overwrite
+    if files.is_remote(output):
+      files.upload(staging, output, last=("README.md",))
+    else:
+      os.replace(staging, output)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return output
@@ -252,21 +257,21 @@ def export(
 
   step "" is the latest, or for a fine-tuning directory (seed_<k>/, eval_results.json) the best of
   its best seed, which is exported (and named on stdout)."""
-  if not workdir or ("://" not in workdir and not os.path.isdir(workdir)):  # gs://: Orbax reads it
+  if not workdir or not files.path(workdir).is_dir():
     raise ConfigError(f"--workdir {workdir!r} is not a directory")
   if not output:
     raise ConfigError("--output is required")
-  if os.path.abspath(output) == os.path.abspath(workdir):
+  if files.path(output) == files.path(workdir):
     raise ConfigError("--output must not be the run's --workdir")
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax import checkpoint, dataset, finetune
+  from albert_jax import checkpoint, dataset
 
   chosen = ""
-  if "://" not in workdir and finetune.is_finetune_dir(workdir):
+  if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
     # A fine-tuning run's directory: its best seed (eval_results.json), by default its best step.
-    seed_dir, seed = finetune.best_seed_dir(workdir)
+    seed_dir, seed = workdir_lib.best_seed_dir(workdir)
     chosen = f"{workdir}: best seed {seed} ({seed_dir})"
     workdir, step = seed_dir, "best" if step in ("", None) else step
   step = parse_step("latest" if step in ("", None) else step)
@@ -277,7 +282,7 @@ def export(
   spm = spm_model_path or (
     config.data.spm_model_path if "task" in config else dataset.spm_model_path(config, workdir)
   )
-  if not (epath.Path(spm).exists() if "://" in spm else os.path.isfile(spm)):
+  if not files.path(spm).is_file():
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
   from albert_jax import tokenizer
 
@@ -294,7 +299,7 @@ def export(
     fmt=fmt,
     overwrite=overwrite,
     unshare=unshare,
-    source=os.path.abspath(workdir),
+    source=str(files.path(workdir)),
   )
 
 

@@ -1,51 +1,177 @@
-"""Small file utilities shared by every writer: JSON in and out, and directories that appear whole."""
+"""The file layer every reader and writer goes through: paths (local or gs://) as etils epath, JSON in
+and out, the one hash, moves, directories that appear whole, a full disk, and the workdir lock.
+
+A user's path may be gs://, where nothing is a folder (a "directory" is a name prefix, so a move into
+a new one needs no mkdir, and there is no rename) and a single object write is atomic. Local paths are
+made absolute (Orbax refuses relative ones).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
+
+from etils import epath
 
 from albert_jax.config_lib import ConfigError
 
 
-def read_json(path: str) -> dict:
+def is_remote(path) -> bool:
+  """Whether a path names an object store (gs://...) rather than the local file system."""
+  return "://" in str(path)
+
+
+def path(p, *parts: str) -> epath.Path:
+  """An epath for a user's path (local ones absolute, ~ expanded), with parts appended. A bucket
+  is checked on its first use in this process (check_bucket)."""
+  if not is_remote(p):
+    return epath.Path(os.path.abspath(os.path.expanduser(p))).joinpath(*parts)  # never a bucket
+  check_bucket(str(p))
+  return epath.Path(p).joinpath(*parts)
+
+
+_buckets_seen: set[tuple[str, str]] = set()
+
+
+def check_bucket(p: str) -> None:
+  """A one-line ConfigError, within seconds, when a gs:// path cannot be used: no Google Cloud
+  credentials (the storage clients would otherwise retry the network for minutes) or no such
+  bucket. Checked once per bucket and process."""
+  scheme, _, rest = p.partition("://")
+  bucket = rest.split("/", 1)[0]
+  if (scheme, bucket) in _buckets_seen:
+    return
+  if scheme != "gs":
+    raise ConfigError(f"{p}: only local paths and gs:// are supported")
+  if not bucket:
+    raise ConfigError(f"{p} names no bucket")
+  if not os.environ.get("STORAGE_EMULATOR_HOST"):  # an emulator needs none
+    import google.auth  # pylint: disable=g-import-not-at-top
+    from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+
+    try:
+      google.auth.default()
+    except exceptions.DefaultCredentialsError:
+      raise ConfigError(
+        f"no Google Cloud credentials to reach {p}: on a Cloud TPU VM the VM's service account "
+        f"provides them; elsewhere run `gcloud auth application-default login` or set "
+        f"GOOGLE_APPLICATION_CREDENTIALS"
+      ) from None
+  if not epath.Path(f"gs://{bucket}").exists():
+    raise ConfigError(
+      f"{p}: bucket gs://{bucket} does not exist (or these credentials cannot see it)"
+    )
+  _buckets_seen.add((scheme, bucket))
+
+
+def read_json(p) -> dict:
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(path(p).read_text(encoding="utf-8"))
   except json.JSONDecodeError as e:
-    raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    raise ConfigError(f"{p} is not valid JSON: {e}") from None
 
 
-def write_json(path: str, obj: dict) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
-    f.write("\n")
+def write_text(p, text: str) -> None:
+  """Writes a file whole: locally through a renamed temporary file (its folder made), on gs:// as
+  one object (an object appears only once its upload completes)."""
+  target = path(p)
+  if is_remote(p):
+    target.write_text(text, encoding="utf-8")
+    return
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = target.parent / f".{target.name}.tmp"
+  tmp.write_text(text, encoding="utf-8")
+  tmp.replace(target)
+
+
+def write_json(p, obj, *, indent: int = 2) -> None:
+  write_text(p, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def sha256(p) -> str:
+  """The SHA-256 of a file's bytes, read in 1 MiB pieces."""
+  h = hashlib.sha256()
+  with path(p).open("rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def files_under(d) -> list[str]:
+  """The relative names of every file under a directory (gs:// included: no ** globs), in
+  os.walk's order with sorted names: a folder's files, then each subfolder's."""
+  children = sorted(epath.Path(d).iterdir(), key=lambda c: c.name)
+  folders = [c for c in children if c.is_dir()]
+  out = [c.name for c in children if c not in folders]
+  for folder in folders:
+    out += [f"{folder.name}/{name}" for name in files_under(folder)]
+  return out
+
+
+def move(src, dst) -> None:
+  """Moves a file or a directory tree to dst (whose parent need not exist)."""
+  src, dst = path(src), path(dst)
+  if not is_remote(src):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dst)
+    return
+  # gs:// has no folders and no rename: copy every object under its new name, then delete.
+  if src.is_dir():
+    for name in files_under(src):
+      (src / name).copy(dst / name)
+    src.rmtree()
+  else:
+    src.copy(dst)
+    src.unlink()
+
+
+def upload(local_dir: str, remote_dir, last: tuple[str, ...] = ()) -> None:
+  """Copies a local directory's files under a gs:// prefix, the names in `last` after the others
+  (a reader that waits for them sees every other object already there)."""
+  local, remote = epath.Path(local_dir), path(remote_dir)
+  for name in sorted(files_under(local), key=lambda n: n in last):
+    (local / name).copy(remote / name, overwrite=True)
+
+
+def is_empty_dir(p) -> bool:
+  """Missing, or a directory with nothing in it (on gs://: no object under the prefix)."""
+  d = path(p)
+  if not d.exists():
+    return True
+  return d.is_dir() and next(iter(d.iterdir()), None) is None
 
 
 @contextlib.contextmanager
 def staged_dir(out_dir: str, readme: str | None) -> Iterator[str]:
-  """Yields a temporary sibling of out_dir (which must be missing or empty) to write into; when the
-  block completes, adds README.md and renames the sibling into place; it never outlives the block."""
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+  """Yields a local temporary directory to write into; when the block completes, adds README.md and
+  puts the whole into out_dir (which must be missing or empty): locally a rename of a sibling, on
+  gs:// an upload with README.md last. Nothing of a block that fails reaches out_dir."""
+  target = path(out_dir)
+  if not is_empty_dir(target):
     raise ConfigError(f"{out_dir} exists and is not an empty directory")
-  parent = os.path.dirname(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
+  if is_remote(out_dir):
+    tmp = tempfile.mkdtemp(prefix="albert_jax_staged_")
+  else:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = os.fspath(target.parent / f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
   try:
     yield tmp
     if readme:
-      with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
-        f.write(readme)
-    if os.path.isdir(out_dir):
-      os.rmdir(out_dir)  # empty (checked above)
-    os.replace(tmp, out_dir)
+      (epath.Path(tmp) / "README.md").write_text(readme, encoding="utf-8")
+    if is_remote(out_dir):
+      upload(tmp, target, last=("README.md",))
+    else:
+      if target.is_dir():
+        target.rmdir()  # empty (checked above)
+      os.replace(tmp, target)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

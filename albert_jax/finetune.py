@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import time
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from albert_jax import checkpoint, cli, config_lib, sharding
+from albert_jax import checkpoint, cli, config_lib, files, sharding, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 
@@ -108,121 +107,7 @@ def objective(kind: str):
 # init_from: the backbone of a pretraining run, an export or a Hugging Face directory.
 
 
-def _is_workdir(path: str) -> bool:
-  return (
-    os.path.isfile(os.path.join(path, "config.json")) and checkpoint.checkpoints_dir(path).exists()
-  )
-
-
-RESULTS_FILE = "eval_results.json"
-
-
-def is_finetune_dir(path: str) -> bool:
-  """A fine-tuning run's directory (seed_<k>/ and eval_results.json), not one seed's."""
-  return os.path.isfile(os.path.join(path, RESULTS_FILE)) and not os.path.isfile(
-    os.path.join(path, "config.json")
-  )
-
-
-def best_seed_dir(path: str) -> tuple[str, int]:
-  """(seed_<k> directory, seed) of a fine-tuning directory's best seed, by its eval_results.json."""
-  results_path = os.path.join(path, RESULTS_FILE)
-  try:
-    with open(results_path, encoding="utf-8") as f:
-      results = json.load(f)
-    seeds = [s["seed"] for s in results["seeds"]]
-    best = results["summary"].get("best_seed")
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ConfigError(f"{results_path} is not a fine-tuning summary ({e})") from None
-  if best not in seeds:
-    raise ConfigError(
-      f"{results_path} names no best seed (the run had no eval file); use {path}/seed_<k>"
-    )
-  seed_dir = os.path.join(path, f"seed_{seeds.index(best)}")
-  if not _is_workdir(seed_dir):
-    raise ConfigError(f"{seed_dir}, the best seed of {path}, holds no checkpoints")
-  return seed_dir, best
-
-
-def resolve_init_from(config) -> None:
-  """Takes init_from's architecture (model_from_init_from) or checks it, and its vocabulary.
-
-  A fine-tuning directory stands for its best seed's (init_from is rewritten to that seed_<k>); a
-  fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
-  from albert_jax import dataset, pretrained
-
-  path = config.init_from
-  if not os.path.isdir(path):
-    raise ConfigError(
-      f"init_from={path} is not a directory (a pretraining workdir, a --format=jax "
-      f"export or a Hugging Face ALBERT directory)"
-    )
-  if is_finetune_dir(path):
-    path, seed = best_seed_dir(path)
-    log(f"init_from: {config.init_from}'s best seed {seed} ({path})")
-    with config.unlocked():
-      config.init_from = path
-  if _is_workdir(path):
-    source = checkpoint.read_config(path)
-    theirs_model = source.model.to_dict()
-    # A fine-tuning run records the vocabulary it used (its init_from's); a pretraining run has its own.
-    spm = source.data.spm_model_path if "task" in source else dataset.spm_model_path(source, path)
-    fields = taken = config_lib.ARCHITECTURE_FIELDS + config_lib.LAYOUT_FIELDS
-  else:
-    _, theirs_model = pretrained.load_pretrained(path)
-    spm = os.path.join(path, "spiece.model")
-    fields = config_lib.ARCHITECTURE_FIELDS  # load_pretrained converts the layout
-    taken = fields + tuple(k for k in config_lib.LAYOUT_FIELDS if k != "scan_layers")
-  with config.unlocked():
-    if config.model_from_init_from:  # the architecture (and layout) of init_from
-      for k in taken:
-        if k in theirs_model:
-          config.model[k] = theirs_model[k]
-    diffs = [
-      f"model.{k}: init_from {theirs_model.get(k)!r} != config {config.model[k]!r}"
-      for k in fields
-      if k in theirs_model and theirs_model[k] != config.model[k]
-    ]
-    if diffs:
-      raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
-    given = config.data.spm_model_path
-    if not given:
-      if not os.path.isfile(spm):
-        raise ConfigError(f"init_from={path} holds no vocabulary ({spm}); set data.spm_model_path")
-      config.data.spm_model_path = os.path.abspath(spm)
-    elif os.path.isfile(spm) and dataset.file_sha256(given) != dataset.file_sha256(spm):
-      raise ConfigError(f"data.spm_model_path={given} is not the vocabulary of init_from ({spm})")
-
-
-def init_backbone(config, fresh: dict, param_shardings) -> dict:
-  """The fresh head-model parameters with init_from's backbone (its pooler too, when it has one)."""
-  from albert_jax import pretrained
-
-  path = config.init_from
-  if _is_workdir(path):
-    try:  # by the run's own metric: a fine-tuned seed's best is by its task's
-      step = checkpoint.resolve_step(
-        path, "best", checkpoint.best_metric(checkpoint.read_config(path))
-      )
-    except ConfigError:
-      step = "latest"
-    params, _, step, _ = checkpoint.load_params(path, step)
-    log(f"initialised the backbone from {path} (step {step})")
-  else:
-    params, _ = pretrained.load_pretrained(path, config.model)
-    log(f"initialised the backbone from {path}")
-  backbone = jax.tree_util.tree_map(np.asarray, dict(params["albert"]))
-  if "pooler" not in backbone:  # AlbertForMaskedLM: keep the fresh pooler
-    backbone["pooler"] = fresh["albert"]["pooler"]
-  params = {**fresh, "albert": backbone}
-  got, want = (jax.tree_util.tree_map(np.shape, t) for t in (params, fresh))
-  if got != want:
-    raise ConfigError(f"init_from={path}: its backbone does not match this model's parameters")
-  return jax.tree_util.tree_map(
-    lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x, np.float32), s),
-    params,
-    param_shardings,
-  )
+# (init_from, its kinds and its vocabulary: workdir.py)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -404,7 +289,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
   # Another model's checkpoints are refused before anything is written (the step read once, as the
   # pretraining loop does).
   latest = checkpoint.latest_step(workdir)
-  checkpoint.check_workdir(workdir, config, latest)
+  workdir_lib.check_workdir(workdir, config, latest)
   result_path = os.path.join(workdir, "result.json")
   with contextlib.ExitStack() as cleanup:
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t, metric=config.task.metric))
@@ -419,11 +304,13 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
       with sharding.with_mesh(mesh):
         state = trainer.init(jax.random.PRNGKey(config.seed))
       state = state.replace(
-        params=init_backbone(config, state.params, trainer.abstract.shardings.params)
+        params=workdir_lib.init_backbone(config, state.params, trainer.abstract.shardings.params)
       )
       start = 0
-    checkpoint.write_config(workdir, config)
-    writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
+    workdir_lib.write_config(workdir, config)
+    writer = cleanup.enter_context(
+      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
+    )
     reporter = Reporter(
       writer,
       first_step=start,
@@ -486,10 +373,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
         outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
       result["answers"] = squad_answers(config, outputs, data["eval"][1])
   if jax.process_index() == 0:
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump({k: v for k, v in result.items() if k not in PRIVATE}, f, indent=2)
-    os.replace(tmp, result_path)
+    files.write_json(result_path, {k: v for k, v in result.items() if k not in PRIVATE})
   return result
 
 
@@ -542,7 +426,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     + ", ".join(f"{len(a['input_ids'])} {s}" for s, (a, _) in data.items())
     + f" examples; vocabulary {config.data.spm_model_path}"
   )
-  os.makedirs(workdir, exist_ok=True)
+  files.path(workdir).mkdir(parents=True, exist_ok=True)
   built = build(config)
   results = []
   for k in range(config.seeds):
@@ -566,18 +450,18 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     "seeds": [{k: v for k, v in r.items() if k not in PRIVATE} for r in results],
   }
   if jax.process_index() == 0:
-    _write_json(os.path.join(workdir, "eval_results.json"), out)
+    files.write_json(files.path(workdir, workdir_lib.RESULTS_FILE), out)
     best = next((r for r in results if r["seed"] == summary.get("best_seed")), results[-1])
     if "answers" in best:
-      os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
-      _write_json(os.path.join(workdir, "predictions", "predictions.json"), best["answers"])
+      files.write_json(files.path(workdir, "predictions", "predictions.json"), best["answers"])
     for split, name in (("test", task and task.submission), ("test_mm", "MNLI-mm.tsv")):
       if f"{split}_outputs" not in best or task is None:
         continue
-      os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
       logits = best[f"{split}_outputs"]["logits"]
       pred = logits[:, 0] if task.kind == "regression" else np.argmax(logits, axis=-1)
-      glue.write_submission(os.path.join(workdir, "predictions", name), task, data[split][1], pred)
+      glue.write_submission(
+        str(files.path(workdir, "predictions", name)), task, data[split][1], pred
+      )
   log(
     f"{config.task.metric}: "
     + (
@@ -601,7 +485,7 @@ def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   with config.unlocked():
     resolve_task(config)
   if config.init_from:  # without it validate says it is required
-    resolve_init_from(config)
+    workdir_lib.resolve_init_from(config)
   with config.unlocked():
     config_lib.resolve_sequence_length(config, log)
   config_lib.validate(config)
@@ -624,13 +508,6 @@ def resolve_task(config) -> None:
   config.task.labels = ",".join(task.labels)
   if task.kind == "regression" and config.task.metric == "accuracy":
     config.task.metric = "pearson"
-
-
-def _write_json(path: str, value) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=2)
-  os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------

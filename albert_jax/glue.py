@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import sys
 
 import numpy as np
 
+from albert_jax import files
 from albert_jax.config_lib import ConfigError
 from albert_jax.tokenizer import CLS_ID, SEP_ID
 
@@ -189,7 +191,7 @@ def split_path(config, split: str) -> str:
   if given or not config.data.glue_dir or _given(config, PAIRED_WITH.get(split, "")):
     return given
   path = default_path(config, split)
-  return "" if not path or (split in OPTIONAL_SPLITS and not os.path.isfile(path)) else path
+  return "" if not path or (split in OPTIONAL_SPLITS and not files.path(path).is_file()) else path
 
 
 def default_path(config, split: str) -> str:
@@ -216,13 +218,14 @@ def missing_split(config, split: str) -> str:
 
 def _rows(path: str) -> tuple[list[str] | None, list]:
   """(header or None, rows) of a TSV (no quoting, as GLUE), CSV or JSONL (rows are dicts)."""
-  if not os.path.isfile(path):
+  if not files.path(path).is_file():
     raise ConfigError(f"data file not found: {path}")
   ext = os.path.splitext(path)[1].lower()
   try:
     # utf-8-sig: GLUE's own MRPC files (and many exported from spreadsheets) start with a byte-order
-    # mark, which would otherwise become part of the first column's name.
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    # mark, which would otherwise become part of the first column's name. Read as bytes: the file
+    # may be on gs://.
+    with io.StringIO(files.path(path).read_bytes().decode("utf-8-sig"), newline="") as f:
       if ext in (".jsonl", ".json"):
         rows = []
         for n, line in enumerate(f, 1):
@@ -365,13 +368,11 @@ def load_split(config, task: Task, tokenizer, split: str) -> tuple[dict, list]:
 
 def write_submission(path: str, task: Task, index: list, predictions: np.ndarray) -> None:
   """GLUE's submission TSV: a header `index\\tprediction`, label names (numbers for STS-B)."""
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write("index\tprediction\n")
-    for i, p in zip(index, predictions):
-      value = f"{float(p):.3f}" if task.kind == "regression" else task.labels[int(p)]
-      f.write(f"{i}\t{value}\n")
-  os.replace(tmp, path)
+  lines = ["index\tprediction\n"]
+  for i, p in zip(index, predictions):
+    value = f"{float(p):.3f}" if task.kind == "regression" else task.labels[int(p)]
+    lines.append(f"{i}\t{value}\n")
+  files.write_text(path, "".join(lines))
 
 
 # ----------------------------------------------------------------------------------------------------

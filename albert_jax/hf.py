@@ -39,6 +39,7 @@ import numpy as np
 
 from albert_jax import files, model as model_lib, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.workdir import CONFIG_FILE
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -605,19 +606,18 @@ def from_hf_state_dict(
 
 
 def _read_hf_tensors(path: str) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file
+  from safetensors.numpy import load
 
-  single = os.path.join(path, HF_WEIGHTS)
-  if os.path.isfile(single):
-    return load_file(single)
-  index = os.path.join(path, HF_INDEX)
-  if os.path.isfile(index):
+  d = files.path(path)
+  read = lambda name: load((d / name).read_bytes())  # noqa: E731  (bytes: the path may be gs://)
+  if (d / HF_WEIGHTS).is_file():
+    return read(HF_WEIGHTS)
+  if (d / HF_INDEX).is_file():
     tensors = {}
-    for shard in sorted(set(files.read_json(index)["weight_map"].values())):
-      tensors.update(load_file(os.path.join(path, shard)))
+    for shard in sorted(set(files.read_json(d / HF_INDEX)["weight_map"].values())):
+      tensors.update(read(shard))
     return tensors
-  legacy = os.path.join(path, HF_TORCH_WEIGHTS)
-  if os.path.isfile(legacy):
+  if (d / HF_TORCH_WEIGHTS).is_file():
     try:
       import torch
     except ImportError:
@@ -625,21 +625,23 @@ def _read_hf_tensors(path: str) -> dict[str, np.ndarray]:
         f"{path} has only {HF_TORCH_WEIGHTS}, which needs PyTorch to read; install "
         f"torch or convert it to {HF_WEIGHTS}"
       ) from None
-    state = torch.load(legacy, map_location="cpu", weights_only=True)
+    with (d / HF_TORCH_WEIGHTS).open("rb") as f:
+      state = torch.load(f, map_location="cpu", weights_only=True)
     return {k: v.float().numpy() for k, v in state.items()}
   raise ConfigError(f"{path} has no {HF_WEIGHTS}, {HF_INDEX} or {HF_TORCH_WEIGHTS}")
 
 
 def load_hf(path: str) -> tuple[dict, dict]:
-  """(params, model_config) from a local Hugging Face ALBERT directory (e.g. a downloaded albert-base-v2).
+  """(params, model_config) from a Hugging Face ALBERT directory, local or gs:// (e.g. a downloaded
+  albert-base-v2).
 
   params is our AlbertForPreTraining tree as float32 NumPy (heads the checkpoint lacks are absent);
   model_config is a dict with every ModelConfig field, accepted by albert_jax.model.model_config.
   """
-  if not os.path.isdir(path):
+  if not files.path(path).is_dir():
     raise ConfigError(f"Hugging Face model directory not found: {path}")
-  config_file = os.path.join(path, "config.json")
-  if not os.path.isfile(config_file):
+  config_file = files.path(path, CONFIG_FILE)
+  if not config_file.is_file():
     raise ConfigError(f"{path} has no config.json: not a Hugging Face model directory")
   return from_hf_state_dict(_read_hf_tensors(path), files.read_json(config_file), where=path)
 
@@ -665,11 +667,11 @@ def save_hf(
 
   cfg = model_lib.model_config(model_config)
   tensors, hf_config = to_hf_state_dict(params, cfg, unshare=unshare, task=task)
-  if spm_model_path and not os.path.isfile(spm_model_path):
+  if spm_model_path and not files.path(spm_model_path).is_file():
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
   with files.staged_dir(out_dir, readme) as tmp:
     save_file(tensors, os.path.join(tmp, HF_WEIGHTS), metadata={"format": "pt"})
-    files.write_json(os.path.join(tmp, "config.json"), hf_config)
+    files.write_json(os.path.join(tmp, CONFIG_FILE), hf_config)
     if spm_model_path:
       tokenizer_lib.write_hf_tokenizer(
         spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings

@@ -2,13 +2,12 @@
 
 OUT/params.safetensors ('/'-joined names, float32), OUT/config.json ({"format": "albert_jax", "model":
 every ModelConfig field, ...}) and OUT/spiece.model. `load_jax_export(OUT)` reads it back; `init_from`
-accepts it (pretrained.py).
+accepts it (workdir.py, through pretrained.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 import flax.linen as nn
@@ -18,9 +17,9 @@ import numpy as np
 from albert_jax import files, model as model_lib
 from albert_jax.config_lib import ConfigError
 from albert_jax.hf import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
+from albert_jax.workdir import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
 
 JAX_PARAMS = "params.safetensors"
-JAX_FORMAT = "albert_jax"
 JAX_FORMAT_VERSION = 1
 
 
@@ -64,7 +63,7 @@ def save_jax(
         f"the parameters have no {head!r} subtree: pass AlbertForPreTraining's params"
       )
   check_shapes(params, cfg, "the parameters")
-  if spm_model_path and not os.path.isfile(spm_model_path):
+  if spm_model_path and not files.path(spm_model_path).is_file():
     raise ConfigError(f"SentencePiece model not found: {spm_model_path}")
   with files.staged_dir(out_dir, readme) as tmp:
     flat = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in flatten(params).items()}
@@ -76,9 +75,9 @@ def save_jax(
       "do_lower_case": bool(do_lower_case),
       **(extra or {}),
     }
-    files.write_json(os.path.join(tmp, "config.json"), meta)
+    files.write_json(os.path.join(tmp, CONFIG_FILE), meta)
     if spm_model_path:
-      shutil.copyfile(spm_model_path, os.path.join(tmp, "spiece.model"))
+      files.path(spm_model_path).copy(os.path.join(tmp, VOCAB_FILE))
   return out_dir
 
 
@@ -119,12 +118,12 @@ def load_jax_export(path: str) -> tuple[dict, dict]:
                                              attention_mask, masked_lm_positions)
     AlbertModel(model_config).apply({'params': params['albert']}, input_ids, token_type_ids, attention_mask)
   """
-  from safetensors.numpy import load_file
+  from safetensors.numpy import load
 
-  meta_file = os.path.join(path, "config.json")
-  if not os.path.isdir(path):
+  meta_file = files.path(path, CONFIG_FILE)
+  if not files.path(path).is_dir():
     raise ConfigError(f"export directory not found: {path}")
-  if not os.path.isfile(meta_file) or not os.path.isfile(os.path.join(path, JAX_PARAMS)):
+  if not meta_file.is_file() or not files.path(path, JAX_PARAMS).is_file():
     raise ConfigError(f"{path} is not an albert_jax export (no config.json and {JAX_PARAMS})")
   meta = files.read_json(meta_file)
   if meta.get("format") != JAX_FORMAT:
@@ -134,7 +133,7 @@ def load_jax_export(path: str) -> tuple[dict, dict]:
       f"{path} was written by a newer albert_jax (format_version {meta['format_version']})"
     )
   cfg = model_lib.model_config(meta["model"])
-  params = unflatten(load_file(os.path.join(path, JAX_PARAMS)))
+  params = unflatten(load(files.path(path, JAX_PARAMS).read_bytes()))  # bytes: path may be gs://
   check_shapes(params, cfg, path)
   dtype = np.dtype(cfg.params_dtype)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype), params)

@@ -34,9 +34,9 @@ def run():
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value, init_from's included: one line before anything is written
-      from albert_jax import pretrained
+      from albert_jax import workdir as workdir_lib
 
-      pretrained.resolve_and_validate(config)
+      workdir_lib.resolve_and_validate(config)
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
       from albert_jax import distributed
 

@@ -13,36 +13,58 @@ import numpy as np
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard event files and a metrics.jsonl, from process 0 only."""
+  """Writes scalars to TensorBoard event files and a metrics.jsonl, from process 0 only.
+
+  On gs:// (no appends to an object) metrics.jsonl is rewritten whole, at most every
+  UPLOAD_SECONDS and at close; what an earlier run wrote there is kept."""
+
+  UPLOAD_SECONDS = 30.0
 
   def __init__(self, logdir: str):
+    from albert_jax import files, workdir  # pylint: disable=g-import-not-at-top
+
     self.enabled = jax.process_index() == 0
     self._tb = None
     self._jsonl = None
+    self._remote = None  # gs://: (path, the lines so far, when they were last uploaded)
     if self.enabled:
       from tensorboardX import SummaryWriter  # no TensorFlow needed
 
-      os.makedirs(logdir, exist_ok=True) if "://" not in logdir else None
+      path = files.path(logdir, workdir.METRICS_FILE)
+      if files.is_remote(logdir):
+        lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        self._remote = [path, lines, time.monotonic()]
+      else:
+        os.makedirs(logdir, exist_ok=True)
+        self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
       self._tb = SummaryWriter(logdir, flush_secs=10)
-      if "://" not in logdir:
-        self._jsonl = open(os.path.join(logdir, "metrics.jsonl"), "a", encoding="utf-8")
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
     if not self.enabled:
       return
     for k, v in scalars.items():
       self._tb.add_scalar(f"{prefix}{k}", float(v), step)
+    line = json.dumps({"step": step, **{f"{prefix}{k}": float(v) for k, v in scalars.items()}})
     if self._jsonl:
-      self._jsonl.write(
-        json.dumps({"step": step, **{f"{prefix}{k}": float(v) for k, v in scalars.items()}}) + "\n"
-      )
+      self._jsonl.write(line + "\n")
       self._jsonl.flush()
+    elif self._remote:
+      self._remote[1].append(line + "\n")
+      if time.monotonic() - self._remote[2] >= self.UPLOAD_SECONDS:
+        self._upload()
+
+  def _upload(self) -> None:
+    path, lines, _ = self._remote
+    path.write_text("".join(lines))
+    self._remote[2] = time.monotonic()
 
   def close(self) -> None:
     if self._tb:
       self._tb.close()
     if self._jsonl:
       self._jsonl.close()
+    if self._remote:
+      self._upload()
 
 
 class Progress:

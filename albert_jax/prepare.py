@@ -46,9 +46,9 @@ def run() -> None:
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value: one line before anything is written (no log file either)
-      from albert_jax import pretrained
+      from albert_jax import workdir as workdir_lib
 
-      pretrained.resolve_and_validate(config)
+      workdir_lib.resolve_and_validate(config)
     cli.setup_logging("prepare", workdir)
     with cli.guard():
       from albert_jax import dataset, input_pipeline

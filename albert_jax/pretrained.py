@@ -1,23 +1,21 @@
-"""--config.init_from: parameters from a Hugging Face ALBERT directory or one of our jax exports.
+"""Parameters from a Hugging Face ALBERT directory or one of our jax exports, laid out for a run
+(what init_from reads: workdir.py).
 
 The checkpoint's architecture must match the run's; its layout (scan or not, groups, E == H) is
-converted to the run's; the pooler and heads it lacks keep their fresh initialisation. Its vocabulary
-comes with it (`use_its_vocabulary`), since the embeddings belong to the pieces they were trained with.
+converted to the run's; the pooler and heads it lacks keep their fresh initialisation.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files, model as model_lib
+from albert_jax import files, model as model_lib, workdir
 from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
-from albert_jax.dataset import file_sha256
 from albert_jax.hf import (
   HF_WEIGHTS,
   OPTIONAL_MODULES,
@@ -29,12 +27,6 @@ from albert_jax.hf import (
   put_path,
 )
 from albert_jax.jax_export import JAX_PARAMS, check_shapes, load_jax_export
-from albert_jax.metrics import log
-
-
-def is_hf_dir(path: str) -> bool:
-  config_file = os.path.join(path, "config.json")
-  return os.path.isfile(config_file) and files.read_json(config_file).get("model_type") is not None
 
 
 def load_pretrained(
@@ -50,14 +42,14 @@ def load_pretrained(
   and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
   from them as they are, and the tree is checked leaf by leaf against them (shapes).
   """
-  if not os.path.isdir(path):
+  if not files.path(path).is_dir():
     raise ConfigError(
       f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
       f"--format=jax export)"
     )
-  if os.path.isfile(os.path.join(path, JAX_PARAMS)):
+  if files.path(path, JAX_PARAMS).is_file():
     params, src_config = load_jax_export(path)
-  elif is_hf_dir(path):
+  elif workdir.kind(path) is workdir.Kind.HF:
     params, src_config = load_hf(path)
   else:
     raise ConfigError(
@@ -119,60 +111,3 @@ def load_pretrained(
     if got != want:
       raise ConfigError(f"init_from={path}: its parameter tree does not match this model's")
   return params, config_dict(cfg)
-
-
-def resolve_and_validate(config) -> None:
-  """A pretraining config made complete and checked (config_lib.validate) before anything is
-  prepared, written or traced: with init_from, its vocabulary becomes the run's (use_its_vocabulary)
-  and its architecture must be the config's (load_pretrained's check, on the weights it reads)."""
-  from albert_jax import config_lib
-
-  if config.init_from:
-    use_its_vocabulary(config)
-    load_pretrained(config.init_from, config.model)
-  config_lib.validate(config)
-
-
-def use_its_vocabulary(config) -> None:
-  """Imported embeddings belong to the vocabulary they were trained with: the run uses that one.
-
-  init_from's spiece.model (every Hub ALBERT and every export of ours ships one) becomes
-  data.spm_model_path when none is set; a different one given there is refused. Without one in
-  init_from, data.spm_model_path must name it: a vocabulary trained anew would read the imported
-  embeddings with other pieces.
-  """
-  if not config.init_from:
-    return
-  theirs = os.path.join(config.init_from, "spiece.model")
-  given = config.data.spm_model_path
-  if not os.path.isfile(theirs):
-    if not given:
-      raise ConfigError(
-        f"{config.init_from} holds no spiece.model: set data.spm_model_path to the vocabulary its "
-        f"embeddings were trained with"
-      )
-    return
-  if not given:
-    config.data.spm_model_path = theirs
-    log(f"vocabulary: {theirs} (the one init_from's embeddings were trained with)")
-  elif not os.path.isfile(given) or file_sha256(given) != file_sha256(theirs):
-    raise ConfigError(
-      f"data.spm_model_path={given} is not the vocabulary of init_from ({theirs}); the imported "
-      f"embeddings would be read with other pieces"
-    )
-
-
-def init_params(config, params, param_shardings):
-  """Replaces the fresh parameters by a Hugging Face directory's or a jax export's (same shapes)."""
-  # Checks sizes and sharing (one-line error), lays the weights out for this config, and takes the
-  # modules a checkpoint lacks (AlbertForMaskedLM: pooler, SOP head) from the fresh parameters.
-  params, _ = load_pretrained(config.init_from, config.model, init_params=params)
-  # Read weights are host NumPy (every host has all of them); the modules kept fresh are jax arrays
-  # already on their shardings, possibly spanning hosts under FSDP: they stay where they are.
-  params = jax.tree_util.tree_map(
-    lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x), s),
-    params,
-    param_shardings,
-  )
-  log(f"initialised parameters from {config.init_from}")
-  return params

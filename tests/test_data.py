@@ -18,6 +18,7 @@ import pytest
 
 from albert_jax import config_lib, corpus, dataset, examples, input_pipeline
 from albert_jax.config_lib import ConfigError
+from tests.conftest import build_tiny_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, P, BATCH = 64, 10, 8
@@ -442,17 +443,17 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
   assert not workdir.exists() or os.listdir(workdir) == []
 
 
-def test_remote_data_dir_is_one_line_and_creates_nothing(prepared, tmp_path, monkeypatch):
+def test_missing_bucket_is_one_line_and_creates_nothing(prepared, tmp_path, monkeypatch, gcs_url):
+  """gs:// data is prepared into the bucket (tests/test_gcs.py); a bucket that does not exist is one
+  line, and nothing local is made (no directory named "gs:")."""
   config, _, _ = prepared
   config = config.copy_and_resolve_references()
   monkeypatch.chdir(tmp_path)
-  for data_dir, workdir in [("gs://bucket/data", "w"), ("", "gs://bucket/run")]:
+  for data_dir, workdir in [("gs://no-such-bucket-d/data", "w"), ("", "gs://no-such-bucket-w/run")]:
     config.data.data_dir = data_dir
-    with pytest.raises(
-      ConfigError, match="prepared data must be on a local or mounted filesystem, not gs://"
-    ):
+    with pytest.raises(ConfigError, match=r"bucket gs://no-such-bucket-[dw] does not exist"):
       dataset.prepare(config, workdir)
-  assert os.listdir(tmp_path) == []  # no local directory named "gs:"
+  assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("content", ["{not json", "{}", "[1, 2]"])
@@ -559,34 +560,7 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
 
 def test_tfds_text_source(prepared, tmp_path):
   _, _, info = prepared
-  import tensorflow_datasets as tfds
-
-  class TinyText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Wikipedia-like records: one document of running text each."""
-
-    name = "tiny_text"
-    VERSION = tfds.core.Version("1.0.0")
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls):
-      return None
-
-    def _info(self):
-      return tfds.core.DatasetInfo(
-        builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
-      )
-
-    def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples()}
-
-    def _generate_examples(self):
-      for i, doc in enumerate(_topic_documents()[:40]):
-        yield i, {"text": " ".join(doc)}  # sentences run together on one line
-
-  TinyText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare(
-    download_config=tfds.download.DownloadConfig(try_download_gcs=False)
-  )
+  build_tiny_text(str(tmp_path / "tfds"), _topic_documents()[:40])
   docs = list(corpus.tfds_documents("tiny_text", data_dir=str(tmp_path / "tfds")))
   assert len(docs) == 40
   assert np.mean([len(d) for d in docs]) > 10  # split back into sentences

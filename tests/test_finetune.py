@@ -25,6 +25,7 @@ from albert_jax import (
   model as M,
   squad,
   tokenizer as tokenizer_lib,
+  workdir as workdir_lib,
 )
 from albert_jax.config_lib import ConfigError
 
@@ -192,7 +193,7 @@ def test_mrpc_with_a_byte_order_mark_is_read(tmp_path):
 def _resolved(config):
   with config.unlocked():
     finetune.resolve_task(config)
-  finetune.resolve_init_from(config)
+  workdir_lib.resolve_init_from(config)
   return config
 
 
@@ -349,7 +350,7 @@ def test_init_from_a_finetuned_run(env, tmp_path):
   config.init_from = str(tmp_path / "a")
   out = finetune.finetune(config, str(tmp_path / "b"))
   assert out["seeds"][0]["best_step"] == 2
-  recorded = checkpoint.read_config(str(tmp_path / "b" / "seed_0"))
+  recorded = workdir_lib.read_config(str(tmp_path / "b" / "seed_0"))
   assert recorded.init_from == str(tmp_path / "a" / "seed_0")  # the best (only) seed
   assert recorded.data.spm_model_path == os.path.abspath(env / "init" / "spiece.model")
   # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
@@ -360,7 +361,7 @@ def test_init_from_a_finetuned_run(env, tmp_path):
     np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
   )
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  got = finetune.init_backbone(recorded, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
+  got = workdir_lib.init_backbone(recorded, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
   for a, b in zip(
     jax.tree_util.tree_leaves(want["albert"]), jax.tree_util.tree_leaves(got["albert"])
   ):

@@ -29,6 +29,7 @@ from albert_jax import (
   model as M,
   pretrained,
   tokenizer as tokenizer_lib,
+  workdir as workdir_lib,
 )
 from albert_jax.config_lib import ConfigError
 
@@ -493,15 +494,15 @@ def test_init_from_brings_its_vocabulary(tmp_path):
   other = tokenizer_lib.train(sentences[::2], str(tmp_path / "other" / "spiece.model"), 300)
   config = config_lib.base_config()
   config.init_from = str(tmp_path / "ours")
-  pretrained.use_its_vocabulary(config)  # none set: init_from's own is used
+  workdir_lib.use_its_vocabulary(config)  # none set: init_from's own is used
   assert config.data.spm_model_path == ours
-  pretrained.use_its_vocabulary(config)  # the same one given: fine
+  workdir_lib.use_its_vocabulary(config)  # the same one given: fine
   config.data.spm_model_path = other
   with pytest.raises(ConfigError, match="is not the vocabulary of init_from"):
-    pretrained.use_its_vocabulary(config)
+    workdir_lib.use_its_vocabulary(config)
   config.init_from, config.data.spm_model_path = str(tmp_path), ""
   with pytest.raises(ConfigError, match="holds no spiece.model: set data.spm_model_path"):
-    pretrained.use_its_vocabulary(config)
+    workdir_lib.use_its_vocabulary(config)
 
 
 def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax import config_lib, corpus, dataset, tokenizer as tokenizer_lib
+from albert_jax import config_lib, corpus, dataset, files, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +70,7 @@ def _files(ddir):
   """The dataset's record files: name -> sha256."""
   records = os.path.join(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
   names = sorted(n for n in os.listdir(records) if ".array_record-" in n)
-  return {n: dataset.file_sha256(os.path.join(records, n)) for n in names}
+  return {n: files.sha256(os.path.join(records, n)) for n in names}
 
 
 def _examples(ddir):
@@ -162,11 +162,11 @@ def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_p
     c.data.num_prepare_workers = workers
     info = dataset.prepare(c, str(tmp_path / f"cores-{cores}"))
     assert info["shards"] > 3 and info["sentences"] > 2 * c.data.vocab_sample_sentences
-    vocabs.append(dataset.file_sha256(os.path.join(info["data_dir"], dataset.VOCAB_FILE)))
+    vocabs.append(files.sha256(os.path.join(info["data_dir"], dataset.VOCAB_FILE)))
   assert vocabs[0] == vocabs[1]
   c.seed = 1  # another seed, another sample
   other = dataset.prepare(c, str(tmp_path / "seed-1"))["data_dir"]
-  assert dataset.file_sha256(os.path.join(other, dataset.VOCAB_FILE)) != vocabs[0]
+  assert files.sha256(os.path.join(other, dataset.VOCAB_FILE)) != vocabs[0]
 
 
 def test_the_vocabulary_sample_is_uniform_and_seeded():

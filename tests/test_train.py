@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, input_pipeline, optim, sharding, train
+from albert_jax import checkpoint, input_pipeline, optim, sharding, train, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError
 from tests.conftest import ROOT, main_cmd, small_config
 
@@ -350,7 +350,7 @@ def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   assert r.returncode == 2 and "train.optimizer: checkpoint 'lamb' != config 'adamw'" in r.stderr, (
     r.stderr
   )
-  assert checkpoint.read_config(workdir).train.optimizer == "lamb"
+  assert workdir_lib.read_config(workdir).train.optimizer == "lamb"
   assert checkpoint.load_params(workdir, "latest")[2] == 2
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before  # nothing lost
   # A config.json edited by hand (what export reads): one line, not Orbax's traceback.

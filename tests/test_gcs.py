@@ -1,0 +1,287 @@
+"""gs:// everywhere, against a Cloud Storage emulator on loopback (conftest.gcs_url, bucket)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from albert_jax import files, workdir as workdir_lib
+from albert_jax.config_lib import ConfigError
+
+
+def test_file_layer_on_a_bucket(bucket, tmp_path):
+  """JSON, the hash, a move into a "folder" that does not exist, a staged directory and the kinds."""
+  run = f"{bucket}/run"
+  files.write_json(f"{run}/config.json", {"model": {"hidden_size": 64}, "ü": 1})
+  assert files.read_json(f"{run}/config.json") == {"model": {"hidden_size": 64}, "ü": 1}
+  assert workdir_lib.kind(run) is None  # a config.json alone is no run
+  (files.path(run, "checkpoints", "3", "state")).mkdir(parents=True, exist_ok=True)
+  for name, data in (("3/state/a", b"x" * 3000), ("3/data/b", b"y"), ("4/state/a", b"z")):
+    files.path(run, "checkpoints", name).write_bytes(data)
+  assert workdir_lib.kind(run) is workdir_lib.Kind.PRETRAINING
+  assert files.sha256(files.path(run, "checkpoints/3/data/b")) == (
+    "a1fce4363854ff888cff4b8e7875d600c2682390412a8cf79b37d0b11148b0fa"
+  )
+  # GCS has no folders: damaged/ does not exist until something is written under it.
+  target = workdir_lib.set_aside(run, 3, "a test")
+  assert str(target).startswith(f"{run}/damaged/3-")
+  assert (target / "state" / "a").read_bytes() == b"x" * 3000
+  assert (target / "data" / "b").read_bytes() == b"y"
+  assert not files.path(run, "checkpoints", "3").exists()
+  assert files.path(run, "checkpoints", "4", "state", "a").read_bytes() == b"z"
+  # A staged directory appears whole in the bucket, and only when its block completes.
+  with pytest.raises(RuntimeError):
+    with files.staged_dir(f"{bucket}/export", readme="card") as tmp:
+      (tmp_path / "x").write_text("1")
+      open(os.path.join(tmp, "config.json"), "w").write(json.dumps({"format": "albert_jax"}))
+      raise RuntimeError("interrupted")
+  assert not files.path(bucket, "export").exists()
+  with files.staged_dir(f"{bucket}/export", readme="card") as tmp:
+    open(os.path.join(tmp, "config.json"), "w").write(json.dumps({"format": "albert_jax"}))
+  assert workdir_lib.kind(f"{bucket}/export") is workdir_lib.Kind.EXPORT
+  assert files.path(bucket, "export", "README.md").read_text() == "card"
+  with pytest.raises(ConfigError, match="is not an empty directory"):
+    with files.staged_dir(f"{bucket}/export", readme=None):
+      pass
+  assert not os.path.exists("gs:")  # nothing local named after the bucket
+
+
+def test_missing_object_fails_fast(bucket):
+  start = time.time()
+  with pytest.raises(ConfigError, match="holds no config.json"):
+    workdir_lib.read_config(f"{bucket}/nothing-here")
+  with pytest.raises(FileNotFoundError):
+    files.read_json(f"{bucket}/nothing-here/x.json")
+  assert time.time() - start < 10
+
+
+def _corpus(bucket: str) -> str:
+  """The pydoc corpus as one text file in the bucket (8 sentences a document); its glob."""
+  from tests.conftest import pydoc_sentences
+
+  lines = []
+  for i, line in enumerate(pydoc_sentences()):
+    lines += [line, ""] if i % 8 == 7 else [line]
+  files.path(bucket, "corpus", "part-0.txt").write_text("\n".join(lines) + "\n")
+  return f"{bucket}/corpus/*.txt"
+
+
+def _run(args, **kw):
+  from tests.conftest import ROOT
+
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+  )
+  return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.mark.slow
+def test_main_job_export_and_evaluate_on_gs_only(bucket):
+  """Corpus, prepared data and workdir in the bucket: train, resume, a damaged newest step set
+  aside in the bucket, SIGTERM's save and resume, an export to the bucket and evaluate on it."""
+  from tests.conftest import ROOT, main_cmd
+
+  corpus, run, data = _corpus(bucket), f"{bucket}/run", f"{bucket}/data"
+  cmd = lambda **t: main_cmd(run, data, f"--config.data.input_files={corpus}", **t)  # noqa: E731
+  r = _run(cmd(num_steps=4, checkpoint_every=2))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "saved step 4 to gs://" in r.stdout
+  held = files.files_under(run)
+  assert {"config.json", "spiece.model", "tensorboard/metrics.jsonl"} <= set(held)
+  assert any(n.startswith("logs/main-") for n in held) and any(
+    n.startswith("tensorboard/events.out.tfevents") for n in held
+  )
+  jsonl = files.path(run, "tensorboard", "metrics.jsonl").read_text().splitlines()
+  records = [json.loads(line) for line in jsonl]
+  assert sorted({r["step"] for r in records if "train/loss" in r}) == [1, 2, 3, 4]
+  assert [r["step"] for r in records if "eval/masked_lm_accuracy" in r] == [4]
+  prepared = files.read_json(f"{data}/prepared.json")
+  assert prepared["stats"]["train_examples"] > 100 and files.sha256(
+    f"{data}/spiece.model"
+  ) == files.sha256(f"{run}/spiece.model")
+  # The newest step damaged in the bucket: set aside under damaged/ (a "folder" never created).
+  files.path(run, "checkpoints", "4", "state", "manifest.ocdbt").unlink()
+  r = _run(cmd(num_steps=6, checkpoint_every=2))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "checkpoint 4 is damaged" in r.stdout and "resumed from step 2" in r.stdout
+  (aside,) = files.path(run, "damaged").iterdir()
+  assert aside.name.startswith("4-") and (aside / "state" / "_METADATA").exists()
+  assert "saved step 6 to gs://" in r.stdout
+  # SIGTERM: the step in flight is saved to the bucket and a rerun resumes from it.
+  proc = subprocess.Popen(
+    cmd(num_steps=10_000, checkpoint_every=10_000),
+    cwd=ROOT,
+    env=dict(
+      os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1"
+    ),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  out = []
+  for line in proc.stdout:
+    out.append(line)
+    if line.startswith("step 8/"):
+      proc.send_signal(signal.SIGTERM)
+      break
+  out += proc.stdout.readlines()
+  assert proc.wait(timeout=300) == 0, "".join(out)[-3000:]
+  saved = [
+    int(m.group(1)) for m in (re.search(r"SIGTERM: saved step (\d+) to gs://", x) for x in out) if m
+  ]
+  assert saved and saved[-1] >= 8, "".join(out)[-3000:]
+  r = _run(cmd(num_steps=saved[-1] + 1, checkpoint_every=1000))
+  assert r.returncode == 0 and f"resumed from step {saved[-1]}" in r.stdout, r.stderr[-3000:]
+  # Export into the bucket (never a local folder named gs:), then evaluate reads both from it.
+  export_dir = f"{bucket}/export"
+  r = _run(
+    [sys.executable, "-m", "albert_jax.export", f"--workdir={run}", f"--output={export_dir}",
+     "--format=jax"]
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert workdir_lib.kind(export_dir) is workdir_lib.Kind.EXPORT
+  assert not os.path.exists(os.path.join(ROOT, "gs:")) and not os.path.exists("gs:")
+  r = _run(
+    [sys.executable, "-m", "albert_jax.evaluate", f"--checkpoint={export_dir}", f"--data={data}",
+     "--batches=2", "--batch_size=8"]
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["step"] == saved[-1] + 1 and 0 <= result["masked_lm_accuracy"] <= 1
+  # Fine-tuning from the bucket's run, on TSVs in the bucket, writing its results there.
+  glue = f"{bucket}/glue"
+  words = ["good", "fine", "great", "bad", "poor", "awful"]
+  for name, n in (("train.tsv", 64), ("dev.tsv", 16)):
+    rows = [
+      f"the film is {words[i % 6]} and {words[(i * 7) % 6]}\t{int(i % 6 < 3)}" for i in range(n)
+    ]
+    files.path(glue, name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+  test_rows = [f"{i}\tthe film is {words[i % 6]}" for i in range(8)]
+  files.path(glue, "test.tsv").write_text("index\tsentence\n" + "\n".join(test_rows) + "\n")
+  ft = f"{bucket}/ft"
+  r = _run(
+    [sys.executable, "-m", "albert_jax.finetune", "--config=configs/finetune/glue.py:task=sst2",
+     f"--workdir={ft}", f"--config.init_from={run}", f"--config.data.glue_dir={glue}",
+     "--config.data.max_seq_length=32", "--config.train.batch_size=16",
+     "--config.train.num_steps=4", "--config.train.warmup_steps=1", "--config.train.eval_every=4",
+     "--config.train.checkpoint_every=4", "--config.train.log_every=2"]
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = files.read_json(f"{ft}/eval_results.json")
+  assert [s["seed"] for s in results["seeds"]] == [results["summary"]["best_seed"]]
+  assert 0 <= results["summary"]["accuracy"]["mean"] <= 1
+  submission = files.path(ft, "predictions", "SST-2.tsv").read_text().splitlines()
+  assert submission[0] == "index\tprediction" and len(submission) == 9
+  assert workdir_lib.kind(f"{ft}/seed_0") is workdir_lib.Kind.PRETRAINING  # a run with checkpoints
+  assert workdir_lib.read_config(f"{ft}/seed_0").data.spm_model_path == f"{data}/spiece.model"
+
+
+def _one_line_error(r, started: float, *expected: str) -> None:
+  assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+  lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1 and all(e in lines[0] for e in expected), r.stderr[-2000:]
+  assert time.time() - started < 60  # seconds, not the minutes of a client's retries
+
+
+@pytest.mark.slow
+def test_bad_gs_paths_are_one_line_within_seconds(bucket, tmp_path):
+  from tests.conftest import GCS_ENV, ROOT, main_cmd
+
+  started = time.time()
+  r = _run(main_cmd("gs://no-such-bucket-here/run", f"{bucket}/data", "--config.train.num_steps=1"))
+  _one_line_error(r, started, "bucket gs://no-such-bucket-here does not exist")
+  started = time.time()
+  r = _run(
+    [sys.executable, "-m", "albert_jax.evaluate", f"--checkpoint={bucket}/nothing",
+     f"--data={bucket}/nothing"]
+  )  # fmt: skip
+  _one_line_error(r, started, f"--checkpoint '{bucket}/nothing' is not a directory")
+  started = time.time()
+  no_emulator = {k: v for k, v in os.environ.items() if k not in GCS_ENV}
+  r = subprocess.run(
+    main_cmd(f"{bucket}/run", f"{bucket}/data", "--config.train.num_steps=1"),
+    cwd=ROOT,
+    env=dict(no_emulator, HOME=str(tmp_path), PYTHONPATH=os.environ.get("PYTHONPATH", "")),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  _one_line_error(r, started, "no Google Cloud credentials to reach gs://")
+
+
+def _record_files(ddir: str) -> dict:
+  """The dataset's record files under ddir (local or gs://): name -> sha256."""
+  from albert_jax import dataset
+
+  records = files.path(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
+  return {n: files.sha256(records / n) for n in files.files_under(records) if ".array_record-" in n}
+
+
+@pytest.mark.slow
+def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monkeypatch):
+  """Corpus and vocabulary in the bucket, prepared data written there by 2 workers and by Beam's
+  DirectRunner: the same files, byte for byte, as a local prepare with one worker."""
+  from albert_jax import dataset, tokenizer as tokenizer_lib
+  from tests import test_prepare_parallel as parallel
+
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  docs = parallel._documents()[::2]
+  (tmp_path / "corpus").mkdir()
+  for i in range(2):
+    parallel._write(str(tmp_path / "corpus" / f"part-{i}.txt"), docs[i::2])
+    files.path(tmp_path / "corpus" / f"part-{i}.txt").copy(
+      files.path(bucket, f"corpus/part-{i}.txt")
+    )
+  vocab = tokenizer_lib.train([s for d in docs for s in d], str(tmp_path / "spiece.model"), 1000)
+  files.path(vocab).copy(files.path(bucket, "spiece.model"))
+  local = dataset.prepare(parallel._config((tmp_path, vocab)), str(tmp_path / "local"))
+  want = _record_files(local["data_dir"])
+  assert len(want) > 5
+  remote = dict(input_files=f"{bucket}/corpus/*.txt", spm_model_path=f"{bucket}/spiece.model")
+  runs = {
+    "two": {"num_prepare_workers": 2},
+    "beam": {
+      "beam_runner": "DirectRunner",
+      "beam_options": "--direct_num_workers=2,--direct_running_mode=multi_processing",
+    },
+  }
+  for name, fields in runs.items():
+    config = parallel._config((tmp_path, vocab), **remote, **fields, data_dir=f"{bucket}/{name}")
+    info = dataset.prepare(config, str(tmp_path / name))
+    assert info["data_dir"] == f"{bucket}/{name}"
+    assert _record_files(info["data_dir"]) == want, name
+    assert info["num_train_examples"] == local["num_train_examples"], name
+    assert files.read_json(f"{bucket}/{name}/prepared.json")["vocab_sha256"] == files.sha256(vocab)
+  assert not any(n.startswith(".") for n in files.files_under(bucket))  # no staging left behind
+
+
+def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
+  """data.tfds_data_dir on gs://: the TFDS source is read from the bucket, as from a local copy."""
+  from albert_jax import corpus, dataset
+  from tests.conftest import build_tiny_text, small_config
+
+  documents = [[f"document {i} sentence {j} is here ." for j in range(12)] for i in range(30)]
+  build_tiny_text(str(tmp_path / "tfds"), documents)
+  local = tmp_path / "tfds"
+  for name in files.files_under(local):
+    files.path(local / name).copy(files.path(bucket, "tfds", name))
+  assert list(corpus.tfds_documents("tiny_text", data_dir=f"{bucket}/tfds")) == list(
+    corpus.tfds_documents("tiny_text", data_dir=str(local))
+  )
+  config = small_config(f"{bucket}/data")
+  config.data.update(
+    builtin_corpus="",
+    tfds_name="tiny_text",
+    tfds_data_dir=f"{bucket}/tfds",
+    spm_model_path=spm_model_path,
+  )
+  info = dataset.prepare(config, str(tmp_path / "work"))
+  assert info["documents"] == 30 and info["num_train_examples"] > 20
