@@ -31,6 +31,8 @@ setup(
     "tpu": ["jax[tpu]==0.10.2"],
     # prepare as an Apache Beam pipeline (data.beam_runner); apache-beam[gcp] for Dataflow.
     "beam": ["apache-beam"],
+    # python -m albert_jax.study: its report's plots.
+    "study": ["matplotlib"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -42,6 +44,7 @@ setup(
       "apache-beam",
       "jax[tpu]==0.10.2",
       "ruff==0.17.6",
+      "matplotlib",
     ],
   },
 )

@@ -67,6 +67,19 @@ def decay_mask(params: PyTree) -> PyTree:
   )
 
 
+# What only the sentence-pair task trains: the pooler and the SOP/NSP classifier on it.
+SENTENCE_HEAD = ("albert/pooler/", "sop_classifier/")
+
+
+def freeze(tx: optax.GradientTransformation, prefixes) -> optax.GradientTransformation:
+  """`tx` with the updates of parameters whose path starts with one of `prefixes` set to zero: they
+  keep their initial values exactly (weight decay alone would otherwise move them)."""
+  mask = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
+    lambda path, _: param_path(path).startswith(tuple(prefixes)), params
+  )
+  return optax.chain(tx, optax.masked(optax.set_to_zero(), mask))
+
+
 def stacked_axes_from_boxes(boxed_params: PyTree, axis_name: str = "layers") -> PyTree:
   """Per leaf, how many leading axes are named `axis_name` in its flax nn.Partitioned box (0 if unboxed).
 
