@@ -281,12 +281,16 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
   result_path = os.path.join(rdir, RESULT_FILE)
   if os.path.isfile(result_path):
     result = files.read_json(result_path)
-    if result.get("steps") == settings.steps:
-      return result
-    raise ConfigError(
-      f"{rdir} was trained for {result.get('steps')} steps, not --steps={settings.steps}: "
-      f"use another --workdir"
-    )
+    if result.get("steps") != settings.steps:
+      raise ConfigError(
+        f"{rdir} was trained for {result.get('steps')} steps, not --steps={settings.steps}: "
+        f"use another --workdir"
+      )
+    if settings.finetune_task and "finetune" not in result:  # fine-tuning added to a finished run
+      log(f"fine-tuning {variant.name} seed {seed} on {settings.finetune_task}")
+      result["finetune"] = finetune(settings, rdir, os.path.join(rdir, "finetune"))
+      _write_result(result_path, result)
+    return result
   start = time.time()
   log(f"training {variant.name} seed {seed} in {rdir}")
   _subprocess(train_command(settings, config, workdir, variant, seed), rdir + ".log")
@@ -309,10 +313,17 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
     log(f"fine-tuning {variant.name} seed {seed} on {settings.finetune_task}")
     result["finetune"] = finetune(settings, rdir, os.path.join(rdir, "finetune"))
   result["seconds"] = round(time.time() - start, 1)
-  files.write_json(result_path + ".tmp", result)
-  os.replace(result_path + ".tmp", result_path)  # written whole: the run counts as finished
+  _write_result(result_path, result)
   log(f"finished {variant.name} seed {seed} in {result['seconds']:.0f}s")
   return result
+
+
+def _write_result(path: str, result: dict) -> None:
+  """Written whole (a rename): with it, the run counts as finished."""
+  from albert_jax import files
+
+  files.write_json(path + ".tmp", result)
+  os.replace(path + ".tmp", path)
 
 
 def untrained_baseline(settings: Settings, config, workdir: str, seed: int) -> dict:
@@ -331,7 +342,7 @@ def untrained_baseline(settings: Settings, config, workdir: str, seed: int) -> d
     params = model.init(jax.random.PRNGKey(seed), **model_lib.dummy_inputs())["params"]
     jax_export.save_jax(params, config.model, export, vocabulary(config, workdir, seed))
   result = {"seed": seed, "finetune": finetune(settings, export, os.path.join(out, "finetune"))}
-  files.write_json(result_path, result)
+  _write_result(result_path, result)
   return result
 
 
@@ -808,7 +819,6 @@ def _exit_as_the_run():
 
 
 def _study(settings, config, workdir, all_variants, seeds, parallel, study) -> None:
-  from albert_jax import files
   from albert_jax.metrics import log
 
   start = time.time()
@@ -822,12 +832,9 @@ def _study(settings, config, workdir, all_variants, seeds, parallel, study) -> N
   log(f"{len(all_variants) * len(seeds) - len(todo)} runs finished earlier; {len(todo)} to do")
   if parallel > 1:
     _in_parallel(todo, parallel, workdir)
-  for v, s in todo:  # sequential, or what the parallel processes left (nothing)
-    do_run(settings, config, workdir, v, s)
-  rows = [
-    Row(v, [files.read_json(os.path.join(run_dir(workdir, v, s), RESULT_FILE)) for s in seeds])
-    for v in all_variants
-  ]
+  # Sequentially what is left (all of it without --parallel); finished runs are read back as they
+  # are (fine-tuned first if that was asked for since).
+  rows = [Row(v, [do_run(settings, config, workdir, v, s) for s in seeds]) for v in all_variants]
   baseline = None
   if settings.finetune_task:
     baseline = [untrained_baseline(settings, config, workdir, s) for s in seeds]
@@ -841,7 +848,14 @@ def _in_parallel(todo, parallel: int, workdir: str) -> None:
   """Each run in its own process of this command (--only=VARIANT:SEED), `parallel` at a time."""
   from albert_jax.metrics import log
 
-  argv = [a for a in sys.argv[1:] if not a.startswith(("--parallel", "--only"))]
+  argv, skip = [], False
+  for a in sys.argv[1:]:  # this command's flags less --parallel and --only (either spelling)
+    if skip or a.startswith(("--parallel=", "--only=")):
+      skip = False
+      continue
+    skip = a in ("--parallel", "--only")
+    if not skip:
+      argv.append(a)
   pending, running = list(todo), []
   while pending or running:
     while pending and len(running) < parallel:

@@ -111,8 +111,10 @@ class Trainer:
   eval_step: Callable  # (params, global batch) -> sums
 
 
-def build(config, mesh, model=None, inputs=None, objective: Objective = PRETRAINING) -> Trainer:
-  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings."""
+def build(config, mesh, model=None, inputs=None, objective: Objective | None = None) -> Trainer:
+  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings.
+  The objective defaults to pretraining's for config.data.task."""
+  objective = objective or pretraining_objective(config.data.task)
   abstract = abstract_state(config, mesh, model, inputs)
   schedule = optim.make_schedule(config.train)
   shardings = abstract.shardings

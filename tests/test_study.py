@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from albert_jax import study
@@ -117,6 +118,46 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
   assert redone["scores"] == results["nsp"]["scores"]
   assert _row((workdir / "report.md").read_text(), "nsp") == _row(report, "nsp")
   assert all((workdir / name).exists() for name in PLOTS)
+
+  # Fine-tuning added to the finished study: every run and an untrained model of the same
+  # architecture (the "no pretraining" row) fine-tune on a GLUE-format task; nothing is retrained.
+  from tests.test_finetune import write_sst2
+
+  glue = tmp_path / "sst2"
+  glue.mkdir()
+  rng = np.random.default_rng(0)
+  write_sst2(glue / "train.tsv", 64, rng)
+  write_sst2(glue / "dev.tsv", 32, rng)
+  logs = {v: (workdir / "runs" / v / "seed_0.log").read_text() for v in results}
+  finetune_args = (
+    "--config.train.num_steps=4 --config.train.eval_every=4 --config.train.checkpoint_every=4 "
+    "--config.train.batch_size=16 --config.data.max_seq_length=32"
+  )
+  proc = _study(
+    workdir,
+    "--steps=4",
+    "--eval_every=2",
+    "--seeds=1",
+    "--finetune_task=sst2",
+    f"--finetune_dir={glue}",
+    f"--finetune_args={finetune_args}",
+    *SMALL,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = (workdir / "report.md").read_text()
+  assert "| fine-tuned accuracy |" in report
+  for v in results:
+    assert (workdir / "runs" / v / "seed_0.log").read_text() == logs[v]
+    result = json.loads((workdir / "runs" / v / "seed_0" / study.RESULT_FILE).read_text())
+    assert result["scores"] == results[v]["scores"]
+    summary = json.loads(
+      (workdir / "runs" / v / "seed_0" / "finetune" / "eval_results.json").read_text()
+    )
+    assert result["finetune"]["mean"] == summary["summary"]["accuracy"]["mean"]
+    assert _row(report, v)[6] == f"{result['finetune']['mean']:.4f} +- 0.0000"
+  untrained = json.loads((workdir / "untrained" / "seed_0" / study.RESULT_FILE).read_text())
+  assert _row(report, "no pretraining")[6] == f"{untrained['finetune']['mean']:.4f} +- 0.0000"
+  assert "| pretraining helps the fine-tuned task |" in report
 
   # Another budget in the same directory is refused rather than mixed in.
   proc = _study(workdir, "--steps=6", "--eval_every=2", "--seeds=1", *SMALL)
