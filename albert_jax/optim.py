@@ -73,11 +73,16 @@ SENTENCE_HEAD = ("albert/pooler/", "sop_classifier/")
 
 def freeze(tx: optax.GradientTransformation, prefixes) -> optax.GradientTransformation:
   """`tx` with the updates of parameters whose path starts with one of `prefixes` set to zero: they
-  keep their initial values exactly (weight decay alone would otherwise move them)."""
-  mask = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
-    lambda path, _: param_path(path).startswith(tuple(prefixes)), params
-  )
-  return optax.chain(tx, optax.masked(optax.set_to_zero(), mask))
+  keep their initial values exactly (weight decay alone would otherwise move them). The state is
+  `tx`'s own, so a checkpoint resumes with or without the freeze (data.task none <-> sop/nsp)."""
+  prefixes = tuple(prefixes)
+
+  def update(updates, state, params=None):
+    updates, state = tx.update(updates, state, params)
+    zero = lambda path, u: jnp.zeros_like(u) if param_path(path).startswith(prefixes) else u  # noqa: E731
+    return jax.tree_util.tree_map_with_path(zero, updates), state
+
+  return optax.GradientTransformation(tx.init, update)
 
 
 def stacked_axes_from_boxes(boxed_params: PyTree, axis_name: str = "layers") -> PyTree:

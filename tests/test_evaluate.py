@@ -192,6 +192,14 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path):
   sop_config = small_config(sop_data, num_steps=8)
   sop_changed = _changed(_initial_params(sop_config), checkpoint.load_params(sop, "latest")[0])
   assert all(c for p, c in sop_changed.items() if _sentence_head(p))
+  # The freeze keeps the optimizer state's layout: a none checkpoint resumes as sop and back.
+  import jax
+
+  from albert_jax import sharding
+
+  mesh = sharding.make_mesh(config.mesh)
+  shapes = [train.build(c, mesh).abstract.shapes for c in (config, sop_config)]
+  assert jax.tree_util.tree_structure(shapes[0]) == jax.tree_util.tree_structure(shapes[1])
 
   # Neither the train nor the eval lines report a sentence loss or accuracy; loss is the MLM loss.
   records = [json.loads(l) for l in open(os.path.join(workdir, "tensorboard", "metrics.jsonl"))]
