@@ -358,7 +358,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def _final(result: dict) -> dict:
   """The last step's scores: mlm (masked-LM accuracy on SOP data), nsp and sop (sentence-pair
-  accuracy on each task's data), and the examples scored per task."""
+  accuracy on each task's data), and the examples scored on each (examples_nsp, examples_sop)."""
   last = result["scores"][str(max(int(s) for s in result["scores"]))]
   return _accuracies(last)
 
@@ -368,7 +368,7 @@ def _accuracies(scores: dict) -> dict:
     "mlm": scores["sop"]["masked_lm_accuracy"],
     "nsp": scores["nsp"]["sentence_pair_accuracy"],
     "sop": scores["sop"]["sentence_pair_accuracy"],
-    "examples": scores["sop"]["examples"],
+    **{f"examples_{t}": scores[t]["examples"] for t in TASKS},
   }
 
 
@@ -383,9 +383,9 @@ class Row:
   def mean(self, key: str) -> float:
     return self.stat(key)[0]
 
-  @property
-  def examples(self) -> int:
-    return sum(_final(r)["examples"] for r in self.results)
+  def examples(self, task: str) -> int:
+    """Examples scored on `task`'s data over all seeds."""
+    return sum(_final(r)[f"examples_{task}"] for r in self.results)
 
 
 def _pm(stat: tuple[float, float]) -> str:
@@ -397,8 +397,8 @@ def findings(study: str, rows: list[Row]) -> list[tuple[str, bool, str]]:
   by = {r.variant.name: r for r in rows}
   out = []
 
-  def noise(row: Row) -> float:  # the standard deviation of an accuracy at chance over the examples
-    return 0.5 / math.sqrt(max(row.examples, 1))
+  def noise(row: Row, task: str) -> float:  # an accuracy's standard deviation at chance
+    return 0.5 / math.sqrt(max(row.examples(task), 1))
 
   if study == "table5":
     none, nsp, sop = by["none"], by["nsp"], by["sop"]
@@ -422,16 +422,16 @@ def findings(study: str, rows: list[Row]) -> list[tuple[str, bool, str]]:
     out.append(
       (
         "SOP-trained is above chance on NSP (by more than 2 standard deviations of chance)",
-        d > 2 * noise(sop),
-        f"{sop.mean('nsp'):.4f}: {d:+.4f} = {d / noise(sop):+.1f} sd (paper: 78.9)",
+        d > 2 * noise(sop, "nsp"),
+        f"{sop.mean('nsp'):.4f}: {d:+.4f} = {d / noise(sop, 'nsp'):+.1f} sd (paper: 78.9)",
       )
     )
     d = nsp.mean("nsp") - CHANCE
     out.append(
       (
         "NSP-trained solves NSP (more than 2 standard deviations above chance)",
-        d > 2 * noise(nsp),
-        f"{nsp.mean('nsp'):.4f}: {d:+.4f} = {d / noise(nsp):+.1f} sd (paper: 90.5)",
+        d > 2 * noise(nsp, "nsp"),
+        f"{nsp.mean('nsp'):.4f}: {d:+.4f} = {d / noise(nsp, 'nsp'):+.1f} sd (paper: 90.5)",
       )
     )
     worst = max(abs(none.mean(t) - CHANCE) for t in ("nsp", "sop"))
@@ -542,7 +542,11 @@ def _eval_curves(rows: list[Row]) -> dict[str, dict[str, dict[int, float]]]:
   return out
 
 
-LABELS = {"mlm": "MLM accuracy (SOP data)", "nsp": "accuracy on NSP data", "sop": "on SOP data"}
+LABELS = {
+  "mlm": "MLM accuracy (on SOP data)",
+  "nsp": "sentence-pair accuracy on NSP data",
+  "sop": "sentence-pair accuracy on SOP data",
+}
 
 
 def plots(study: str, rows: list[Row], workdir: str) -> list[str]:
@@ -629,14 +633,16 @@ def report(study: str, rows: list[Row], workdir: str, command: str, baseline=Non
   images = plots(study, rows, workdir)
   seeds = sorted({r["seed"] for row in rows for r in row.results})
   steps = rows[0].results[0]["steps"]
+  n = {t: rows[0].examples(t) for t in TASKS}
   lines = [
     f"# Study `{study}`: {len(rows)} variants x {len(seeds)} seed(s), {steps} steps each",
     "",
     f"Command: `{command}`",
     "",
-    f"Each model is scored on the eval split of SOP data and NSP data ({rows[0].examples // len(seeds)} "
-    f"examples each per seed; an accuracy at chance has a standard deviation of "
-    f"{0.5 / math.sqrt(rows[0].examples):.3f} over all seeds). Mean +- std over seeds {seeds}.",
+    f"Each model is scored on the eval split of SOP data ({n['sop']} examples over the seeds) and "
+    f"of NSP data ({n['nsp']}); at chance an accuracy has a standard deviation of "
+    f"{0.5 / math.sqrt(n['sop']):.3f} and {0.5 / math.sqrt(n['nsp']):.3f} there. Mean +- std over "
+    f"seeds {seeds}.",
     "",
   ]
   finetuned = all("finetune" in r for row in rows for r in row.results)
