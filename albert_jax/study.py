@@ -558,6 +558,7 @@ def plots(study: str, rows: list[Row], workdir: str) -> list[str]:
   import matplotlib.pyplot as plt
 
   names = [r.variant.name for r in rows]
+  color = {name: f"C{i % 10}" for i, name in enumerate(names)}  # a variant's colour in every plot
   written = []
 
   curves = _eval_curves(rows)
@@ -570,7 +571,7 @@ def plots(study: str, rows: list[Row], workdir: str) -> list[str]:
     for name in names:
       points = curves.get(name, {}).get(key)
       if points:
-        ax.plot(list(points), list(points.values()), marker="o", ms=3, label=name)
+        ax.plot(list(points), list(points.values()), marker="o", ms=3, label=name, c=color[name])
     ax.set(title=title, xlabel="step")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=7)
@@ -609,6 +610,7 @@ def plots(study: str, rows: list[Row], workdir: str) -> list[str]:
         ms=3,
         capsize=2,
         label=name,
+        c=color[name],
       )
     if key != "mlm":
       ax.axhline(CHANCE, color="gray", ls=":", lw=1)
