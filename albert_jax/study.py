@@ -294,7 +294,8 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
   start = time.time()
   log(f"training {variant.name} seed {seed} in {rdir}")
   _subprocess(train_command(settings, config, workdir, variant, seed), rdir + ".log")
-  steps = checkpoint_steps(rdir)
+  # The sweep's steps (a save on SIGTERM mid-run also leaves a checkpoint, not one of them).
+  steps = [s for s in checkpoint_steps(rdir) if s % settings.eval_every == 0 or s == settings.steps]
   log(f"scoring {variant.name} seed {seed} at steps {steps} on {', '.join(TASKS)} data")
   model_config = config.model.copy_and_resolve_references()
   for k, v in variant.overrides:
