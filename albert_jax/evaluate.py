@@ -8,7 +8,7 @@ r"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and se
 whose prepared data to use. Any model scores any prepared split with the same vocabulary: a model
 pretrained with sentence-order prediction (data.task=sop) can be scored on data prepared for next
 sentence prediction (data.task=nsp) and vice versa, since both heads are the same binary classifier
-on the pooled output. Masks come from the input pipeline, a pure function of the data's seed, so
+on the pooled output (a model trained with data.task=none has that head untrained: chance). Masks come from the input pipeline, a pure function of the data's seed, so
 the eval split is masked identically on every call. The masking settings (max_predictions_per_seq,
 masked_lm_prob, max_ngram, word_start) are those of the --data workdir's config, else of the
 checkpoint's run, else the defaults.

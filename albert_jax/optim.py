@@ -65,6 +65,24 @@ def decay_mask(params: PyTree) -> PyTree:
   )
 
 
+# What only the sentence-pair task trains: the pooler and the SOP/NSP classifier on it.
+SENTENCE_HEAD = ("albert/pooler/", "sop_classifier/")
+
+
+def freeze(tx: optax.GradientTransformation, prefixes) -> optax.GradientTransformation:
+  """`tx` with the updates of parameters whose path starts with one of `prefixes` set to zero: they
+  keep their initial values exactly (weight decay alone would otherwise move them). The state is
+  `tx`'s own, so a checkpoint resumes with or without the freeze (data.task none <-> sop/nsp)."""
+  prefixes = tuple(prefixes)
+
+  def update(updates, state, params=None):
+    updates, state = tx.update(updates, state, params)
+    zero = lambda path, u: jnp.zeros_like(u) if param_path(path).startswith(prefixes) else u  # noqa: E731
+    return jax.tree_util.tree_map_with_path(zero, updates), state
+
+  return optax.GradientTransformation(tx.init, update)
+
+
 def stacked_axes_from_boxes(boxed_params: PyTree, axis_name: str = "layers") -> PyTree:
   """Per leaf, how many leading axes are named `axis_name` in its flax nn.Partitioned box (0 if unboxed).
 

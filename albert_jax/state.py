@@ -43,9 +43,10 @@ def model_and_inputs(config) -> tuple[nn.Module, dict]:
 def make_optimizer(config, boxed_params) -> optax.GradientTransformation:
   # Layers stacked by nn.scan (sharing none/attention/ffn) get one trust ratio per layer, as the
   # original's separate variables did.
-  return optim.make_optimizer(
-    config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params)
-  )
+  tx = optim.make_optimizer(config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params))
+  if "task" not in config and config.data.task == "none":  # MLM only: the sentence head stays as is
+    tx = optim.freeze(tx, optim.SENTENCE_HEAD)
+  return tx
 
 
 def _shardings(shapes: TrainState, boxed_params, mesh: Mesh) -> TrainState:

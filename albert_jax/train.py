@@ -67,17 +67,34 @@ def _pretraining_sums(model, params, batch, rng):
   return M.loss_sums(out, batch)
 
 
-def _pretraining_loss(sums, batch):
+def _mlm_loss(sums, batch):
   # The MLM loss normalises by the whole step's weight (the original's formula), so micro-batches
   # add up to exactly one step.
   total_weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-  return (
-    sums["mlm_nll"] / (total_weight + 1e-5)
-    + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
-  )
+  return sums["mlm_nll"] / (total_weight + 1e-5)
+
+
+def _pretraining_loss(sums, batch):
+  return _mlm_loss(sums, batch) + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
+
+
+def _mlm_metrics(sums):
+  m = M.metrics_from_sums(sums)
+  return {
+    "loss": m["masked_lm_loss"],
+    "masked_lm_loss": m["masked_lm_loss"],
+    "masked_lm_accuracy": m["masked_lm_accuracy"],
+  }
 
 
 PRETRAINING = Objective(sums=_pretraining_sums, loss=_pretraining_loss, metrics=M.metrics_from_sums)
+# data.task=none (the paper's Table 5 "None"): MLM only; the sentence head is neither trained
+# (state.make_optimizer freezes it) nor reported.
+MLM_ONLY = Objective(sums=_pretraining_sums, loss=_mlm_loss, metrics=_mlm_metrics)
+
+
+def pretraining_objective(task: str) -> Objective:
+  return MLM_ONLY if task == "none" else PRETRAINING
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -93,8 +110,10 @@ class Trainer:
   eval_step: Callable  # (params, global batch) -> sums
 
 
-def build(config, mesh, model=None, inputs=None, objective: Objective = PRETRAINING) -> Trainer:
-  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings."""
+def build(config, mesh, model=None, inputs=None, objective: Objective | None = None) -> Trainer:
+  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings.
+  The objective defaults to pretraining's for config.data.task."""
+  objective = objective or pretraining_objective(config.data.task)
   abstract = abstract_state(config, mesh, model, inputs)
   schedule = optim.make_schedule(config.train)
   shardings = abstract.shardings
@@ -343,7 +362,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
   workdir_lib.check_vocabulary(workdir, info["spm_model_path"], start)
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
-  trainer = build(config, mesh)
+  objective = pretraining_objective(config.data.task)
+  trainer = build(config, mesh, objective=objective)
   params = trainer.abstract.shapes.params
   log(
     f"model: {M.count_params(params):,} parameters ({M.count_params(params['albert']):,} backbone), "
@@ -449,7 +469,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
           ) as eval_batches,
         ):
           eval_metrics = evaluate(
-            trainer.eval_step, state.params, eval_batches, t.eval_steps, mesh, M.metrics_from_sums
+            trainer.eval_step, state.params, eval_batches, t.eval_steps, mesh, objective.metrics
           )
         writer.write(step, eval_metrics, prefix="eval/")
         log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))

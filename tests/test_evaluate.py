@@ -128,3 +128,93 @@ def test_bad_arguments(runs, tmp_path):
   with pytest.raises(ConfigError, match="batch_size must be positive"):
     evaluate.score(sop, sop, batch_size=0)
   assert dataset.PREPARED_FILE in os.listdir(os.path.join(sop, "data"))
+
+
+def _initial_params(config):
+  """The parameters a run of `config` starts from (the trainer's own init, same seed)."""
+  import jax
+
+  from albert_jax import sharding
+
+  mesh = sharding.make_mesh(config.mesh)
+  with sharding.with_mesh(mesh):
+    return jax.device_get(train.build(config, mesh).init(jax.random.PRNGKey(config.seed)).params)
+
+
+def _sentence_head(path) -> bool:
+  return path.startswith(("albert/pooler/", "sop_classifier/"))
+
+
+def _changed(before, after) -> dict[str, bool]:
+  """'/'-joined parameter path -> whether training changed it."""
+  import jax
+  import numpy as np
+
+  from albert_jax import optim
+
+  flat = jax.tree_util.tree_flatten_with_path(before)[0]
+  after_leaves = jax.tree_util.tree_leaves(after)
+  return {
+    optim.param_path(path): not np.array_equal(np.asarray(a), np.asarray(b))
+    for (path, a), b in zip(flat, after_leaves)
+  }
+
+
+def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path):
+  """data.task=none (Table 5's "None"): SOP's prepared data reused as is, the MLM loss only, the
+  sentence head (pooler and classifier) exactly as initialised, no sentence metrics; scored on SOP
+  and NSP data, its sentence-pair accuracy is at chance and its loss ln 2."""
+  import math
+
+  from albert_jax import checkpoint
+
+  sop, nsp = runs
+  sop_data = os.path.join(sop, "data")
+  prepared = open(os.path.join(sop_data, dataset.PREPARED_FILE), "rb").read()
+  workdir = str(tmp_path / "none")
+  config = small_config(sop_data, num_steps=8, checkpoint_every=8, eval_every=4)
+  config.train.learning_rate = 0.005
+  config.data.task = "none"
+  train.train_and_evaluate(config, workdir)
+  # The SOP run's data served as is: nothing was prepared again.
+  assert open(os.path.join(sop_data, dataset.PREPARED_FILE), "rb").read() == prepared
+  assert not os.path.exists(os.path.join(workdir, "data"))
+
+  final, _, step, _ = checkpoint.load_params(workdir, "latest")
+  assert step == 8
+  changed = _changed(_initial_params(config), final)
+  head = {p: c for p, c in changed.items() if _sentence_head(p)}
+  assert {p.split("/")[0] for p in head} == {"albert", "sop_classifier"} and len(head) == 4
+  assert not any(head.values()), head  # unchanged, weight decay included
+  rest = [c for p, c in changed.items() if not _sentence_head(p)]
+  assert all(rest), changed  # everything else trained
+  # The control: the SOP run trained its head.
+  sop_config = small_config(sop_data, num_steps=8)
+  sop_changed = _changed(_initial_params(sop_config), checkpoint.load_params(sop, "latest")[0])
+  assert all(c for p, c in sop_changed.items() if _sentence_head(p))
+  # The freeze keeps the optimizer state's layout: a none checkpoint resumes as sop and back.
+  import jax
+
+  from albert_jax import sharding
+
+  mesh = sharding.make_mesh(config.mesh)
+  shapes = [train.build(c, mesh).abstract.shapes for c in (config, sop_config)]
+  assert jax.tree_util.tree_structure(shapes[0]) == jax.tree_util.tree_structure(shapes[1])
+
+  # Neither the train nor the eval lines report a sentence loss or accuracy; loss is the MLM loss.
+  records = [json.loads(l) for l in open(os.path.join(workdir, "tensorboard", "metrics.jsonl"))]
+  evals = [r for r in records if "eval/loss" in r]
+  trains = [r for r in records if "train/loss" in r]
+  assert [r["step"] for r in evals] == [4, 8] and len(trains) == 8
+  for r in evals + trains:
+    assert not any("sentence" in k for k in r), r
+    prefix = "eval/" if "eval/loss" in r else "train/"
+    assert r[f"{prefix}loss"] == r[f"{prefix}masked_lm_loss"]
+
+  for data, task in ((sop_data, "sop"), (os.path.join(nsp, "data"), "nsp")):
+    result = evaluate.score(workdir, data, batch_size=8)
+    assert result["model_task"] == "none" and result["data_task"] == task
+    sd = 0.5 / math.sqrt(result["examples"])
+    assert abs(result["sentence_pair_accuracy"] - 0.5) < 3 * sd, result
+    assert abs(result["sentence_pair_loss"] - math.log(2)) < 0.02, result
+    assert result["masked_lm_accuracy"] > 0.01  # the MLM learned

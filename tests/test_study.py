@@ -1,0 +1,251 @@
+"""The study runner: a tiny Table 5 study end to end through its CLI (prepared data, three real runs,
+scores, report.md and the plots), its resume, and its one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from albert_jax import study
+from tests.conftest import DATA, MODEL, ROOT, load_config
+
+SMALL = (
+  [f"--config.model.{k}={v}" for k, v in MODEL.items()]
+  + [f"--config.data.{k}={v}" for k, v in DATA.items()]
+  + ["--config.train.batch_size=16", "--config.train.eval_steps=2", "--config.train.log_every=2"]
+)
+PLOTS = ("curves.png", "bars.png", "sweep.png")
+
+
+def _study(workdir, *extra, name="table5"):
+  return subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "albert_jax.study",
+      f"--study={name}",
+      "--config=configs/tiny.py",
+      f"--workdir={workdir}",
+      *extra,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+  )
+
+
+def _row(report: str, variant: str) -> list[str]:
+  line = next(l for l in report.splitlines() if l.startswith(f"| {variant} |"))
+  return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+@pytest.mark.slow
+def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_path):
+  from matplotlib import image as mpimg
+  from PIL import Image
+
+  from albert_jax import evaluate
+
+  workdir = tmp_path / "table5"
+  proc = _study(workdir, "--steps=4", "--eval_every=2", "--seeds=1", *SMALL)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = (workdir / "report.md").read_text()
+
+  results = {}
+  for variant in ("none", "nsp", "sop"):
+    run = workdir / "runs" / variant / "seed_0"
+    result = json.loads((run / study.RESULT_FILE).read_text())
+    results[variant] = result
+    assert result["variant"] == variant and result["steps"] == 4
+    assert sorted(result["scores"], key=int) == ["2", "4"]  # every kept checkpoint scored
+    last = result["scores"]["4"]
+    assert {last[t]["data_task"] for t in study.TASKS} == {"sop", "nsp"}
+    assert {last[t]["model_task"] for t in study.TASKS} == {variant}
+    # Its row names it and holds its own run's numbers (one seed: std 0).
+    cells = _row(report, variant)
+    assert cells[2] == f"{result['parameters']['total']:,}"
+    assert cells[3] == f"{last['sop']['masked_lm_accuracy']:.4f} +- 0.0000"
+    assert cells[4] == f"{last['nsp']['sentence_pair_accuracy']:.4f} +- 0.0000"
+    assert cells[5] == f"{last['sop']['sentence_pair_accuracy']:.4f} +- 0.0000"
+    # The runs shared their seed's data: none trained on SOP's, nsp on NSP's.
+    data = json.loads((run / "config.json").read_text())["data"]["data_dir"]
+    assert data == str(workdir / "data" / "seed_0" / ("nsp" if variant == "nsp" else "sop"))
+  assert sorted(os.listdir(workdir / "data" / "seed_0")) == ["nsp", "sop"]
+  # The stored numbers are that checkpoint's evaluation: scored again, the same.
+  again = evaluate.score(
+    str(workdir / "runs" / "sop" / "seed_0"), study.data_dir(workdir, 0, "nsp"), step=4
+  )
+  assert again == results["sop"]["scores"]["4"]["nsp"]
+  # The findings table: Table 5's six findings, each judged.
+  judged = [
+    l for l in report.splitlines() if l.endswith(" |") and ("| yes |" in l or "| **no** |" in l)
+  ]
+  assert len(judged) == 6
+  assert "| none | step 2 | step 4 |" not in report and "| variant | step 2 | step 4 |" in report
+
+  for name in PLOTS:
+    path = workdir / name
+    assert f"]({name})" in report
+    assert 5_000 < path.stat().st_size < 200_000
+    with Image.open(path) as im:
+      im.verify()
+    pixels = mpimg.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 400
+    assert pixels[..., :3].std() > 0.05  # something is drawn
+
+  # Interrupted: the nsp run's scoring never finished. The rerun (in parallel processes) redoes
+  # only that one; the finished runs are not touched.
+  logs = {v: (workdir / "runs" / v / "seed_0.log").read_text() for v in results}
+  mtimes = {
+    v: (workdir / "runs" / v / "seed_0" / study.RESULT_FILE).stat().st_mtime_ns for v in results
+  }
+  (workdir / "runs" / "nsp" / "seed_0" / study.RESULT_FILE).unlink()
+  for name in PLOTS + ("report.md",):
+    (workdir / name).unlink()
+  proc = _study(workdir, "--steps=4", "--eval_every=2", "--seeds=1", "--parallel=2", *SMALL)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "2 runs finished earlier; 1 to do" in proc.stdout + proc.stderr
+  for v in ("none", "sop"):
+    assert (workdir / "runs" / v / "seed_0.log").read_text() == logs[v]
+    assert (workdir / "runs" / v / "seed_0" / study.RESULT_FILE).stat().st_mtime_ns == mtimes[v]
+  nsp_log = (workdir / "runs" / "nsp" / "seed_0.log").read_text()
+  assert nsp_log.startswith(logs["nsp"]) and "resumed from step 4" in nsp_log[len(logs["nsp"]) :]
+  redone = json.loads((workdir / "runs" / "nsp" / "seed_0" / study.RESULT_FILE).read_text())
+  assert redone["scores"] == results["nsp"]["scores"]
+  assert _row((workdir / "report.md").read_text(), "nsp") == _row(report, "nsp")
+  assert all((workdir / name).exists() for name in PLOTS)
+
+  # Fine-tuning added to the finished study: every run and an untrained model of the same
+  # architecture (the "no pretraining" row) fine-tune on a GLUE-format task; nothing is retrained.
+  from tests.test_finetune import write_sst2
+
+  glue = tmp_path / "sst2"
+  glue.mkdir()
+  rng = np.random.default_rng(0)
+  write_sst2(glue / "train.tsv", 64, rng)
+  write_sst2(glue / "dev.tsv", 32, rng)
+  logs = {v: (workdir / "runs" / v / "seed_0.log").read_text() for v in results}
+  finetune_args = (
+    "--config.train.num_steps=4 --config.train.eval_every=4 --config.train.checkpoint_every=4 "
+    "--config.train.batch_size=16 --config.data.max_seq_length=32"
+  )
+  proc = _study(
+    workdir,
+    "--steps=4",
+    "--eval_every=2",
+    "--seeds=1",
+    "--finetune_task=sst2",
+    f"--finetune_dir={glue}",
+    f"--finetune_args={finetune_args}",
+    *SMALL,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = (workdir / "report.md").read_text()
+  assert "| fine-tuned accuracy |" in report
+  for v in results:
+    assert (workdir / "runs" / v / "seed_0.log").read_text() == logs[v]
+    result = json.loads((workdir / "runs" / v / "seed_0" / study.RESULT_FILE).read_text())
+    assert result["scores"] == results[v]["scores"]
+    summary = json.loads(
+      (workdir / "runs" / v / "seed_0" / "finetune" / "eval_results.json").read_text()
+    )
+    assert result["finetune"]["mean"] == summary["summary"]["accuracy"]["mean"]
+    assert _row(report, v)[6] == f"{result['finetune']['mean']:.4f} +- 0.0000"
+  untrained = json.loads((workdir / "untrained" / "seed_0" / study.RESULT_FILE).read_text())
+  assert _row(report, "no pretraining")[6] == f"{untrained['finetune']['mean']:.4f} +- 0.0000"
+  assert "| pretraining helps the fine-tuned task |" in report
+
+  # Another budget in the same directory is refused rather than mixed in.
+  proc = _study(workdir, "--steps=6", "--eval_every=2", "--seeds=1", *SMALL)
+  assert proc.returncode == 2 and "not --steps=6" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (["--study=table9", "--steps=4"], "--study='table9' is not one of table5, sharing, embedding"),
+    (["--study=table5", "--steps=0"], "--steps=0 must be >= 1"),
+    (["--study=table5", "--seeds=0"], "--seeds=0 and --parallel=1 must be >= 1"),
+    (["--study=table5", "--steps=many"], "steps"),
+    (["--study=embedding", "--embedding_sizes=64,x"], "--embedding_sizes=64,x must be integers"),
+  ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+  workdir = tmp_path / "study"
+  proc = subprocess.run(
+    [sys.executable, "-m", "albert_jax.study", "--config=configs/tiny.py", f"--workdir={workdir}"]
+    + args,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 2, proc.stderr
+  err = proc.stderr.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], proc.stderr
+  assert not workdir.exists()
+
+
+def test_variants_are_the_papers_tables():
+  config = load_config("tiny")  # H=128
+  assert study.embedding_sizes(768) == [64, 128, 256, 768]
+  assert study.embedding_sizes(128) == [8, 24, 40, 128]
+  names = [v.name for v in study.variants("embedding", config)]
+  assert names[:4] == ["all-shared-E8", "all-shared-E24", "all-shared-E40", "all-shared-E128"]
+  assert len(names) == 8 and names[-1] == "not-shared-E128"
+  sharing = study.variants("sharing", config)
+  assert [dict(v.overrides)["model.sharing"] for v in sharing] == [
+    "all",
+    "attention",
+    "ffn",
+    "none",
+  ]
+  assert [v.name for v in study.variants("table5", config)] == ["none", "nsp", "sop"]
+
+
+def _result(name, seed, mlm, nsp, sop, examples=288):
+  score = lambda acc, m: {  # noqa: E731
+    "masked_lm_accuracy": m,
+    "sentence_pair_accuracy": acc,
+    "examples": examples,
+  }
+  return {
+    "variant": name,
+    "seed": seed,
+    "scores": {"100": {"sop": score(sop, mlm), "nsp": score(nsp, mlm)}},
+  }
+
+
+def test_findings_judge_the_numbers():
+  config = load_config("tiny")
+  table5 = {v.name: v for v in study.variants("table5", config)}
+  # Over 2 seeds: the paper's pattern, then NSP-trained solving SOP and the MLM spread too wide.
+  paper_like = [
+    study.Row(table5["none"], [_result("none", s, 0.13, 0.51, 0.49) for s in (0, 1)]),
+    study.Row(table5["nsp"], [_result("nsp", s, 0.125, 0.70, 0.52) for s in (0, 1)]),
+    study.Row(table5["sop"], [_result("sop", s, 0.12 + 0.01 * s, 0.58, 0.64) for s in (0, 1)]),
+  ]
+  assert paper_like[2].stat("mlm") == pytest.approx((0.125, 0.005))
+  judged = study.findings("table5", paper_like)
+  assert [holds for _, holds, _ in judged] == [True] * 6
+  assert "+0.1400 from chance" in judged[1][2]
+  broken = [
+    paper_like[0],
+    study.Row(table5["nsp"], [_result("nsp", s, 0.16, 0.70, 0.60) for s in (0, 1)]),
+    paper_like[2],
+  ]
+  holds = {claim: h for claim, h, _ in study.findings("table5", broken)}
+  assert not holds["NSP-trained is at chance on SOP (within 0.05)"]
+  assert not holds["MLM accuracy barely affected by the sentence task (within 0.02)"]
+
+  sharing = {dict(v.overrides)["model.sharing"]: v for v in study.variants("sharing", config)}
+  mlm = {"all": 0.12, "attention": 0.129, "ffn": 0.11, "none": 0.13}
+  rows = [study.Row(sharing[s], [_result(s, 0, m, 0.5, 0.6)]) for s, m in mlm.items()]
+  assert [h for _, h, _ in study.findings("sharing", rows)] == [True, True, True, True]
+  rows[2] = study.Row(sharing["ffn"], [_result("ffn", 0, 0.125, 0.5, 0.6)])
+  judged = study.findings("sharing", rows)
+  assert judged[1][1] is False and "lowest: all-shared" in judged[1][2]
