@@ -24,6 +24,7 @@ from albert_jax import (
   hf,
   model as M,
   squad,
+  tasks,
   tokenizer as tokenizer_lib,
 )
 from albert_jax.config_lib import ConfigError
@@ -348,7 +349,7 @@ def test_init_from_a_finetuned_run(env, tmp_path):
   # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
   want, _, step, _ = checkpoint.load_params(str(tmp_path / "a" / "seed_0"), "best")
   assert step == 3
-  model, inputs = M.finetune_model(recorded)
+  model, inputs = tasks.of(recorded).model(recorded)
   fresh = jax.tree_util.tree_map(
     np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
   )
@@ -415,7 +416,7 @@ def test_mnli_reads_matched_and_mismatched(env, tmp_path):
   data = finetune.load_data(recorded, glue.GLUE_TASKS["mnli"])
   arrays = data["eval_mm"][0]
   assert len(arrays["input_ids"]) == 28 and len(data["eval"][0]["input_ids"]) == 20
-  model, _ = M.finetune_model(recorded)
+  model, _ = tasks.of(recorded).model(recorded)
   logits = model.apply(
     {"params": params},
     jnp.asarray(arrays["input_ids"]),
@@ -457,15 +458,16 @@ def _ids(shape, seed=0):
 def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
   config = config_lib.finetune_base_config()
   config.model.update(SIZES)
-  config.task.kind = kind
-  config.task.labels = "neg,pos,neutral" if kind == "classification" else ""
-  model, inputs = M.finetune_model(config)
+  config.task.name = kind
+  config.data.labels = "neg,pos,neutral" if kind == "classification" else ""
+  task = tasks.of(config)
+  model, inputs = task.model(config)
   # O(0.1) weights rather than the 0.02 init, so the logits are not all near zero.
   params = jax.tree_util.tree_map(
     lambda x: 0.1 * jax.random.normal(jax.random.key(x.size), x.shape) + (x == 1),
     jax.tree_util.tree_map(np.asarray, model.init(jax.random.key(1), **inputs)["params"]),
   )
-  hf.save_hf(params, config.model, str(tmp_path / "hf"), task=config.task)
+  hf.save_hf(params, config.model, str(tmp_path / "hf"), task=task)
   theirs, info = cls.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ids, segments, mask = _ids(shape)
@@ -511,7 +513,7 @@ def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
   assert theirs.config.id2label == {0: "0", 1: "1"}
   params, config, step, _ = checkpoint.load_params(seed_dir, "best")
   assert step == out["seeds"][k]["best_step"]
-  model, _ = M.finetune_model(config)
+  model, _ = tasks.of(config).model(config)
   ids, segments, mask = _ids((4, 16))
   ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
   with torch.no_grad():
@@ -716,7 +718,8 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   config.init_from = str(env / "init")
   config.data.update(train_file=str(path), eval_file=str(path), max_seq_length=32, doc_stride=8)
   config.data.max_query_length = 8
-  data = finetune.load_data(_resolved(config), None)
+  squad_v2 = tasks.of(config)
+  data = finetune.load_data(_resolved(config), squad_v2)
   arrays, extra = data["eval"]
   rng = np.random.default_rng(0)
   shape = arrays["input_ids"].shape
@@ -726,7 +729,7 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
     c = copy.deepcopy(config)
     c.task.update(task)
     config_lib.validate_finetune(c)
-    return finetune.squad_answers(c, outputs, extra)
+    return squad_v2.answers(c, outputs, extra)
 
   assert len(answers()) == 12
   assert set(answers(null_score_diff_threshold=-1e6).values()) == {""}
