@@ -3,11 +3,14 @@ r"""Fine-tune ALBERT on GLUE, a generic classification/regression task, SQuAD or
   python -m albert_jax.finetune --config=configs/finetune/glue.py:task=sst2 --workdir=runs/sst2 \
       --config.init_from=runs/base --config.data.glue_dir=glue_data/SST-2 --config.seeds=5
 
-The same trainer as pretraining (train.build: abstract state, jitted sharded step, Orbax checkpoints
-with the data position, the Reporter) over a head model and its objective. Each seed runs in
-<workdir>/seed_<k>/, keeps its best checkpoint by the task's metric, and re-running the same command
-resumes exactly where it stopped. <workdir>/eval_results.json holds the summary (mean +- std, the best
-seed) and <workdir>/predictions/ the test predictions (GLUE's submission files) of the best seed.
+A short driver over the pretraining trainer: the task (tasks.of: a GLUE, SQuAD or RACE task object)
+gives the head model, the objective, the data, the metrics and the prediction files; train.build
+and train.run (the one loop: restore or initialise, steps, evaluations, Orbax checkpoints with the
+data position, SIGTERM) do the rest, with this module's hooks (init_from's backbone, the task's
+evaluation, the best checkpoint's predictions). Each seed runs in <workdir>/seed_<k>/, keeps its best
+checkpoint by the task's metric, and re-running the same command resumes exactly where it stopped.
+<workdir>/eval_results.json holds the summary (mean +- std, the best seed) and <workdir>/predictions/
+the best seed's prediction files (GLUE's submission TSVs, SQuAD's predictions.json).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class GlueTask(tasks.Task):
     )
 
   def resolve(self, config) -> None:
-    config.task.kind = self.kind
+    super().resolve(config)
     config.task.metric = self.metric
     config.task.labels = ",".join(self.labels)
     if self.regression and config.task.metric == "accuracy":

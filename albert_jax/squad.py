@@ -471,7 +471,7 @@ class SquadTask(tasks.Task):
     return self.name
 
   def resolve(self, config) -> None:
-    config.task.kind = self.kind
+    super().resolve(config)
     if config.task.metric == "accuracy":  # the fine-tuning default: SQuAD is scored by F1
       config.task.metric = "f1"
 
