@@ -215,24 +215,17 @@ GLUE_TASKS = {
     GlueTask(name="wnli", metric="accuracy", **_NLI, label="label", submission="WNLI.tsv"),
   )
 }
-# Generic tasks: any TSV, CSV or JSONL, the columns and labels from config.data (for_config).
+# Generic tasks: any TSV, CSV or JSONL; for_config takes the columns, labels and metric from the config.
 GENERIC = {
-  "classification": GlueTask(
-    name="classification",
+  name: GlueTask(
+    name=name,
     metric="accuracy",
     text_a="sentence",
     label="label",
-    submission="classification.tsv",
-  ),
-  "regression": GlueTask(
-    name="regression",
-    metric="accuracy",
-    text_a="sentence",
-    label="label",
-    submission="regression.tsv",
-    labels=(),
-    regression=True,
-  ),
+    submission=f"{name}.tsv",
+    regression=name == "regression",
+  )
+  for name in ("classification", "regression")
 }
 TASKS = {**GLUE_TASKS, **GENERIC}
 
