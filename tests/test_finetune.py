@@ -293,6 +293,7 @@ def test_resume_is_exact(env, run, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   """A preemption notice mid-seed: the step is saved whole and the command ends with status 0."""
   import signal
@@ -332,6 +333,7 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   assert not (workdir / "eval_results.json").exists()  # the summary waits for the resumed run
 
 
+@pytest.mark.slow
 def test_init_from_a_finetuned_run(env, tmp_path):
   """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory as init_from gives its best
   seed's backbone (best checkpoint) and vocabulary; the new task's head starts fresh."""
@@ -378,6 +380,7 @@ def write_mnli(path, n, rng, test=False):
       f.write(row + ("\n" if test else f"\t{label}\t{label}\n"))
 
 
+@pytest.mark.slow
 def test_mnli_reads_matched_and_mismatched(env, tmp_path):
   rng = np.random.default_rng(1)
   glue_dir = tmp_path / "MNLI"
@@ -446,6 +449,7 @@ def _ids(shape, seed=0):
   return ids, segments, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "kind, cls, shape",
   [
@@ -488,6 +492,7 @@ def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
     assert theirs.config.problem_type == "single_label_classification"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["seed", "run"])
 def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
   """--workdir=DIR/seed_k --step=best, or the fine-tuning DIR itself: its best seed's best step."""
@@ -528,6 +533,7 @@ def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
 # --- Bad input: one line -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_init_from_of_another_size_is_refused(env, tmp_path):
   config = _glue_config("task=sst2,model=tiny")  # H=128: the init_from model has H=32
   config.init_from = str(env / "init")
@@ -547,6 +553,7 @@ def test_unknown_labels_in_the_training_file_are_refused(env, tmp_path):
     finetune.finetune(config, str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "args, match",
   [
@@ -571,6 +578,7 @@ def test_cli_errors_are_one_line(env, tmp_path, args, match):
   assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "task, name, content, match",
   [
@@ -613,6 +621,7 @@ def test_cli_bad_input_is_one_line(env, tmp_path, task, name, content, match):
   assert not os.path.exists(tmp_path / "run" / "seed_0")  # nothing trained
 
 
+@pytest.mark.slow
 def test_benchmark_tiny():
   """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
   import importlib.util
@@ -673,6 +682,7 @@ def _squad_v2_file(path):
   return path
 
 
+@pytest.mark.slow
 def test_squad_v2_runs_end_to_end(env, tmp_path):
   path = _squad_v2_file(tmp_path / "squad.json")
   out = _tiny_run(env, tmp_path, "squad_v2", path, path, doc_stride=8, max_query_length=8)
@@ -689,6 +699,7 @@ def test_squad_v2_runs_end_to_end(env, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_race_runs_end_to_end(env, tmp_path):
   for split in ("train", "dev"):
     for k in range(4):

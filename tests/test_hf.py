@@ -334,6 +334,7 @@ SAMPLES = [
 ]
 
 
+@pytest.mark.slow
 def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   """A tiny model trained a few steps by the trainer, exported from its checkpoint by the CLI: no
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
@@ -631,6 +632,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   assert sorted(os.listdir(tmp_path / "downloaded")) == before and "model.safetensors" in before
 
 
+@pytest.mark.slow
 def test_export_cli_errors(tmp_path):
   def run(*args):
     proc = subprocess.run(

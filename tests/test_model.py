@@ -342,6 +342,7 @@ def test_loss_matches_the_original_formula():
   )
 
 
+@pytest.mark.slow
 def test_tiny_config_overfits_one_batch():
   cfg = load_config("tiny").model
   mcfg = M.model_config(cfg)

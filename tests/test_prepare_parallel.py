@@ -89,6 +89,7 @@ def _examples(ddir):
   return out
 
 
+@pytest.mark.slow
 def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkeypatch):
   monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
   built = {}
@@ -123,6 +124,7 @@ def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkey
     pytest.skip("apache-beam is not installed: the Beam DirectRunner build was not compared")
 
 
+@pytest.mark.slow
 def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_path, monkeypatch):
   # SentencePiece's trainer learns another vocabulary on another number of threads: prepare
   # trains on a fixed number, so hosts with other core counts build the same vocabulary; the
@@ -177,6 +179,7 @@ def test_the_vocabulary_sample_is_uniform_and_seeded():
   assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
 
 
+@pytest.mark.slow
 def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypatch):
   monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
   c = _config(setup, num_prepare_workers=1)
@@ -200,6 +203,7 @@ print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
 """
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_corpus(setup, tmp_path):
   root, vocab = setup
   docs = _documents()[::2]
@@ -228,6 +232,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(setup, tmp_path):
   print(peak)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["non_utf8", "unreadable"])
 def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, tmp_path, bad):
   root, _ = setup

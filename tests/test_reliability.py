@@ -228,6 +228,7 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   assert len(os.listdir(os.path.join(workdir, "damaged"))) == 3
 
 
+@pytest.mark.slow
 def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
   workdir = tmp_path / "w"
   first = subprocess.Popen(
@@ -291,6 +292,7 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 # --- a full disk ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
   if os.geteuid() != 0:
     pytest.skip("mounting a tmpfs needs root")
@@ -410,6 +412,7 @@ def test_bad_config_values_are_refused(field, value, message):
     config_lib.validate(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "args,message",
   [
@@ -499,6 +502,7 @@ def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_
   assert line.startswith("error: internal error: KeyError: ")
 
 
+@pytest.mark.slow
 def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
   if os.geteuid() != 0:
     pytest.skip("mounting a tmpfs needs root")
