@@ -607,6 +607,7 @@ def test_tfds_text_source(prepared, tmp_path):
     list(corpus.tfds_documents("no_such_dataset", data_dir=str(tmp_path / "tfds")))
 
 
+@pytest.mark.slow
 def test_builtin_corpus_needs_nothing_but_python():
   stats = corpus.CorpusStats()
   first = [doc for _, doc in zip(range(5), corpus.python_docs_documents(stats))]
@@ -677,6 +678,7 @@ def _no_children_within(seconds: float) -> bool:
   return not _children()
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
   reference = _take(

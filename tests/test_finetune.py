@@ -197,6 +197,7 @@ def _resolved(config):
   return config
 
 
+@pytest.mark.slow
 def test_glue_dir_without_test_tsv_skips_the_test_split(env, tmp_path, capsys):
   glue_dir = tmp_path / "glue"
   glue_dir.mkdir()
@@ -545,6 +546,7 @@ def test_init_from_of_another_size_is_refused(env, tmp_path):
     finetune.finetune(config, str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_unknown_labels_in_the_training_file_are_refused(env, tmp_path):
   (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood film\tpositive\n")
   config = ft_config(env)
@@ -720,6 +722,7 @@ def test_race_runs_end_to_end(env, tmp_path):
   assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   """task.null_score_diff_threshold (and n_best_size, max_answer_length) reach the post-processing
   finetune runs: "" when the null score beats the best span by more than the threshold."""

@@ -568,6 +568,7 @@ def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):
     pretrained.load_pretrained(str(tmp_path / "eh"), small(num_hidden_layers=1, embedding_size=32))
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(tmp_path):
   with pytest.raises(ConfigError, match="not found"):
     hf.load_hf(str(tmp_path / "missing"))
