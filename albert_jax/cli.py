@@ -1,12 +1,12 @@
-"""The command lines' shared edge (albert_jax.main, prepare, export, estimate).
+"""The command lines' shared edge (albert_jax.main, prepare, finetune, evaluate, export, estimate).
 
 Every command defines its flags inside its `run()` (so importing any number of them defines none)
 and runs its work inside `guard`, which turns every exception into one line `error: ...` on
 stderr and one exit status:
 
   0  done
-  1  an internal error (a bug): the full traceback is in <workdir>/logs/<command>-<time>.log, or on
-     stderr with --verbose
+  1  an internal error (a bug): the full traceback is in <workdir>/logs/<command>-<UTC time>-<pid>.log,
+     or on stderr with --verbose
   2  bad input: a flag, config value, file or data that cannot be used, a workdir of another model
      or in use by another run, a workdir whose checkpoints are all damaged
   3  training halted on a non-finite loss or gradients (train.on_nonfinite=halt, or
@@ -265,8 +265,9 @@ class _LogFile(logging.FileHandler):
 
 
 def setup_logging(command: str, workdir: str | None = None) -> str | None:
-  """Console: warnings and errors only (INFO too with --verbose); everything at INFO also goes to
-  <workdir>/logs/<command>-<UTC time>.log when there is a local workdir. Returns the log's path."""
+  """Console: albert_jax's own lines (progress, evals, saves, results) and everyone's warnings (every
+  INFO line with --verbose); everything at INFO also goes to <workdir>/logs/<command>-<UTC
+  time>-<pid>.log when there is a local workdir. Returns the log's path."""
   verbose = flags.FLAGS["verbose"].value if "verbose" in flags.FLAGS else False
   absl_logging.set_verbosity(absl_logging.INFO)
   handler = absl_logging.get_absl_handler()

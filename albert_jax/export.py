@@ -100,9 +100,9 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
     lines += ["No eval metrics were recorded for this checkpoint."]
   lines += ["", "## How to load", ""]
   if "task" in config:  # a fine-tuned model: its own head class
-    from albert_jax.hf import FINETUNED
+    from albert_jax import tasks
 
-    cls = FINETUNED[config.task.kind][0]
+    cls = tasks.of(config).hf_class
     lines[lines.index(f"{CARD_MARKER} (step {step})") + 2] = (
       f"ALBERT fine-tuned on {config.task.name} by albert_jax"
       + (f" (run `{source}`)" if source else "")
@@ -186,7 +186,7 @@ def write_export(
   source: str = "",
 ) -> str:
   """Writes an export of `params` (AlbertForPreTraining's) under the run config `config` to `output`."""
-  from albert_jax import hf, jax_export
+  from albert_jax import hf, jax_export, tasks
 
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
@@ -213,7 +213,7 @@ def write_export(
         do_lower_case=do_lower_case,
         unshare=unshare,
         readme=readme,
-        task=config.get("task"),
+        task=tasks.of(config) if "task" in config else None,
       )
     elif "task" in config:
       raise ConfigError(

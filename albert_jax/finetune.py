@@ -3,161 +3,57 @@ r"""Fine-tune ALBERT on GLUE, a generic classification/regression task, SQuAD or
   python -m albert_jax.finetune --config=configs/finetune/glue.py:task=sst2 --workdir=runs/sst2 \
       --config.init_from=runs/base --config.data.glue_dir=glue_data/SST-2 --config.seeds=5
 
-The same trainer as pretraining (train.build: abstract state, jitted sharded step, Orbax checkpoints
-with the data position, the Reporter) over a head model and its objective. Each seed runs in
-<workdir>/seed_<k>/, keeps its best checkpoint by the task's metric, and re-running the same command
-resumes exactly where it stopped. <workdir>/eval_results.json holds the summary (mean +- std, the best
-seed) and <workdir>/predictions/ the test predictions (GLUE's submission files) of the best seed.
+A short driver over the pretraining trainer: the task (tasks.of: a GLUE, SQuAD or RACE task object)
+gives the head model, the objective, the data, the metrics and the prediction files; train.build
+and train.run (the one loop: restore or initialise, steps, evaluations, Orbax checkpoints with the
+data position, SIGTERM) do the rest, with this module's hooks (init_from's backbone, the task's
+evaluation, the best checkpoint's predictions). Each seed runs in <workdir>/seed_<k>/, keeps its best
+checkpoint by the task's metric, and re-running the same command resumes exactly where it stopped.
+<workdir>/eval_results.json holds the summary (mean +- std, the best seed) and <workdir>/predictions/
+the best seed's prediction files (GLUE's submission TSVs, SQuAD's predictions.json).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from albert_jax import checkpoint, cli, config_lib, files, sharding, workdir as workdir_lib
+from albert_jax import checkpoint, cli, config_lib, files, sharding, tasks, workdir as workdir_lib
 from albert_jax.config_lib import ConfigError
-from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
-
-# ----------------------------------------------------------------------------------------------------
-# Objectives: per-batch sums that add up across micro-batches.
-
-
-def _apply(model, params, batch, rng):
-  return model.apply(
-    {"params": params},
-    batch["input_ids"],
-    batch["segment_ids"],
-    batch["input_mask"],
-    deterministic=rng is None,
-    rngs=None if rng is None else {"dropout": rng},
-  )
-
-
-def _classification_sums(model, params, batch, rng):
-  logp = jax.nn.log_softmax(_apply(model, params, batch, rng)["logits"], axis=-1)
-  label, w = batch["label"], batch["weight"]
-  nll = -jnp.take_along_axis(logp, label[:, None], axis=-1)[:, 0]
-  correct = (jnp.argmax(logp, axis=-1) == label).astype(jnp.float32)
-  return {"nll": jnp.sum(w * nll), "correct": jnp.sum(w * correct), "examples": jnp.sum(w)}
-
-
-def _classification_metrics(sums):
-  return {"loss": sums["nll"] / sums["examples"], "accuracy": sums["correct"] / sums["examples"]}
-
-
-def _regression_sums(model, params, batch, rng):
-  pred = _apply(model, params, batch, rng)["logits"][:, 0]
-  err = (pred - batch["label"]) ** 2
-  return {"squared_error": jnp.sum(batch["weight"] * err), "examples": jnp.sum(batch["weight"])}
-
-
-def _squad_sums(model, params, batch, rng):
-  out = _apply(model, params, batch, rng)
-  w = batch["weight"]
-
-  def nll(logits, positions):
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.sum(w * -jnp.take_along_axis(logp, positions[:, None], axis=-1)[:, 0])
-
-  return {
-    "nll": (
-      nll(out["start_logits"], batch["start_positions"])
-      + nll(out["end_logits"], batch["end_positions"])
-    )
-    / 2,
-    "examples": jnp.sum(w),
-  }
-
-
-def _step_loss(key):
-  # Normalised by the whole step's examples: micro-batches add up to exactly one step.
-  return lambda sums, batch: sums[key] / jnp.sum(batch["weight"])
-
-
-def objective(kind: str):
-  from albert_jax.train import Objective
-
-  if kind == "regression":
-    return Objective(
-      sums=_regression_sums,
-      loss=_step_loss("squared_error"),
-      metrics=lambda s: {"loss": s["squared_error"] / s["examples"]},
-    )
-  if kind in ("squad_v1", "squad_v2"):
-    return Objective(
-      sums=_squad_sums, loss=_step_loss("nll"), metrics=lambda s: {"loss": s["nll"] / s["examples"]}
-    )
-  return Objective(
-    sums=_classification_sums, loss=_step_loss("nll"), metrics=_classification_metrics
-  )
-
-
-# ----------------------------------------------------------------------------------------------------
-# init_from: the backbone of a pretraining run, an export or a Hugging Face directory.
-
-
-# (init_from, its kinds and its vocabulary: workdir.py)
-
+from albert_jax.metrics import log
 
 # ----------------------------------------------------------------------------------------------------
 # Data: the task's splits as arrays, batched with an exactly resumable position.
 
+# What a run without an optional split of glue_dir does without.
+_WITHOUT = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MNLI-mm.tsv"}
+
 
 def load_data(config, task) -> dict[str, tuple[dict, Any]]:
-  """{split: (arrays, extra)} for the splits whose files are given; extra is what evaluation needs
-  (GLUE: the test index; SQuAD: examples and features)."""
-  from albert_jax import glue, tokenizer as tokenizer_lib
+  """{split: (arrays, extra)} for the task's splits whose files are given; extra is what scoring
+  or predictions need (GLUE: the test index; SQuAD: examples and features)."""
+  from albert_jax import tokenizer as tokenizer_lib
 
   tok = tokenizer_lib.load(config.data.spm_model_path, lower=config.data.do_lower_case)
-  kind, out = config.task.kind, {}
-  for split in ("train", "eval", "test", "eval_mm", "test_mm"):  # *_mm: MNLI's mismatched
-    path = glue.split_path(config, split)
+  out = {}
+  for split in task.splits:
+    path = task.split_path(config, split)
     if not path:
       if split == "train":
         raise ConfigError("no training file: set data.glue_dir or data.train_file")
-      if glue.missing_split(config, split):
-        what = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MNLI-mm.tsv"}
-        log(f"no {glue.missing_split(config, split)}: no {what[split]}")
+      missing = task.missing_split(config, split)
+      if missing:
+        log(f"no {missing}: no {_WITHOUT.get(split, split)}")
       continue
-    if kind in ("classification", "regression"):
-      out[split] = glue.load_split(config, task, tok, split)
-    elif kind == "race":
-      from albert_jax import race
-
-      examples = race.read_race(path)
-      out[split] = (
-        race.make_features(
-          examples,
-          tok,
-          max_seq_length=config.data.max_seq_length,
-          max_qa_length=config.data.max_qa_length,
-        ),
-        None,
-      )
-    else:
-      from albert_jax import squad
-
-      examples = squad.read_squad(path, version_2=kind == "squad_v2")
-      arrays, features = squad.make_features(
-        examples,
-        tok,
-        max_seq_length=config.data.max_seq_length,
-        doc_stride=config.data.doc_stride,
-        max_query_length=config.data.max_query_length,
-        is_training=split == "train",
-      )
-      out[split] = (arrays, (examples, features))
+    out[split] = task.load(config, tok, split, path)
     arrays = out[split][0]
     arrays["weight"] = np.ones(len(arrays["input_ids"]), np.float32)
     if not len(arrays["input_ids"]):
@@ -207,192 +103,108 @@ def padded_batches(arrays: dict, batch_size: int):
 
 
 def predict(forward, params, arrays: dict, batch_size: int, mesh) -> dict[str, np.ndarray]:
-  """The model's outputs (logits, or start/end logits) for every example, on the host."""
+  """The model's outputs (the task's output_keys) for every example, on the host."""
   n, chunks = len(arrays["input_ids"]), []
-  for batch in padded_batches(arrays, batch_size):
-    chunks.append(jax.device_get(forward(params, sharding.global_batch(batch, mesh))))
+  with sharding.with_mesh(mesh):
+    for batch in padded_batches(arrays, batch_size):
+      chunks.append(jax.device_get(forward(params, sharding.global_batch(batch, mesh))))
   return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
 
 
-def squad_answers(config, outputs: dict, extra) -> dict[str, str]:
-  """SQuAD: question id -> answer text ("" for no answer), the original's post-processing."""
-  from albert_jax import squad
-
-  examples, features = extra
-  return squad.postprocess(
-    examples,
-    features,
-    outputs["start_logits"],
-    outputs["end_logits"],
-    n_best_size=config.task.n_best_size,
-    max_answer_length=config.task.max_answer_length,
-    version_2=config.task.kind == "squad_v2",
-    null_score_diff_threshold=config.task.null_score_diff_threshold,
-  )
-
-
-def task_metrics(config, task, outputs: dict, arrays: dict, extra) -> dict[str, float]:
-  kind = config.task.kind
-  if kind in ("squad_v1", "squad_v2"):
-    from albert_jax import squad
-
-    predictions = squad_answers(config, outputs, extra)
-    return {
-      k: float(v) for k, v in squad.evaluate(extra[0], predictions, kind == "squad_v2").items()
-    }
-  if kind == "race":
-    pred = np.argmax(outputs["logits"], axis=-1)
-    return {"accuracy": float(np.mean(pred == arrays["label"]))}
-  from albert_jax import glue
-
-  return glue.compute_metrics(task, arrays["label"], outputs["logits"])
+def eval_splits(data: dict) -> tuple[str, ...]:
+  """eval, then any eval_<x> (MNLI's mismatched: metrics <name>_<x>); () without an eval file. The
+  best checkpoint is chosen by eval's metric."""
+  if "eval" not in data:
+    return ()
+  return ("eval",) + tuple(s for s in data if s.startswith("eval_"))
 
 
 # ----------------------------------------------------------------------------------------------------
-# One seed.
+# One seed: the trainer's loop with the task's hooks.
 
 
-def _forward(model, kind):
-  def forward(params, batch):
-    out = _apply(model, params, batch, None)
-    if kind in ("squad_v1", "squad_v2"):
-      return {"start_logits": out["start_logits"], "end_logits": out["end_logits"]}
-    return {"logits": out["logits"]}
-
-  return forward
-
-
-def build(config):
+def build(config, task):
   """(mesh, trainer, forward): built once and shared by every seed (one compilation)."""
-  from albert_jax import model as M, train
+  from albert_jax import train
 
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(config.train, mesh)
-  model, inputs = M.finetune_model(config)
-  trainer = train.build(
-    config, mesh, model=model, inputs=inputs, objective=objective(config.task.kind)
-  )
+  model, inputs = task.model(config)
+  trainer = train.build(config, mesh, model=model, inputs=inputs, objective=task)
+
+  def forward(params, batch):
+    out = tasks.apply(trainer.abstract.model, params, batch, None)
+    return {k: out[k] for k in task.output_keys}
+
   forward = jax.jit(
-    _forward(trainer.abstract.model, config.task.kind),
-    in_shardings=(trainer.abstract.shardings.params, sharding.batch_sharding(mesh)),
+    forward, in_shardings=(trainer.abstract.shardings.params, sharding.batch_sharding(mesh))
   )
   return mesh, trainer, forward
 
 
 def run_seed(config, workdir: str, task, data: dict, built) -> dict:
-  """Trains one seed in `workdir` (resuming), and returns its best checkpoint's step and metrics."""
+  """Trains one seed in `workdir` (resuming), and returns its best checkpoint's step and metrics,
+  with (under "outputs", kept out of the JSON files) its outputs on the task's predicted splits."""
   from albert_jax import train
 
   t = config.train
   mesh, trainer, forward = built
-  eval_arrays = data["eval"][0] if "eval" in data else None
   # Another model's checkpoints are refused before anything is written (the step read once, as the
   # pretraining loop does).
-  latest = checkpoint.latest_step(workdir)
-  workdir_lib.check_workdir(workdir, config, latest)
-  result_path = os.path.join(workdir, "result.json")
-  with contextlib.ExitStack() as cleanup:
-    ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t, metric=config.task.metric))
-    batches = Batches(data["train"][0], t.batch_size, config.seed)
-    start, state = latest, None
-    if start is not None:  # the newest sound step; damaged newer ones are moved aside
-      start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
-    if state is not None:
-      batches.set_state(data_state)
-      log(f"resumed from step {start} in {workdir}")
-    else:
-      with sharding.with_mesh(mesh):
-        state = trainer.init(jax.random.PRNGKey(config.seed))
-      state = state.replace(
-        params=workdir_lib.init_backbone(config, state.params, trainer.abstract.shardings.params)
-      )
-      start = 0
-    workdir_lib.write_config(workdir, config)
-    writer = cleanup.enter_context(
-      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
-    )
-    reporter = Reporter(
-      writer,
-      first_step=start,
-      num_steps=t.num_steps,
-      log_every=t.log_every,
-      sequences_per_step=t.batch_size,
-      tokens_per_sequence=config.data.max_seq_length,
-      flops_per_step=0.0,
-      peak_flops=0.0,
-      halt_on_nonfinite=t.on_nonfinite == "halt",
-      max_consecutive_skips=t.max_consecutive_skips,
-    )
-    eval_due = Periodic(t.eval_every, last_step=t.num_steps)
-    save_due = Periodic(
-      t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
-    )
-    stop = cleanup.enter_context(train.StopSignal())
-    step = start
-    while step < t.num_steps:
-      with sharding.with_mesh(mesh):
-        state, metrics = trainer.train_step(state, sharding.global_batch(next(batches), mesh))
-      step += 1
-      reporter.push(step, metrics)
-      data_state = batches.get_state()
-      if step < t.num_steps and stop.should_stop():
-        train.save_and_stop(reporter, ckpt, step, state, data_state)
-        # Status 0 like pretraining's stop (a preemption is no error); the other seeds and the
-        # summary wait for the same command, which resumes here.
-        raise SystemExit(0)
-      eval_metrics = None
-      if eval_arrays is not None and eval_due(step):
-        reporter.flush()
-        with sharding.with_mesh(mesh):
-          outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
-        eval_metrics = task_metrics(config, task, outputs, eval_arrays, data["eval"][1])
-        eval_metrics.update(mismatched_metrics(config, task, data, forward, state.params, mesh))
-        writer.write(step, eval_metrics, prefix="eval/")
-        log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
-      if eval_metrics is not None or save_due(step):
-        reporter.flush()
-        ckpt.save(step, state, data_state, eval_metrics)
-        reporter.restart_window(step)
-    reporter.flush()
+  start = checkpoint.latest_step(workdir)
+  workdir_lib.check_workdir(workdir, config, start)
+
+  def init_params(fresh):
+    return workdir_lib.init_backbone(config, fresh, trainer.abstract.shardings.params)
+
+  def evaluate(params):
+    metrics = {}
+    for split in eval_splits(data):
+      arrays, extra = data[split]
+      outputs = predict(forward, params, arrays, t.batch_size, mesh)
+      suffix = split[len("eval") :]
+      scored = task.evaluate(config, outputs, arrays, extra)
+      metrics.update({f"{k}{suffix}": v for k, v in scored.items()})
+    return metrics
+
+  def best_result(step, state, ckpt):
     ckpt.wait()
-    best = ckpt.manager.best_step() if eval_arrays is not None else None
+    best = ckpt.manager.best_step() if eval_splits(data) else None
     best = ckpt.latest_step() if best is None else best
     best_metrics = dict(ckpt.manager.metrics(best) or {}) if best is not None else {}
-    result = {"seed": config.seed, "best_step": best, "metrics": best_metrics}
-    squad_eval = config.task.kind in ("squad_v1", "squad_v2") and eval_arrays is not None
-    tests = [s for s in ("test", "test_mm") if s in data]  # test_mm: MNLI's mismatched
-    if (tests or squad_eval) and best is not None:
-      state, _ = ckpt.restore(best, trainer.abstract.targets) if best != step else (state, None)
-    for split in tests if best is not None else ():
-      with sharding.with_mesh(mesh):
-        result[f"{split}_outputs"] = predict(
-          forward, state.params, data[split][0], t.batch_size, mesh
-        )
-    if squad_eval and best is not None:  # SQuAD's predictions.json: the eval file's answers
-      with sharding.with_mesh(mesh):
-        outputs = predict(forward, state.params, eval_arrays, t.batch_size, mesh)
-      result["answers"] = squad_answers(config, outputs, data["eval"][1])
+    result = {"seed": config.seed, "best_step": best, "metrics": best_metrics, "outputs": {}}
+    splits = task.predicted_splits(data) if best is not None else ()
+    if splits and best != step:
+      state, _ = ckpt.restore(best, trainer.abstract.targets)
+    for split in splits:
+      result["outputs"][split] = predict(forward, state.params, data[split][0], t.batch_size, mesh)
+    return result
+
+  hooks = train.Hooks(
+    init_params=init_params,
+    evaluate=evaluate if eval_splits(data) else None,
+    finish=best_result,
+    metric=config.task.metric,
+    save_evaluated=True,
+  )
+  batches = Batches(data["train"][0], t.batch_size, config.seed)
+  _, stopped, result = train.run(config, workdir, mesh, trainer, batches, start, hooks)
+  if stopped:
+    # Status 0 like pretraining's stop (a preemption is no error); the other seeds and the summary
+    # wait for the same command, which resumes here.
+    raise SystemExit(0)
   if jax.process_index() == 0:
-    files.write_json(result_path, {k: v for k, v in result.items() if k not in PRIVATE})
+    files.write_json(files.path(workdir, "result.json"), _public(result))
   return result
 
 
 # ----------------------------------------------------------------------------------------------------
 # Several seeds, the summary and the predictions.
 
-# A seed's result entries that stay out of the JSON files (arrays and per-question answers).
-PRIVATE = ("test_outputs", "test_mm_outputs", "answers")
 
-
-def mismatched_metrics(config, task, data: dict, forward, params, mesh) -> dict[str, float]:
-  """MNLI: the metrics on dev_mismatched as <metric>_mm ({} without it). The best checkpoint
-  stays chosen by the matched metric."""
-  if "eval_mm" not in data:
-    return {}
-  arrays, extra = data["eval_mm"]
-  with sharding.with_mesh(mesh):
-    outputs = predict(forward, params, arrays, config.train.batch_size, mesh)
-  return {f"{k}_mm": v for k, v in task_metrics(config, task, outputs, arrays, extra).items()}
+def _public(result: dict) -> dict:
+  """A seed's result without its outputs (arrays), as the JSON files hold it."""
+  return {k: v for k, v in result.items() if k != "outputs"}
 
 
 def summarize(results: list[dict], metric: str) -> dict:
@@ -417,9 +229,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """finetune() on a config resolved() already (the command resolves and validates it before it
   takes the workdir's lock or writes its log file)."""
-  from albert_jax import glue
-
-  task = glue.task_of(config) if config.task.kind in glue.GENERIC else None
+  task = tasks.of(config)
   data = load_data(config, task)
   log(
     f"task {config.task.name}: "
@@ -427,7 +237,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     + f" examples; vocabulary {config.data.spm_model_path}"
   )
   files.path(workdir).mkdir(parents=True, exist_ok=True)
-  built = build(config)
+  built = build(config, task)
   results = []
   for k in range(config.seeds):
     seed_config = copy.deepcopy(config)
@@ -444,24 +254,11 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
     results.append(result)
   summary = summarize(results, config.task.metric)
-  out = {
-    "task": config.task.name,
-    "summary": summary,
-    "seeds": [{k: v for k, v in r.items() if k not in PRIVATE} for r in results],
-  }
+  out = {"task": config.task.name, "summary": summary, "seeds": [_public(r) for r in results]}
   if jax.process_index() == 0:
     files.write_json(files.path(workdir, workdir_lib.RESULTS_FILE), out)
     best = next((r for r in results if r["seed"] == summary.get("best_seed")), results[-1])
-    if "answers" in best:
-      files.write_json(files.path(workdir, "predictions", "predictions.json"), best["answers"])
-    for split, name in (("test", task and task.submission), ("test_mm", "MNLI-mm.tsv")):
-      if f"{split}_outputs" not in best or task is None:
-        continue
-      logits = best[f"{split}_outputs"]["logits"]
-      pred = logits[:, 0] if task.kind == "regression" else np.argmax(logits, axis=-1)
-      glue.write_submission(
-        str(files.path(workdir, "predictions", name)), task, data[split][1], pred
-      )
+    task.write_predictions(config, str(files.path(workdir, "predictions")), best["outputs"], data)
   log(
     f"{config.task.metric}: "
     + (
@@ -472,7 +269,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if "best" in summary
       else "no eval file"
     )
-    + f"; results in {workdir}/eval_results.json"
+    + f"; results in {workdir}/{workdir_lib.RESULTS_FILE}"
   )
   return out
 
@@ -493,21 +290,8 @@ def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def resolve_task(config) -> None:
-  """Fills task.kind, task.metric and task.labels from the task's name (GLUE's, or config.data's)."""
-  from albert_jax import glue
-
-  name = config.task.name
-  if name in ("squad_v1", "squad_v2", "race"):
-    config.task.kind = name
-    if config.task.metric == "accuracy" and name != "race":
-      config.task.metric = "f1"
-    return
-  task = glue.task_of(config)
-  config.task.kind = task.kind
-  config.task.metric = task.metric if name in glue.GLUE_TASKS else config.task.metric
-  config.task.labels = ",".join(task.labels)
-  if task.kind == "regression" and config.task.metric == "accuracy":
-    config.task.metric = "pearson"
+  """Fills task.kind (and task.metric, task.labels where the task fixes them) from its name."""
+  tasks.of(config).resolve(config)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GLUE and generic sentence(-pair) tasks: their files, label sets, features and metrics (NumPy).
+"""GLUE and generic sentence(-pair) tasks: the task objects (tasks.Task), their files, label sets,
+features and metrics (NumPy).
 
 The official GLUE TSVs are read as distributed (google-research/albert run_classifier.py's
 processors): tab-separated, no quoting, a header row except CoLA's train/dev, test files with an
@@ -14,202 +15,224 @@ import json
 import os
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import files
+from albert_jax import files, model as M, tasks
 from albert_jax.config_lib import ConfigError
 from albert_jax.tokenizer import CLS_ID, SEP_ID
 
+BINARY = ("0", "1")
+_NLI = {"text_a": "sentence1", "text_b": "sentence2"}
 
-@dataclasses.dataclass(frozen=True)
-class Task:
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class GlueTask(tasks.Task):
+  """A GLUE task, or a generic sentence(-pair) classification/regression file (`for_config`).
+
+  Columns are header names, or numbers for a headerless file; the test file's columns default to
+  the train/dev files' (CoLA's differ: its test file has a header, its train/dev files none)."""
+
   name: str
-  kind: str  # classification | regression
-  labels: tuple[str, ...]  # () for regression
   metric: str  # the metric that picks the best checkpoint
-  text_a: str | int  # header name, or a column number for a headerless file
-  text_b: str | int | None
+  text_a: str | int
   label: str | int
-  test_text_a: str | int
-  test_text_b: str | int | None
   submission: str  # GLUE's file name for the test predictions
+  labels: tuple[str, ...] = BINARY  # () for regression
+  text_b: str | int | None = None
+  test_text_a: str | int | None = None  # None: text_a
+  test_text_b: str | int | None = None  # None: text_b
+  submission_mm: str = ""  # MNLI: the mismatched test predictions' file
   header: bool = True  # train/dev files have a header row
   index: str = "index"  # the test files' index column
+  regression: bool = False
+  split_files: dict = dataclasses.field(default_factory=lambda: dict(tasks.SPLIT_FILES))
+
+  hf_class = "AlbertForSequenceClassification"
+
+  @property
+  def kind(self) -> str:
+    return "regression" if self.regression else "classification"
+
+  def columns(self, split: str) -> tuple:
+    """(text_a, text_b, label) columns of a split's file (no label in a test file)."""
+    if split.startswith("test"):
+      a = self.text_a if self.test_text_a is None else self.test_text_a
+      b = self.text_b if self.test_text_b is None else self.test_text_b
+      return a, b, None
+    return self.text_a, self.text_b, self.label
+
+  def for_config(self, config) -> GlueTask:
+    if self.name in GLUE_TASKS:
+      return self
+    d = config.data  # a generic task: its columns and labels from config.data
+    labels = tuple(l.strip() for l in d.labels.split(",") if l.strip())
+    if not self.regression and len(labels) < 2:
+      raise ConfigError("task classification needs data.labels: the label set, comma-separated")
+    return dataclasses.replace(
+      self,
+      metric=config.task.metric,
+      labels=() if self.regression else labels,
+      text_a=_column(d.text_a_column),
+      text_b=_column(d.text_b_column) if d.text_b_column else None,
+      label=_column(d.label_column),
+      index=d.index_column,
+    )
+
+  def resolve(self, config) -> None:
+    super().resolve(config)
+    config.task.metric = self.metric
+    config.task.labels = ",".join(self.labels)
+    if self.regression and config.task.metric == "accuracy":
+      config.task.metric = "pearson"
+
+  def model(self, config):
+    num_labels = 1 if self.regression else len(self.labels)
+    module = M.AlbertForSequenceClassification(
+      M.model_config(config.model), num_labels, config.task.classifier_dropout
+    )
+    return module, tasks.head_inputs((1, 8))
+
+  def sums(self, model, params, batch, rng):
+    if not self.regression:
+      return tasks.classification_sums(model, params, batch, rng)
+    pred = tasks.apply(model, params, batch, rng)["logits"][:, 0]
+    err = (pred - batch["label"]) ** 2
+    return {"squared_error": jnp.sum(batch["weight"] * err), "examples": jnp.sum(batch["weight"])}
+
+  @property
+  def loss_sum(self) -> str:
+    return "squared_error" if self.regression else "nll"
+
+  def metrics(self, sums):
+    return super().metrics(sums) if self.regression else tasks.classification_metrics(sums)
+
+  def load(self, config, tokenizer, split, path):
+    return load_split(config, self, tokenizer, split, path)
+
+  def evaluate(self, config, outputs, arrays, extra):
+    return compute_metrics(self, arrays["label"], outputs["logits"])
+
+  def predicted_splits(self, data):
+    return tuple(s for s in ("test", "test_mm") if s in data)
+
+  def write_predictions(self, config, directory, outputs, data):
+    written = []
+    for split, name in (("test", self.submission), ("test_mm", self.submission_mm)):
+      if split not in outputs or not name:
+        continue
+      logits = outputs[split]["logits"]
+      pred = logits[:, 0] if self.regression else np.argmax(logits, axis=-1)
+      out = str(files.path(directory, name))
+      write_submission(out, self, data[split][1], pred)
+      written.append(out)
+    return written
+
+  def hf_fields(self, head_outputs):
+    labels = ["score"] if self.regression else list(self.labels)
+    return dict(
+      num_labels=head_outputs,
+      id2label={str(i): l for i, l in enumerate(labels)},
+      label2id={l: i for i, l in enumerate(labels)},
+      problem_type="regression" if self.regression else "single_label_classification",
+    )
 
 
-_NLI = ("sentence1", "sentence2")
 GLUE_TASKS = {
-  "cola": Task(
-    "cola",
-    "classification",
-    ("0", "1"),
-    "matthews_corr",
-    3,
-    None,
-    1,
-    "sentence",
-    None,
-    "CoLA.tsv",
-    header=False,
-  ),
-  "sst2": Task(
-    "sst2",
-    "classification",
-    ("0", "1"),
-    "accuracy",
-    "sentence",
-    None,
-    "label",
-    "sentence",
-    None,
-    "SST-2.tsv",
-  ),
-  "mrpc": Task(
-    "mrpc",
-    "classification",
-    ("0", "1"),
-    "f1",
-    "#1 String",
-    "#2 String",
-    "Quality",
-    "#1 String",
-    "#2 String",
-    "MRPC.tsv",
-    index="index",
-  ),
-  "stsb": Task("stsb", "regression", (), "pearson", *_NLI, "score", *_NLI, "STS-B.tsv"),
-  "qqp": Task(
-    "qqp",
-    "classification",
-    ("0", "1"),
-    "f1",
-    "question1",
-    "question2",
-    "is_duplicate",
-    "question1",
-    "question2",
-    "QQP.tsv",
-    index="id",
-  ),
-  "mnli": Task(
-    "mnli",
-    "classification",
-    ("contradiction", "entailment", "neutral"),
-    "accuracy",
-    *_NLI,
-    "gold_label",
-    *_NLI,
-    "MNLI-m.tsv",
-  ),
-  "qnli": Task(
-    "qnli",
-    "classification",
-    ("entailment", "not_entailment"),
-    "accuracy",
-    "question",
-    "sentence",
-    "label",
-    "question",
-    "sentence",
-    "QNLI.tsv",
-  ),
-  "rte": Task(
-    "rte",
-    "classification",
-    ("entailment", "not_entailment"),
-    "accuracy",
-    *_NLI,
-    "label",
-    *_NLI,
-    "RTE.tsv",
-  ),
-  "wnli": Task("wnli", "classification", ("0", "1"), "accuracy", *_NLI, "label", *_NLI, "WNLI.tsv"),
+  t.name: t
+  for t in (
+    GlueTask(
+      name="cola",
+      metric="matthews_corr",
+      text_a=3,
+      label=1,
+      test_text_a="sentence",
+      submission="CoLA.tsv",
+      header=False,
+    ),
+    GlueTask(
+      name="sst2", metric="accuracy", text_a="sentence", label="label", submission="SST-2.tsv"
+    ),
+    GlueTask(
+      name="mrpc",
+      metric="f1",
+      text_a="#1 String",
+      text_b="#2 String",
+      label="Quality",
+      submission="MRPC.tsv",
+    ),
+    GlueTask(
+      name="stsb",
+      metric="pearson",
+      **_NLI,
+      label="score",
+      submission="STS-B.tsv",
+      labels=(),
+      regression=True,
+    ),
+    GlueTask(
+      name="qqp",
+      metric="f1",
+      text_a="question1",
+      text_b="question2",
+      label="is_duplicate",
+      submission="QQP.tsv",
+      index="id",
+    ),
+    GlueTask(
+      name="mnli",
+      metric="accuracy",
+      **_NLI,
+      label="gold_label",
+      labels=("contradiction", "entailment", "neutral"),
+      submission="MNLI-m.tsv",
+      submission_mm="MNLI-mm.tsv",
+      split_files={
+        "train": "train.tsv",
+        "eval": "dev_matched.tsv",
+        "test": "test_matched.tsv",
+        # Read alongside the matched ones when glue_dir has them: accuracy_mm and MNLI-mm.tsv.
+        "eval_mm": "dev_mismatched.tsv",
+        "test_mm": "test_mismatched.tsv",
+      },
+    ),
+    GlueTask(
+      name="qnli",
+      metric="accuracy",
+      text_a="question",
+      text_b="sentence",
+      label="label",
+      labels=("entailment", "not_entailment"),
+      submission="QNLI.tsv",
+    ),
+    GlueTask(
+      name="rte",
+      metric="accuracy",
+      **_NLI,
+      label="label",
+      labels=("entailment", "not_entailment"),
+      submission="RTE.tsv",
+    ),
+    GlueTask(name="wnli", metric="accuracy", **_NLI, label="label", submission="WNLI.tsv"),
+  )
 }
-# GLUE's default file names inside data.glue_dir.
-SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
-MNLI_SPLIT_FILES = {
-  "train": "train.tsv",
-  "eval": "dev_matched.tsv",
-  "test": "test_matched.tsv",
-  # Read alongside the matched ones when glue_dir has them: accuracy_mm and MNLI-mm.tsv.
-  "eval_mm": "dev_mismatched.tsv",
-  "test_mm": "test_mismatched.tsv",
+# Generic tasks: any TSV, CSV or JSONL; for_config takes the columns, labels and metric from the config.
+GENERIC = {
+  name: GlueTask(
+    name=name,
+    metric="accuracy",
+    text_a="sentence",
+    label="label",
+    submission=f"{name}.tsv",
+    regression=name == "regression",
+  )
+  for name in ("classification", "regression")
 }
-# Splits that glue_dir may lack (a missing one is skipped, not an error).
-OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm")
-GENERIC = ("classification", "regression")
+TASKS = {**GLUE_TASKS, **GENERIC}
 
 
 def _column(c: str):
   return int(c) if c.isdigit() else c
-
-
-def task_of(config) -> Task:
-  """The Task of config.task.name: a GLUE task, or a generic one described by config.data."""
-  name, d = config.task.name, config.data
-  if name in GLUE_TASKS:
-    return GLUE_TASKS[name]
-  if name not in GENERIC:
-    raise ConfigError(
-      f"task.name={name!r} is not a GLUE task ({', '.join(GLUE_TASKS)}) or one of {GENERIC}"
-    )
-  labels = tuple(l.strip() for l in d.labels.split(",") if l.strip())
-  if name == "classification" and len(labels) < 2:
-    raise ConfigError("task classification needs data.labels: the label set, comma-separated")
-  b = _column(d.text_b_column) if d.text_b_column else None
-  a = _column(d.text_a_column)
-  return Task(
-    name,
-    name,
-    labels if name == "classification" else (),
-    config.task.metric,
-    a,
-    b,
-    _column(d.label_column),
-    a,
-    b,
-    f"{name}.tsv",
-    index=d.index_column,
-  )
-
-
-# MNLI's mismatched splits go with the matched ones from glue_dir: a matched file given explicitly
-# (data.eval_file, data.test_file) stands alone, and glue_dir's mismatched one is not read.
-PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test"}
-
-
-def _given(config, split: str) -> str:
-  files = {"train": config.data.train_file, "eval": config.data.eval_file}
-  return {**files, "test": config.data.test_file}.get(split, "")
-
-
-def split_path(config, split: str) -> str:
-  """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, for an
-  optional split when glue_dir has no such file: test labels are not needed to fine-tune, and for a
-  split that goes with one given explicitly: PAIRED_WITH)."""
-  given = _given(config, split)
-  if given or not config.data.glue_dir or _given(config, PAIRED_WITH.get(split, "")):
-    return given
-  path = default_path(config, split)
-  return "" if not path or (split in OPTIONAL_SPLITS and not files.path(path).is_file()) else path
-
-
-def default_path(config, split: str) -> str:
-  """data.glue_dir's file of GLUE's name for the split ("" when the task has no such split)."""
-  names = MNLI_SPLIT_FILES if config.task.name == "mnli" else SPLIT_FILES
-  return os.path.join(config.data.glue_dir, names[split]) if split in names else ""
-
-
-def missing_split(config, split: str) -> str:
-  """glue_dir's file for an optional split when the run would read it but it is absent, else ""."""
-  if (
-    split not in OPTIONAL_SPLITS
-    or not config.data.glue_dir
-    or split_path(config, split)
-    or _given(config, PAIRED_WITH.get(split, ""))
-  ):
-    return ""
-  return default_path(config, split)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,14 +269,13 @@ def _rows(path: str) -> tuple[list[str] | None, list]:
     raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def read_examples(path: str, task: Task, split: str) -> tuple[list, list, list, list]:
+def read_examples(path: str, task: GlueTask, split: str) -> tuple[list, list, list, list]:
   """(text_a, text_b or None each, label strings or None each, index) of the file's examples."""
   _, rows = _rows(path)
   if not rows:
     raise ConfigError(f"{path} holds no examples")
   test = split.startswith("test")
-  a_col, b_col = (task.test_text_a, task.test_text_b) if test else (task.text_a, task.text_b)
-  label_col = None if test else task.label
+  a_col, b_col, label_col = task.columns(split)
   if rows and isinstance(rows[0], dict):  # JSONL: keys are the columns
     get = lambda row, c, n: _field(row, c, path, n)  # noqa: E731
     records = list(enumerate(rows, 1))
@@ -299,9 +321,9 @@ def _field(row: dict, column, path: str, n: int):
   return row[column]
 
 
-def label_ids(labels: list, task: Task, path: str) -> np.ndarray:
+def label_ids(labels: list, task: GlueTask, path: str) -> np.ndarray:
   """Class indices (classification) or float targets (regression); unknown labels are an error."""
-  if task.kind == "regression":
+  if task.regression:
     try:
       return np.asarray([float(l) for l in labels], np.float32)
     except ValueError:
@@ -356,9 +378,8 @@ def encode_pairs(tokenizer, text_a: list[str], text_b: list, max_seq_length: int
   return out
 
 
-def load_split(config, task: Task, tokenizer, split: str) -> tuple[dict, list]:
+def load_split(config, task: GlueTask, tokenizer, split: str, path: str) -> tuple[dict, list]:
   """(arrays with 'label' unless test, index) of one split's file."""
-  path = split_path(config, split)
   text_a, text_b, labels, index = read_examples(path, task, split)
   arrays = encode_pairs(tokenizer, text_a, text_b, config.data.max_seq_length)
   if not split.startswith("test"):
@@ -366,11 +387,11 @@ def load_split(config, task: Task, tokenizer, split: str) -> tuple[dict, list]:
   return arrays, index
 
 
-def write_submission(path: str, task: Task, index: list, predictions: np.ndarray) -> None:
+def write_submission(path: str, task: GlueTask, index: list, predictions: np.ndarray) -> None:
   """GLUE's submission TSV: a header `index\\tprediction`, label names (numbers for STS-B)."""
   lines = ["index\tprediction\n"]
   for i, p in zip(index, predictions):
-    value = f"{float(p):.3f}" if task.kind == "regression" else task.labels[int(p)]
+    value = f"{float(p):.3f}" if task.regression else task.labels[int(p)]
     lines.append(f"{i}\t{value}\n")
   files.write_text(path, "".join(lines))
 
@@ -421,9 +442,9 @@ def spearman(x, y) -> float:
   return pearson(rank(x), rank(y))
 
 
-def compute_metrics(task: Task, labels: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+def compute_metrics(task: GlueTask, labels: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
   """outputs: logits [N, C] (classification) or predictions [N] (regression)."""
-  if task.kind == "regression":
+  if task.regression:
     pred = np.asarray(outputs, np.float64).reshape(-1)
     r, rho = pearson(pred, labels), spearman(pred, labels)
     return {

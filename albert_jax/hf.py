@@ -415,41 +415,21 @@ def _expected_hf_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-# A fine-tuning task kind -> (Hugging Face class, its head module: a dense layer in both trees).
-FINETUNED = {
-  "classification": ("AlbertForSequenceClassification", "classifier"),
-  "regression": ("AlbertForSequenceClassification", "classifier"),
-  "squad_v1": ("AlbertForQuestionAnswering", "qa_outputs"),
-  "squad_v2": ("AlbertForQuestionAnswering", "qa_outputs"),
-  "race": ("AlbertForMultipleChoice", "classifier"),
-}
-
-
 def finetuned_hf_config(hf_config: dict, task: Any, head_outputs: int) -> dict:
-  """config.json fields of a fine-tuned model: its class, and its labels for sequence classification."""
-  architecture, _ = FINETUNED[task.kind]
-  out = {**hf_config, "architectures": [architecture]}
-  if architecture == "AlbertForSequenceClassification":
-    labels = (
-      [l for l in task.labels.split(",") if l] if task.kind == "classification" else ["score"]
-    )
-    out.update(
-      num_labels=head_outputs,
-      id2label={str(i): l for i, l in enumerate(labels)},
-      label2id={l: i for i, l in enumerate(labels)},
-      problem_type=("regression" if task.kind == "regression" else "single_label_classification"),
-    )
-  return out
+  """config.json fields of a fine-tuned model: its class, and what its task adds (the labels of a
+  sequence classifier)."""
+  return {**hf_config, "architectures": [task.hf_class], **task.hf_fields(head_outputs)}
 
 
 def to_hf_state_dict(
   params: Any, config: Any, unshare: bool = False, task: Any = None
 ) -> tuple[dict[str, np.ndarray], dict]:
   """(Hugging Face tensors as float32 NumPy, config.json dict) for our AlbertForPreTraining params, or,
-  with `task` (a fine-tuning config's task section), for a fine-tuned model's backbone and head."""
+  with `task` (a fine-tuning tasks.Task: its Hugging Face class and head), for a fine-tuned model's
+  backbone and head."""
   cfg = model_lib.model_config(config)
   params = plain_params(params)
-  heads = HEADS if task is None else (FINETUNED[task.kind][1],)
+  heads = HEADS if task is None else (task.hf_head,)
   for head in ("albert",) + heads:
     if head not in params:
       raise ConfigError(

@@ -595,22 +595,6 @@ def dummy_inputs(batch: int = 1, seq: int = 8, predictions: int = 2):
   )
 
 
-def finetune_model(config: Any) -> tuple[nn.Module, dict]:
-  """The head model of a fine-tuning config (its task section) and dummy inputs to initialise it."""
-  kind, dropout = config.task.kind, config.task.classifier_dropout
-  ids = jnp.zeros((1, 8), jnp.int32)
-  if kind in ("squad_v1", "squad_v2"):
-    model = AlbertForQuestionAnswering(model_config(config.model))
-  elif kind == "race":
-    model = AlbertForMultipleChoice(model_config(config.model), dropout)
-    ids = jnp.zeros((1, 4, 8), jnp.int32)
-  else:
-    labels = [l for l in config.task.labels.split(",") if l]
-    num_labels = 1 if kind == "regression" else len(labels)
-    model = AlbertForSequenceClassification(model_config(config.model), num_labels, dropout)
-  return model, dict(input_ids=ids, token_type_ids=ids, attention_mask=jnp.ones_like(ids))
-
-
 def init_shapes(config: Any):
   """Abstract (boxed) parameters of AlbertForPreTraining: shapes and logical names, nothing allocated."""
   model = AlbertForPreTraining(model_config(config))

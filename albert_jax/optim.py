@@ -6,14 +6,15 @@ are reproduced here; `optax.lamb` differs from it (bias correction, trust ratio 
 offered only as a config choice (`train.optimizer=optax_lamb`), like `adamw` beside the original's
 fine-tuning optimizer (`adam_weight_decay`).
 
-Public API (the trainer calls `make_optimizer` and logs `make_schedule(...)(step)`):
+Public API (the trainer builds `make_schedule(...)` once, passes it to `make_optimizer` and logs its value
+at each step):
   decay_mask(params)            -> pytree of bools: True where weight decay and the trust ratio apply.
   stacked_axes_from_boxes(boxed)-> pytree of ints: leading [L] axes of nn.scan-stacked layers.
   lamb(learning_rate, ...)      -> the original's LAMB as an optax.GradientTransformation.
   adam_weight_decay(lr, ...)    -> the original's fine-tuning AdamWeightDecayOptimizer, likewise.
   make_schedule(train_config)   -> the original's warmup + polynomial decay (an optax.Schedule).
   clip_gradients(clip_norm)     -> global-norm clipping.
-  make_optimizer(train_config)  -> clip, then the configured optimizer driven by the schedule.
+  make_optimizer(train_config, schedule=...) -> clip, then the configured optimizer driven by the schedule.
 
 Everything here is pure tree_map over plain jax.Arrays (callers strip flax nn.Partitioned boxes first), so
 it runs under jit on sharded parameters with no host transfer: norms are reductions GSPMD turns into
@@ -299,8 +300,10 @@ def clip_gradients(clip_norm: float) -> optax.GradientTransformation:
 def make_optimizer(
   train_config,
   stacked_axes: PyTree | Callable[[PyTree], PyTree] | None = None,
+  schedule: optax.Schedule | None = None,
 ) -> optax.GradientTransformation:
-  """clip_gradients(train.clip_norm), then train.optimizer driven by make_schedule(train_config).
+  """clip_gradients(train.clip_norm), then train.optimizer driven by `schedule` (default
+  make_schedule(train_config); the trainer passes the one it logs, so it is built once).
 
   lamb: the original's (the paper's pretraining recipe). adam_weight_decay: the original's
   AdamWeightDecayOptimizer (its fine-tuning optimizer). optax_lamb: optax.lamb with decay_mask for
@@ -309,7 +312,7 @@ def make_optimizer(
   `stacked_axes` (see scale_by_original_lamb) only affects `lamb`. update() needs params.
   """
   t = train_config
-  schedule = make_schedule(t)
+  schedule = make_schedule(t) if schedule is None else schedule
   if t.optimizer == "lamb":
     opt = lamb(
       schedule,

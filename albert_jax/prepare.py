@@ -6,7 +6,7 @@
       --config.data.input_files='/data/wiki/*.txt.gz'
 
 Idempotent: a finished dataset is reused; one prepared with other settings is refused. The trainer
-calls the same albert_jax.data.prepare when the data is missing. --inspect prints a few examples as
+calls the same dataset.prepare when the data is missing. --inspect prints a few examples as
 the model will see them (masks visible: [MASK](original), {random>original}, <kept>) and one JSON
 line of statistics. The last line on stdout is always that JSON line.
 """

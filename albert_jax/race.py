@@ -1,4 +1,5 @@
-"""RACE (reading comprehension, 4-way multiple choice) for fine-tuning: reading and features.
+"""RACE (reading comprehension, 4-way multiple choice) for fine-tuning: the task object
+(tasks.Task), reading and features.
 
 The data is the RACE release's layout: a directory tree (train/, dev/, test/ with high/ and middle/)
 of files each holding one article as JSON, {"id", "article", "questions": [...], "options": [[4
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from albert_jax import files, tokenizer as tokenizer_lib
+from albert_jax import files, model as M, tasks, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 NUM_CHOICES = 4
@@ -145,3 +146,36 @@ def make_features(
       arrays["input_mask"][r, c, : len(tokens)] = 1
       arrays["segment_ids"][r, c, len(ctx) + 2 : len(tokens)] = 1
   return arrays
+
+
+class RaceTask(tasks.Task):
+  """RACE: AlbertForMultipleChoice's four scores per question, cross-entropy and accuracy."""
+
+  name = kind = "race"
+  hf_class = "AlbertForMultipleChoice"
+
+  def model(self, config):
+    module = M.AlbertForMultipleChoice(M.model_config(config.model), config.task.classifier_dropout)
+    return module, tasks.head_inputs((1, NUM_CHOICES, 8))
+
+  def sums(self, model, params, batch, rng):
+    return tasks.classification_sums(model, params, batch, rng)
+
+  def metrics(self, sums):
+    return tasks.classification_metrics(sums)
+
+  def load(self, config, tokenizer, split, path):
+    arrays = make_features(
+      read_race(path),
+      tokenizer,
+      max_seq_length=config.data.max_seq_length,
+      max_qa_length=config.data.max_qa_length,
+    )
+    return arrays, None
+
+  def evaluate(self, config, outputs, arrays, extra):
+    pred = np.argmax(outputs["logits"], axis=-1)
+    return {"accuracy": float(np.mean(pred == arrays["label"]))}
+
+
+TASKS = {"race": RaceTask()}

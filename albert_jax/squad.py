@@ -1,4 +1,5 @@
-"""SQuAD v1.1 / v2.0 for fine-tuning: reading, windowed features, answer post-processing, EM/F1.
+"""SQuAD v1.1 / v2.0 for fine-tuning: the task objects (tasks.Task), reading, windowed features,
+answer post-processing, EM/F1.
 
 The original run_squad (google-research/albert squad_utils) in our own code:
   read_squad      the official JSON; every answer is checked against its context at answer_start.
@@ -37,9 +38,11 @@ import string
 import unicodedata
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import files, tokenizer as tokenizer_lib
+from albert_jax import files, model as M, tasks, tokenizer as tokenizer_lib
 from albert_jax.config_lib import ConfigError
 
 
@@ -443,3 +446,95 @@ def evaluate(
         result[f"{name}_f1"] = 100.0 * f[sel].mean()
         result[f"{name}_total"] = int(sel.sum())
   return result
+
+
+# ----------------------------------------------------------------------------------------------
+# The task.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SquadTask(tasks.Task):
+  """SQuAD v1.1 or v2.0: AlbertForQuestionAnswering's start/end logits, scored by EM/F1 of the
+  post-processed answers; the best seed's answers to the eval file go to predictions.json."""
+
+  name: str  # squad_v1 | squad_v2
+  version_2: bool
+
+  hf_class = "AlbertForQuestionAnswering"
+  hf_head = "qa_outputs"
+  output_keys = ("start_logits", "end_logits")
+
+  @property
+  def kind(self) -> str:
+    return self.name
+
+  def resolve(self, config) -> None:
+    super().resolve(config)
+    if config.task.metric == "accuracy":  # the fine-tuning default: SQuAD is scored by F1
+      config.task.metric = "f1"
+
+  def model(self, config):
+    return M.AlbertForQuestionAnswering(M.model_config(config.model)), tasks.head_inputs((1, 8))
+
+  def sums(self, model, params, batch, rng):
+    out = tasks.apply(model, params, batch, rng)
+    w = batch["weight"]
+
+    def nll(logits, positions):
+      logp = jax.nn.log_softmax(logits, axis=-1)
+      return jnp.sum(w * -jnp.take_along_axis(logp, positions[:, None], axis=-1)[:, 0])
+
+    return {
+      "nll": (
+        nll(out["start_logits"], batch["start_positions"])
+        + nll(out["end_logits"], batch["end_positions"])
+      )
+      / 2,
+      "examples": jnp.sum(w),
+    }
+
+  def load(self, config, tokenizer, split, path):
+    examples = read_squad(path, version_2=self.version_2)
+    arrays, features = make_features(
+      examples,
+      tokenizer,
+      max_seq_length=config.data.max_seq_length,
+      doc_stride=config.data.doc_stride,
+      max_query_length=config.data.max_query_length,
+      is_training=split == "train",
+    )
+    return arrays, (examples, features)
+
+  def answers(self, config, outputs: dict, extra) -> dict[str, str]:
+    """Question id -> answer text ("" for no answer), the original's post-processing."""
+    examples, features = extra
+    return postprocess(
+      examples,
+      features,
+      outputs["start_logits"],
+      outputs["end_logits"],
+      n_best_size=config.task.n_best_size,
+      max_answer_length=config.task.max_answer_length,
+      version_2=self.version_2,
+      null_score_diff_threshold=config.task.null_score_diff_threshold,
+    )
+
+  def evaluate(self, config, outputs, arrays, extra):
+    predictions = self.answers(config, outputs, extra)
+    return {k: float(v) for k, v in evaluate(extra[0], predictions, self.version_2).items()}
+
+  def predicted_splits(self, data):
+    return ("eval",) if "eval" in data else ()
+
+  def write_predictions(self, config, directory, outputs, data):
+    if "eval" not in outputs:
+      return []
+    out = str(files.path(directory, "predictions.json"))
+    files.write_json(out, self.answers(config, outputs["eval"], data["eval"][1]))
+    return [out]
+
+
+TASKS = {
+  "squad_v1": SquadTask("squad_v1", version_2=False),
+  "squad_v2": SquadTask("squad_v2", version_2=True),
+}

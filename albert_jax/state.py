@@ -21,7 +21,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from albert_jax import model as model_lib, optim, sharding
+from albert_jax import model as model_lib, optim, sharding, tasks
 
 
 @struct.dataclass
@@ -35,15 +35,17 @@ class TrainState:
 
 def model_and_inputs(config) -> tuple[nn.Module, dict]:
   """The Flax module a config trains and the dummy inputs that initialise it."""
-  if "task" in config:  # a fine-tuning config (config_lib.finetune_base_config)
-    return model_lib.finetune_model(config)
+  if "task" in config:  # a fine-tuning config (config_lib.finetune_base_config): its task's head
+    return tasks.of(config).model(config)
   return model_lib.AlbertForPreTraining(config.model), model_lib.dummy_inputs()
 
 
-def make_optimizer(config, boxed_params) -> optax.GradientTransformation:
+def make_optimizer(config, boxed_params, schedule) -> optax.GradientTransformation:
   # Layers stacked by nn.scan (sharing none/attention/ffn) get one trust ratio per layer, as the
   # original's separate variables did.
-  tx = optim.make_optimizer(config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params))
+  tx = optim.make_optimizer(
+    config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params), schedule=schedule
+  )
   if "task" not in config and config.data.task == "none":  # MLM only: the sentence head stays as is
     tx = optim.freeze(tx, optim.SENTENCE_HEAD)
   return tx
@@ -69,6 +71,7 @@ class AbstractState:
   """Everything about the train state that depends only on the config and the mesh."""
 
   model: nn.Module
+  schedule: optax.Schedule  # the learning rate by step, the one the optimizer `tx` follows
   tx: optax.GradientTransformation
   boxed_params: Any  # abstract parameters with their logical-axis boxes
   init: Callable[[jax.Array], TrainState]  # rng -> TrainState (pure; jit it with `shardings`)
@@ -89,7 +92,8 @@ def abstract_state(
   if model is None:
     model, inputs = model_and_inputs(config)
   boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs))["params"]
-  tx = make_optimizer(config, boxed)
+  schedule = optim.make_schedule(config.train)
+  tx = make_optimizer(config, boxed, schedule)
 
   def init(rng: jax.Array) -> TrainState:
     params_rng, rng = jax.random.split(rng)
@@ -105,6 +109,7 @@ def abstract_state(
   shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
   return AbstractState(
     model=model,
+    schedule=schedule,
     tx=tx,
     boxed_params=boxed,
     init=init,

@@ -1,9 +1,11 @@
-"""Pretraining: one jitted, sharded train step, evaluation, and the loop.
+"""The trainer: one jitted, sharded train step, evaluation, the loop, and the pretraining job.
 
 Read top to bottom: `build` makes everything that depends only on the config and the mesh (the
-abstract state from state.py, the jitted init, train and eval steps); `train_and_evaluate` runs the
-loop in sections (config, mesh, data, model, restore, compile, loop) like big_vision's trainer.
-Fine-tuning (finetune.py) is the same trainer with another model and objective.
+abstract state from state.py, the jitted init, train and eval steps); `run` is the one loop
+(restore or initialise, compile, steps, evaluations, checkpoints, a save on SIGTERM) that both
+pretraining (`train_and_evaluate`: config, mesh, data, model, hooks) and every fine-tuning seed
+(finetune.py, with its task's model and objective) call with their own `Hooks`, as big_vision serves
+fine-tuning from its one trainer.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from albert_jax import (
   hardware,
   input_pipeline,
   model as M,
-  optim,
   sharding,
   workdir as workdir_lib,
 )
@@ -47,6 +48,7 @@ class Objective:
   sums(model, params, batch, rng): per-batch sums (rng None: deterministic, for evaluation);
   loss(sums, batch): the loss of a micro-batch's sums, normalised by the whole step's `batch`;
   metrics(sums): the logged metrics (with "loss") from sums over a step or an evaluation.
+  A fine-tuning task (tasks.Task) has the same three as methods and is passed in its place.
   """
 
   sums: Callable[..., dict]
@@ -103,8 +105,7 @@ def pretraining_objective(task: str) -> Objective:
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
-  abstract: AbstractState  # shapes, shardings, optimizer (state.py)
-  schedule: optax.Schedule
+  abstract: AbstractState  # shapes, shardings, optimizer and its schedule (state.py)
   init: Callable[[jax.Array], TrainState]  # rng -> sharded TrainState
   train_step: Callable  # (state, global batch) -> (state, metrics)
   eval_step: Callable  # (params, global batch) -> sums
@@ -115,14 +116,12 @@ def build(config, mesh, model=None, inputs=None, objective: Objective | None = N
   The objective defaults to pretraining's for config.data.task."""
   objective = objective or pretraining_objective(config.data.task)
   abstract = abstract_state(config, mesh, model, inputs)
-  schedule = optim.make_schedule(config.train)
   shardings = abstract.shardings
   batch = sharding.batch_sharding(mesh)
-  step = make_train_step(abstract, objective, schedule, config.train.micro_batches)
+  step = make_train_step(abstract, objective, config.train.micro_batches)
   eval_step = lambda params, b: objective.sums(abstract.model, params, b, None)  # noqa: E731
   return Trainer(
     abstract=abstract,
-    schedule=schedule,
     init=jax.jit(abstract.init, out_shardings=shardings),
     train_step=jax.jit(
       step, in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0
@@ -131,12 +130,10 @@ def build(config, mesh, model=None, inputs=None, objective: Objective | None = N
   )
 
 
-def make_train_step(
-  abstract: AbstractState, objective: Objective, schedule, micro: int
-) -> Callable:
+def make_train_step(abstract: AbstractState, objective: Objective, micro: int) -> Callable:
   """The pure train step: gradients (over `micro` micro-batches), the update, and a skip of any
   non-finite step (its loss or gradient norm): a non-finite state is never kept or saved."""
-  model, tx = abstract.model, abstract.tx
+  model, tx, schedule = abstract.model, abstract.tx, abstract.schedule
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(state.rng, state.step)
@@ -326,6 +323,133 @@ class _Profiler:
       self.active = False
 
 
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+  """What a trainer adds to the shared loop (`run`).
+
+  init_params(params) -> params: replaces the fresh parameters of a run without a checkpoint
+    (init_from); None keeps them.
+  evaluate(params) -> metrics: an evaluation every train.eval_every steps and at the last step; None:
+    no evaluation.
+  finish(step, state, ckpt) -> result: after the last step (not after a stop), while the
+    checkpointer is open; `run` returns its result.
+  """
+
+  init_params: Callable[[dict], dict] | None = None
+  evaluate: Callable[[dict], dict[str, float]] | None = None
+  finish: Callable[[int, TrainState, checkpoint.Checkpointer], object] | None = None
+  metric: str = checkpoint.BEST_METRIC  # the eval metric that picks the best checkpoint
+  save_evaluated: bool = False  # save every evaluated step (fine-tuning keeps the best of them)
+  vocabulary: str | None = None  # a vocabulary file to keep beside the checkpoints
+  flops_per_step: float = 0.0  # for the Reporter's MFU (0: not reported)
+  peak_flops: float = 0.0
+
+
+def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None, hooks: Hooks):
+  """The training loop of pretraining and of each fine-tuning seed: restore (the newest sound
+  checkpoint) or initialise, compile, then steps with metrics, evaluations, checkpoints and a save on
+  StopSignal. `batches` yields host batches and has get_state/set_state (its position is saved with
+  each checkpoint); `start` is the workdir's latest step (checkpoint.latest_step), read by the caller
+  before anything was written. Returns (the last step, stopped, hooks.finish's result): stopped is
+  True after a SIGTERM save (no finish; the same command resumes)."""
+  t = config.train
+  with contextlib.ExitStack() as cleanup:
+    # --- Restore or initialise ------------------------------------------------------------------
+    ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t, metric=hooks.metric))
+    state = None
+    if start is not None:  # the newest sound step; damaged newer ones are moved aside
+      start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
+    if state is not None:
+      batches.set_state(data_state)
+      log(f"resumed from step {start} in {workdir}")
+    else:
+      with sharding.with_mesh(mesh):
+        state = trainer.init(jax.random.PRNGKey(config.seed))
+      if hooks.init_params is not None:
+        state = state.replace(params=hooks.init_params(state.params))
+      start = 0
+      damaged = workdir_lib.path(workdir, workdir_lib.DAMAGED)
+      if damaged.exists() and any(damaged.iterdir()):
+        log(
+          f"starting from step 0: {workdir} holds no sound checkpoint; the damaged ones set "
+          f"aside earlier stay in {damaged}"
+        )
+    # Only now: a failed restore keeps the checkpoints' config (and their vocabulary's copy).
+    workdir_lib.write_config(workdir, config)
+    if hooks.vocabulary:
+      workdir_lib.keep_vocabulary(workdir, hooks.vocabulary)
+
+    # --- Compile --------------------------------------------------------------------------------
+    batch = sharding.global_batch(next(batches), mesh)
+    compile_start = time.perf_counter()
+    with sharding.with_mesh(mesh):
+      compiled = trainer.train_step.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - compile_start
+    memory = compiled.memory_analysis()
+    log(
+      f"compiled the train step in {compile_seconds:.1f}s"
+      + (f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else "")
+    )
+
+    # --- Loop -----------------------------------------------------------------------------------
+    writer = cleanup.enter_context(
+      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
+    )
+    writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
+    reporter = Reporter(
+      writer,
+      first_step=start,
+      num_steps=t.num_steps,
+      log_every=t.log_every,
+      sequences_per_step=t.batch_size,
+      tokens_per_sequence=config.data.max_seq_length,
+      flops_per_step=hooks.flops_per_step,
+      peak_flops=hooks.peak_flops,
+      halt_on_nonfinite=t.on_nonfinite == "halt",
+      max_consecutive_skips=t.max_consecutive_skips,
+    )
+    eval_due = Periodic(t.eval_every, last_step=t.num_steps) if hooks.evaluate else None
+    save_due = Periodic(
+      t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
+    )
+    profiler = _Profiler(workdir, start, t.get("profile_steps", 0))
+    cleanup.callback(profiler.close)
+    step = start
+    stop = cleanup.enter_context(StopSignal())
+    while step < t.num_steps:
+      profiler.before(step)
+      state, metrics = compiled(state, batch)
+      step += 1
+      reporter.push(step, metrics)  # logs the previous step's metrics: the device never waits
+      profiler.after(step, metrics)
+      data_state = batches.get_state()  # exactly `step` batches consumed
+      last = step == t.num_steps
+      if not last:  # loads the next batch while the device runs this step
+        batch = sharding.global_batch(next(batches), mesh)
+      if not last and stop.should_stop():  # at the last step, finish as usual
+        save_and_stop(reporter, ckpt, step, state, data_state)
+        return step, True, None
+      eval_metrics = None
+      if eval_due is not None and eval_due(step):
+        reporter.flush()
+        with sharding.with_mesh(mesh):
+          eval_metrics = hooks.evaluate(state.params)
+        writer.write(step, eval_metrics, prefix="eval/")
+        log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
+        reporter.restart_window(step)
+      if (eval_metrics is not None and hooks.save_evaluated) or save_due(step):
+        reporter.flush()  # checks finiteness first: a halting run does not save
+        ckpt.save(step, state, data_state, eval_metrics)
+        log(f"saved step {step} to {workdir}/checkpoints")
+        reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
+    reporter.flush()
+    return step, False, (hooks.finish(step, state, ckpt) if hooks.finish else None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pretraining.
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Trains config.train.num_steps steps in workdir, resuming from its latest sound checkpoint.
 
@@ -371,115 +495,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
     f"E={config.model.embedding_size}"
   )
 
-  # --- Restore or initialise --------------------------------------------------------------------
-  with contextlib.ExitStack() as cleanup:
-    ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t))
-    train_iter = cleanup.enter_context(
-      contextlib.closing(input_pipeline.make_iterator(config, workdir, split="train"))
-    )
-    state = None
-    if start is not None:  # the newest sound step; damaged newer ones are moved aside
-      start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
-    if state is not None:
-      train_iter.set_state(data_state)
-      log(f"resumed from step {start} in {workdir}")
-    else:
-      with sharding.with_mesh(mesh):
-        state = trainer.init(jax.random.PRNGKey(config.seed))
-      if config.init_from:
-        state = state.replace(
-          params=workdir_lib.init_params(config, state.params, trainer.abstract.shardings.params)
-        )
-      start = 0
-      damaged = workdir_lib.path(workdir, workdir_lib.DAMAGED)
-      if damaged.exists() and any(damaged.iterdir()):
-        log(
-          f"starting from step 0: {workdir} holds no sound checkpoint; the damaged ones set "
-          f"aside earlier stay in {damaged}"
-        )
-    # Only now: a failed restore keeps the checkpoints' config (and their vocabulary's copy).
-    workdir_lib.write_config(workdir, config)
-    workdir_lib.keep_vocabulary(workdir, info["spm_model_path"])
+  # --- Hooks: init_from, evaluation, what the model learned -----------------------------------
+  def init_params(fresh):
+    return workdir_lib.init_params(config, fresh, trainer.abstract.shardings.params)
 
-    # --- Compile --------------------------------------------------------------------------------
-    batch = sharding.global_batch(next(train_iter), mesh)
-    compile_start = time.perf_counter()
-    with sharding.with_mesh(mesh):
-      compiled = trainer.train_step.lower(state, batch).compile()
-    compile_seconds = time.perf_counter() - compile_start
-    memory = compiled.memory_analysis()
-    log(
-      f"compiled the train step in {compile_seconds:.1f}s"
-      + (f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else "")
-    )
+  def evaluate_params(params):
+    split = input_pipeline.make_iterator(config, workdir, split="eval")
+    with contextlib.closing(split) as eval_batches:
+      return evaluate(
+        trainer.eval_step, params, eval_batches, t.eval_steps, mesh, objective.metrics
+      )
 
-    # --- Loop -----------------------------------------------------------------------------------
-    writer = cleanup.enter_context(
-      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
-    )
-    writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
-    peak, peak_source = hardware.peak_flops_per_device()
-    # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every
-    # CPU "device" of a process on the same cores).
-    total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
-    flops_per_step = t.batch_size * M.flops_per_example(
-      config.model, config.data.max_seq_length, config.data.max_predictions_per_seq
-    )
-    reporter = Reporter(
-      writer,
-      first_step=start,
-      num_steps=t.num_steps,
-      log_every=t.log_every,
-      sequences_per_step=t.batch_size,
-      tokens_per_sequence=config.data.max_seq_length,
-      flops_per_step=flops_per_step,
-      peak_flops=total_peak,
-      halt_on_nonfinite=t.on_nonfinite == "halt",
-      max_consecutive_skips=t.max_consecutive_skips,
-    )
-    eval_due = Periodic(t.eval_every, last_step=t.num_steps) if t.eval_steps else None
-    save_due = Periodic(
-      t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
-    )
-    profiler = _Profiler(workdir, start, t.profile_steps)
-    cleanup.callback(profiler.close)
-    eval_metrics: dict[str, float] = {}
-    step = start
-    stop = cleanup.enter_context(StopSignal())
-    while step < t.num_steps:
-      profiler.before(step)
-      state, metrics = compiled(state, batch)
-      step += 1
-      reporter.push(step, metrics)  # logs the previous step's metrics: the device never waits
-      profiler.after(step, metrics)
-      data_state = train_iter.get_state()  # exactly `step` batches consumed
-      last = step == t.num_steps
-      if not last:  # loads the next batch while the device runs this step
-        batch = sharding.global_batch(next(train_iter), mesh)
-      if not last and stop.should_stop():  # at the last step, finish as usual
-        save_and_stop(reporter, ckpt, step, state, data_state)
-        break
-      evaluated = eval_due is not None and eval_due(step)
-      if evaluated:
-        reporter.flush()
-        with (
-          sharding.with_mesh(mesh),
-          contextlib.closing(
-            input_pipeline.make_iterator(config, workdir, split="eval")
-          ) as eval_batches,
-        ):
-          eval_metrics = evaluate(
-            trainer.eval_step, state.params, eval_batches, t.eval_steps, mesh, objective.metrics
-          )
-        writer.write(step, eval_metrics, prefix="eval/")
-        log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
-        reporter.restart_window(step)
-      if save_due(step):
-        reporter.flush()  # checks finiteness first: a halting run does not save
-        ckpt.save(step, state, data_state, eval_metrics if evaluated else None)
-        log(f"saved step {step} to {workdir}/checkpoints")
-        reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
-    reporter.flush()
+  def fill_mask(step, state, ckpt):
     if step == t.num_steps and t.eval_steps:  # what the model learned, in words
       lines = fill_mask_lines(config, workdir, trainer.abstract.model, state.params, mesh)
       if lines:
@@ -487,6 +514,27 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
           f"fill-mask on held-out examples at step {step} (original->predicted):\n"
           + "\n".join(lines)
         )
+
+  peak, peak_source = hardware.peak_flops_per_device()
+  # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every
+  # CPU "device" of a process on the same cores).
+  total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
+  hooks = Hooks(
+    init_params=init_params if config.init_from else None,
+    evaluate=evaluate_params if t.eval_steps else None,
+    finish=fill_mask,
+    vocabulary=info["spm_model_path"],
+    flops_per_step=t.batch_size
+    * M.flops_per_example(
+      config.model, config.data.max_seq_length, config.data.max_predictions_per_seq
+    ),
+    peak_flops=total_peak,
+  )
+
+  # --- Restore or initialise, compile, loop -------------------------------------------------------
+  train_iter = input_pipeline.make_iterator(config, workdir, split="train")
+  with contextlib.closing(train_iter):
+    step, _, _ = run(config, workdir, mesh, trainer, train_iter, start, hooks)
   log(
     f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
     f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})"

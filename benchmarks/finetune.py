@@ -1,7 +1,7 @@
 """Classification fine-tuning step speed: ours against Hugging Face's PyTorch ALBERT, in one run.
 
 Ours: `albert_jax.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
-classifier dropout 0.1) and objective from albert_jax/finetune.py, the original's
+classifier dropout 0.1) and objective of the generic classification task (albert_jax/glue.py), the original's
 AdamWeightDecay (Adam without bias correction, decoupled decay: the same work per step as torch's
 AdamW), clipping and the non-finite guard, on a 1-device mesh. Theirs:
 `transformers.AlbertForSequenceClassification` of the same sizes (gelu_new, same dropout), float32,
@@ -40,9 +40,9 @@ import numpy as np  # noqa: E402
 
 from albert_jax import (  # noqa: E402
   config_lib,
-  finetune,
   model as albert_model,  # noqa: E402
   sharding,
+  tasks,
   train,
 )
 
@@ -72,6 +72,7 @@ def make_config(batch: int, seq: int, tiny: bool):
   if tiny:
     config.model.update(TINY)
   config.task.update(name="classification", kind="classification", labels="0,1")
+  config.data.labels = "0,1"
   config.data.max_seq_length = seq
   config.train.update(batch_size=batch, num_steps=1000, warmup_steps=10)
   config.mesh.data = 1
@@ -91,10 +92,9 @@ def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, n
 
 def ours(config, batch):
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  model, inputs = albert_model.finetune_model(config)
-  trainer = train.build(
-    config, mesh, model=model, inputs=inputs, objective=finetune.objective("classification")
-  )
+  task = tasks.of(config)
+  model, inputs = task.model(config)
+  trainer = train.build(config, mesh, model=model, inputs=inputs, objective=task)
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(0))
     global_batch = sharding.global_batch(batch, mesh)

@@ -72,6 +72,7 @@ def test_compile_time_main_tiny(capsys):
   assert out[1].split()[0] == "layers" and out[2].split()[0] == "2"  # the table
 
 
+@pytest.mark.slow
 def test_compile_time_bad_input_is_one_line_error():
   compile_time = load_compile_time()
   with pytest.raises(config_lib.ConfigError, match="not 'all' or 'none'"):

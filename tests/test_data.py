@@ -315,6 +315,7 @@ def test_eval_is_deterministic_and_a_seeded_sample_of_the_split(prepared):
   assert np.mean([a != b for a, b in masks.values()]) > 0.9
 
 
+@pytest.mark.slow
 def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
   config, workdir, _ = prepared
   cfg = tmp_path / "cfg.py"
@@ -471,6 +472,7 @@ def test_damaged_prepared_json_is_one_line_and_kept(prepared, tmp_path, content)
   assert (ddir / "prepared.json").read_text() == content  # nothing overwritten
 
 
+@pytest.mark.slow
 def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
   _, _, info = prepared
   d = tmp_path / "corpus"
@@ -498,6 +500,7 @@ def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
   assert batch["input_ids"].shape == (BATCH, SEQ)
 
 
+@pytest.mark.slow
 def test_builds_left_by_killed_prepares_are_removed(prepared, tmp_path):
   import socket
 
@@ -523,6 +526,7 @@ def test_builds_left_by_killed_prepares_are_removed(prepared, tmp_path):
   assert sorted(os.listdir(work)) == sorted(["data", running.name, foreign.name])
 
 
+@pytest.mark.slow
 def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   _, _, info = prepared
   d = tmp_path / "corpus"
@@ -558,6 +562,7 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_tfds_text_source(prepared, tmp_path):
   _, _, info = prepared
   build_tiny_text(str(tmp_path / "tfds"), _topic_documents()[:40])
@@ -576,6 +581,7 @@ def test_tfds_text_source(prepared, tmp_path):
     list(corpus.tfds_documents("no_such_dataset", data_dir=str(tmp_path / "tfds")))
 
 
+@pytest.mark.slow
 def test_builtin_corpus_needs_nothing_but_python():
   stats = corpus.CorpusStats()
   first = [doc for _, doc in zip(range(5), corpus.python_docs_documents(stats))]
@@ -646,6 +652,7 @@ def _no_children_within(seconds: float) -> bool:
   return not _children()
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
   reference = _take(
@@ -675,6 +682,7 @@ def test_worker_processes_give_the_same_batches(prepared):
     input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
 
 
+@pytest.mark.slow
 def test_prepare_flag_errors_are_one_line(tmp_path):
   """prepare shares albert_jax.cli with the trainer: a mistyped override or variant is one line, not a traceback."""
   import subprocess

@@ -383,6 +383,7 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path,
     )
 
 
+@pytest.mark.slow
 def test_a_process_whose_peer_never_joins_exits_with_one_clear_line(tmp_path, data_dir):
   timeout = 5
   began = time.monotonic()
@@ -417,6 +418,7 @@ def test_a_process_whose_peer_never_joins_exits_with_one_clear_line(tmp_path, da
   assert not os.path.exists(tmp_path / "alone")  # nothing written before the job is complete
 
 
+@pytest.mark.slow
 def test_hosts_with_different_configs_stop_together_with_one_error(tmp_path, data_dir):
   workdir = str(tmp_path / "mismatch")
   results = finish(

@@ -90,6 +90,7 @@ def test_layer_activations_per_token_by_remat_policy():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat, mesh", [("none", {}), ("full", dict(data=2, fsdp=2, tensor=2))])
 def test_memory_is_within_25_percent_of_the_compilers(remat, mesh):
   assert jax.device_count() == 8
@@ -137,6 +138,7 @@ def run_cli(*args):
   )
 
 
+@pytest.mark.slow
 def test_command_line():
   r = run_cli(
     "--config=configs/albert_xxlarge.py:remat=full",

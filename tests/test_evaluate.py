@@ -12,6 +12,9 @@ from albert_jax import dataset, evaluate, export, tokenizer, train
 from albert_jax.config_lib import ConfigError
 from tests.conftest import ROOT, small_config
 
+# Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.
+pytestmark = pytest.mark.slow
+
 KEYS = {
   "masked_lm_accuracy",
   "masked_lm_loss",

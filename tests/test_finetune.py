@@ -24,6 +24,7 @@ from albert_jax import (
   hf,
   model as M,
   squad,
+  tasks,
   tokenizer as tokenizer_lib,
   workdir as workdir_lib,
 )
@@ -197,6 +198,7 @@ def _resolved(config):
   return config
 
 
+@pytest.mark.slow
 def test_glue_dir_without_test_tsv_skips_the_test_split(env, tmp_path, capsys):
   glue_dir = tmp_path / "glue"
   glue_dir.mkdir()
@@ -307,6 +309,7 @@ def _finetune_args(env, workdir):
   ]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   """A preemption notice mid-seed: the step is saved whole and the command ends with status 0."""
   import signal
@@ -339,6 +342,7 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
   assert not (workdir / "eval_results.json").exists()  # the summary waits for the resumed run
 
 
+@pytest.mark.slow
 def test_init_from_a_finetuned_run(env, tmp_path):
   """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory as init_from gives its best
   seed's backbone (best checkpoint) and vocabulary; the new task's head starts fresh."""
@@ -356,7 +360,7 @@ def test_init_from_a_finetuned_run(env, tmp_path):
   # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
   want, _, step, _ = checkpoint.load_params(str(tmp_path / "a" / "seed_0"), "best")
   assert step == 3
-  model, inputs = M.finetune_model(recorded)
+  model, inputs = tasks.of(recorded).model(recorded)
   fresh = jax.tree_util.tree_map(
     np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
   )
@@ -385,6 +389,7 @@ def write_mnli(path, n, rng, test=False):
       f.write(row + ("\n" if test else f"\t{label}\t{label}\n"))
 
 
+@pytest.mark.slow
 def test_mnli_reads_matched_and_mismatched(env, tmp_path):
   rng = np.random.default_rng(1)
   glue_dir = tmp_path / "MNLI"
@@ -423,7 +428,7 @@ def test_mnli_reads_matched_and_mismatched(env, tmp_path):
   data = finetune.load_data(recorded, glue.GLUE_TASKS["mnli"])
   arrays = data["eval_mm"][0]
   assert len(arrays["input_ids"]) == 28 and len(data["eval"][0]["input_ids"]) == 20
-  model, _ = M.finetune_model(recorded)
+  model, _ = tasks.of(recorded).model(recorded)
   logits = model.apply(
     {"params": params},
     jnp.asarray(arrays["input_ids"]),
@@ -453,6 +458,7 @@ def _ids(shape, seed=0):
   return ids, segments, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "kind, cls, shape",
   [
@@ -465,15 +471,16 @@ def _ids(shape, seed=0):
 def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
   config = config_lib.finetune_base_config()
   config.model.update(SIZES)
-  config.task.kind = kind
-  config.task.labels = "neg,pos,neutral" if kind == "classification" else ""
-  model, inputs = M.finetune_model(config)
+  config.task.name = kind
+  config.data.labels = "neg,pos,neutral" if kind == "classification" else ""
+  task = tasks.of(config)
+  model, inputs = task.model(config)
   # O(0.1) weights rather than the 0.02 init, so the logits are not all near zero.
   params = jax.tree_util.tree_map(
     lambda x: 0.1 * jax.random.normal(jax.random.key(x.size), x.shape) + (x == 1),
     jax.tree_util.tree_map(np.asarray, model.init(jax.random.key(1), **inputs)["params"]),
   )
-  hf.save_hf(params, config.model, str(tmp_path / "hf"), task=config.task)
+  hf.save_hf(params, config.model, str(tmp_path / "hf"), task=task)
   theirs, info = cls.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ids, segments, mask = _ids(shape)
@@ -494,6 +501,7 @@ def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
     assert theirs.config.problem_type == "single_label_classification"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["seed", "run"])
 def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
   """--workdir=DIR/seed_k --step=best, or the fine-tuning DIR itself: its best seed's best step."""
@@ -519,7 +527,7 @@ def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
   assert theirs.config.id2label == {0: "0", 1: "1"}
   params, config, step, _ = checkpoint.load_params(seed_dir, "best")
   assert step == out["seeds"][k]["best_step"]
-  model, _ = M.finetune_model(config)
+  model, _ = tasks.of(config).model(config)
   ids, segments, mask = _ids((4, 16))
   ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
   with torch.no_grad():
@@ -534,6 +542,7 @@ def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
 # --- Bad input: one line -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_init_from_of_another_size_is_refused(env, tmp_path):
   config = _glue_config("task=sst2,model=tiny")  # H=128: the init_from model has H=32
   config.init_from = str(env / "init")
@@ -545,6 +554,7 @@ def test_init_from_of_another_size_is_refused(env, tmp_path):
     finetune.finetune(config, str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_unknown_labels_in_the_training_file_are_refused(env, tmp_path):
   (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood film\tpositive\n")
   config = ft_config(env)
@@ -553,6 +563,7 @@ def test_unknown_labels_in_the_training_file_are_refused(env, tmp_path):
     finetune.finetune(config, str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "args, match",
   [
@@ -577,6 +588,7 @@ def test_cli_errors_are_one_line(env, tmp_path, args, match):
   assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "task, name, content, match",
   [
@@ -619,6 +631,7 @@ def test_cli_bad_input_is_one_line(env, tmp_path, task, name, content, match):
   assert not os.path.exists(tmp_path / "run" / "seed_0")  # nothing trained
 
 
+@pytest.mark.slow
 def test_benchmark_tiny():
   """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
   import importlib.util
@@ -679,6 +692,7 @@ def _squad_v2_file(path):
   return path
 
 
+@pytest.mark.slow
 def test_squad_v2_runs_end_to_end(env, tmp_path):
   path = _squad_v2_file(tmp_path / "squad.json")
   out = _tiny_run(env, tmp_path, "squad_v2", path, path, doc_stride=8, max_query_length=8)
@@ -695,6 +709,7 @@ def test_squad_v2_runs_end_to_end(env, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_race_runs_end_to_end(env, tmp_path):
   for split in ("train", "dev"):
     for k in range(4):
@@ -715,6 +730,7 @@ def test_race_runs_end_to_end(env, tmp_path):
   assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   """task.null_score_diff_threshold (and n_best_size, max_answer_length) reach the post-processing
   finetune runs: "" when the null score beats the best span by more than the threshold."""
@@ -724,7 +740,8 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   config.init_from = str(env / "init")
   config.data.update(train_file=str(path), eval_file=str(path), max_seq_length=32, doc_stride=8)
   config.data.max_query_length = 8
-  data = finetune.load_data(_resolved(config), None)
+  squad_v2 = tasks.of(config)
+  data = finetune.load_data(_resolved(config), squad_v2)
   arrays, extra = data["eval"]
   rng = np.random.default_rng(0)
   shape = arrays["input_ids"].shape
@@ -734,7 +751,7 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
     c = copy.deepcopy(config)
     c.task.update(task)
     config_lib.validate(c)
-    return finetune.squad_answers(c, outputs, extra)
+    return squad_v2.answers(c, outputs, extra)
 
   assert len(answers()) == 12
   assert set(answers(null_score_diff_threshold=-1e6).values()) == {""}
@@ -850,4 +867,4 @@ def test_a_split_given_explicitly_reads_nothing_of_its_own_from_glue_dir(env, tm
   assert sorted(data) == sorted(["train", given, other, f"{other}_mm"])
   assert len(data[given][0]["input_ids"]) == 3
   assert len(data[f"{other}_mm"][0]["input_ids"]) == (5 if other == "test" else 7)
-  assert glue.missing_split(config, f"{given}_mm") == ""
+  assert glue.GLUE_TASKS["mnli"].missing_split(config, f"{given}_mm") == ""

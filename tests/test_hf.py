@@ -335,6 +335,7 @@ SAMPLES = [
 ]
 
 
+@pytest.mark.slow
 def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   """A tiny model trained a few steps by the trainer, exported from its checkpoint by the CLI: no
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
@@ -568,6 +569,7 @@ def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):
     pretrained.load_pretrained(str(tmp_path / "eh"), small(num_hidden_layers=1, embedding_size=32))
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(tmp_path):
   with pytest.raises(ConfigError, match="not found"):
     hf.load_hf(str(tmp_path / "missing"))
@@ -632,6 +634,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
   assert sorted(os.listdir(tmp_path / "downloaded")) == before and "model.safetensors" in before
 
 
+@pytest.mark.slow
 def test_export_cli_errors(tmp_path):
   def run(*args):
     proc = subprocess.run(

@@ -130,6 +130,7 @@ def sequence_output(cfg, params, inputs):
   )["sequence_output"]
 
 
+@pytest.mark.slow
 def test_all_shared_scan_equals_python_loop():
   cfg = M.model_config(small("all"))
   inputs = batch(cfg, pad=3)
@@ -183,6 +184,7 @@ def test_not_shared_has_distinct_layers():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "sharing,shared,own",
   [("attention", "attention", "feed_forward"), ("ffn", "feed_forward", "attention")],
@@ -342,6 +344,7 @@ def test_loss_matches_the_original_formula():
   )
 
 
+@pytest.mark.slow
 def test_tiny_config_overfits_one_batch():
   cfg = load_config("tiny").model
   mcfg = M.model_config(cfg)

@@ -89,6 +89,7 @@ def _examples(ddir):
   return out
 
 
+@pytest.mark.slow
 def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkeypatch):
   monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
   built = {}
@@ -123,6 +124,7 @@ def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkey
     pytest.skip("apache-beam is not installed: the Beam DirectRunner build was not compared")
 
 
+@pytest.mark.slow
 def test_one_large_gz_file_is_many_shards_and_the_same_dataset(setup, tmp_path, monkeypatch):
   """A corpus in one .gz file (a Wikipedia dump) is cut into shards like the same text in one plain
   file, so 1 and 2 workers write byte-identical files, and the same examples as the plain file."""
@@ -147,6 +149,7 @@ def test_one_large_gz_file_is_many_shards_and_the_same_dataset(setup, tmp_path, 
   assert _records(built["gz1"]) == _records(built["gz2"]) == _records(built["plain"])
 
 
+@pytest.mark.slow
 def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_path, monkeypatch):
   # SentencePiece's trainer learns another vocabulary on another number of threads: prepare
   # trains on a fixed number, so hosts with other core counts build the same vocabulary; the
@@ -201,6 +204,7 @@ def test_the_vocabulary_sample_is_uniform_and_seeded():
   assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
 
 
+@pytest.mark.slow
 def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypatch):
   monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
   c = _config(setup, num_prepare_workers=1)
@@ -224,6 +228,7 @@ print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
 """
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_corpus(setup, tmp_path):
   root, vocab = setup
   docs = _documents()[::2]
@@ -252,6 +257,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(setup, tmp_path):
   print(peak)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["non_utf8", "unreadable"])
 def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, tmp_path, bad):
   root, _ = setup

@@ -253,6 +253,7 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   assert len(os.listdir(os.path.join(workdir, "damaged"))) == 4
 
 
+@pytest.mark.slow
 def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data_dir):
   workdir = tmp_path / "w"
   first = subprocess.Popen(
@@ -332,6 +333,7 @@ def small_tmpfs(tmp_path, size: str):
     subprocess.run(["umount", "-l", str(mnt)])
 
 
+@pytest.mark.slow
 def test_save_on_a_full_tmpfs_is_one_line_and_earlier_steps_restore(tmp_path):
   with small_tmpfs(tmp_path, "1500k") as mnt:
     rng = np.random.default_rng(0)  # random floats do not compress: 1 MiB a step
@@ -441,6 +443,7 @@ def test_bad_config_values_are_refused(field, value, message):
     config_lib.validate(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "args,message",
   [
@@ -530,6 +533,7 @@ def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_
   assert line.startswith("error: internal error: KeyError: ")
 
 
+@pytest.mark.slow
 def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
   with small_tmpfs(tmp_path, "200k") as mnt:
     r = run_command(

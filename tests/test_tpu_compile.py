@@ -57,6 +57,7 @@ def test_bad_slice_names_are_config_errors():
     T.slice_for("h100", 8)
 
 
+@pytest.mark.slow
 def test_collectives_count_every_loop_iteration():
   """A psum inside a 3-step scan, compiled on the 8 CPU devices: 3 all-reduces per call."""
   mesh = jax.make_mesh((8,), ("d",))
@@ -192,6 +193,7 @@ estimate.run()
 """
 
 
+@pytest.mark.slow
 def test_without_libtpu_the_cli_names_the_jax_to_install_in_one_line():
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
   r = subprocess.run(

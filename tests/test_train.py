@@ -70,6 +70,7 @@ def test_meshes_match_one_device(data_dir):
       assert table.sharding.shard_shape(table.shape) == (1000 // 2, 32)
 
 
+@pytest.mark.slow
 def test_micro_batches_equal_one_big_step(data_dir):
   config = small_config(data_dir)
   config.mesh.update(data=2, fsdp=1, tensor=1)
@@ -225,6 +226,7 @@ def test_sigkill_during_a_save_restarts_from_the_last_complete_checkpoint(tmp_pa
   assert checkpoint.latest_step(str(workdir)) == 200
 
 
+@pytest.mark.slow
 def test_non_finite_halt_is_one_line_and_saves_nothing(tmp_path, data_dir):
   # A learning rate of 1e38 overflows the parameters within a few steps; checkpoints every step.
   workdir = str(tmp_path / "halted")
@@ -279,6 +281,7 @@ def test_a_run_that_skips_every_update_halts_after_max_consecutive_skips(tmp_pat
 # --- bad input: one line, non-zero exit -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "args,message",
   [
@@ -303,6 +306,7 @@ def test_bad_config_is_a_one_line_error(tmp_path, data_dir, args, message):
   assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_workdir_that_is_a_file_is_a_one_line_error(tmp_path, data_dir):
   (tmp_path / "notes.txt").write_text("mine")
   for module in ("albert_jax.main", "albert_jax.prepare"):
@@ -315,6 +319,7 @@ def test_workdir_that_is_a_file_is_a_one_line_error(tmp_path, data_dir):
   assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_batch_not_divisible_by_devices(data_dir):
   config = small_config(data_dir, batch_size=12)
   mesh = sharding.make_mesh(config.mesh, jax.devices())
@@ -322,6 +327,7 @@ def test_batch_not_divisible_by_devices(data_dir):
     sharding.check_batch(config.train, mesh)
 
 
+@pytest.mark.slow
 def test_workdir_of_another_model_is_refused(tmp_path, data_dir):
   workdir = str(tmp_path / "w")
   assert run_main(workdir, data_dir, num_steps=2, checkpoint_every=2).returncode == 0
@@ -371,6 +377,7 @@ def saved_steps(text):
   return [int(s) for s in re.findall(r"^saved step (\d+) to ", text, re.M)]
 
 
+@pytest.mark.slow
 def test_checkpoint_every_seconds_saves_on_time(tmp_path, data_dir, capsys):
   """checkpoint_every never falls due in 4 steps; a (fractional) time policy saves after each."""
   config = small_config(data_dir, num_steps=4, checkpoint_every=1000, keep_checkpoints=10)
@@ -384,6 +391,7 @@ def test_checkpoint_every_seconds_saves_on_time(tmp_path, data_dir, capsys):
   assert saved_steps(capsys.readouterr().out) == [4]  # the step policy alone: the last step
 
 
+@pytest.mark.slow
 def test_profile_steps_writes_a_jax_trace(tmp_path, data_dir, capsys):
   workdir = tmp_path / "w"
   train.train_and_evaluate(small_config(data_dir, num_steps=3, profile_steps=1), str(workdir))

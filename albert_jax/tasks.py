@@ -1,0 +1,183 @@
+"""Fine-tuning tasks as objects: what the fine-tuning driver asks a task for.
+
+A task knows its head model, its objective (the trainer's `sums`, `loss`, `metrics`: a Task is the
+`objective` that train.build takes), where its files are and how to read them into arrays, how to
+score the model's outputs, which Hugging Face class holds its head, and which prediction files it
+writes. finetune.py never asks which kind of task it runs; adding a task is one new subclass and
+one registry entry. The tasks themselves live beside their data code: glue.py (GLUE and generic
+sentence(-pair) classification/regression), squad.py (SQuAD v1.1/v2.0), race.py (RACE).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from albert_jax import files
+from albert_jax.config_lib import ConfigError
+
+# GLUE's file names inside data.glue_dir, for a task's splits; data.<split>_file overrides them.
+SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
+# Splits that glue_dir may lack (a missing one is skipped, not an error).
+OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm")
+# MNLI's mismatched splits go with the matched ones from glue_dir: a matched file given explicitly
+# (data.eval_file, data.test_file) stands alone, and glue_dir's mismatched one is not read.
+PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test"}
+
+
+def _given(config, split: str) -> str:
+  """The file given for a split (data.train_file, eval_file, test_file), else ""."""
+  d = config.data
+  return {"train": d.train_file, "eval": d.eval_file, "test": d.test_file}.get(split, "")
+
+
+class Task:
+  """A fine-tuning task. Subclasses set the class attributes and the methods marked so."""
+
+  name: str
+  kind: ClassVar[str]  # recorded as config.task.kind (checkpoints and exports read it)
+  hf_class: ClassVar[str]  # the Hugging Face class of the fine-tuned model
+  hf_head: ClassVar[str] = "classifier"  # its head module (a dense layer in both trees)
+  output_keys: ClassVar[tuple[str, ...]] = ("logits",)  # the outputs predictions keep
+  split_files: ClassVar[dict[str, str]] = SPLIT_FILES
+
+  def for_config(self, config) -> Task:
+    """The task as config describes it (a generic task reads its columns from config.data)."""
+    return self
+
+  def resolve(self, config) -> None:
+    """Fills config.task.kind (and metric, labels where the task fixes them)."""
+    config.task.kind = self.kind
+
+  # --- The head and the objective (per-batch sums that add up across micro-batches) -----------
+
+  def model(self, config) -> tuple[Any, dict]:
+    """The head model (a Flax module) and dummy inputs to initialise it. Subclasses."""
+    raise NotImplementedError
+
+  def sums(self, model, params, batch, rng) -> dict:
+    """Per-batch sums (rng None: deterministic). Subclasses."""
+    raise NotImplementedError
+
+  loss_sum: ClassVar[str] = "nll"  # the sum that loss() normalises
+
+  def loss(self, sums, batch) -> jax.Array:
+    # Normalised by the whole step's examples: micro-batches add up to exactly one step.
+    return sums[self.loss_sum] / jnp.sum(batch["weight"])
+
+  def metrics(self, sums) -> dict:
+    return {"loss": sums[self.loss_sum] / sums["examples"]}
+
+  # --- Data ------------------------------------------------------------------------------------
+
+  @property
+  def splits(self) -> tuple[str, ...]:
+    """The splits this task reads when their files are there: train, eval, test, and any extra
+    eval_<x> / test_<x> (scored as <metric>_<x>; MNLI's mismatched)."""
+    return ("train", "eval", "test") + tuple(
+      s for s in self.split_files if s not in ("train", "eval", "test")
+    )
+
+  def split_path(self, config, split: str) -> str:
+    """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, for an
+    optional split when glue_dir has no such file: test labels are not needed to fine-tune, and for a
+    split that goes with one given explicitly: PAIRED_WITH)."""
+    given = _given(config, split)
+    if given or not config.data.glue_dir or _given(config, PAIRED_WITH.get(split, "")):
+      return given
+    path = self._default_path(config, split)
+    return "" if not path or (split in OPTIONAL_SPLITS and not files.path(path).is_file()) else path
+
+  def missing_split(self, config, split: str) -> str:
+    """glue_dir's file for an optional split when the run would read it but it is absent, else ""."""
+    if (
+      split not in OPTIONAL_SPLITS
+      or not config.data.glue_dir
+      or self.split_path(config, split)
+      or _given(config, PAIRED_WITH.get(split, ""))
+    ):
+      return ""
+    return self._default_path(config, split)
+
+  def _default_path(self, config, split: str) -> str:
+    name = self.split_files.get(split)
+    return str(files.path(config.data.glue_dir, name)) if name else ""
+
+  def load(self, config, tokenizer, split: str, path: str) -> tuple[dict, Any]:
+    """(arrays, extra) of one split's file; extra is what scoring or predictions need. Subclasses."""
+    raise NotImplementedError
+
+  # --- Scoring and predictions -------------------------------------------------------------------
+
+  def evaluate(self, config, outputs: dict, arrays: dict, extra) -> dict[str, float]:
+    """The task's metrics of the model's outputs on a split. Subclasses."""
+    raise NotImplementedError
+
+  def predicted_splits(self, data: dict) -> tuple[str, ...]:
+    """The splits whose outputs (with the best checkpoint) write_predictions needs."""
+    return ()
+
+  def write_predictions(self, config, directory: str, outputs: dict, data: dict) -> list[str]:
+    """Writes the prediction files of the best seed's `outputs` ({split: outputs}) into
+    `directory` (created here); returns their paths."""
+    return []
+
+  def hf_fields(self, head_outputs: int) -> dict:
+    """config.json fields of the fine-tuned Hugging Face model beside its class."""
+    return {}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pieces several tasks share.
+
+
+def apply(model, params, batch, rng) -> dict:
+  """The head model on a batch (rng None: deterministic, no dropout)."""
+  return model.apply(
+    {"params": params},
+    batch["input_ids"],
+    batch["segment_ids"],
+    batch["input_mask"],
+    deterministic=rng is None,
+    rngs=None if rng is None else {"dropout": rng},
+  )
+
+
+def head_inputs(shape: tuple[int, ...]) -> dict:
+  """Dummy inputs of `shape` that initialise a head model."""
+  ids = jnp.zeros(shape, jnp.int32)
+  return dict(input_ids=ids, token_type_ids=ids, attention_mask=jnp.ones_like(ids))
+
+
+def classification_sums(model, params, batch, rng) -> dict:
+  """Cross-entropy and correct predictions of `logits` against `label`, weighted by `weight`."""
+  logp = jax.nn.log_softmax(apply(model, params, batch, rng)["logits"], axis=-1)
+  label, w = batch["label"], batch["weight"]
+  nll = -jnp.take_along_axis(logp, label[:, None], axis=-1)[:, 0]
+  correct = (jnp.argmax(logp, axis=-1) == label).astype(jnp.float32)
+  return {"nll": jnp.sum(w * nll), "correct": jnp.sum(w * correct), "examples": jnp.sum(w)}
+
+
+def classification_metrics(sums) -> dict:
+  return {"loss": sums["nll"] / sums["examples"], "accuracy": sums["correct"] / sums["examples"]}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The registry.
+
+
+def registry() -> dict[str, Task]:
+  """Every task by its config.task.name."""
+  from albert_jax import glue, race, squad  # they define their tasks on this module's base
+
+  return {**glue.TASKS, **squad.TASKS, **race.TASKS}
+
+
+def of(config) -> Task:
+  """The Task of config.task.name, as config describes it."""
+  tasks, name = registry(), config.task.name
+  if name not in tasks:
+    raise ConfigError(f"task.name={name!r} is not one of {', '.join(tasks)}")
+  return tasks[name].for_config(config)
