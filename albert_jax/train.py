@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import jax
@@ -23,6 +22,7 @@ import optax
 
 from albert_jax import (
   checkpoint,
+  compiling,
   config_lib,
   dataset,
   distributed,
@@ -375,14 +375,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(train_iter), mesh)
-    compile_start = time.perf_counter()
-    with sharding.with_mesh(mesh):
-      compiled = trainer.train_step.lower(state, batch).compile()
-    compile_seconds = time.perf_counter() - compile_start
-    memory = compiled.memory_analysis()
+    step_compiled = compiling.compile_train_step(config, mesh, trainer, state, batch)
+    compiled, memory = step_compiled.executable, step_compiled.memory
+    compile_seconds = step_compiled.lower_seconds + step_compiled.compile_seconds
     log(
       f"compiled the train step in {compile_seconds:.1f}s"
-      + (f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else "")
+      + (f"; per-device temp memory {memory['temp'] / 2**20:.0f} MiB" if memory else "")
     )
 
     # --- Loop -----------------------------------------------------------------------------------
