@@ -17,6 +17,7 @@ Parameter tree (Hugging Face Flax ALBERT names where a name exists; `albert_jax/
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -219,6 +220,32 @@ class AlbertEmbeddings(nn.Module):
     return self.word_embeddings.attend(x)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def softmax(scores, dtype):
+  """jax.nn.softmax(scores, axis=-1) in float32, returned in `dtype` (the compute dtype): what the
+  attention's second matmul reads.
+
+  Why a custom derivative: differentiating softmax keeps its float32 output for the backward pass,
+  and the compiler re-reads that [heads, S, S] tensor in every backward fusion of the attention (the
+  largest share of a bfloat16 step's memory traffic). This rule keeps the `dtype` probabilities the
+  forward pass wrote anyway and computes the gradient, p (g - sum(g p)), in float32 from them: under
+  float32 exactly jax's; under bfloat16 the probabilities are rounded as the matmul reads them."""
+  return jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dtype)
+
+
+def _softmax_fwd(scores, dtype):
+  probs = softmax(scores, dtype)
+  return probs, probs
+
+
+def _softmax_bwd(dtype, probs, g):
+  p, g = probs.astype(jnp.float32), g.astype(jnp.float32)
+  return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)
+
+
+softmax.defvjp(_softmax_fwd, _softmax_bwd)
+
+
 def flash_attention(q, k, v, attention_mask, scale: float):
   """softmax(q k^T x scale, keys masked) v for q, k, v [B, S, heads, d] without the [heads, S, S]
   scores in memory: cuDNN's fused kernel on a GPU (jax.nn.dot_product_attention), else jax's Pallas
@@ -303,12 +330,12 @@ class Attention(nn.Module):
       mask = attention_mask[:, None, None, :].astype(bool)
       context = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(d))
     else:
-      scores = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)
+      scores = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32)
       scores = scores / math.sqrt(d)
       scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
-      probs = jax.nn.softmax(scores, axis=-1)  # float32
+      probs = softmax(scores, v.dtype)  # computed in float32, kept in the compute dtype
       probs = nn.Dropout(cfg.attention_probs_dropout_prob, deterministic=self.deterministic)(probs)
-      context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
+      context = jnp.einsum("bnqk,bknd->bqnd", probs, v)
     out = _dense(cfg, h, ("heads", "hidden"), "dense")(context.reshape(b, s, h))
     out = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)(out)
     return _layer_norm(cfg, "hidden", "LayerNorm")(x + out).astype(cfg.compute_dtype)
