@@ -589,15 +589,22 @@ def roofline(est: Estimate) -> dict[str, float] | None:
   if not cost or "error" in cost:
     return None
   analytic = est.flops_per_step / est.devices
-  step = cost["optimal_seconds"] + est.tpu["collective_seconds"]
+  roof, per_op = cost["optimal_seconds"], cost["optimal_seconds"] > 0
+  if not per_op:  # libtpu 0.0.42 gives a negative optimal_seconds for v4: the whole-step bound
+    roof = max(
+      cost["flops"] / est.peak_flops,
+      cost["bytes"] / hardware.HBM_BANDWIDTH.get(est.device, math.inf),
+    )
+  step = roof + est.tpu["collective_seconds"]
   return {
     "flops": cost["flops"],
     "analytic_flops": analytic,
     # What the compiler should count: the model's FLOPs plus what remat re-runs.
     "flops_vs_analytic": cost["flops"] / (analytic + est.recompute_flops_per_step / est.devices),
     "bytes": cost["bytes"],
-    "roofline_seconds": cost["optimal_seconds"],
-    "roofline_mfu": analytic / (est.peak_flops * cost["optimal_seconds"]),
+    "roofline_seconds": roof,
+    "roofline_per_op": per_op,  # the compiler's per-op roofline, else max(FLOPs, bytes) for the step
+    "roofline_mfu": analytic / (est.peak_flops * roof),
     "collective_seconds": est.tpu["collective_seconds"],
     "step_seconds": step,
     "sequences_per_second": est.batch_size / step,
@@ -623,7 +630,13 @@ def format_roofline(est: Estimate) -> list[str]:
     f"(analytic {r['analytic_flops'] / 1e12:.2f} T"
     + (" + remat's recomputation" if est.recompute_flops_per_step else "")
     + f": compiler/analytic {r['flops_vs_analytic']:.3f}), {r['bytes'] / 1e9:.1f} GB accessed",
-    f"  roofline (each op bound by its FLOPs or HBM bytes): {1e3 * r['roofline_seconds']:.1f} ms, "
+    (
+      "  roofline (each op bound by its FLOPs or HBM bytes): "
+      if r["roofline_per_op"]
+      else "  roofline (the whole step bound by its FLOPs or its HBM bytes; the compiler gives no "
+      "per-op figure for this chip): "
+    )
+    + f"{1e3 * r['roofline_seconds']:.1f} ms, "
     f"roofline MFU {r['roofline_mfu']:.2f}; collectives {1e3 * r['collective_seconds']:.1f} ms at "
     f"{hardware.ICI_BANDWIDTH[est.device] / 1e9:.0f} GB/s ICI per chip",
     f"predicted from the TPU compiler: step {r['step_seconds']:.3f} s (roofline + collectives, no "

@@ -109,7 +109,8 @@ def main_cost(args) -> None:
       print(
         f"{spec:34} {slice_name:6} {r['batch']:5d} {r['flops'] / 1e12:10.2f} "
         f"{r['analytic_flops'] / 1e12:8.2f} {r['flops_vs_analytic']:6.3f} {r['bytes'] / 1e9:7.1f} "
-        f"{1e3 * r['roofline_seconds']:11.1f} {r['roofline_mfu']:12.2f} {r['compile_seconds']:9.0f}",
+        f"{1e3 * r['roofline_seconds']:11.1f} {r['roofline_mfu']:12.2f} {r['compile_seconds']:9.0f}"
+        + ("" if r["roofline_per_op"] else "  (whole-step bound: no per-op roofline)"),
         flush=True,
       )
   print(json.dumps(rows))
