@@ -253,10 +253,13 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   tests). Padding is a segment: real queries attend to real keys only, as the einsum path's additive
   mask does (exp(-10000) is 0 in float32); padded positions attend to each other instead of to the
   real keys, which changes their (unused) outputs only. The kernel is split over the batch (and the
-  heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler."""
+  heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler. Sequences
+  that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths)."""
+  mask = attention_mask[:, None, None, :].astype(bool)
   if jax.default_backend() == "gpu":
-    mask = attention_mask[:, None, None, :].astype(bool)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
+  if q.shape[1] % 128:  # the kernel's key blocks are multiples of 128 (init traces 8 tokens)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
   def kernel(q, k, v, segments):
