@@ -19,7 +19,7 @@ REMAT_POLICIES = (
   "dots_with_no_batch_dims_saveable",
   "nothing_saveable",
 )
-ATTENTION_IMPLS = ("einsum", "dot_product_attention")
+ATTENTION_IMPLS = ("einsum", "dot_product_attention", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("lamb", "adam_weight_decay", "optax_lamb", "adamw")
 TASKS = ("sop", "nsp", "none")
@@ -384,8 +384,8 @@ def validate_model(m) -> None:
     f"model.embedding_hidden_mapping={m.embedding_hidden_mapping!r} is not 'auto' or 'always'",
   )
   _check(
-    not (m.attention_impl == "dot_product_attention" and m.attention_probs_dropout_prob > 0),
-    "model.attention_impl='dot_product_attention' has no attention-probability dropout; set "
+    not (m.attention_impl != "einsum" and m.attention_probs_dropout_prob > 0),
+    f"model.attention_impl={m.attention_impl!r} has no attention-probability dropout; set "
     "model.attention_probs_dropout_prob=0 or use attention_impl='einsum'",
   )
   for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):

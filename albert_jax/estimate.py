@@ -35,7 +35,6 @@ import dataclasses
 import math
 import os
 import sys
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -45,6 +44,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
 from albert_jax import (
+  compiling,
   config_lib,
   examples,
   hardware,
@@ -52,7 +52,6 @@ from albert_jax import (
   sharding,
   state as state_lib,
   tpu_compile,
-  train,
 )
 from albert_jax.config_lib import ConfigError
 
@@ -231,8 +230,7 @@ def fused_bytes_per_sequence(config) -> float:
   per_token = layer_bytes_per_token(config.model, S, only=attention)
   one = n * S * 4  # one float32 [heads, S] row per token (the scores are float32 in every dtype)
   fused = max(per_token - one, 0.0) + (2 * H * 4 if cfg.remat == "none" else 0)
-  depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)
-  return fused * S * depth
+  return fused * S * cfg.depth
 
 
 def activation_bytes(config, sequences: int, tensor: int = 1) -> dict[str, float]:
@@ -255,17 +253,16 @@ def recompute_flops_per_example(config) -> float:
   FLOPs: MFU does not count them). `full`/`nothing_saveable` re-run every layer's forward,
   `dots_with_no_batch_dims_saveable` the attention einsums, `dots_saveable` only elementwise work."""
   cfg = M.model_config(config.model)
-  H, I, S = cfg.hidden_size, cfg.intermediate_size, config.data.max_seq_length
-  depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)
-  layer_forward = 2 * (4 * H * H + 2 * H * I) + 4 * S * H
+  S = config.data.max_seq_length
+  layer = M.layer_flops_per_token(cfg, S)
   per_token = {
     "none": 0,
     "dots_saveable": 0,
-    "dots_with_no_batch_dims_saveable": 4 * S * H,
-    "full": layer_forward,
-    "nothing_saveable": layer_forward,
+    "dots_with_no_batch_dims_saveable": layer["attention"],
+    "full": layer["total"],
+    "nothing_saveable": layer["total"],
   }[cfg.remat]
-  return float(depth * per_token * S)
+  return float(cfg.depth * per_token * S)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -422,37 +419,19 @@ def local_config(config, mesh: dict[str, int], sequences_per_device: int, local_
 
 
 def compiled_memory(config, devices=None) -> dict[str, Any]:
-  """Compiles the real train step (train.build) for the local backend from abstract shapes (nothing is
-  allocated) and returns the compiler's per-device memory analysis, in bytes."""
+  """Compiles the real train step (compiling.compile_train_step) for the local backend from abstract
+  shapes (nothing is allocated) and returns the compiler's per-device memory analysis, in bytes."""
   mesh = sharding.make_mesh(config.mesh, devices)
-  sharding.check_batch(config.train, mesh)
-  trainer = train.build(config, mesh)
-  state = trainer.abstract.targets
-  batch = examples.batch_spec(config, sharding=sharding.batch_sharding(mesh))
-  start = time.perf_counter()
-  with sharding.with_mesh(mesh):
-    compiled = trainer.train_step.lower(state, batch).compile()
-  seconds = time.perf_counter() - start
-  m = compiled.memory_analysis()
-  if m is None:
+  compiled = compiling.compile_train_step(config, mesh)
+  if compiled.memory is None:
     return {"backend": jax.default_backend(), "available": False}
-  args, out, alias, temp = (
-    m.argument_size_in_bytes,
-    m.output_size_in_bytes,
-    m.alias_size_in_bytes,
-    m.temp_size_in_bytes,
-  )
   return {
     "backend": jax.default_backend(),
     "available": True,
     "devices": int(mesh.devices.size),
     "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
-    "compile_seconds": seconds,
-    "arguments": args,
-    "outputs": out,
-    "aliased": alias,
-    "temp": temp,
-    "total": args + out - alias + temp,
+    "compile_seconds": compiled.compile_seconds + compiled.lower_seconds,
+    **compiled.memory,
   }
 
 
@@ -596,6 +575,72 @@ def format_tpu(est: Estimate) -> list[str]:
   return lines
 
 
+def roofline(est: Estimate) -> dict[str, float] | None:
+  """The step predicted from the TPU compiler's cost analysis of the whole step (est.tpu["cost"]):
+  its roofline time (each op bound by its FLOPs or its HBM bytes on the chip) plus the collectives'
+  time at the slice's ICI bandwidth (no overlap assumed), and the roofline MFU, the model's analytic
+  FLOPs over peak x roofline time (as MFU always counts: remat's recomputation is not model FLOPs).
+  None without a counted cost."""
+  cost = (est.tpu or {}).get("cost")
+  if not cost or "error" in cost:
+    return None
+  analytic = est.flops_per_step / est.devices
+  roof, per_op = cost["optimal_seconds"], cost["optimal_seconds"] > 0
+  if not per_op:  # libtpu 0.0.42 gives a negative optimal_seconds for v4: the whole-step bound
+    roof = max(
+      cost["flops"] / est.peak_flops,
+      cost["bytes"] / hardware.HBM_BANDWIDTH.get(est.device, math.inf),
+    )
+  step = roof + est.tpu["collective_seconds"]
+  return {
+    "flops": cost["flops"],
+    "analytic_flops": analytic,
+    # What the compiler should count: the model's FLOPs plus what remat re-runs.
+    "flops_vs_analytic": cost["flops"] / (analytic + est.recompute_flops_per_step / est.devices),
+    "bytes": cost["bytes"],
+    "roofline_seconds": roof,
+    "roofline_per_op": per_op,  # the compiler's per-op roofline, else max(FLOPs, bytes) for the step
+    "roofline_mfu": analytic / (est.peak_flops * roof),
+    "collective_seconds": est.tpu["collective_seconds"],
+    "step_seconds": step,
+    "sequences_per_second": est.batch_size / step,
+    "run_seconds": step * est.num_steps,
+  }
+
+
+def format_roofline(est: Estimate) -> list[str]:
+  """The report's lines for the step time predicted from the TPU compiler's cost model."""
+  cost = (est.tpu or {}).get("cost")
+  if cost is None:
+    return []
+  r = roofline(est)
+  if r is None:
+    return [f"  compiler cost: not counted ({cost['error']})"]
+  how = (
+    "the step as compiled"
+    if cost.get("count_compile_seconds") is None
+    else (f"a copy with the layers unrolled, compiled in {cost['count_compile_seconds']:.0f}s")
+  )
+  return [
+    f"  compiler cost per device per step (counted on {how}): {r['flops'] / 1e12:.2f} TFLOPs "
+    f"(analytic {r['analytic_flops'] / 1e12:.2f} T"
+    + (" + remat's recomputation" if est.recompute_flops_per_step else "")
+    + f": compiler/analytic {r['flops_vs_analytic']:.3f}), {r['bytes'] / 1e9:.1f} GB accessed",
+    (
+      "  roofline (each op bound by its FLOPs or HBM bytes): "
+      if r["roofline_per_op"]
+      else "  roofline (the whole step bound by its FLOPs or its HBM bytes; the compiler gives no "
+      "per-op figure for this chip): "
+    )
+    + f"{1e3 * r['roofline_seconds']:.1f} ms, "
+    f"roofline MFU {r['roofline_mfu']:.2f}; collectives {1e3 * r['collective_seconds']:.1f} ms at "
+    f"{hardware.ICI_BANDWIDTH[est.device] / 1e9:.0f} GB/s ICI per chip",
+    f"predicted from the TPU compiler: step {r['step_seconds']:.3f} s (roofline + collectives, no "
+    f"overlap), {r['sequences_per_second']:,.0f} sequences/s, {est.num_steps:,} steps in "
+    f"{_duration(r['run_seconds'])} ({r['run_seconds'] / 3600 * est.devices:,.0f} device-hours)",
+  ]
+
+
 def format_fit(est: Estimate, config_name: str, given: list[str]) -> list[str]:
   f = est.fit
   if f is None:
@@ -663,9 +708,9 @@ def format_report(est: Estimate) -> str:
       )
     )
   if est.tpu is not None:
-    lines += format_tpu(est)
+    lines += format_tpu(est) + format_roofline(est)
   lines += [
-    f"predicted step time: {est.step_seconds:.3f} s at {100 * est.mfu:.0f}% MFU "
+    f"predicted step time: {est.step_seconds:.3f} s at {100 * est.mfu:.0f}% MFU (analytic, MFU assumed) "
     f"({est.batch_size * est.seq_len / est.step_seconds:,.0f} tokens/s)",
     f"predicted run: {est.num_steps:,} steps in {_duration(est.total_seconds)} "
     f"({est.total_seconds / 3600 * est.devices:,.0f} device-hours)",
@@ -775,7 +820,7 @@ def run() -> None:
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])
       est = estimate(config, device, devices, mfu_flag.value, config_name=config_name)
       if tpu is not None and compile_ != "no":
-        est.tpu = tpu_compile.compile_step(config, tpu)
+        est.tpu = tpu_compile.compile_step(config, tpu, count=True)
         if fit_flag.value and not est.tpu["fits"]:
           est.fit = fit(config, tpu, mfu_flag.value)
       elif compile_ != "no":

@@ -54,13 +54,19 @@ FEATURE_KEYS = tuple(FEATURES)
 
 def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
   """The batch's jax.ShapeDtypeStructs for config (global batch train.batch_size unless given)."""
+  return batch_shapes(
+    config.train.batch_size if batch_size is None else batch_size,
+    config.data.max_seq_length,
+    config.data.max_predictions_per_seq,
+    sharding=sharding,
+  )
+
+
+def batch_shapes(batch: int, seq: int, predictions: int, sharding=None) -> dict:
+  """FEATURES as jax.ShapeDtypeStructs for `batch` sequences of `seq` tokens, `predictions` masked."""
   import jax  # pylint: disable=g-import-not-at-top  (examples.py stays importable without jax)
 
-  dims = {
-    "B": config.train.batch_size if batch_size is None else batch_size,
-    "S": config.data.max_seq_length,
-    "P": config.data.max_predictions_per_seq,
-  }
+  dims = {"B": batch, "S": seq, "P": predictions}
   return {
     k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
     for k, (shape, dtype) in FEATURES.items()

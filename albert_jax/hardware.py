@@ -27,6 +27,24 @@ DEVICE_MEMORY = {
   "h100": 80 * 2**30,
   "h200": 141 * 2**30,
 }
+# HBM bandwidth per device as JAX counts devices (bytes/s; a v3 chip's 900 GB/s is shared by its two
+# cores): for the whole-step roofline where the compiler gives no per-op one.
+HBM_BANDWIDTH = {
+  "tpu_v3": 450e9,
+  "tpu_v4": 1228e9,
+  "tpu_v5e": 819e9,
+  "tpu_v5p": 2765e9,
+}
+# Inter-chip interconnect bandwidth per chip, one direction (bytes/s; Cloud TPU's system architecture
+# pages: v4 2,400 Gbit/s, v5e 1,600 Gbit/s, v5p 4,800 Gbit/s; v3: 4 links of 656 Gbit/s).
+ICI_BANDWIDTH = {
+  "tpu_v3": 328e9,
+  "tpu_v4": 300e9,
+  "tpu_v5e": 200e9,
+  "tpu_v5p": 600e9,
+}
+# JAX devices per chip (a v3 chip's two cores are two devices; v4/v5p megacore and v5e one).
+DEVICES_PER_CHIP = {"tpu_v3": 2, "tpu_v4": 1, "tpu_v5e": 1, "tpu_v5p": 1}
 
 
 def device_name(device=None) -> str | None:

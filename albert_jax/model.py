@@ -17,6 +17,7 @@ Parameter tree (Hugging Face Flax ALBERT names where a name exists; `albert_jax/
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -72,6 +73,11 @@ class ModelConfig:
   def has_embedding_projection(self) -> bool:
     """The original projects E->H only when E != H; Hugging Face always has the layer."""
     return self.embedding_hidden_mapping == "always" or self.embedding_size != self.hidden_size
+
+  @property
+  def depth(self) -> int:
+    """Applications of the block per forward pass: L, times the inner layers of a group (sharing=all)."""
+    return self.num_hidden_layers * (self.inner_group_num if self.sharing == "all" else 1)
 
   @property
   def compute_dtype(self):
@@ -222,6 +228,96 @@ class AlbertEmbeddings(nn.Module):
     return self.word_embeddings.attend(x)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def softmax(scores, dtype):
+  """jax.nn.softmax(scores, axis=-1) in float32, returned in `dtype` (the compute dtype): what the
+  attention's second matmul reads.
+
+  Why a custom derivative: differentiating softmax keeps its float32 output for the backward pass,
+  and the compiler re-reads that [heads, S, S] tensor in every backward fusion of the attention (the
+  largest share of a bfloat16 step's memory traffic). This rule keeps the `dtype` probabilities the
+  forward pass wrote anyway and computes the gradient, p (g - sum(g p)), in float32 from them: under
+  float32 exactly jax's; under bfloat16 the probabilities are rounded as the matmul reads them."""
+  return jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dtype)
+
+
+def _softmax_fwd(scores, dtype):
+  probs = softmax(scores, dtype)
+  return probs, probs
+
+
+def _softmax_bwd(dtype, probs, g):
+  p, g = probs.astype(jnp.float32), g.astype(jnp.float32)
+  return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)
+
+
+softmax.defvjp(_softmax_fwd, _softmax_bwd)
+
+
+def flash_attention(q, k, v, attention_mask, scale: float):
+  """softmax(q k^T x scale, keys masked) v for q, k, v [B, S, heads, d] without the [heads, S, S]
+  scores in memory: cuDNN's fused kernel on a GPU (jax.nn.dot_product_attention), else jax's Pallas
+  TPU flash attention kernel (TPU v4 and newer; on CPU only in Pallas's TPU interpret mode, for
+  tests). Padding is a segment: real queries attend to real keys only, as the einsum path's additive
+  mask does (exp(-10000) is 0 in float32); padded positions attend to each other instead of to the
+  real keys, which changes their (unused) outputs only. The kernel is split over the batch (and the
+  heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler. Sequences
+  that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths)."""
+  mask = attention_mask[:, None, None, :].astype(bool)
+  if jax.default_backend() == "gpu":
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
+  if q.shape[1] % 128:  # the kernel's key blocks are multiples of 128 (init traces 8 tokens)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+  def kernel(q, k, v, segments):
+    heads_first = lambda t: t.transpose(0, 2, 1, 3)  # noqa: E731  [B, S, n, d] <-> [B, n, S, d]
+    ids = pallas_flash.SegmentIds(q=segments, kv=segments)
+    out = pallas_flash.flash_attention(
+      heads_first(q), heads_first(k), heads_first(v), segment_ids=ids, sm_scale=scale
+    )
+    return heads_first(out)
+
+  segments = attention_mask.astype(jnp.int32)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return kernel(q, k, v, segments)
+  from albert_jax import sharding  # the model's mesh axes (sharding imports nothing of the model)
+
+  qkv = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None, "tensor", None)
+  rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None)
+  return jax.shard_map(
+    kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, rows), out_specs=qkv, check_vma=False
+  )(q, k, v, segments)
+
+
+def check_attention_impl(cfg: ModelConfig, device) -> None:
+  """A one-line ConfigError when model.attention_impl cannot run on `device` (a jax device): the
+  Pallas flash kernel needs a TPU v4 or newer (Mosaic cannot compile it for v3), or a GPU (cuDNN),
+  or Pallas's TPU interpret mode on CPU."""
+  if cfg.attention_impl != "flash":
+    return
+  kind = device.device_kind.lower()
+  others = ", ".join(i for i in config_lib.ATTENTION_IMPLS if i != "flash")
+  if device.platform == "tpu" and ("v2" in kind or "v3" in kind):
+    raise config_lib.ConfigError(
+      f"model.attention_impl='flash' needs a TPU v4 or newer or a GPU; on {device.device_kind} "
+      f"use one of: {others}"
+    )
+  if device.platform == "cpu" and not _pallas_interpreting():
+    raise config_lib.ConfigError(
+      f"model.attention_impl='flash' runs on TPU v4 or newer or a GPU; on CPU use one of: {others}"
+    )
+
+
+def _pallas_interpreting() -> bool:
+  """Whether Pallas TPU kernels run in interpret mode (jax.experimental.pallas.tpu's
+  force_tpu_interpret_mode; jax keeps the switch in its private config)."""
+  from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
+
+  return jax_config.pallas_tpu_interpret_mode_context_manager.value is not None
+
+
 class Attention(nn.Module):
   """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block."""
 
@@ -238,17 +334,19 @@ class Attention(nn.Module):
     q = split(_dense(cfg, h, ("hidden", "heads"), "query")(x))
     k = split(_dense(cfg, h, ("hidden", "heads"), "key")(x))
     v = split(_dense(cfg, h, ("hidden", "heads"), "value")(x))
-    if cfg.attention_impl == "dot_product_attention":
+    if cfg.attention_impl == "flash":
+      context = flash_attention(q, k, v, attention_mask, 1.0 / math.sqrt(d))
+    elif cfg.attention_impl == "dot_product_attention":
       # No attention-probability dropout here (validated); the mask is on keys only.
       mask = attention_mask[:, None, None, :].astype(bool)
       context = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(d))
     else:
-      scores = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)
+      scores = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32)
       scores = scores / math.sqrt(d)
       scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
-      probs = jax.nn.softmax(scores, axis=-1)  # float32
+      probs = softmax(scores, v.dtype)  # computed in float32, kept in the compute dtype
       probs = nn.Dropout(cfg.attention_probs_dropout_prob, deterministic=self.deterministic)(probs)
-      context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
+      context = jnp.einsum("bnqk,bknd->bqnd", probs, v)
     out = _dense(cfg, h, ("heads", "hidden"), "dense")(context.reshape(b, s, h))
     out = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)(out)
     return _layer_norm(cfg, "hidden", "LayerNorm")(x + out).astype(cfg.compute_dtype)
@@ -612,6 +710,16 @@ def param_counts(config: Any) -> dict[str, int]:
   return {"backbone": count_params(params["albert"]), "total": count_params(params)}
 
 
+def layer_flops_per_token(config: Any, seq_len: int) -> dict[str, float]:
+  """Forward FLOPs per token of one application of the block, by part: "dense" (the q, k, v and output
+  projections, 4 H^2, and the FFN, 2 H I, at 2 FLOPs per multiply-add) and "attention" (q k^T and
+  probabilities x v over `seq_len` keys: 4 S H); "total" is their sum."""
+  cfg = model_config(config)
+  H, I = cfg.hidden_size, cfg.intermediate_size
+  dense, attention = 2 * (4 * H * H + 2 * H * I), 4 * seq_len * H
+  return {"dense": float(dense), "attention": float(attention), "total": float(dense + attention)}
+
+
 def flops_per_example(
   config: Any, seq_len: int, num_predictions: int, training: bool = True
 ) -> float:
@@ -620,9 +728,8 @@ def flops_per_example(
   Counted per layer *application* (sharing saves parameters, not FLOPs), bidirectional attention,
   MLM head only on the masked positions; training = 3x forward."""
   cfg = model_config(config)
-  H, I, E, V = cfg.hidden_size, cfg.intermediate_size, cfg.embedding_size, cfg.vocab_size
-  depth = cfg.num_hidden_layers * (cfg.inner_group_num if cfg.sharing == "all" else 1)
-  per_token = depth * (2 * (4 * H * H + 2 * H * I) + 4 * seq_len * H)
+  H, E, V = cfg.hidden_size, cfg.embedding_size, cfg.vocab_size
+  per_token = cfg.depth * layer_flops_per_token(cfg, seq_len)["total"]
   if cfg.has_embedding_projection:
     per_token += 2 * E * H
   forward = seq_len * per_token + num_predictions * 2 * (H * E + E * V)

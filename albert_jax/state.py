@@ -91,6 +91,8 @@ def abstract_state(
   default to the config's (pretraining); fine-tuning passes its own."""
   if model is None:
     model, inputs = model_and_inputs(config)
+  if isinstance(mesh, Mesh):  # real devices (estimate's AbstractMesh has none to check)
+    model_lib.check_attention_impl(model_lib.model_config(config.model), mesh.devices.flat[0])
   boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs))["params"]
   schedule = optim.make_schedule(config.train)
   tx = make_optimizer(config, boxed, schedule)

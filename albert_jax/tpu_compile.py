@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from albert_jax import cli, config_lib, examples, hardware, sharding, train
+from albert_jax import cli, compiling, config_lib, hardware, sharding
 from albert_jax.config_lib import ConfigError
 
 
@@ -235,6 +235,20 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
   return found
 
 
+def collective_seconds(found: dict[str, dict[str, float]], tpu: Slice) -> float:
+  """The collectives' time per step at the slice's ICI bandwidth, as rings over all the slice's
+  devices with no overlap with compute: an all-reduce moves 2 (n-1)/n of its bytes through each
+  chip's links, the others (n-1)/n; a chip carries its devices' bytes (v3: two cores)."""
+  n = tpu.devices
+  if n == 1:
+    return 0.0
+  share = (n - 1) / n
+  per_device = sum(
+    v["bytes"] * (2 * share if kind == "all-reduce" else share) for kind, v in found.items()
+  )
+  return per_device * hardware.DEVICES_PER_CHIP[tpu.device] / hardware.ICI_BANDWIDTH[tpu.device]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Compiling.
 
@@ -256,59 +270,66 @@ def _figure(match) -> float | None:
   return float(number) * _UNITS[unit]
 
 
-def compile_step(config, tpu: Slice) -> dict[str, Any]:
+def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
   """Compiles the trainer's step for `tpu` and returns the compiler's per-device memory (bytes),
-  compile seconds and collectives; {"fits": False, "needed", "available", "message"} when the
-  compiler finds that the step does not fit the chip's memory."""
+  compile seconds and collectives, and with `count` its cost per whole step (compiling.count_train_step:
+  FLOPs, bytes accessed, roofline seconds); {"fits": False, "needed", "available", "message"} when
+  the compiler finds that the step does not fit the chip's memory."""
   config_lib.validate(config)
   devices = topology_devices(tpu)
   mesh = sharding.make_mesh(config.mesh, devices)
-  sharding.check_batch(config.train, mesh)
-  trainer = train.build(config, mesh)
-  batch = examples.batch_spec(config, sharding=sharding.batch_sharding(mesh))
+  mesh_shape = {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}
   start = time.perf_counter()
   try:
-    with sharding.with_mesh(mesh):
-      compiled = trainer.train_step.lower(trainer.abstract.targets, batch).compile()
+    compiled = compiling.compile_train_step(config, mesh)
   except Exception as e:  # XlaRuntimeError (jaxlib's type moves between versions)
-    message = str(e)
-    if not _EXHAUSTED.search(message):
+    failed = _does_not_fit(e)
+    if failed is None:
       raise
-    line = next(
-      (l for l in message.splitlines() if "RESOURCE_EXHAUSTED" in l), message.splitlines()[0]
-    )
     return {
-      "fits": False,
+      **failed,
       "slice": tpu.name,
       "compile_seconds": time.perf_counter() - start,
-      "needed": _figure(_NEEDED.search(message)),
-      "available": _figure(_AVAILABLE.search(message)),
-      "message": line.strip()[:300],
-      "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
+      "mesh": mesh_shape,
     }
-  seconds = time.perf_counter() - start
-  m = compiled.memory_analysis()
-  args, out, alias, temp = (
-    m.argument_size_in_bytes,
-    m.output_size_in_bytes,
-    m.alias_size_in_bytes,
-    m.temp_size_in_bytes,
-  )
-  total = args + out - alias + temp
   memory = hardware.DEVICE_MEMORY[tpu.device]
-  return {
-    "fits": total <= memory,
+  result = {
+    **compiled.memory,
+    "fits": compiled.memory["total"] <= memory,
     "slice": tpu.name,
     "topology": tpu.topology,
     "device_kind": devices[0].device_kind,
     "devices": len(devices),
-    "mesh": {a: int(mesh.shape[a]) for a in sharding.MESH_AXES},
-    "compile_seconds": seconds,
-    "arguments": args,
-    "outputs": out,
-    "aliased": alias,
-    "temp": temp,
-    "total": total,
+    "mesh": mesh_shape,
+    "compile_seconds": compiled.compile_seconds + compiled.lower_seconds,
     "device_memory": memory,
-    "collectives": collectives(compiled.as_text()),
+    "collectives": collectives(compiled.text),
+  }
+  result["collective_seconds"] = collective_seconds(result["collectives"], tpu)
+  if count:
+    try:
+      result["cost"] = compiling.count_train_step(config, mesh, compiled)
+    except Exception as e:  # the unrolled copy may not fit where the scanned step does
+      failed = _does_not_fit(e)
+      if failed is None:
+        raise
+      result["cost"] = {
+        "error": f"the unrolled copy for counting does not fit: {failed['message']}"
+      }
+  return result
+
+
+def _does_not_fit(error: Exception) -> dict[str, Any] | None:
+  """{"fits": False, "needed", "available", "message"} from libtpu's RESOURCE_EXHAUSTED, else None."""
+  message = str(error)
+  if not _EXHAUSTED.search(message):
+    return None
+  line = next(
+    (l for l in message.splitlines() if "RESOURCE_EXHAUSTED" in l), message.splitlines()[0]
+  )
+  return {
+    "fits": False,
+    "needed": _figure(_NEEDED.search(message)),
+    "available": _figure(_AVAILABLE.search(message)),
+    "message": line.strip()[:300],
   }

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import jax
@@ -25,6 +24,7 @@ import optax
 
 from albert_jax import (
   checkpoint,
+  compiling,
   dataset,
   distributed,
   files,
@@ -381,14 +381,12 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(batches), mesh)
-    compile_start = time.perf_counter()
-    with sharding.with_mesh(mesh):
-      compiled = trainer.train_step.lower(state, batch).compile()
-    compile_seconds = time.perf_counter() - compile_start
-    memory = compiled.memory_analysis()
+    step_compiled = compiling.compile_train_step(config, mesh, trainer, state, batch)
+    compiled, memory = step_compiled.executable, step_compiled.memory
+    compile_seconds = step_compiled.lower_seconds + step_compiled.compile_seconds
     log(
       f"compiled the train step in {compile_seconds:.1f}s"
-      + (f"; per-device temp memory {memory.temp_size_in_bytes / 2**20:.0f} MiB" if memory else "")
+      + (f"; per-device temp memory {memory['temp'] / 2**20:.0f} MiB" if memory else "")
     )
 
     # --- Loop -----------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ import ml_collections  # noqa: E402
 
 from albert_jax import (  # noqa: E402
   cli,
+  compiling,
   config_lib,
   examples,
   model as albert_model,  # noqa: E402
@@ -76,15 +77,6 @@ def model_config(
     scan_layers=scan_layers,
   )
   return albert_model.model_config(config.model)
-
-
-def abstract_batch(batch: int, seq: int, predictions: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The data pipeline's batch (examples.FEATURES) as shapes only."""
-  dims = {"B": batch, "S": seq, "P": predictions}
-  return {
-    k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype)
-    for k, (shape, dtype) in examples.FEATURES.items()
-  }
 
 
 def train_style_step(cfg: albert_model.ModelConfig):
@@ -126,22 +118,20 @@ def measure_once(
   step, params = train_style_step(cfg)
   abstract = (
     params,
-    abstract_batch(batch, seq, predictions),
+    examples.batch_shapes(batch, seq, predictions),
     jax.eval_shape(lambda: jax.random.key(0)),
   )
-  cpu_start, start = time.process_time(), time.perf_counter()
-  lowered = step.lower(*abstract)
-  lowered_at = time.perf_counter()
-  compiled = lowered.compile()
-  end, cpu_end = time.perf_counter(), time.process_time()
+  cpu_start = time.process_time()
+  compiled = compiling.compile_jitted(step, *abstract)
+  cpu_end = time.process_time()
   return {
-    "lower_s": lowered_at - start,
-    "compile_s": end - lowered_at,
-    "total_s": end - start,
+    "lower_s": compiled.lower_seconds,
+    "compile_s": compiled.compile_seconds,
+    "total_s": compiled.lower_seconds + compiled.compile_seconds,
     # CPU seconds of this process (all threads) over both phases: less sensitive than wall time
     # to other jobs on a shared machine, though XLA's own threads can also push it above wall.
     "cpu_s": cpu_end - cpu_start,
-    "hlo_instructions": hlo_instructions(compiled),
+    "hlo_instructions": hlo_instructions(compiled.executable),
   }
 
 

@@ -39,6 +39,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from albert_jax import (  # noqa: E402
+  compiling,
   config_lib,
   model as albert_model,  # noqa: E402
   sharding,
@@ -98,7 +99,7 @@ def ours(config, batch):
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(0))
     global_batch = sharding.global_batch(batch, mesh)
-    compiled = trainer.train_step.lower(state, global_batch).compile()
+  compiled = compiling.compile_train_step(config, mesh, trainer, state, global_batch).executable
   holder = {"state": state}
 
   def step():

@@ -9,6 +9,14 @@ all-reduce (parameters x 4 bytes).
   python benchmarks/tpu_compile.py --configs=albert_base --slices=v3-8 --batch=128
   python benchmarks/tpu_compile.py --configs=albert_xxlarge:remat=full --slices=v3-256
 
+With --cost, the compiler's cost model instead, per config x slice at --per_device sequences per
+device: the FLOPs it counts per device and step beside the model's analytic FLOPs, the bytes it
+accesses (HBM traffic), its roofline time and the roofline MFU (analytic FLOPs / (peak x roofline
+time)). Only the counting copy is compiled (layers unrolled, one micro-batch: compiling.count_config),
+so every layer is counted.
+
+  python benchmarks/tpu_compile.py --cost --configs=albert_base:dtype=bfloat16 --slices=v3-8,v4-8,v5p-8
+
 Prints a table and, last, one JSON line with every figure.
 """
 
@@ -27,7 +35,7 @@ from albert_jax import cli  # noqa: E402
 
 cli.quiet_libtpu()
 
-from albert_jax import estimate as E, tpu_compile  # noqa: E402
+from albert_jax import compiling, estimate as E, tpu_compile  # noqa: E402
 from albert_jax.config_lib import ConfigError  # noqa: E402
 
 CONFIGS = (
@@ -70,6 +78,44 @@ def measure(spec: str, slice_name: str, batch: int | None) -> dict:
   return row
 
 
+def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
+  """The compiler's cost of the whole step of `spec` on `slice_name` at `per_device` sequences per
+  device, with the roofline figures (estimate.roofline)."""
+  config = load(spec)
+  tpu = tpu_compile.parse_slice(slice_name)
+  config.train.batch_size = per_device * tpu.devices * config.train.micro_batches
+  counted, _ = compiling.count_config(config)
+  est = E.estimate(config, tpu.device, tpu.devices)
+  est.tpu = tpu_compile.compile_step(counted, tpu, count=True)
+  row = {"config": spec, "slice": slice_name, "batch": config.train.batch_size}
+  if "cost" not in est.tpu:
+    return {**row, "error": est.tpu.get("message", "does not compile")}
+  return {**row, **E.roofline(est), "compile_seconds": est.tpu["compile_seconds"]}
+
+
+def main_cost(args) -> None:
+  rows = []
+  print(
+    f"{'config':34} {'slice':6} {'batch':>5} {'TFLOPs/dev':>10} {'analytic':>8} {'ratio':>6} "
+    f"{'GB/dev':>7} {'roofline ms':>11} {'roofline MFU':>12} {'compile s':>9}"
+  )
+  for spec in args.configs.split(","):
+    for slice_name in args.slices.split(","):
+      r = measure_cost(spec, slice_name, args.per_device)
+      rows.append(r)
+      if "error" in r:
+        print(f"{spec:34} {slice_name:6} {r['batch']:5d}  {r['error'][:90]}", flush=True)
+        continue
+      print(
+        f"{spec:34} {slice_name:6} {r['batch']:5d} {r['flops'] / 1e12:10.2f} "
+        f"{r['analytic_flops'] / 1e12:8.2f} {r['flops_vs_analytic']:6.3f} {r['bytes'] / 1e9:7.1f} "
+        f"{1e3 * r['roofline_seconds']:11.1f} {r['roofline_mfu']:12.2f} {r['compile_seconds']:9.0f}"
+        + ("" if r["roofline_per_op"] else "  (whole-step bound: no per-op roofline)"),
+        flush=True,
+      )
+  print(json.dumps(rows))
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -77,7 +123,16 @@ def main(argv=None) -> None:
   parser.add_argument(
     "--batch", type=int, default=0, help="global batch (default: the config's, 4096)"
   )
+  parser.add_argument("--cost", action="store_true", help="the compiler's cost model's table")
+  parser.add_argument(
+    "--per_device", type=int, default=16, help="--cost: sequences per device (default 16)"
+  )
   args = parser.parse_args(argv)
+  if args.cost:
+    try:
+      return main_cost(args)
+    except ConfigError as e:
+      cli.fail(str(e))
   rows = []
   gib = 2**30
   print(

@@ -64,6 +64,7 @@ import numpy as np  # noqa: E402
 
 from albert_jax import (  # noqa: E402
   cli,
+  compiling,
   config_lib,
   examples,
   hardware,
@@ -153,7 +154,7 @@ def jax_contender(config, batch: dict[str, np.ndarray], device) -> Contender:
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(config.seed))
     global_batch = sharding.global_batch(batch, mesh)
-    compiled = trainer.train_step.lower(state, global_batch).compile()
+  compiled = compiling.compile_train_step(config, mesh, trainer, state, global_batch).executable
   setup_s = time.perf_counter() - start
   holder = {"state": state}
 

@@ -88,7 +88,9 @@ Options (environment variable in brackets):
 
 Before create (when --config is given) and train, the config is compiled locally for the slice
 (--accelerator-type) by the TPU compiler: python -m albert_jax.estimate --slice=TYPE --compile.
-A config that does not fit stops here, before a slice is paid for. This needs albert_jax with
+It prints the per-device memory, the compiler's FLOPs and HBM bytes per step, its roofline step time
+and MFU, and the predicted sequences/s and run hours (docs/tpu_compile.md). A config that does not fit
+stops here, before a slice is paid for. This needs albert_jax with
 libtpu in the local python [ALBERT_JAX_PYTHON] (default python3): pip install -e ".[tpu]".
 
 Example (v3-64 Spot slice):

@@ -251,6 +251,48 @@ def test_dot_product_attention_matches_einsum():
   np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
+def test_flash_attention_matches_einsum_in_pallas_interpret_mode():
+  """The Pallas TPU flash kernel, run on CPU by Pallas's interpreter: the same MLM logits, real
+  positions' outputs and parameter gradients as the einsum path, with padding (one segment)."""
+  from jax.experimental.pallas import tpu as pltpu
+
+  fields = dict(
+    hidden_size=128,
+    num_attention_heads=2,
+    intermediate_size=256,
+    num_hidden_layers=1,
+    max_position_embeddings=128,
+  )
+  cfg = M.model_config(small("all", **fields))
+  inputs = batch(cfg, s=128, pad=40)
+  model, params = init(cfg, inputs)
+  flash = M.AlbertForPreTraining(M.model_config(small("all", attention_impl="flash", **fields)))
+  loss = lambda m: lambda p: m.apply({"params": p}, **inputs)["mlm_logits"].sum()  # noqa: E731
+  a, g0 = model.apply({"params": params}, **inputs), jax.grad(loss(model))(params)
+  with pltpu.force_tpu_interpret_mode(True):  # True: the plain interpreter (no TPU memory model)
+    b, g1 = flash.apply({"params": params}, **inputs), jax.grad(loss(flash))(params)
+  np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=1e-5, rtol=0)
+  real = a["sequence_output"][:, :88]
+  np.testing.assert_allclose(real, b["sequence_output"][:, :88], atol=1e-5, rtol=0)
+  assert float(jnp.abs(a["sequence_output"][:, 88:] - b["sequence_output"][:, 88:]).max()) > 1e-3
+  for x, y in zip(jax.tree_util.tree_leaves(nn.unbox(g0)), jax.tree_util.tree_leaves(nn.unbox(g1))):
+    np.testing.assert_allclose(x, y, atol=2e-5, rtol=1e-4)
+
+
+def test_flash_attention_is_refused_where_it_cannot_run():
+  cfg = M.model_config(small("all", attention_impl="flash"))
+  v3 = type("Device", (), {"platform": "tpu", "device_kind": "TPU v3"})()
+  with pytest.raises(config_lib.ConfigError, match="needs a TPU v4 or newer") as e:
+    M.check_attention_impl(cfg, v3)
+  assert str(e.value).endswith("use one of: einsum, dot_product_attention")
+  with pytest.raises(config_lib.ConfigError, match="on CPU use one of: einsum"):
+    M.check_attention_impl(cfg, jax.devices("cpu")[0])
+  v4 = type("Device", (), {"platform": "tpu", "device_kind": "TPU v4"})()
+  M.check_attention_impl(cfg, v4)  # no error
+  M.check_attention_impl(M.model_config(small("all")), v3)  # einsum runs everywhere
+
+
 def test_bfloat16_compute_keeps_float32_params_and_logits():
   cfg = M.model_config(small("all", dtype="bfloat16"))
   inputs = batch(cfg)
@@ -388,6 +430,7 @@ def test_tiny_config_overfits_one_batch():
       dict(attention_impl="dot_product_attention", attention_probs_dropout_prob=0.1),
       "no attention-probability",
     ),
+    (dict(attention_impl="flash", attention_probs_dropout_prob=0.1), "no attention-probability"),
   ],
 )
 def test_invalid_model_configs_are_one_line_errors(fields, message):

@@ -107,6 +107,45 @@ def test_albert_base_compiles_for_a_v3_8_within_its_hbm_and_the_estimate():
 
 @needs_libtpu
 @pytest.mark.slow
+def test_the_compilers_cost_counts_every_layer_and_micro_batch():
+  """The scanned step's cost analysis counts the layer loop's body once; the count (an unrolled copy
+  at one micro-batch, scaled by the micro-batches) is the whole step's: the model's analytic FLOPs
+  within 5%, and the roofline's prediction follows from it."""
+  config = load_config("albert_base", "dtype=bfloat16")
+  config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
+  config.train.batch_size, config.train.micro_batches = 64, 2  # 4 sequences per core per micro-step
+  tpu = T.parse_slice("v3-8")
+  est = E.estimate(config, tpu.device, tpu.devices)
+  est.tpu = T.compile_step(config, tpu, count=True)
+  cost = est.tpu["cost"]
+  assert cost["count_compile_seconds"] > 0  # counted on a copy: the step itself has two loops
+  r = E.roofline(est)
+  assert r["flops"] == pytest.approx(est.flops_per_step / 8, rel=0.05)
+  assert r["flops_vs_analytic"] == pytest.approx(1.0, abs=0.05)
+  assert 0 < r["bytes"] and 0 < r["roofline_mfu"] < 1
+  assert r["roofline_seconds"] >= r["flops"] / hardware.PEAK_FLOPS["tpu_v3"]
+  assert r["step_seconds"] == pytest.approx(r["roofline_seconds"] + est.tpu["collective_seconds"])
+  assert r["sequences_per_second"] == pytest.approx(64 / r["step_seconds"])
+  report = E.format_report(est)
+  assert "roofline MFU" in report and "predicted from the TPU compiler: step" in report
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_flash_attention_compiles_for_a_v4_and_is_refused_on_a_v3():
+  config = load_config("albert_base", "dtype=bfloat16,attention_impl=flash")
+  config.train.batch_size = 8  # 2 sequences of 512 per chip
+  with pytest.raises(ConfigError, match="needs a TPU v4 or newer.*use one of: einsum"):
+    T.compile_step(config, T.parse_slice("v3-8"))
+  compiled = T.compile_step(config, T.parse_slice("v4-8"))
+  assert compiled["fits"] and compiled["device_kind"].startswith("TPU v4")
+  # The kernel runs on each device's own sequences (shard_map): nothing gathered across devices.
+  assert compiled["collectives"]["all-gather"]["count"] == 0
+  assert compiled["collectives"]["all-reduce"]["count"] > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
 def test_a_config_that_cannot_fit_is_reported_with_its_figures():
   r = run_cli("--config=configs/albert_base.py", "--slice=v3-8")  # 512 sequences of 512 per core
   assert r.returncode == 5, r.stderr[-2000:]  # 5: does not fit (2 would be bad input)
