@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 from absl import flags, logging as absl_logging
 
-from albert_jax.config_lib import ConfigError
+from albert_jax.core.config_lib import ConfigError
 
 BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT, DOES_NOT_FIT = 2, 1, 3, 4, 5
 
@@ -279,7 +279,7 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   _log_file.clear()
   _remote_log.clear()
   if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
-    from albert_jax import files, workdir as workdir_lib
+    from albert_jax.core import files, workdir as workdir_lib
 
     name = f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
     try:
@@ -307,7 +307,7 @@ _remote_log: list[str] = []
 
 
 def _upload_log() -> None:
-  from albert_jax import files
+  from albert_jax.core import files
 
   if not _remote_log:
     return
@@ -321,7 +321,7 @@ def _upload_log() -> None:
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
   """Runs a command's work: any exception becomes one line and the exit status above."""
-  from albert_jax import files
+  from albert_jax.core import files
 
   try:
     yield

@@ -23,7 +23,7 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
     per-device memory the TPU would allocate, against the chip's HBM, and the step's collectives;
     --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
-Peaks and memory per device: albert_jax/hardware.py. --devices counts devices as jax does: a TPU v3
+Peaks and memory per device: albert_jax/planning/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
 in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 5 when the TPU
 compiler finds that the config as given does not fit the slice (2 for bad input).
@@ -43,17 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax import (
-  compiling,
-  config_lib,
-  examples,
-  hardware,
-  model as M,
-  sharding,
-  state as state_lib,
-  tpu_compile,
-)
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import compiling, config_lib, model as M, sharding, state as state_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import examples
+from albert_jax.planning import hardware, tpu_compile
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
 # (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
@@ -814,7 +807,7 @@ def run() -> None:
         raise ConfigError(
           "--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256"
         )
-      from albert_jax import workdir as workdir_lib
+      from albert_jax.core import workdir as workdir_lib
 
       workdir_lib.resolve_and_validate(config)
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])

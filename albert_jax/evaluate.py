@@ -25,8 +25,9 @@ import json
 
 from absl import app, flags
 
-from albert_jax import cli, config_lib, files, workdir
-from albert_jax.config_lib import ConfigError
+from albert_jax import cli
+from albert_jax.core import config_lib, files, workdir
+from albert_jax.core.config_lib import ConfigError
 
 # Masking settings: not part of the prepared data (masks are drawn in the input pipeline).
 _MASKING = ("max_predictions_per_seq", "masked_lm_prob", "max_ngram", "word_start")
@@ -36,7 +37,8 @@ def load_model(path: str, step: str | int = "latest") -> dict:
   """{params, model (the model config), task, vocab (spiece.model path), step, run_config} of a
   workdir checkpoint or a jax export."""
   if _checkpoint_kind(path) is workdir.Kind.PRETRAINING:
-    from albert_jax import checkpoint, dataset
+    from albert_jax.core import checkpoint
+    from albert_jax.data import dataset
 
     params, config, step, _ = checkpoint.load_params(path, step)
     return dict(
@@ -47,7 +49,7 @@ def load_model(path: str, step: str | int = "latest") -> dict:
       vocab=dataset.spm_model_path(config, path),
       run_config=config,
     )
-  from albert_jax import jax_export
+  from albert_jax.interop import jax_export
 
   params, model = jax_export.load_jax_export(path)
   meta = files.read_json(files.path(path, workdir.CONFIG_FILE))
@@ -80,7 +82,7 @@ def data_config(data: str, batch_size: int, masking_from=None):
   The data side is rebuilt from prepared.json's fingerprint (what the examples were made with),
   so the pipeline's own check accepts it whichever run prepared it.
   """
-  from albert_jax import dataset
+  from albert_jax.data import dataset
 
   if not data or not files.path(data).is_dir():
     raise ConfigError(f"--data {data!r} is not a directory")
@@ -113,7 +115,7 @@ def _eval_step(cfg):
   """The jitted pretraining sums of AlbertForPreTraining(cfg), compiled once per model and shape."""
   import jax
 
-  from albert_jax import model as model_lib, train
+  from albert_jax.core import model as model_lib, train
 
   model = model_lib.AlbertForPreTraining(cfg)
   return jax.jit(lambda p, b: train.PRETRAINING.sums(model, p, b, None))
@@ -133,7 +135,8 @@ def score(
     raise ConfigError("--batch_size must be positive and --batches not negative")
   _checkpoint_kind(checkpoint_path)
   data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
-  from albert_jax import input_pipeline, model as model_lib, sharding, train
+  from albert_jax.core import model as model_lib, sharding, train
+  from albert_jax.data import input_pipeline
 
   loaded = load_model(checkpoint_path, step)
   config, prepared = data_config(data, batch_size, loaded["run_config"])

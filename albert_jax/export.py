@@ -8,10 +8,10 @@ A fine-tuning directory (seed_<k>/ and eval_results.json) exports its best seed,
 seed's best step; --workdir=runs/sst2/seed_<k> exports one seed.
 
 --format=hf (default) writes what transformers.AlbertForPreTraining.from_pretrained(OUT) and
-AlbertTokenizer.from_pretrained(OUT) load with no missing or unexpected keys (albert_jax/hf.py):
+AlbertTokenizer.from_pretrained(OUT) load with no missing or unexpected keys (albert_jax/interop/hf.py):
 model.safetensors, config.json, spiece.model, tokenizer.json, tokenizer_config.json and a model card.
 --format=jax writes parameters only (no optimizer state): params.safetensors, config.json with the
-resolved model config, spiece.model and a card; albert_jax.jax_export.load_jax_export(OUT) reads it back.
+resolved model config, spiece.model and a card; albert_jax.interop.jax_export.load_jax_export(OUT) reads it back.
 Errors are one line `error: ...`; exit statuses: cli.py.
 """
 
@@ -24,8 +24,9 @@ from typing import Any
 
 from absl import app, flags
 
-from albert_jax import cli, files, workdir as workdir_lib
-from albert_jax.config_lib import ConfigError
+from albert_jax import cli
+from albert_jax.core import files, workdir as workdir_lib
+from albert_jax.core.config_lib import ConfigError
 
 FORMATS = ("hf", "jax")
 
@@ -129,7 +130,8 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   else:
     lines += [
       "```python",
-      "from albert_jax import jax_export, model",
+      "from albert_jax.core import model",
+      "from albert_jax.interop import jax_export",
       'params, config = jax_export.load_jax_export("PATH")',
       "out = model.AlbertForPreTraining(config).apply({'params': params}, input_ids, token_type_ids, "
       "attention_mask, masked_lm_positions)",
@@ -186,7 +188,8 @@ def write_export(
   source: str = "",
 ) -> str:
   """Writes an export of `params` (AlbertForPreTraining's) under the run config `config` to `output`."""
-  from albert_jax import hf, jax_export, tasks
+  from albert_jax import tasks
+  from albert_jax.interop import hf, jax_export
 
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
@@ -266,7 +269,8 @@ def export(
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax import checkpoint, dataset
+  from albert_jax.core import checkpoint
+  from albert_jax.data import dataset
 
   chosen = ""
   if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
@@ -284,7 +288,7 @@ def export(
   )
   if not files.path(spm).is_file():
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
-  from albert_jax import tokenizer
+  from albert_jax.data import tokenizer
 
   vocab = tokenizer.load(spm).vocab_size
   if vocab > config.model.vocab_size:

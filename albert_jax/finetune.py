@@ -26,9 +26,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from albert_jax import checkpoint, cli, config_lib, files, sharding, tasks, workdir as workdir_lib
-from albert_jax.config_lib import ConfigError
-from albert_jax.metrics import log
+from albert_jax import cli, tasks
+from albert_jax.core import checkpoint, config_lib, files, sharding, workdir as workdir_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.core.metrics import log
 
 # ----------------------------------------------------------------------------------------------------
 # Data: the task's splits as arrays, batched with an exactly resumable position.
@@ -40,7 +41,7 @@ _WITHOUT = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MN
 def load_data(config, task) -> dict[str, tuple[dict, Any]]:
   """{split: (arrays, extra)} for the task's splits whose files are given; extra is what scoring
   or predictions need (GLUE: the test index; SQuAD: examples and features)."""
-  from albert_jax import tokenizer as tokenizer_lib
+  from albert_jax.data import tokenizer as tokenizer_lib
 
   tok = tokenizer_lib.load(config.data.spm_model_path, lower=config.data.do_lower_case)
   out = {}
@@ -125,7 +126,7 @@ def eval_splits(data: dict) -> tuple[str, ...]:
 
 def build(config, task):
   """(mesh, trainer, forward): built once and shared by every seed (one compilation)."""
-  from albert_jax import train
+  from albert_jax.core import train
 
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(config.train, mesh)
@@ -145,7 +146,7 @@ def build(config, task):
 def run_seed(config, workdir: str, task, data: dict, built) -> dict:
   """Trains one seed in `workdir` (resuming), and returns its best checkpoint's step and metrics,
   with (under "outputs", kept out of the JSON files) its outputs on the task's predicted splits."""
-  from albert_jax import train
+  from albert_jax.core import train
 
   t = config.train
   mesh, trainer, forward = built
@@ -317,7 +318,7 @@ def run():
     with cli.guard():  # a bad value: one line before anything is written (no log file, no lock)
       config = resolved(config)
     with cli.guard():
-      from albert_jax import files
+      from albert_jax.core import files
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir):

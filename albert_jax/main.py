@@ -34,15 +34,15 @@ def run():
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value, init_from's included: one line before anything is written
-      from albert_jax import workdir as workdir_lib
+      from albert_jax.core import workdir as workdir_lib
 
       workdir_lib.resolve_and_validate(config)
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
-      from albert_jax import distributed
+      from albert_jax.core import distributed
 
       distributed.initialize(config)
     with cli.guard():
-      from albert_jax import files, train
+      from albert_jax.core import files, train
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir):

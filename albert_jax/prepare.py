@@ -46,12 +46,12 @@ def run() -> None:
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value: one line before anything is written (no log file either)
-      from albert_jax import workdir as workdir_lib
+      from albert_jax.core import workdir as workdir_lib
 
       workdir_lib.resolve_and_validate(config)
     cli.setup_logging("prepare", workdir)
     with cli.guard():
-      from albert_jax import dataset, input_pipeline
+      from albert_jax.data import dataset, input_pipeline
 
       if inspect_flag.value:
         lines, stats = input_pipeline.inspect(config, workdir, num_examples=num_examples_flag.value)

@@ -40,7 +40,7 @@ import time
 from absl import app, flags
 
 from albert_jax import cli
-from albert_jax.config_lib import ConfigError
+from albert_jax.core.config_lib import ConfigError
 
 STUDIES = ("table5", "sharing", "embedding")
 TASKS = ("sop", "nsp")  # the sentence-pair data every model is scored on
@@ -150,8 +150,8 @@ def seed_config(config, workdir: str, seed: int, task: str):
 
 def prepare(config, workdir: str, seeds: list[int]) -> None:
   """Each seed's SOP data (training its vocabulary), then its NSP data with that vocabulary."""
-  from albert_jax import dataset
-  from albert_jax.metrics import log
+  from albert_jax.core.metrics import log
+  from albert_jax.data import dataset
 
   for seed in seeds:
     for task in TASKS:
@@ -230,7 +230,7 @@ class StudyError(RuntimeError):
 
 
 def checkpoint_steps(rdir: str) -> list[int]:
-  from albert_jax import checkpoint
+  from albert_jax.core import checkpoint
 
   root = checkpoint.checkpoints_dir(rdir)
   return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
@@ -250,7 +250,7 @@ def score_run(workdir: str, rdir: str, seed: int, steps: list[int]) -> dict:
 
 def finetune(settings: Settings, init_from: str, out: str) -> dict:
   """Fine-tunes init_from on the GLUE-format task in a subprocess; its eval_results.json summary."""
-  from albert_jax import files
+  from albert_jax.core import files
 
   results = os.path.join(out, "eval_results.json")
   if not os.path.isfile(results):
@@ -274,8 +274,8 @@ def finetune(settings: Settings, init_from: str, out: str) -> dict:
 
 def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int) -> dict:
   """Trains, scores and fine-tunes one (variant, seed) unless its study_result.json exists."""
-  from albert_jax import files, model as model_lib
-  from albert_jax.metrics import log
+  from albert_jax.core import files, model as model_lib
+  from albert_jax.core.metrics import log
 
   rdir = run_dir(workdir, variant, seed)
   result_path = os.path.join(rdir, RESULT_FILE)
@@ -321,7 +321,7 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
 
 def _write_result(path: str, result: dict) -> None:
   """Written whole (a rename): with it, the run counts as finished."""
-  from albert_jax import files
+  from albert_jax.core import files
 
   files.write_json(path + ".tmp", result)
   os.replace(path + ".tmp", path)
@@ -331,7 +331,8 @@ def untrained_baseline(settings: Settings, config, workdir: str, seed: int) -> d
   """The "no pretraining" row: the config's model at initialisation (seed), fine-tuned alike."""
   import jax
 
-  from albert_jax import files, jax_export, model as model_lib
+  from albert_jax.core import files, model as model_lib
+  from albert_jax.interop import jax_export
 
   out = os.path.join(os.path.abspath(workdir), "untrained", f"seed_{seed}")
   result_path = os.path.join(out, RESULT_FILE)
@@ -773,7 +774,7 @@ def run():
     if eval_every < 1 or eval_every > steps:
       cli.fail(f"--eval_every={eval_every} must be in [1, --steps={steps}]")
     with cli.guard():
-      from albert_jax import config_lib
+      from albert_jax.core import config_lib
 
       all_variants = variants(study_flag.value, config, sizes)
       for v in all_variants:  # every variant's config is checked before anything is written
@@ -828,7 +829,7 @@ def _exit_as_the_run():
 
 
 def _study(settings, config, workdir, all_variants, seeds, parallel, study) -> None:
-  from albert_jax.metrics import log
+  from albert_jax.core.metrics import log
 
   start = time.time()
   prepare(config, workdir, seeds)
@@ -855,7 +856,7 @@ def _study(settings, config, workdir, all_variants, seeds, parallel, study) -> N
 
 def _in_parallel(todo, parallel: int, workdir: str) -> None:
   """Each run in its own process of this command (--only=VARIANT:SEED), `parallel` at a time."""
-  from albert_jax.metrics import log
+  from albert_jax.core.metrics import log
 
   argv, skip = [], False
   for a in sys.argv[1:]:  # this command's flags less --parallel and --only (either spelling)

@@ -41,13 +41,9 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
-from albert_jax import (  # noqa: E402
-  cli,
-  compiling,
-  config_lib,
-  examples,
-  model as albert_model,  # noqa: E402
-)
+from albert_jax import cli  # noqa: E402
+from albert_jax.core import compiling, config_lib, model as albert_model  # noqa: E402
+from albert_jax.data import examples  # noqa: E402
 
 MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
 

@@ -1,7 +1,7 @@
 """Classification fine-tuning step speed: ours against Hugging Face's PyTorch ALBERT, in one run.
 
-Ours: `albert_jax.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
-classifier dropout 0.1) and objective of the generic classification task (albert_jax/glue.py), the original's
+Ours: `albert_jax.core.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
+classifier dropout 0.1) and objective of the generic classification task (albert_jax/tasks/glue.py), the original's
 AdamWeightDecay (Adam without bias correction, decoupled decay: the same work per step as torch's
 AdamW), clipping and the non-finite guard, on a 1-device mesh. Theirs:
 `transformers.AlbertForSequenceClassification` of the same sizes (gelu_new, same dropout), float32,
@@ -38,14 +38,8 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from albert_jax import (  # noqa: E402
-  compiling,
-  config_lib,
-  model as albert_model,  # noqa: E402
-  sharding,
-  tasks,
-  train,
-)
+from albert_jax import tasks  # noqa: E402
+from albert_jax.core import compiling, config_lib, model as albert_model, sharding, train  # noqa: E402
 
 TINY = dict(
   vocab_size=100,

@@ -7,7 +7,7 @@
    of at least 8,000 characters, so examples fill the sequence) as BERT-format text files,
    `corpus_copies` times, and prepares it at sequence 128 (training an 8000-piece vocabulary) and 512 (reusing it):
    prepare throughput in MB of raw text per second, for tokenizing + pairing alone and end to end.
-2. Reads batches from each prepared dataset through albert_jax.input_pipeline.make_iterator exactly as training
+2. Reads batches from each prepared dataset through albert_jax.data.input_pipeline.make_iterator exactly as training
    does (global shuffle, TFDS ArrayRecord reads, dynamic whole-word masking, batching) in one thread
    (data.prefetch=0, no workers) and reports examples per CPU-second of this process: examples/s
    per core. A TPU host training albert base needs (global batch 4096 / hosts) examples per step.
@@ -31,13 +31,8 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from albert_jax import (  # pylint: disable=g-import-not-at-top,wrong-import-position
-  config_lib,  # pylint: disable=g-import-not-at-top,wrong-import-position
-  corpus,  # pylint: disable=g-import-not-at-top,wrong-import-position
-  dataset,
-  files as albert_files,
-  input_pipeline,
-)
+from albert_jax.core import config_lib, files as albert_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data import corpus, dataset, input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpus to prepare.")

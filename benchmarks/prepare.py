@@ -24,11 +24,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from albert_jax import (
-  cli,  # pylint: disable=g-import-not-at-top,wrong-import-position
-  corpus,  # pylint: disable=g-import-not-at-top,wrong-import-position
-  tokenizer,  # pylint: disable=g-import-not-at-top,wrong-import-position
-)
+from albert_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data import corpus, tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where corpus and data go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 20, "Copies of the built-in corpus to prepare.")
@@ -38,7 +35,8 @@ _VOCAB = 8000
 
 _CHILD = """
 import json, resource, sys, time
-from albert_jax import config_lib, dataset
+from albert_jax.core import config_lib
+from albert_jax.data import dataset
 c = config_lib.base_config()
 c.model.vocab_size = int(sys.argv[4])
 c.data.update(input_files=sys.argv[1], spm_model_path=sys.argv[2], max_seq_length=int(sys.argv[5]),

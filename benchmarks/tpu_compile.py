@@ -35,8 +35,10 @@ from albert_jax import cli  # noqa: E402
 
 cli.quiet_libtpu()
 
-from albert_jax import compiling, estimate as E, tpu_compile  # noqa: E402
-from albert_jax.config_lib import ConfigError  # noqa: E402
+from albert_jax import estimate as E  # noqa: E402
+from albert_jax.core import compiling  # noqa: E402
+from albert_jax.core.config_lib import ConfigError  # noqa: E402
+from albert_jax.planning import tpu_compile  # noqa: E402
 
 CONFIGS = (
   "albert_base",

@@ -21,7 +21,7 @@ every figure alike:
     MFU against torch's own matmul rate (`mfu_own_matmul`, our FLOP count as the useful work), which
     separates how fast each matmul library is from how much of it each step uses.
 
-What is timed: `albert_jax.train.build(config, mesh)`'s `train_step` (the real trainer step: LAMB,
+What is timed: `albert_jax.core.train.build(config, mesh)`'s `train_step` (the real trainer step: LAMB,
 clipping, the non-finite guard, donated state) on a 1-device mesh, called as the loop calls it, with
 `jax.block_until_ready` on its metrics; compile and two warm-up steps are excluded. Each round runs
 one step of every contender then both matmul rates (A B A B ...); the figures are medians over the
@@ -62,16 +62,10 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from albert_jax import (  # noqa: E402
-  cli,
-  compiling,
-  config_lib,
-  examples,
-  hardware,
-  model as albert_model,  # noqa: E402
-  sharding,
-  train,
-)
+from albert_jax import cli  # noqa: E402
+from albert_jax.core import compiling, config_lib, model as albert_model, sharding, train  # noqa: E402
+from albert_jax.data import examples  # noqa: E402
+from albert_jax.planning import hardware  # noqa: E402
 
 MODELS = ("albert_base", "albert_large")
 DTYPES = ("float32", "bfloat16")

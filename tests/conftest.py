@@ -179,7 +179,7 @@ def overrides(data_dir, **train_fields):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   """Data prepared once per test module for small_config (a module's own data_dir replaces it)."""
-  from albert_jax import dataset
+  from albert_jax.data import dataset
 
   workdir = str(tmp_path_factory.mktemp("prepared"))
   config = small_config(os.path.join(workdir, "data"))
@@ -214,7 +214,7 @@ def pydoc_sentences() -> list[str]:
 @pytest.fixture(scope="module")
 def spm_model_path(tmp_path_factory):
   """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per module."""
-  from albert_jax import tokenizer
+  from albert_jax.data import tokenizer
 
   path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
   return tokenizer.train(pydoc_sentences(), path, 1000, seed=0)

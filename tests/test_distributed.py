@@ -21,8 +21,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, dataset, distributed
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import checkpoint, distributed
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import dataset
 from tests.conftest import DATA as SMALL_DATA, MODEL, ROOT, load_config
 
 # conftest's small model on fewer documents: this module prepares its own data, once.
@@ -41,7 +42,7 @@ TRAIN = dict(
 # appended (input_ids rows) to $ALBERT_TEST_RECORD.<process index>.
 RECORDING_MAIN = r"""
 import json, os, runpy, sys
-from albert_jax import dataset, input_pipeline
+from albert_jax.data import dataset, input_pipeline
 make_iterator = input_pipeline.make_iterator
 
 class Recorder:

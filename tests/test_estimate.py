@@ -8,8 +8,10 @@ import sys
 import jax
 import pytest
 
-from albert_jax import estimate as E, hardware, model as M
-from albert_jax.config_lib import ConfigError
+from albert_jax import estimate as E
+from albert_jax.core import model as M
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.planning import hardware
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

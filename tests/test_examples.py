@@ -10,8 +10,8 @@ import collections
 import numpy as np
 import pytest
 
-from albert_jax import examples as E
-from albert_jax.tokenizer import CLS_ID, MASK_ID, SEP_ID
+from albert_jax.data import examples as E
+from albert_jax.data.tokenizer import CLS_ID, MASK_ID, SEP_ID
 
 VOCAB = 4000
 SEQ = 128

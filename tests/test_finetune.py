@@ -16,19 +16,12 @@ import pytest
 import torch
 import transformers
 
-from albert_jax import (
-  checkpoint,
-  config_lib,
-  finetune,
-  glue,
-  hf,
-  model as M,
-  squad,
-  tasks,
-  tokenizer as tokenizer_lib,
-  workdir as workdir_lib,
-)
-from albert_jax.config_lib import ConfigError
+from albert_jax import finetune, tasks
+from albert_jax.core import checkpoint, config_lib, model as M, workdir as workdir_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.interop import hf
+from albert_jax.tasks import glue, squad
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

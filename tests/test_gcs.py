@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from albert_jax import files, workdir as workdir_lib
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import files, workdir as workdir_lib
+from albert_jax.core.config_lib import ConfigError
 
 
 def test_file_layer_on_a_bucket(bucket, tmp_path):
@@ -219,7 +219,7 @@ def test_bad_gs_paths_are_one_line_within_seconds(bucket, tmp_path):
 
 def _record_files(ddir: str) -> dict:
   """The dataset's record files under ddir (local or gs://): name -> sha256."""
-  from albert_jax import dataset
+  from albert_jax.data import dataset
 
   records = files.path(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
   return {n: files.sha256(records / n) for n in files.files_under(records) if ".array_record-" in n}
@@ -229,7 +229,7 @@ def _record_files(ddir: str) -> dict:
 def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monkeypatch):
   """Corpus and vocabulary in the bucket, prepared data written there by 2 workers and by Beam's
   DirectRunner: the same files, byte for byte, as a local prepare with one worker."""
-  from albert_jax import dataset, tokenizer as tokenizer_lib
+  from albert_jax.data import dataset, tokenizer as tokenizer_lib
   from tests import test_prepare_parallel as parallel
 
   monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
@@ -265,7 +265,7 @@ def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monk
 
 def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
   """data.tfds_data_dir on gs://: the TFDS source is read from the bucket, as from a local copy."""
-  from albert_jax import corpus, dataset
+  from albert_jax.data import corpus, dataset
   from tests.conftest import build_tiny_text, small_config
 
   documents = [[f"document {i} sentence {j} is here ." for j in range(12)] for i in range(30)]

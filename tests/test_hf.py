@@ -21,17 +21,11 @@ import torch  # the test extra installs a CPU torch and transformers: these test
 import transformers
 from safetensors.numpy import load_file
 
-from albert_jax import (
-  config_lib,
-  export,
-  hf,
-  jax_export,
-  model as M,
-  pretrained,
-  tokenizer as tokenizer_lib,
-  workdir as workdir_lib,
-)
-from albert_jax.config_lib import ConfigError
+from albert_jax import export
+from albert_jax.core import config_lib, model as M, workdir as workdir_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.interop import hf, jax_export, pretrained
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,7 +334,8 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   """A tiny model trained a few steps by the trainer, exported from its checkpoint by the CLI: no
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
   exported tokenizer gives our ids (special tokens included) on the run's own vocabulary."""
-  from albert_jax import dataset, train
+  from albert_jax.core import train
+  from albert_jax.data import dataset
   from tests.conftest import load_config
 
   sentences = write_corpus(tmp_path / "corpus.txt")
@@ -476,7 +471,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
 
 
 def checkpoint_params(workdir):
-  from albert_jax import checkpoint
+  from albert_jax.core import checkpoint
 
   params, config, step, metrics = checkpoint.load_params(workdir)
   return jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params))), config, step, metrics

@@ -509,7 +509,7 @@ def test_train_and_create_check_the_config_locally_first():
 
 @pytest.mark.slow
 def test_a_config_that_does_not_fit_stops_before_create(fake_gcloud):
-  from albert_jax import tpu_compile
+  from albert_jax.planning import tpu_compile
 
   if not tpu_compile.available():
     pytest.skip('needs libtpu: pip install -e ".[test]"')

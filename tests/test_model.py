@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from albert_jax import config_lib, model as M
+from albert_jax.core import config_lib, model as M
 from tests.conftest import load_config
 
 

@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from albert_jax import race, tokenizer
-from albert_jax.config_lib import ConfigError
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import tokenizer
+from albert_jax.tasks import race
 
 ARTICLE = (
   "Tom lives in a small town near the sea. Every morning he walks his dog along the beach "

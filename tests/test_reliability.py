@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from albert_jax import checkpoint, files
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import checkpoint, files
+from albert_jax.core.config_lib import ConfigError
 from tests.conftest import ROOT, main_cmd
 
 TRAIN = ml_collections.ConfigDict(dict(keep_checkpoints=5, keep_best=True))
@@ -292,7 +292,7 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
     [
       sys.executable,
       "-c",
-      "import sys, time; from albert_jax import files\n"
+      "import sys, time; from albert_jax.core import files\n"
       f"with files.workdir_lock({str(tmp_path)!r}):\n"
       "  print('held', flush=True); time.sleep(600)",
     ],
@@ -434,7 +434,7 @@ def test_a_full_disk_on_closing_does_not_replace_a_halt(tmp_path, capsys, caplog
   ],
 )
 def test_bad_config_values_are_refused(field, value, message):
-  from albert_jax import config_lib
+  from albert_jax.core import config_lib
 
   config = config_lib.base_config()
   section, _, key = field.rpartition(".")
@@ -584,7 +584,7 @@ def test_own_lines_are_those_of_files_in_the_package_directory():
   def record(pathname, name="absl"):
     return logging.LogRecord(name, logging.INFO, pathname, 1, "a line", None, None)
 
-  assert cli._own(record(os.path.join(package, "train.py")))  # noqa: SLF001
+  assert cli._own(record(os.path.join(package, "core", "train.py")))  # noqa: SLF001
   # A checkout named albert_jax with its venv inside: the libraries' files are not ours.
   venv = "/home/u/albert_jax/.venv/lib/python3.11/site-packages"
   assert not cli._own(record(f"{venv}/orbax/checkpoint/checkpoint_manager.py"))  # noqa: SLF001
@@ -614,7 +614,8 @@ def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, ca
 def other_model(tmp_path_factory, spm_model_path):
   """A Hugging Face ALBERT directory of the tests' shrunken model (H=64), which configs/tiny.py is
   not."""
-  from albert_jax import config_lib, hf, model as M
+  from albert_jax.core import config_lib, model as M
+  from albert_jax.interop import hf
   from tests.conftest import MODEL
 
   c = config_lib.base_config().model

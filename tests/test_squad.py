@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from albert_jax import squad, tokenizer
-from albert_jax.config_lib import ConfigError
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import tokenizer
+from albert_jax.tasks import squad
 
 CONTEXT = (
   "The Café  Müller in ZÜRICH was opened in 1921 by ``Hans'' Müller; it serves coffee.\n"

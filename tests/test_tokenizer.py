@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from albert_jax import tokenizer
-from albert_jax.config_lib import ConfigError
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import tokenizer
 from tests.conftest import pydoc_sentences
 
 
@@ -127,7 +127,7 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
   """The fill-mask and --inspect lines show each masked target as [MASK](text): for every piece of a
   real vocabulary the text is not empty, and a bare word marker (SentencePiece emits "▁" alone before
   a piece that cannot begin a word) shows as "▁", not as [MASK]()."""
-  from albert_jax import examples, input_pipeline
+  from albert_jax.data import examples, input_pipeline
 
   tok = tokenizer.load(spm_model_path)
   ids = list(range(examples.NUM_CONTROL_IDS, tok.vocab_size))

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from albert_jax import estimate as E, hardware, tpu_compile as T
-from albert_jax.config_lib import ConfigError
+from albert_jax import estimate as E
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.planning import hardware, tpu_compile as T
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -279,7 +280,7 @@ def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
   assert candidates[3] == {"model.remat": "full", "train.micro_batches": 2}
   # A policy added to the model's menu is tried where its savings put it: one that keeps only the
   # FFN's first matmul output saves less than full, more than the dots policies.
-  from albert_jax import model as M
+  from albert_jax.core import model as M
 
   ffn = config.model.intermediate_size
 

@@ -13,8 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import checkpoint, input_pipeline, optim, sharding, train, workdir as workdir_lib
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import checkpoint, optim, sharding, train, workdir as workdir_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import input_pipeline
 from tests.conftest import ROOT, main_cmd, small_config
 
 
@@ -457,7 +458,7 @@ def test_no_worker_process_left_after_evaluation(tmp_path, data_dir):
 
 
 def _reporter(tmp_path, num_steps, log_every, halt, max_skips):
-  from albert_jax.metrics import MetricWriter, Reporter
+  from albert_jax.core.metrics import MetricWriter, Reporter
 
   writer = MetricWriter(str(tmp_path / f"tb-{halt}-{max_skips}"))
   reporter = Reporter(

@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files, model as model_lib
-from albert_jax.config_lib import ConfigError
-from albert_jax.hf import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
-from albert_jax.workdir import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
+from albert_jax.core import files, model as model_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.core.workdir import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
+from albert_jax.interop.hf import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
 
 JAX_PARAMS = "params.safetensors"
 JAX_FORMAT_VERSION = 1

@@ -4,7 +4,7 @@ Embeddings at width E, projected to H; one post-LayerNorm transformer block shar
 `nn.scan` (or the paper's other sharing modes); an MLM head on gathered positions tied to the E-sized
 word table; a 2-way sentence-order head (also used for NSP).
 
-Parameter tree (Hugging Face Flax ALBERT names where a name exists; `albert_jax/hf.py` maps the rest):
+Parameter tree (Hugging Face Flax ALBERT names where a name exists; `albert_jax/interop/hf.py` maps the rest):
   albert/embeddings/{word,position,token_type}_embeddings/embedding, albert/embeddings/LayerNorm
   albert/encoder/embedding_hidden_mapping_in
   albert/encoder/albert_layer_groups_{g}/albert_layers_{k}/{attention/{query,key,value,dense,LayerNorm},
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import config_lib
+from albert_jax.core import config_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = {
@@ -282,7 +282,9 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return kernel(q, k, v, segments)
-  from albert_jax import sharding  # the model's mesh axes (sharding imports nothing of the model)
+  from albert_jax.core import (
+    sharding,
+  )  # the model's mesh axes (sharding imports nothing of the model)
 
   qkv = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None, "tensor", None)
   rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None)

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from albert_jax import files
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import files
+from albert_jax.core.config_lib import ConfigError
 
 # GLUE's file names inside data.glue_dir, for a task's splits; data.<split>_file overrides them.
 SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
@@ -170,7 +170,7 @@ def classification_metrics(sums) -> dict:
 
 def registry() -> dict[str, Task]:
   """Every task by its config.task.name."""
-  from albert_jax import glue, race, squad  # they define their tasks on this module's base
+  from albert_jax.tasks import glue, race, squad  # they define their tasks on this module's base
 
   return {**glue.TASKS, **squad.TASKS, **race.TASKS}
 

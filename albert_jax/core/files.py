@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from etils import epath
 
-from albert_jax.config_lib import ConfigError
+from albert_jax.core.config_lib import ConfigError
 
 
 def is_remote(path) -> bool:

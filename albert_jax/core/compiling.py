@@ -19,7 +19,8 @@ from typing import Any
 
 import jax
 
-from albert_jax import config_lib, examples, sharding
+from albert_jax.core import config_lib, sharding
+from albert_jax.data import examples
 
 
 @dataclasses.dataclass
@@ -98,7 +99,7 @@ def compile_train_step(config, mesh, trainer=None, state=None, batch=None) -> Co
   """The trainer's step of `config` on `mesh` compiled: train.build's jitted step (or `trainer`'s),
   for `state` and `batch` when given (the trainer's real ones), else for their abstract shapes with
   the trainer's shardings (examples.batch_spec)."""
-  from albert_jax import train  # train imports this module to compile its step
+  from albert_jax.core import train  # train imports this module to compile its step
 
   if trainer is None:
     sharding.check_batch(config.train, mesh)

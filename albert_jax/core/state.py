@@ -21,7 +21,8 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from albert_jax import model as model_lib, optim, sharding, tasks
+from albert_jax import tasks
+from albert_jax.core import model as model_lib, optim, sharding
 
 
 @struct.dataclass

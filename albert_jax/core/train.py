@@ -22,20 +22,19 @@ import ml_collections
 import numpy as np
 import optax
 
-from albert_jax import (
+from albert_jax.core import (
   checkpoint,
   compiling,
-  dataset,
   distributed,
   files,
-  hardware,
-  input_pipeline,
   model as M,
   sharding,
   workdir as workdir_lib,
 )
-from albert_jax.metrics import MetricWriter, Periodic, Reporter, log
-from albert_jax.state import AbstractState, TrainState, abstract_state
+from albert_jax.core.metrics import MetricWriter, Periodic, Reporter, log
+from albert_jax.core.state import AbstractState, TrainState, abstract_state
+from albert_jax.data import dataset, input_pipeline
+from albert_jax.planning import hardware
 
 # ----------------------------------------------------------------------------------------------------
 # What a step minimises.

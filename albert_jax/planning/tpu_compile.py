@@ -19,8 +19,10 @@ from typing import Any
 
 import jax
 
-from albert_jax import cli, compiling, config_lib, hardware, sharding
-from albert_jax.config_lib import ConfigError
+from albert_jax import cli
+from albert_jax.core import compiling, config_lib, sharding
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.planning import hardware
 
 
 def install_hint() -> str:

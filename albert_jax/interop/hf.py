@@ -37,9 +37,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files, model as model_lib, tokenizer as tokenizer_lib
-from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
-from albert_jax.workdir import CONFIG_FILE
+from albert_jax.core import files, model as model_lib
+from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.core.workdir import CONFIG_FILE
+from albert_jax.data import tokenizer as tokenizer_lib
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -616,7 +617,7 @@ def load_hf(path: str) -> tuple[dict, dict]:
   albert-base-v2).
 
   params is our AlbertForPreTraining tree as float32 NumPy (heads the checkpoint lacks are absent);
-  model_config is a dict with every ModelConfig field, accepted by albert_jax.model.model_config.
+  model_config is a dict with every ModelConfig field, accepted by albert_jax.core.model.model_config.
   """
   if not files.path(path).is_dir():
     raise ConfigError(f"Hugging Face model directory not found: {path}")

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from albert_jax import files
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import files
+from albert_jax.core.config_lib import ConfigError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
@@ -334,7 +334,7 @@ def write_hf_tokenizer(
   exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
   combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
   """
-  from albert_jax.workdir import VOCAB_FILE
+  from albert_jax.core.workdir import VOCAB_FILE
 
   load(spm_model_path)  # checks ALBERT's ids (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4)
   proto = read_spm_model(spm_model_path)

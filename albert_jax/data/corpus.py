@@ -33,8 +33,8 @@ import sysconfig
 import zlib
 from collections.abc import Iterable, Iterator
 
-from albert_jax import files as files_lib
-from albert_jax.config_lib import ConfigError
+from albert_jax.core import files as files_lib
+from albert_jax.core.config_lib import ConfigError
 
 BUILTIN_CORPORA = ("python_docs",)
 

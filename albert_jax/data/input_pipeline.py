@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from albert_jax import config_lib, examples as examples_lib, tokenizer as tokenizer_lib
-from albert_jax.config_lib import ConfigError
-from albert_jax.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
+from albert_jax.core import config_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import examples as examples_lib, tokenizer as tokenizer_lib
+from albert_jax.data.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
 
 # ----------------------------------------------------------------------------------------------
 # The grain pipeline.

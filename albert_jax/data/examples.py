@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from albert_jax.tokenizer import CLS_ID, MASK_ID, SEP_ID
+from albert_jax.data.tokenizer import CLS_ID, MASK_ID, SEP_ID
 
 NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start above these
 

@@ -42,8 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import files, model as M, tasks, tokenizer as tokenizer_lib
-from albert_jax.config_lib import ConfigError
+from albert_jax import tasks
+from albert_jax.core import files, model as M
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import tokenizer as tokenizer_lib
 
 
 @dataclasses.dataclass

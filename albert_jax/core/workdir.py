@@ -26,10 +26,10 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from albert_jax import config_lib
-from albert_jax.config_lib import ConfigError
-from albert_jax.files import is_remote, move, path, read_json, sha256, write_json
-from albert_jax.metrics import log
+from albert_jax.core import config_lib
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.core.files import is_remote, move, path, read_json, sha256, write_json
+from albert_jax.core.metrics import log
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "spiece.model"
@@ -236,7 +236,7 @@ def resolve_and_validate(config) -> None:
   """A pretraining config made complete and checked (config_lib.validate) before anything is
   prepared, written or traced: with init_from, its vocabulary becomes the run's (use_its_vocabulary)
   and its architecture must be the config's (load_pretrained's check, on the weights it reads)."""
-  from albert_jax import pretrained
+  from albert_jax.interop import pretrained
 
   if config.init_from:
     use_its_vocabulary(config)
@@ -246,7 +246,7 @@ def resolve_and_validate(config) -> None:
 
 def init_params(config, params, param_shardings):
   """Pretraining: replaces the fresh parameters by an export's or a Hugging Face directory's."""
-  from albert_jax import pretrained
+  from albert_jax.interop import pretrained
 
   # Checks sizes and sharing (one-line error), lays the weights out for this config, and takes the
   # modules a checkpoint lacks (AlbertForMaskedLM: pooler, SOP head) from the fresh parameters.
@@ -266,7 +266,8 @@ def resolve_init_from(config) -> None:
   """Fine-tuning: takes init_from's architecture (model_from_init_from) or checks it, and its
   vocabulary. A fine-tuning run stands for its best seed (init_from is rewritten to that seed_<k>); a
   fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
-  from albert_jax import dataset, pretrained
+  from albert_jax.data import dataset
+  from albert_jax.interop import pretrained
 
   p = config.init_from
   found = kind(p)
@@ -309,7 +310,8 @@ def resolve_init_from(config) -> None:
 def init_backbone(config, fresh: dict, param_shardings) -> dict:
   """Fine-tuning: the fresh head-model parameters with init_from's backbone (its pooler too, when it
   has one)."""
-  from albert_jax import checkpoint, pretrained
+  from albert_jax.core import checkpoint
+  from albert_jax.interop import pretrained
 
   p = config.init_from
   if is_run(p):

@@ -37,16 +37,15 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from albert_jax import (
-  cli,
-  config_lib,
+from albert_jax import cli
+from albert_jax.core import config_lib, files
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.core.workdir import VOCAB_FILE
+from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,
-  files,
   tokenizer as tokenizer_lib,
 )
-from albert_jax.config_lib import ConfigError
-from albert_jax.workdir import VOCAB_FILE
 
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"

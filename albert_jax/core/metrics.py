@@ -21,7 +21,7 @@ class MetricWriter:
   UPLOAD_SECONDS = 30.0
 
   def __init__(self, logdir: str):
-    from albert_jax import files, workdir  # pylint: disable=g-import-not-at-top
+    from albert_jax.core import files, workdir  # pylint: disable=g-import-not-at-top
 
     self.enabled = jax.process_index() == 0
     self._tb = None

@@ -18,9 +18,10 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import files, model as M, tasks
-from albert_jax.config_lib import ConfigError
-from albert_jax.tokenizer import CLS_ID, SEP_ID
+from albert_jax import tasks
+from albert_jax.core import files, model as M
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.data.tokenizer import CLS_ID, SEP_ID
 
 BINARY = ("0", "1")
 _NLI = {"text_a": "sentence1", "text_b": "sentence2"}

@@ -14,9 +14,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import files, model as model_lib, workdir
-from albert_jax.config_lib import ARCHITECTURE_FIELDS, ConfigError
-from albert_jax.hf import (
+from albert_jax.core import files, model as model_lib, workdir
+from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.interop.hf import (
   HF_WEIGHTS,
   OPTIONAL_MODULES,
   config_dict,
@@ -26,7 +26,7 @@ from albert_jax.hf import (
   load_hf,
   put_path,
 )
-from albert_jax.jax_export import JAX_PARAMS, check_shapes, load_jax_export
+from albert_jax.interop.jax_export import JAX_PARAMS, check_shapes, load_jax_export
 
 
 def load_pretrained(
