@@ -6,6 +6,7 @@ import sentencepiece as spm
 
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.data import tokenizer
+from albert_jax.interop import hf_tokenizer
 from tests.conftest import pydoc_sentences
 
 
@@ -18,7 +19,7 @@ def test_special_ids_and_flags(spm_model_path):
   assert all(sp.is_control(i) for i in (0, 2, 3, 4)) and sp.is_unknown(1)
   # The original's user-defined symbols follow, then the learned pieces (unigram model).
   assert [sp.id_to_piece(i) for i in range(5, 13)] == list(tokenizer.USER_DEFINED_SYMBOLS)
-  proto = tokenizer.read_spm_model(spm_model_path)
+  proto = hf_tokenizer.read_spm_model(spm_model_path)
   assert proto.model_type == 1  # unigram
   assert proto.character_coverage == pytest.approx(0.99995)
   # Our reader of the model file agrees with SentencePiece's own, piece by piece.

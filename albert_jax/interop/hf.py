@@ -1,17 +1,17 @@
-"""Hugging Face transformers <-> albert_jax: the one place that maps parameter names and layouts.
+"""Hugging Face transformers <-> albert_jax: the one place that knows Hugging Face's names.
 
 transformers 5.x has no Flax models, so an export is the PyTorch layout (docs/huggingface.md): a
 `model.safetensors` with the 32 untied tensors of `AlbertForPreTraining` (metadata {"format": "pt"}), a
 `config.json` with every size written out (AlbertConfig's defaults are xxlarge's), and the vocabulary as
-`spiece.model` + `tokenizer.json` + `tokenizer_config.json`. Nothing here imports torch or transformers:
-safetensors' NumPy API reads and writes the tensors.
+`spiece.model` + `tokenizer.json` + `tokenizer_config.json` (hf_tokenizer.py). Nothing here imports
+torch or transformers: safetensors' NumPy API reads and writes the tensors.
 
 Names. Every `nn.Linear.weight` is (out, in), the transpose of a Flax kernel; embeddings are not
 transposed; LayerNorm `weight` is our `scale`. The decoder of the MLM head is tied to the word table and
 `predictions.bias` in both, so it is not written.
 
-Layouts (model.py's tree). Hugging Face has only group sharing: G groups of K blocks, layer i running
-group int(i / (L / G)). Ours:
+Layouts. Hugging Face has only group sharing: G groups of K blocks, layer i running group
+int(i / (L / G)). Ours (model.py's tree; layout.py converts between them through groups of blocks):
   sharing="all"   albert_layer_groups_{g}/albert_layers_{k}: G groups of K blocks, layer i runs group
                   int(i / L * G) (the original's formula; the same partition for every L, G we accept).
   sharing="none"  albert_layers/albert_layers_0 with a leading [L] axis (or, with scan_layers=False,
@@ -28,19 +28,26 @@ Entry points: `load_hf`, `save_hf`. Our own format is jax_export.py (`save_jax`,
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any
 
-import flax.linen as nn
-import jax
 import numpy as np
 
 from albert_jax.core import files, model as model_lib
 from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
 from albert_jax.core.workdir import CONFIG_FILE
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.interop import hf_tokenizer
+from albert_jax.interop.layout import (
+  HEADS,
+  OPTIONAL_MODULES,
+  config_dict,
+  encoder_groups,
+  encoder_tree,
+  get_path,
+  plain_params,
+  put_path,
+)
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -88,51 +95,10 @@ _BLOCK_MODULES = (
   ("ffn_output", ("feed_forward", "ffn_output"), "dense"),
   ("full_layer_layer_norm", ("feed_forward", "full_layer_layer_norm"), "ln"),
 )
-HEADS = ("predictions", "sop_classifier")
-# Modules a Hugging Face checkpoint may lack: AlbertForMaskedLM has no pooler and no SOP head, AlbertModel
-# no heads. (our path, Hugging Face prefix)
-OPTIONAL_MODULES = (
-  ("albert/pooler", "albert.pooler."),
-  ("predictions", "predictions."),
-  ("sop_classifier", "sop_classifier."),
-)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Small helpers.
-
-
-def config_dict(cfg: model_lib.ModelConfig) -> dict:
-  return dataclasses.asdict(cfg)
-
-
-def plain_params(params: Any) -> dict:
-  """A plain nested dict of host NumPy arrays: unboxes nn.Partitioned and fetches jax arrays."""
-  params = nn.unbox(params)
-  if isinstance(params, dict) and "params" in params and "albert" not in params:
-    params = params["params"]  # a variables dict
-
-  def to_dict(tree):
-    if hasattr(tree, "items"):
-      return {k: to_dict(v) for k, v in tree.items()}
-    return np.asarray(jax.device_get(tree))
-
-  return to_dict(params)
-
-
-def get_path(tree: dict, path: tuple[str, ...], what: str):
-  node = tree
-  for key in path:
-    if not isinstance(node, dict) or key not in node:
-      raise ConfigError(f"{what} has no parameter {'/'.join(path)}")
-    node = node[key]
-  return node
-
-
-def put_path(tree: dict, path: tuple[str, ...], value) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
 
 
 def _tensors(kind: str) -> tuple[tuple[str, str, bool], ...]:
@@ -152,111 +118,6 @@ def _join(*parts: str) -> str:
 def hf_layer_to_group(num_layers: int, num_groups: int) -> list[int]:
   """Hugging Face's assignment of layers to groups (AlbertTransformer: int(i / (L / G)))."""
   return [int(i / (num_layers / num_groups)) for i in range(num_layers)]
-
-
-def _same_partition(a: list[int], b: list[int]) -> bool:
-  """Whether two layer->group maps share parameters between the same layers (labels may differ)."""
-  return len(a) == len(b) and all(
-    (a[i] == a[j]) == (b[i] == b[j]) for i in range(len(a)) for j in range(i + 1, len(a))
-  )
-
-
-# ----------------------------------------------------------------------------------------------------
-# Layout: our encoder tree <-> groups of blocks plus the layer->group map.
-
-
-def encoder_groups(encoder: dict, cfg: model_lib.ModelConfig, unshare: bool = False):
-  """(groups, layer_to_group): groups[g][k] is one block's {'attention', 'feed_forward'} subtree.
-
-  sharing="none" (scanned) becomes L groups of one block. sharing="attention"/"ffn" has no group form:
-  a ConfigError unless `unshare`, which copies the shared sublayer into every layer (same outputs).
-  """
-  L = cfg.num_hidden_layers
-  if "albert_layer_groups_0" in encoder:  # sharing="all", or "none" unrolled (scan_layers=False)
-    G = len([k for k in encoder if k.startswith("albert_layer_groups_")])
-    K = len([k for k in encoder["albert_layer_groups_0"] if k.startswith("albert_layers_")])
-    groups = [
-      [encoder[f"albert_layer_groups_{g}"][f"albert_layers_{k}"] for k in range(K)]
-      for g in range(G)
-    ]
-    mapping = model_lib.layer_to_group(L, G) if cfg.sharing == "all" else list(range(L))
-    return groups, mapping
-  if "albert_layers" not in encoder:
-    raise ConfigError("the encoder has neither albert_layer_groups_* nor albert_layers parameters")
-  stacked = encoder["albert_layers"]["albert_layers_0"]
-  shared = {"attention": "attention", "ffn": "feed_forward"}.get(cfg.sharing)
-  if shared and not unshare:
-    raise ConfigError(
-      f"model.sharing={cfg.sharing!r} (one {shared} sublayer shared by all layers) has no Hugging Face "
-      f"form, which shares whole layers only; export with --unshare to write {L} unshared layers "
-      f"(the same outputs, the sharing is lost) or use --format=jax"
-    )
-  groups = []
-  for i in range(L):
-    block = {
-      name: (
-        jax.tree_util.tree_map(np.asarray, sub)
-        if name == shared
-        else jax.tree_util.tree_map(lambda x, i=i: x[i], sub)
-      )
-      for name, sub in stacked.items()
-    }
-    groups.append([block])
-  return groups, list(range(L))
-
-
-def encoder_tree(groups: list, mapping: list[int], cfg: model_lib.ModelConfig, what: str) -> dict:
-  """Our encoder subtree for `cfg` from groups of blocks (without embedding_hidden_mapping_in).
-
-  The parameter sharing must be the same on both sides (which layers share which weights); otherwise a
-  ConfigError that says what the checkpoint holds.
-  """
-  L = cfg.num_hidden_layers
-  K = len(groups[0])
-  held = f"{what} holds {len(groups)} layer group(s) of {K} block(s) for {len(mapping)} layers"
-  if len(mapping) != L:
-    raise ConfigError(f"{held}; the config has model.num_hidden_layers={L}")
-  if cfg.sharing == "all":
-    ours = model_lib.layer_to_group(L, cfg.num_hidden_groups)
-    if K != cfg.inner_group_num or not _same_partition(mapping, ours):
-      raise ConfigError(
-        f"{held}; the config shares them differently (model.sharing='all', num_hidden_groups="
-        f"{cfg.num_hidden_groups}, inner_group_num={cfg.inner_group_num}, layers->groups {ours})"
-      )
-    out = {}
-    for g in range(cfg.num_hidden_groups):
-      src = groups[mapping[ours.index(g)]]
-      out[f"albert_layer_groups_{g}"] = {f"albert_layers_{k}": src[k] for k in range(K)}
-    return out
-  if K != 1 or not _same_partition(mapping, list(range(L))):
-    raise ConfigError(
-      f"{held}; model.sharing={cfg.sharing!r} needs {L} unshared layers of one block "
-      f"(use model.sharing='all' with num_hidden_groups={len(groups)}, "
-      f"inner_group_num={K})"
-    )
-  layers = [groups[mapping[i]][0] for i in range(L)]
-  if not cfg.scan_layers:
-    if cfg.sharing != "none":
-      raise ConfigError(f"model.sharing={cfg.sharing!r} needs model.scan_layers=True")
-    return {f"albert_layer_groups_{i}": {"albert_layers_0": layers[i]} for i in range(L)}
-  shared = {"attention": "attention", "ffn": "feed_forward"}.get(cfg.sharing)
-  stacked = {}
-  for name in layers[0]:
-    parts = [layer[name] for layer in layers]
-    if name == shared:
-      first = jax.tree_util.tree_leaves(parts[0])
-      if not all(
-        all(np.array_equal(a, b) for a, b in zip(first, jax.tree_util.tree_leaves(p)))
-        for p in parts[1:]
-      ):
-        raise ConfigError(
-          f"{what} has distinct {name} weights per layer; model.sharing={cfg.sharing!r} "
-          f"shares one copy"
-        )
-      stacked[name] = parts[0]
-    else:
-      stacked[name] = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *parts)
-  return {"albert_layers": {"albert_layers_0": stacked}}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -535,9 +396,8 @@ def from_hf_state_dict(
       f"{where}: {len(unknown)} tensor(s) that config.json does not describe, e.g. "
       f"{unknown[0]} (num_hidden_groups/inner_group_num wrong?)"
     )
-  absent = tuple(
-    prefix for _, prefix in OPTIONAL_MODULES if not any(k.startswith(prefix) for k in tensors)
-  )
+  prefixes = (module.replace("/", ".") + "." for module in OPTIONAL_MODULES)
+  absent = tuple(p for p in prefixes if not any(k.startswith(p) for k in tensors))
   needed = [k for k in expected if not k.startswith(absent)]
   missing = [k for k in needed if k not in tensors]
   if missing:
@@ -654,7 +514,7 @@ def save_hf(
     save_file(tensors, os.path.join(tmp, HF_WEIGHTS), metadata={"format": "pt"})
     files.write_json(os.path.join(tmp, CONFIG_FILE), hf_config)
     if spm_model_path:
-      tokenizer_lib.write_hf_tokenizer(
+      hf_tokenizer.write_hf_tokenizer(
         spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings
       )
   return out_dir

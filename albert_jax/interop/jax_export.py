@@ -17,7 +17,7 @@ import numpy as np
 from albert_jax.core import files, model as model_lib
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.core.workdir import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
-from albert_jax.interop.hf import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
+from albert_jax.interop.layout import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
 
 JAX_PARAMS = "params.safetensors"
 JAX_FORMAT_VERSION = 1
@@ -91,7 +91,7 @@ def check_shapes(
   got_flat = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
   if optional:
     absent = tuple(
-      p + "/" for p, _ in OPTIONAL_MODULES if not any(k.startswith(p + "/") for k in got_flat)
+      p + "/" for p in OPTIONAL_MODULES if not any(k.startswith(p + "/") for k in got_flat)
     )
     want_flat = {k: v for k, v in want_flat.items() if not k.startswith(absent)}
   missing = sorted(set(want_flat) - set(got_flat))

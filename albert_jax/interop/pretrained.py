@@ -16,17 +16,16 @@ import numpy as np
 
 from albert_jax.core import files, model as model_lib, workdir
 from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
-from albert_jax.interop.hf import (
-  HF_WEIGHTS,
+from albert_jax.interop.hf import HF_WEIGHTS, load_hf
+from albert_jax.interop.jax_export import JAX_PARAMS, check_shapes, load_jax_export
+from albert_jax.interop.layout import (
   OPTIONAL_MODULES,
   config_dict,
   encoder_groups,
   encoder_tree,
   get_path,
-  load_hf,
   put_path,
 )
-from albert_jax.interop.jax_export import JAX_PARAMS, check_shapes, load_jax_export
 
 
 def load_pretrained(
@@ -97,7 +96,7 @@ def load_pretrained(
     # Only the missing modules are taken, as they are (jax arrays stay on their devices, so this also
     # works where parameters are sharded across hosts); everything else is compared by shape only.
     fresh = nn.unbox(init_params)
-    for module, _ in OPTIONAL_MODULES:
+    for module in OPTIONAL_MODULES:
       keys = tuple(module.split("/"))
       try:
         get_path(params, keys, "")

@@ -1,0 +1,222 @@
+"""The Hugging Face tokenizer files of an export: tokenizer.json, tokenizer_config.json and
+special_tokens_map.json beside spiece.model, so AlbertTokenizer.from_pretrained gives our ids.
+
+`save_hf` (hf.py) writes them with the model; the vocabulary itself is data/tokenizer.py's.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import struct
+
+from albert_jax.core import files
+from albert_jax.core.config_lib import ConfigError
+from albert_jax.core.workdir import VOCAB_FILE
+from albert_jax.data import tokenizer as tokenizer_lib
+
+# ----------------------------------------------------------------------------------------------------
+# spiece.model's own fields, read from its protobuf wire format. sentencepiece's generated
+# sentencepiece_model_pb2 ties us to one protobuf runtime (0.2.3's needs protobuf >= 7, which
+# apache-beam refuses), and we read five fields of three messages.
+
+
+@dataclasses.dataclass(frozen=True)
+class SpmModel:
+  """What the Hugging Face tokenizer.json needs from spiece.model (sentencepiece_model.proto)."""
+
+  pieces: list[tuple[str, float, int]]  # (piece, score, type: 1 normal ... 6 byte), by id
+  model_type: int  # TrainerSpec.model_type: 1 unigram, 2 bpe, 3 word, 4 char
+  character_coverage: float  # TrainerSpec.character_coverage
+  precompiled_charsmap: bytes  # NormalizerSpec.precompiled_charsmap
+
+
+def _fields(buf: bytes):
+  """(field number, wire type, value) of one protobuf message: ints for varints, bytes for
+  length-delimited fields and fixed-width values (decoded by the caller)."""
+  pos, n = 0, len(buf)
+
+  def varint():
+    nonlocal pos
+    value = shift = 0
+    while True:
+      if pos >= n:
+        raise ValueError("truncated varint")
+      b = buf[pos]
+      pos += 1
+      value |= (b & 0x7F) << shift
+      if b < 0x80:
+        return value
+      shift += 7
+
+  while pos < n:
+    key = varint()
+    number, wire = key >> 3, key & 7
+    if wire == 0:
+      yield number, wire, varint()
+    elif wire in (1, 2, 5):
+      size = {1: 8, 5: 4}.get(wire) or varint()
+      if pos + size > n:
+        raise ValueError("truncated field")
+      yield number, wire, buf[pos : pos + size]
+      pos += size
+    else:
+      raise ValueError(f"unsupported wire type {wire}")
+
+
+def read_spm_model(path: str) -> SpmModel:
+  """spiece.model's pieces, scores and types, model type, character coverage and charsmap."""
+  data = files.path(path).read_bytes()
+  pieces, model_type, coverage, charsmap = [], 1, 0.9995, b""  # the proto's defaults
+  try:
+    for number, _, value in _fields(data):
+      if number == 1:  # ModelProto.pieces: SentencePiece {piece = 1, score = 2, type = 3}
+        piece, score, kind = "", 0.0, 1
+        for n, _, v in _fields(value):
+          if n == 1:
+            piece = v.decode("utf-8")
+          elif n == 2:
+            score = struct.unpack("<f", v)[0]
+          elif n == 3:
+            kind = v
+        pieces.append((piece, score, kind))
+      elif number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10
+        for n, _, v in _fields(value):
+          if n == 3:
+            model_type = v
+          elif n == 10:
+            coverage = struct.unpack("<f", v)[0]
+      elif number == 3:  # ModelProto.normalizer_spec: precompiled_charsmap = 2
+        for n, _, v in _fields(value):
+          if n == 2:
+            charsmap = bytes(v)
+  except (ValueError, UnicodeDecodeError, struct.error, TypeError) as e:
+    raise ConfigError(f"{path} is not a SentencePiece model ({e})") from None
+  if not pieces:
+    raise ConfigError(f"{path} is not a SentencePiece model (no pieces)")
+  return SpmModel(pieces, model_type, coverage, charsmap)
+
+
+def write_hf_tokenizer(
+  spm_model_path: str, out_dir: str, do_lower_case: bool = True, model_max_length: int = 512
+) -> None:
+  """spiece.model, tokenizer.json and tokenizer_config.json that AlbertTokenizer.from_pretrained loads.
+
+  transformers 5.x builds AlbertTokenizer's normaliser itself (`` '' -> ", NFKD, strip accents,
+  lowercase, the model's precompiled charsmap; our tokenizer.preprocess_text) but takes the pieces and
+  scores from tokenizer.json. We write SentencePiece's scores as they are (the converter that runs from
+  spiece.model alone lowers pieces like "9," by 100, the original's comma quirk we do not reproduce),
+  and the user-defined symbols (. - ( ) ...) as ordinary pieces with SentencePiece's own bonus
+  (length * max_score - 0.1, unigram_model.cc) instead of the converter's added tokens, which split
+  them off before the word and so change the ids around them. The result gives our ids; known
+  exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
+  combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
+  """
+  tokenizer_lib.load(
+    spm_model_path
+  )  # checks ALBERT's ids (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4)
+  proto = read_spm_model(spm_model_path)
+  NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
+  if proto.model_type != 1:
+    raise ConfigError(
+      f"{spm_model_path} is not a unigram SentencePiece model (AlbertTokenizer needs one)"
+    )
+  max_score = max(score for _, score, kind in proto.pieces if kind == NORMAL)
+  vocab = [
+    [piece, float(len(piece) * max_score - 0.1) if kind == USER_DEFINED else float(score)]
+    for piece, score, kind in proto.pieces
+  ]
+  names = {
+    i: piece for i, (piece, _, kind) in enumerate(proto.pieces) if kind in (UNKNOWN, CONTROL)
+  }
+  pad, unk, cls, sep, mask = (names[i] for i in range(5))
+  normalizers = [
+    {"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
+    {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
+    {"type": "NFKD"},
+    {"type": "StripAccents"},
+  ]
+  if do_lower_case:
+    normalizers.append({"type": "Lowercase"})
+  charsmap = proto.precompiled_charsmap
+  if charsmap:
+    normalizers.append(
+      {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")}
+    )
+  normalizers.append({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})
+  special = lambda name: {"SpecialToken": {"id": name, "type_id": 0}}
+  tokenizer_json = {
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": [
+      {
+        "id": i,
+        "content": c,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+      }
+      for i, c in sorted(names.items())
+    ],
+    "normalizer": {"type": "Sequence", "normalizers": normalizers},
+    "pre_tokenizer": {
+      "type": "Sequence",
+      "pretokenizers": [
+        {"type": "WhitespaceSplit"},
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+      ],
+    },
+    "post_processor": {
+      "type": "TemplateProcessing",
+      "single": [special(cls), {"Sequence": {"id": "A", "type_id": 0}}, special(sep)],
+      "pair": [
+        special(cls),
+        {"Sequence": {"id": "A", "type_id": 0}},
+        special(sep),
+        {"Sequence": {"id": "B", "type_id": 1}},
+        {"SpecialToken": {"id": sep, "type_id": 1}},
+      ],
+      "special_tokens": {
+        cls: {"id": cls, "ids": [2], "tokens": [cls]},
+        sep: {"id": sep, "ids": [3], "tokens": [sep]},
+      },
+    },
+    "decoder": {
+      "type": "Metaspace",
+      "replacement": "\u2581",
+      "prepend_scheme": "always",
+      "split": True,
+    },
+    "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
+  }
+  files.path(spm_model_path).copy(files.path(out_dir, VOCAB_FILE), overwrite=True)
+  with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(tokenizer_json, f, ensure_ascii=False)
+  tokens = dict(
+    bos_token=cls,
+    eos_token=sep,
+    unk_token=unk,
+    sep_token=sep,
+    pad_token=pad,
+    cls_token=cls,
+    mask_token=mask,
+  )
+  files.write_json(
+    os.path.join(out_dir, "tokenizer_config.json"),
+    {
+      "tokenizer_class": "AlbertTokenizer",
+      "do_lower_case": bool(do_lower_case),
+      "keep_accents": False,
+      "remove_space": True,
+      "model_max_length": int(model_max_length),
+      # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
+      "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+      **tokens,
+    },
+  )
+  files.write_json(os.path.join(out_dir, "special_tokens_map.json"), tokens)
