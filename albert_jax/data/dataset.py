@@ -11,7 +11,9 @@ prepare(config, workdir)
   same bytes whatever the parallelism, and memory bounded by a shard, not the corpus. Everything is
   built in a temporary directory and renamed into place, so a failed or interrupted run never
   touches data already prepared; a finished dataset is reused as is, and one built with another
-  vocabulary or other settings is refused with a one-line error.
+  vocabulary or other settings is refused with a one-line error. On gs:// (_prepare_to_bucket) the
+  workers upload each shard into a staging folder in the bucket, and the dataset is put together in
+  place with prepared.json written last.
 """
 
 from __future__ import annotations
