@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -261,6 +262,72 @@ def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monk
     assert info["num_train_examples"] == local["num_train_examples"], name
     assert files.read_json(f"{bucket}/{name}/prepared.json")["vocab_sha256"] == files.sha256(vocab)
   assert not any(n.startswith(".") for n in files.files_under(bucket))  # no staging left behind
+
+
+def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, monkeypatch):
+  """A bucket prepare (vocabulary trained here, one worker: measured in this process) makes no
+  local copy of the dataset: the vocabulary is uploaded from a temporary folder, each shard's files
+  from theirs into a staging folder in the bucket as soon as they are written, the local disk
+  holding one shard at a time. What a killed prepare left (its staging folder and a data
+  directory without prepared.json) is cleared by the next one."""
+  import socket
+
+  from albert_jax.data import dataset
+  from tests.conftest import small_config
+
+  local_tmp = tmp_path / "tmp"
+  local_tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(local_tmp))
+  monkeypatch.setattr(dataset, "SHARD_DOCUMENTS", 100)
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  left = f"{bucket}/.data.tmp-{socket.gethostname()}-{dead.pid}-x1"
+  files.path(left, "train-00000").write_bytes(b"interrupted")
+  old_shard = "albert_pretraining/1.0.0/albert_pretraining-train.array_record-00000-of-00009"
+  files.path(bucket, "data", old_shard).write_bytes(b"interrupted")
+  files.path(bucket, "data", "spiece.model").write_bytes(b"interrupted")
+  uploads, upload = [], files.upload
+
+  def measured_upload(local, remote, last=()):
+    on_disk = sum(f.stat().st_size for f in local_tmp.rglob("*") if f.is_file())
+    names = files.files_under(local)
+    uploads.append(
+      (str(remote), names, on_disk, sum(os.path.getsize(f"{local}/{n}") for n in names))
+    )
+    upload(local, remote, last)
+
+  monkeypatch.setattr(files, "upload", measured_upload)
+  config = small_config(f"{bucket}/data")
+  config.data.num_prepare_workers = 1
+  info = dataset.prepare(config, str(tmp_path / "work"))
+
+  assert uploads[0][:2] == (f"{bucket}/data", ["spiece.model", "spiece.vocab"])
+  shards = uploads[1:]
+  staging = f"{bucket}/.data.tmp-{socket.gethostname()}-{os.getpid()}-"
+  assert len(shards) == info["shards"] == 4
+  for i, (remote, names, on_disk, shard_bytes) in enumerate(shards):
+    assert remote.startswith(staging), remote
+    assert names == [f"eval-{i:05d}", f"summary-{i:05d}.json", f"train-{i:05d}"]
+    assert on_disk == shard_bytes  # only this shard on the local disk
+  records = _record_files(info["data_dir"])
+  dataset_bytes = sum(
+    files.path(info["data_dir"], dataset.DATASET_NAME, dataset.DATASET_VERSION, n).stat().length
+    for n in records
+  )
+  assert max(s[3] for s in shards) < dataset_bytes / 2
+  assert not list(local_tmp.iterdir())  # every local copy deleted
+  # Nothing of the killed build is left, nor of this one's staging folder.
+  assert files.files_under(bucket)[0].startswith("data/")
+  held = files.files_under(f"{bucket}/data")
+  assert old_shard not in held and sorted(held) == sorted(
+    ["prepared.json", "spiece.model", "spiece.vocab"]
+    + [f"{dataset.DATASET_NAME}/{dataset.DATASET_VERSION}/{n}" for n in records]
+    + [
+      f"{dataset.DATASET_NAME}/{dataset.DATASET_VERSION}/{n}"
+      for n in ("dataset_info.json", "features.json")
+    ]
+  )
+  assert len(dataset.open_source(info["data_dir"], "train")) == info["num_train_examples"] > 50
 
 
 def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):

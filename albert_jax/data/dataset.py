@@ -11,12 +11,15 @@ prepare(config, workdir)
   same bytes whatever the parallelism, and memory bounded by a shard, not the corpus. Everything is
   built in a temporary directory and renamed into place, so a failed or interrupted run never
   touches data already prepared; a finished dataset is reused as is, and one built with another
-  vocabulary or other settings is refused with a one-line error.
+  vocabulary or other settings is refused with a one-line error. On gs:// (_prepare_to_bucket) the
+  workers upload each shard into a staging folder in the bucket, and the dataset is put together in
+  place with prepared.json written last.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import glob
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import time
 import types
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +63,8 @@ PREPARED_FILE = "prepared.json"
 SHARD_BYTES = 1 << 20
 SHARD_DOCUMENTS = 2_000
 GROUP_DOCUMENTS = 10_000
+# Files moved at once when the dataset is put together (on gs://, each move is a request or two).
+ASSEMBLE_THREADS = 16
 
 
 # ----------------------------------------------------------------------------------------------
@@ -420,7 +426,10 @@ def write_shard(
 ) -> dict:
   """Makes one shard's examples (shard_examples) and writes each split's as one ArrayRecord file
   of serialized TFDS examples, <staging_dir>/<split>-<shard index>; returns the shard's summary
-  (per split: examples, bytes, tokens, documents, ...; corpus and pairing statistics).
+  (per split: examples, bytes, tokens, documents, ...; corpus and pairing statistics). A staging
+  folder on gs:// (array_record writes only local files) gets the shard's files from a local
+  temporary folder as soon as they are written, and the local copy is deleted: a worker's disk
+  holds one shard at a time.
 
   Runs in prepare's worker processes and in Beam workers alike, so the files, and the dataset
   assembled from them, are the same whatever the parallelism. Examples keep the order they were
@@ -430,6 +439,14 @@ def write_shard(
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.core import example_serializer  # pylint: disable=g-import-not-at-top
 
+  if files.is_remote(staging_dir):
+    local = tempfile.mkdtemp(prefix="albert_jax_shard_")
+    try:
+      summary = write_shard(data, seed, vocab_path, shard, local, num_threads)
+      files.upload(local, staging_dir, last=(_summary_name(shard["index"]),))
+    finally:
+      shutil.rmtree(local, ignore_errors=True)
+    return summary
   result = shard_examples(data, seed, vocab_path, shard, num_threads)
   features = _features()
   serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
@@ -467,9 +484,13 @@ def write_shard(
       "short_targets": arrays["short_targets"],
       "documents": arrays["documents"],
     }
-  with open(os.path.join(staging_dir, f"summary-{shard['index']:05d}.json"), "w") as f:
+  with open(os.path.join(staging_dir, _summary_name(shard["index"])), "w") as f:
     json.dump(summary, f)
   return summary
+
+
+def _summary_name(index: int) -> str:
+  return f"summary-{index:05d}.json"
 
 
 def _write_shard_job(job) -> dict:
@@ -563,6 +584,17 @@ def _train_vocab(config, shards: list[dict], out_dir: str) -> float:
     config.model.vocab_size,
     f"{len(sentences):,}",
   )
+  if files.is_remote(out_dir):  # SentencePiece writes local files: trained here, then uploaded
+    with tempfile.TemporaryDirectory(prefix="albert_jax_vocab_") as local:
+      _train_vocab_on(config, sentences, size, local)
+      files.upload(local, out_dir)
+  else:
+    _train_vocab_on(config, sentences, size, out_dir)
+  return time.time() - t0
+
+
+def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> None:
+  d = config.data
   tokenizer_lib.train(
     sentences,
     os.path.join(out_dir, VOCAB_FILE),
@@ -572,7 +604,6 @@ def _train_vocab(config, shards: list[dict], out_dir: str) -> float:
     input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
     seed=config.seed,
   )
-  return time.time() - t0
 
 
 def num_workers(config) -> int:
@@ -633,7 +664,8 @@ def _beam_options(config):
 
 def _write_shards_with_beam(config, jobs: list[tuple], staging_dir: str) -> list[dict]:
   """Runs write_shard for every shard as an Apache Beam pipeline on data.beam_runner (a shard per
-  element); the workers write the same files as prepare's own workers, and their summaries."""
+  element); the workers write the same files as prepare's own workers, and their summaries (into a
+  gs:// staging folder for a remote runner such as Dataflow, whose workers share no disk)."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
 
   logging.info(
@@ -648,35 +680,34 @@ def _write_shards_with_beam(config, jobs: list[tuple], staging_dir: str) -> list
       | "Shards" >> beam.Create(jobs, reshuffle=True)
       | "WriteShards" >> beam.Map(_write_shard_job)
     )
-  summaries = []
-  for job in jobs:
-    path = os.path.join(staging_dir, f"summary-{job[3]['index']:05d}.json")
-    with open(path) as f:
-      summaries.append(json.load(f))
-  return summaries
+  return [files.read_json(files.path(staging_dir, _summary_name(job[3]["index"]))) for job in jobs]
 
 
 def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
   """Moves the shards' files into TFDS's layout (empty ones dropped) and writes TFDS's metadata
   (dataset_info.json, features.json) with the split's shard lengths: a TFDS dataset that
-  tfds.data_source and tfds.builder_from_directory read."""
+  tfds.data_source and tfds.builder_from_directory read. On gs:// the moves are server-side
+  copies, made a few at a time."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   records = _records_dir(out)
-  os.makedirs(records)
+  if not files.is_remote(records):
+    os.makedirs(records)
   template = tfds.core.ShardedFileTemplate(
     data_dir=records,
     template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
     dataset_name=DATASET_NAME,
     filetype_suffix="array_record",
   )
-  split_infos = []
+  split_infos, moves = [], []
   for split in SPLITS:
     kept = [s for s in summaries if s[split]["examples"]]
     for i, summary in enumerate(kept):
-      os.rename(
-        os.path.join(staging_dir, f"{split}-{summary['shard']:05d}"),
-        os.path.join(records, _final_name(split, i, len(kept))),
+      moves.append(
+        (
+          os.path.join(staging_dir, f"{split}-{summary['shard']:05d}"),
+          os.path.join(records, _final_name(split, i, len(kept))),
+        )
       )
     split_infos.append(
       tfds.core.SplitInfo(
@@ -686,6 +717,8 @@ def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
         filename_template=template.replace(split=split),
       )
     )
+  with concurrent.futures.ThreadPoolExecutor(ASSEMBLE_THREADS) as pool:
+    list(pool.map(lambda move: files.move(*move), moves))
   with cli.prints_to_log("tensorflow_datasets"):
     tfds.folder_dataset.write_metadata(
       data_dir=records,
@@ -733,8 +766,10 @@ def _stats(summaries: list[dict]) -> dict:
   }
 
 
-def _build(config, out: str, fp: dict) -> dict:
-  """Builds everything prepare() promises inside `out` (a fresh temporary directory)."""
+def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
+  """Builds everything prepare() promises inside `out` (a fresh temporary directory, or on gs://
+  the data directory itself), the shards' files written first to `staging_dir` (<out>/staging by
+  default), and prepared.json last."""
   d = config.data
   t_start = time.time()
   vocab_path = os.path.join(out, VOCAB_FILE)
@@ -760,8 +795,9 @@ def _build(config, out: str, fp: dict) -> dict:
       f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"
     )
   t0 = time.time()
-  staging_dir = os.path.join(out, "staging")
-  os.makedirs(staging_dir)
+  staging_dir = staging_dir or os.path.join(out, "staging")
+  if not files.is_remote(staging_dir):
+    os.makedirs(staging_dir)
   jobs = [(_job_data(d), config.seed, vocab_path, shard, staging_dir) for shard in shards]
   if d.beam_runner:
     summaries = _write_shards_with_beam(config, jobs, staging_dir)
@@ -780,7 +816,7 @@ def _build(config, out: str, fp: dict) -> dict:
       )
   t0 = time.time()
   _assemble(summaries, staging_dir, out)
-  shutil.rmtree(staging_dir)
+  files.path(staging_dir).rmtree()
   assemble_seconds = time.time() - t0
 
   total = time.time() - t_start
@@ -818,8 +854,7 @@ def _build(config, out: str, fp: dict) -> dict:
     "python": sys.version.split()[0],
     "created": time.strftime("%Y-%m-%d %H:%M:%S"),
   }
-  with open(os.path.join(out, PREPARED_FILE), "w") as f:
-    json.dump(prepared, f, indent=1)
+  files.path(out, PREPARED_FILE).write_text(json.dumps(prepared, indent=1))
   return prepared
 
 
@@ -830,8 +865,13 @@ def _build_prefix(ddir: str) -> str:
 
 
 def _remove_interrupted_builds(ddir: str) -> None:
-  prefix = os.path.join(os.path.dirname(ddir), _build_prefix(ddir))
-  for path in glob.glob(glob.escape(prefix) + "*"):
+  parent = os.path.dirname(ddir)
+  prefix = os.path.join(parent, _build_prefix(ddir))
+  if files.is_remote(ddir):
+    found = [str(p) for p in files.path(parent).glob(_build_prefix(ddir) + "*")]
+  else:
+    found = glob.glob(glob.escape(prefix) + "*")
+  for path in found:
     pid = path[len(prefix) :].split("-", 1)[0]
     if not pid.isdigit():
       continue
@@ -843,12 +883,20 @@ def _remove_interrupted_builds(ddir: str) -> None:
     except OSError:
       continue
     logging.info("removing %s, left by an interrupted prepare", path)
+    _remove_build(path)
+
+
+def _remove_build(path: str) -> None:
+  if files.is_remote(path):
+    if files.path(path).exists():
+      files.path(path).rmtree()
+  else:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _build_or_disk_full(config, out: str, fp: dict, ddir: str) -> None:
+def _build_or_disk_full(config, out: str, fp: dict, ddir: str, **kw) -> None:
   try:
-    _build(config, out, fp)
+    _build(config, out, fp, **kw)
   except Exception as e:
     if files.is_disk_full(e):
       raise files.DiskFull(
@@ -859,10 +907,16 @@ def _build_or_disk_full(config, out: str, fp: dict, ddir: str) -> None:
 
 
 def _prepare_to_bucket(config, workdir: str, ddir: str) -> dict:
-  """prepare() into gs://: the workers build in a local temporary directory (array_record and
-  SentencePiece write local files), which is then uploaded file by file with prepared.json last:
-  readers (prepare's own check included) see the dataset only once it is complete. Objects left by
-  an interrupted upload, without prepared.json, are overwritten by the next prepare."""
+  """prepare() into gs://, with no local copy of the dataset: the workers (processes or Beam's, on
+  other machines with Dataflow) upload each shard's files into a staging folder beside the data
+  directory, <parent>/.<name>.tmp-<host>-<pid>-*, as soon as the shard is written; the main
+  process then moves them to their final names in the data directory (server-side copies), writes
+  TFDS's metadata and prepared.json last: readers (prepare's own check included) see the dataset
+  only once it is complete. The vocabulary is trained locally and uploaded. An interrupted build
+  leaves a staging folder and a data directory without prepared.json: the next prepare on this
+  host clears both."""
+  if os.path.dirname(ddir).rstrip("/").endswith(":"):
+    raise ConfigError(f"data.data_dir {ddir} is a bucket's root: use a folder in it ({ddir}/data)")
   if not files.is_empty_dir(ddir) and not _only_partial_upload(ddir):
     raise ConfigError(
       f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
@@ -871,13 +925,18 @@ def _prepare_to_bucket(config, workdir: str, ddir: str) -> dict:
   fp = fingerprint(config)
   if config.data.beam_runner:
     _beam_options(config)
-  tmp = tempfile.mkdtemp(prefix="albert_jax_prepare_")
-  logging.info("preparing data for %s (building in %s)", ddir, tmp)
+  _remove_interrupted_builds(ddir)
+  if not files.is_empty_dir(ddir):
+    logging.info("removing the files of an interrupted prepare from %s", ddir)
+    files.path(ddir).rmtree()
+  staging = os.path.join(
+    os.path.dirname(ddir), f"{_build_prefix(ddir)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  )
+  logging.info("preparing data in %s (staging the shards in %s)", ddir, staging)
   try:
-    _build_or_disk_full(config, tmp, fp, ddir)
-    files.upload(tmp, ddir, last=(PREPARED_FILE,))
+    _build_or_disk_full(config, ddir, fp, ddir, staging_dir=staging)
   finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_build(staging)
   ddir, prepared = check_prepared(config, workdir)
   logging.info("prepared %s: %s", ddir, json.dumps(prepared["stats"]))
   return _info(ddir, prepared)
