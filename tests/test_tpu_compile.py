@@ -147,6 +147,38 @@ def test_flash_attention_compiles_for_a_v4_and_is_refused_on_a_v3():
 
 @needs_libtpu
 @pytest.mark.slow
+def test_pallas_kernels_cost_what_they_declare():
+  """The flash kernel's forward and backward alone for one v4 chip (albert_base's per-device shape):
+  the compiler's cost is the forward kernel's declaration (its FLOPs: the reference attention's) plus
+  XLA's own ops; the two backward kernels declare nothing and count as 0."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+  from albert_jax.core import compiling
+
+  device = T.topology_devices(T.parse_slice("v4-8"))[0]
+  on = jax.sharding.SingleDeviceSharding(device)
+  b, n, s, d = 16, 12, 512, 64
+  qkv = jax.ShapeDtypeStruct((b, n, s, d), jnp.bfloat16, sharding=on)
+  segments = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=on)
+
+  def grads(q, k, v, segments):
+    ids = pallas_flash.SegmentIds(q=segments, kv=segments)
+    loss = lambda q, k, v: pallas_flash.flash_attention(q, k, v, segment_ids=ids).sum()  # noqa: E731
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  compiled = compiling.compile_jitted(jax.jit(grads), qkv, qkv, qkv, segments)
+  kernels = compiling.kernel_costs(compiled.text)
+  assert (kernels["kernels"], kernels["undeclared_kernels"]) == (3, 2)
+  # The forward's declared FLOPs: QK^T and PV, 2 x 2 x b n s^2 d, and the softmax (+1%); the
+  # backward's (about twice as many) are not counted.
+  assert kernels["declared_flops"] == pytest.approx(4 * b * n * s * s * d, rel=0.03)
+  assert kernels["declared_flops"] == pytest.approx(compiled.cost["flops"], rel=0.01)
+  # Its bytes: q, k, v, the segment ids in, the output and softmax statistics out.
+  assert 3 * b * n * s * d * 2 < kernels["declared_bytes"] < compiled.cost["bytes"]
+
+
+@needs_libtpu
+@pytest.mark.slow
 def test_a_config_that_cannot_fit_is_reported_with_its_figures():
   r = run_cli("--config=configs/albert_base.py", "--slice=v3-8")  # 512 sequences of 512 per core
   assert r.returncode == 5, r.stderr[-2000:]  # 5: does not fit (2 would be bad input)
