@@ -601,6 +601,7 @@ def roofline(est: Estimate) -> dict[str, float] | None:
     # Pallas kernels' share: their cost is what they declare, not a count (compiling.kernel_costs).
     "kernels": int(cost.get("kernels", 0)),
     "undeclared_kernels": int(cost.get("undeclared_kernels", 0)),
+    "undeclared_io_bytes": cost.get("undeclared_io_bytes", 0.0),
     "declared_flops_share": cost.get("declared_flops", 0.0) / cost["flops"]
     if cost["flops"]
     else 0.0,
@@ -647,7 +648,8 @@ def format_roofline(est: Estimate) -> list[str]:
       "not a count"
       + (
         f"; {r['undeclared_kernels']} declare nothing and count as 0 (the compiler's figures "
-        "miss their cost)"
+        f"miss their cost: their operands and results alone are {r['undeclared_io_bytes'] / 1e9:.1f} "
+        "GB)"
         if r["undeclared_kernels"]
         else ""
       )

@@ -151,8 +151,8 @@ def main_cost(args) -> None:
         f"{r['compile_seconds']:9.0f}"
         + ("" if r["roofline_per_op"] else "  (whole-step bound: no per-op roofline)")
         + (
-          f"  ({r['undeclared_kernels']} of {r['kernels']} kernel calls declare no cost: "
-          "counted as 0)"
+          f"  ({r['undeclared_kernels']} of {r['kernels']} kernel calls declare no cost: counted "
+          f"as 0; their operands and results alone are {r['undeclared_io_bytes'] / 1e9:.1f} GB)"
           if r["undeclared_kernels"]
           else ""
         ),

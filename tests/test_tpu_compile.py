@@ -175,6 +175,9 @@ def test_pallas_kernels_cost_what_they_declare():
   assert kernels["declared_flops"] == pytest.approx(compiled.cost["flops"], rel=0.01)
   # Its bytes: q, k, v, the segment ids in, the output and softmax statistics out.
   assert 3 * b * n * s * d * 2 < kernels["declared_bytes"] < compiled.cost["bytes"]
+  # The backward kernels' operands and results (q, k, v, the output's gradient, softmax statistics
+  # in; dq, dk, dv out): missing from the count.
+  assert kernels["undeclared_io_bytes"] > 2 * 5 * b * n * s * d * 2
 
 
 @needs_libtpu
