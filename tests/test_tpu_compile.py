@@ -328,3 +328,31 @@ def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
   config.model.remat = "dots_with_no_batch_dims_saveable"
   candidates = E.fit_candidates(config, 256)
   assert candidates[:2] == [{"model.remat": "ffn_in"}, {"model.remat": "full"}]
+
+
+def test_the_roofline_reports_the_share_its_pallas_kernels_declare():
+  """estimate's roofline and report from a counted cost with Pallas kernels in it (the figures
+  compiling.kernel_costs adds): the declared shares of bytes and FLOPs, and the kernels that declare
+  nothing with their operands' and results' bytes; none of it without kernels."""
+  config = load_config("albert_base", "dtype=bfloat16,attention_impl=flash")
+  config.train.batch_size = 64
+  est = E.estimate(config, "tpu_v4", 4)
+  cost = {"flops": 4.0e12, "bytes": 50.0e9, "transcendentals": 0.0, "optimal_seconds": -1.0}
+  kernels = {"declared_flops": 0.16e12, "declared_bytes": 2.0e9, "kernels": 36}
+  est.tpu = {
+    "cost": {**cost, **kernels, "undeclared_kernels": 24, "undeclared_io_bytes": 5.4e9},
+    "collective_seconds": 0.001,
+  }
+  r = E.roofline(est)
+  assert r["declared_bytes_share"] == pytest.approx(0.04)
+  assert r["declared_flops_share"] == pytest.approx(0.04)
+  assert (r["kernels"], r["undeclared_kernels"], r["undeclared_io_bytes"]) == (36, 24, 5.4e9)
+  assert r["roofline_seconds"] == pytest.approx(50.0e9 / hardware.HBM_BANDWIDTH["tpu_v4"])
+  line = E.format_roofline(est)[-1]
+  assert line.startswith(
+    "  Pallas kernels: 36 calls per step; 4.0% of the bytes and 4.0% of the FLOPs"
+  )
+  assert "24 declare nothing and count as 0" in line and "5.4 GB" in line
+  est.tpu["cost"] = cost  # a step without kernels: no such line
+  assert E.roofline(est)["kernels"] == 0
+  assert not any("Pallas" in line for line in E.format_roofline(est))
