@@ -598,6 +598,16 @@ def roofline(est: Estimate) -> dict[str, float] | None:
     "step_seconds": step,
     "sequences_per_second": est.batch_size / step,
     "run_seconds": step * est.num_steps,
+    # Pallas kernels' share: their cost is what they declare, not a count (compiling.kernel_costs).
+    "kernels": int(cost.get("kernels", 0)),
+    "undeclared_kernels": int(cost.get("undeclared_kernels", 0)),
+    "undeclared_io_bytes": cost.get("undeclared_io_bytes", 0.0),
+    "declared_flops_share": cost.get("declared_flops", 0.0) / cost["flops"]
+    if cost["flops"]
+    else 0.0,
+    "declared_bytes_share": cost.get("declared_bytes", 0.0) / cost["bytes"]
+    if cost["bytes"]
+    else 0.0,
   }
 
 
@@ -631,7 +641,22 @@ def format_roofline(est: Estimate) -> list[str]:
     f"predicted from the TPU compiler: step {r['step_seconds']:.3f} s (roofline + collectives, no "
     f"overlap), {r['sequences_per_second']:,.0f} sequences/s, {est.num_steps:,} steps in "
     f"{_duration(r['run_seconds'])} ({r['run_seconds'] / 3600 * est.devices:,.0f} device-hours)",
-  ]
+  ] + (
+    [
+      f"  Pallas kernels: {r['kernels']} calls per step; {100 * r['declared_bytes_share']:.1f}% of "
+      f"the bytes and {100 * r['declared_flops_share']:.1f}% of the FLOPs are what they declare, "
+      "not a count"
+      + (
+        f"; {r['undeclared_kernels']} declare nothing and count as 0 (the compiler's figures "
+        f"miss their cost: their operands and results alone are {r['undeclared_io_bytes'] / 1e9:.1f} "
+        "GB)"
+        if r["undeclared_kernels"]
+        else ""
+      )
+    ]
+    if r["kernels"]
+    else []
+  )
 
 
 def format_fit(est: Estimate, config_name: str, given: list[str]) -> list[str]:

@@ -16,6 +16,13 @@ time)). Only the counting copy is compiled (layers unrolled, one micro-batch: co
 so every layer is counted.
 
   python benchmarks/tpu_compile.py --cost --configs=albert_base:dtype=bfloat16 --slices=v3-8,v4-8,v5p-8
+  python benchmarks/tpu_compile.py --cost --slices=v4-8 \
+      --configs="albert_base:dtype=bfloat16,attention_impl=flash;albert_base:dtype=bfloat16"
+
+--configs: specs NAME or NAME:ARG=VALUE,ARG=VALUE separated by ';' or ',' (a comma-separated
+ARG=VALUE continues the spec before it). With Pallas kernels in the step (attention_impl=flash),
+"declared B/F" is the share of the bytes and of the FLOPs that the kernels declare rather than the
+compiler counts (compiling.kernel_costs); a kernel that declares nothing counts as 0 and is flagged.
 
 Prints a table and, last, one JSON line with every figure.
 """
@@ -49,6 +56,30 @@ CONFIGS = (
   "bert_base",
   "bert_large",
 )
+
+
+def split_specs(text: str) -> list[str]:
+  """--configs' specs: NAME or NAME:VARIANT_ARGS, separated by ';' or ','. A comma-separated piece
+  with '=' and no ':' continues the previous spec's variant arguments (config names have no '='), so
+  `albert_base:dtype=bfloat16,attention_impl=flash,albert_large` is two specs."""
+  specs: list[str] = []
+  for chunk in text.split(";"):
+    for piece in chunk.split(","):
+      piece = piece.strip()
+      if not piece:
+        continue
+      if "=" in piece and ":" not in piece:
+        if not specs or ":" not in specs[-1]:
+          raise ConfigError(
+            f"--configs: {piece!r} is a variant argument with no config before it "
+            "(write NAME:ARG=VALUE,...)"
+          )
+        specs[-1] += "," + piece
+      else:
+        specs.append(piece)
+  if not specs:
+    raise ConfigError("--configs: no config named")
+  return specs
 
 
 def load(spec: str):
@@ -98,21 +129,33 @@ def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
 def main_cost(args) -> None:
   rows = []
   print(
-    f"{'config':34} {'slice':6} {'batch':>5} {'TFLOPs/dev':>10} {'analytic':>8} {'ratio':>6} "
-    f"{'GB/dev':>7} {'roofline ms':>11} {'roofline MFU':>12} {'compile s':>9}"
+    f"{'config':50} {'slice':6} {'batch':>5} {'TFLOPs/dev':>10} {'analytic':>8} {'ratio':>6} "
+    f"{'GB/dev':>7} {'roofline ms':>11} {'roofline MFU':>12} {'declared B/F':>12} {'compile s':>9}"
   )
-  for spec in args.configs.split(","):
+  for spec in split_specs(args.configs):
     for slice_name in args.slices.split(","):
       r = measure_cost(spec, slice_name, args.per_device)
       rows.append(r)
       if "error" in r:
-        print(f"{spec:34} {slice_name:6} {r['batch']:5d}  {r['error'][:90]}", flush=True)
+        print(f"{spec:50} {slice_name:6} {r['batch']:5d}  {r['error'][:90]}", flush=True)
         continue
+      declared = (
+        f"{100 * r['declared_bytes_share']:.0f}%/{100 * r['declared_flops_share']:.0f}%"
+        if r["kernels"]
+        else "-"
+      )
       print(
-        f"{spec:34} {slice_name:6} {r['batch']:5d} {r['flops'] / 1e12:10.2f} "
+        f"{spec:50} {slice_name:6} {r['batch']:5d} {r['flops'] / 1e12:10.2f} "
         f"{r['analytic_flops'] / 1e12:8.2f} {r['flops_vs_analytic']:6.3f} {r['bytes'] / 1e9:7.1f} "
-        f"{1e3 * r['roofline_seconds']:11.1f} {r['roofline_mfu']:12.2f} {r['compile_seconds']:9.0f}"
-        + ("" if r["roofline_per_op"] else "  (whole-step bound: no per-op roofline)"),
+        f"{1e3 * r['roofline_seconds']:11.1f} {r['roofline_mfu']:12.2f} {declared:>12} "
+        f"{r['compile_seconds']:9.0f}"
+        + ("" if r["roofline_per_op"] else "  (whole-step bound: no per-op roofline)")
+        + (
+          f"  ({r['undeclared_kernels']} of {r['kernels']} kernel calls declare no cost: counted "
+          f"as 0; their operands and results alone are {r['undeclared_io_bytes'] / 1e9:.1f} GB)"
+          if r["undeclared_kernels"]
+          else ""
+        ),
         flush=True,
       )
   print(json.dumps(rows))
@@ -142,7 +185,7 @@ def main(argv=None) -> None:
     f"{'analytic GiB':>12} {'ratio':>6} {'fits':>5} {'collective MiB':>14} {'params x4 MiB':>13}"
   )
   try:
-    for spec in args.configs.split(","):
+    for spec in split_specs(args.configs):
       for slice_name in args.slices.split(","):
         r = measure(spec, slice_name, args.batch or None)
         rows.append(r)

@@ -147,3 +147,51 @@ def test_train_step_tiny_with_torch(capsys):
   print(train_step.format_table(figures))
   table = capsys.readouterr().out
   assert "ours (jax)" in table and "ours / torch hf (seq/s)" in table and "at 100% MFU" in table
+
+
+def load_tpu_compile():
+  spec = importlib.util.spec_from_file_location(
+    "tpu_compile_bench", os.path.join(ROOT, "benchmarks", "tpu_compile.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_tpu_compile_configs_take_variants_with_several_arguments():
+  """--configs: the documented single forms, ';' between specs, and commas that continue a variant
+  (a piece with '=' and no ':' is an argument of the spec before it)."""
+  split = load_tpu_compile().split_specs
+  assert split("albert_base") == ["albert_base"]
+  assert split("albert_base,bert_large") == ["albert_base", "bert_large"]
+  assert split("albert_xxlarge:remat=full,bert_base") == ["albert_xxlarge:remat=full", "bert_base"]
+  flash = "albert_base:dtype=bfloat16,attention_impl=flash"
+  assert split(flash) == [flash]
+  assert split(f"{flash};albert_base:dtype=bfloat16") == [flash, "albert_base:dtype=bfloat16"]
+  assert split(f"{flash},albert_large:dtype=bfloat16,attention_impl=flash,bert_base") == [
+    flash,
+    "albert_large:dtype=bfloat16,attention_impl=flash",
+    "bert_base",
+  ]
+  assert split(" albert_base ; ;albert_large ") == ["albert_base", "albert_large"]
+  for bad in ("dtype=bfloat16", "albert_base,dtype=bfloat16", ";"):
+    with pytest.raises(config_lib.ConfigError, match="--configs"):
+      split(bad)
+
+
+@pytest.mark.slow
+def test_tpu_compile_bad_configs_is_one_line_error():
+  run = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "benchmarks", "tpu_compile.py"),
+      "--cost",
+      "--configs=dtype=bfloat16",
+    ],
+    capture_output=True,
+    text=True,
+    env={**os.environ, "PYTHONPATH": ROOT},
+    timeout=300,
+  )
+  assert run.returncode == 2, run.stderr
+  assert run.stderr.strip().splitlines()[-1].startswith("error: --configs:")

@@ -147,6 +147,41 @@ def test_flash_attention_compiles_for_a_v4_and_is_refused_on_a_v3():
 
 @needs_libtpu
 @pytest.mark.slow
+def test_pallas_kernels_cost_what_they_declare():
+  """The flash kernel's forward and backward alone for one v4 chip (albert_base's per-device shape):
+  the compiler's cost is the forward kernel's declaration (its FLOPs: the reference attention's) plus
+  XLA's own ops; the two backward kernels declare nothing and count as 0."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+  from albert_jax.core import compiling
+
+  device = T.topology_devices(T.parse_slice("v4-8"))[0]
+  on = jax.sharding.SingleDeviceSharding(device)
+  b, n, s, d = 16, 12, 512, 64
+  qkv = jax.ShapeDtypeStruct((b, n, s, d), jnp.bfloat16, sharding=on)
+  segments = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=on)
+
+  def grads(q, k, v, segments):
+    ids = pallas_flash.SegmentIds(q=segments, kv=segments)
+    loss = lambda q, k, v: pallas_flash.flash_attention(q, k, v, segment_ids=ids).sum()  # noqa: E731
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  compiled = compiling.compile_jitted(jax.jit(grads), qkv, qkv, qkv, segments)
+  kernels = compiling.kernel_costs(compiled.text)
+  assert (kernels["kernels"], kernels["undeclared_kernels"]) == (3, 2)
+  # The forward's declared FLOPs: QK^T and PV, 2 x 2 x b n s^2 d, and the softmax (+1%); the
+  # backward's (about twice as many) are not counted.
+  assert kernels["declared_flops"] == pytest.approx(4 * b * n * s * s * d, rel=0.03)
+  assert kernels["declared_flops"] == pytest.approx(compiled.cost["flops"], rel=0.01)
+  # Its bytes: q, k, v, the segment ids in, the output and softmax statistics out.
+  assert 3 * b * n * s * d * 2 < kernels["declared_bytes"] < compiled.cost["bytes"]
+  # The backward kernels' operands and results (q, k, v, the output's gradient, softmax statistics
+  # in; dq, dk, dv out): missing from the count.
+  assert kernels["undeclared_io_bytes"] > 2 * 5 * b * n * s * d * 2
+
+
+@needs_libtpu
+@pytest.mark.slow
 def test_a_config_that_cannot_fit_is_reported_with_its_figures():
   r = run_cli("--config=configs/albert_base.py", "--slice=v3-8")  # 512 sequences of 512 per core
   assert r.returncode == 5, r.stderr[-2000:]  # 5: does not fit (2 would be bad input)
@@ -293,3 +328,31 @@ def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
   config.model.remat = "dots_with_no_batch_dims_saveable"
   candidates = E.fit_candidates(config, 256)
   assert candidates[:2] == [{"model.remat": "ffn_in"}, {"model.remat": "full"}]
+
+
+def test_the_roofline_reports_the_share_its_pallas_kernels_declare():
+  """estimate's roofline and report from a counted cost with Pallas kernels in it (the figures
+  compiling.kernel_costs adds): the declared shares of bytes and FLOPs, and the kernels that declare
+  nothing with their operands' and results' bytes; none of it without kernels."""
+  config = load_config("albert_base", "dtype=bfloat16,attention_impl=flash")
+  config.train.batch_size = 64
+  est = E.estimate(config, "tpu_v4", 4)
+  cost = {"flops": 4.0e12, "bytes": 50.0e9, "transcendentals": 0.0, "optimal_seconds": -1.0}
+  kernels = {"declared_flops": 0.16e12, "declared_bytes": 2.0e9, "kernels": 36}
+  est.tpu = {
+    "cost": {**cost, **kernels, "undeclared_kernels": 24, "undeclared_io_bytes": 5.4e9},
+    "collective_seconds": 0.001,
+  }
+  r = E.roofline(est)
+  assert r["declared_bytes_share"] == pytest.approx(0.04)
+  assert r["declared_flops_share"] == pytest.approx(0.04)
+  assert (r["kernels"], r["undeclared_kernels"], r["undeclared_io_bytes"]) == (36, 24, 5.4e9)
+  assert r["roofline_seconds"] == pytest.approx(50.0e9 / hardware.HBM_BANDWIDTH["tpu_v4"])
+  line = E.format_roofline(est)[-1]
+  assert line.startswith(
+    "  Pallas kernels: 36 calls per step; 4.0% of the bytes and 4.0% of the FLOPs"
+  )
+  assert "24 declare nothing and count as 0" in line and "5.4 GB" in line
+  est.tpu["cost"] = cost  # a step without kernels: no such line
+  assert E.roofline(est)["kernels"] == 0
+  assert not any("Pallas" in line for line in E.format_roofline(est))

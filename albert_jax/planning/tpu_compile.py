@@ -144,26 +144,6 @@ def topology_devices(tpu: Slice) -> list:
 # Collectives in the compiled HLO.
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_BYTES = {
-  "pred": 1,
-  "s8": 1,
-  "u8": 1,
-  "s16": 2,
-  "u16": 2,
-  "f16": 2,
-  "bf16": 2,
-  "s32": 4,
-  "u32": 4,
-  "f32": 4,
-  "s64": 8,
-  "u64": 8,
-  "f64": 8,
-  "c64": 8,
-  "c128": 16,
-  "f8e4m3fn": 1,
-  "f8e5m2": 1,
-}
-_SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s([a-z][a-z\-]*)\((.*)$")
 _CALLEE = re.compile(
@@ -171,14 +151,6 @@ _CALLEE = re.compile(
   r"false_computation)=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?"
 )
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-
-
-def _shape_bytes(text: str) -> int:
-  total = 0
-  for dtype, dims in _SHAPE.findall(text):
-    if dtype in _BYTES:
-      total += _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-  return total
 
 
 def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
@@ -233,7 +205,7 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
       kind = op[: -len("-done")] if op.endswith("-done") else op
       if kind in found and not op.endswith("-start"):
         found[kind]["count"] += times
-        found[kind]["bytes"] += times * _shape_bytes(shape)
+        found[kind]["bytes"] += times * compiling.shape_bytes(shape)
   return found
 
 
