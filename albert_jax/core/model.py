@@ -343,12 +343,19 @@ class Attention(nn.Module):
       mask = attention_mask[:, None, None, :].astype(bool)
       context = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(d))
     else:
-      scores = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32)
+      # Under a 16-bit compute dtype the scores leave their matmul and the probabilities are kept for
+      # the backward pass in that dtype (`softmax`: the float32 maths unchanged, half the bytes of the
+      # largest tensors); under float32 jax's own softmax and derivative, which the analytic memory
+      # estimate is calibrated against.
+      half = jnp.dtype(v.dtype).itemsize < 4
+      scores = jnp.einsum(
+        "bqnd,bknd->bnqk", q, k, preferred_element_type=None if half else jnp.float32
+      ).astype(jnp.float32)
       scores = scores / math.sqrt(d)
       scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
-      probs = softmax(scores, v.dtype)  # computed in float32, kept in the compute dtype
+      probs = softmax(scores, v.dtype) if half else jax.nn.softmax(scores, axis=-1)
       probs = nn.Dropout(cfg.attention_probs_dropout_prob, deterministic=self.deterministic)(probs)
-      context = jnp.einsum("bnqk,bknd->bqnd", probs, v)
+      context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
     out = _dense(cfg, h, ("heads", "hidden"), "dense")(context.reshape(b, s, h))
     out = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)(out)
     return _layer_norm(cfg, "hidden", "LayerNorm")(x + out).astype(cfg.compute_dtype)
