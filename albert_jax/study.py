@@ -230,9 +230,9 @@ class StudyError(RuntimeError):
 
 
 def checkpoint_steps(rdir: str) -> list[int]:
-  from albert_jax.core import checkpoint
+  from albert_jax.core import workdir
 
-  root = checkpoint.checkpoints_dir(rdir)
+  root = workdir.checkpoints_dir(rdir)
   return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
 
 
