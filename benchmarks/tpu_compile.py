@@ -24,6 +24,13 @@ ARG=VALUE continues the spec before it). With Pallas kernels in the step (attent
 "declared B/F" is the share of the bytes and of the FLOPs that the kernels declare rather than the
 compiler counts (compiling.kernel_costs); a kernel that declares nothing counts as 0 and is flagged.
 
+With --block, where one transformer block's traffic goes: the block's forward and backward alone
+(AlbertLayer at --per_device sequences of the config's length, one core of the slice) compiled, its
+FLOPs and bytes, then its --top largest instructions by bytes read + written (fusions, copies; the
+shapes say which tensor): the quick check (seconds) behind each change to the model's memory traffic.
+
+  python benchmarks/tpu_compile.py --block --configs=albert_base:dtype=bfloat16 --slices=v3-8
+
 Prints a table and, last, one JSON line with every figure.
 """
 
@@ -43,7 +50,7 @@ from albert_jax import cli  # noqa: E402
 cli.quiet_libtpu()
 
 from albert_jax import estimate as E  # noqa: E402
-from albert_jax.core import compiling  # noqa: E402
+from albert_jax.core import compiling, config_lib  # noqa: E402
 from albert_jax.core.config_lib import ConfigError  # noqa: E402
 from albert_jax.planning import tpu_compile  # noqa: E402
 
@@ -126,6 +133,66 @@ def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
   return {**row, **E.roofline(est), "compile_seconds": est.tpu["compile_seconds"]}
 
 
+def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
+  """One block's forward and backward compiled for one core of `slice_name`: its cost and
+  compiling.traffic's rows."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from albert_jax.core import model as M
+
+  config = load(spec)
+  config_lib.validate(config)
+  device = tpu_compile.topology_devices(tpu_compile.parse_slice(slice_name))[0]
+  cfg = M.model_config(config.model)
+  layer = M.AlbertLayer(cfg, deterministic=False)
+  on = jax.sharding.SingleDeviceSharding(device)
+  shape = (per_device, config.data.max_seq_length)
+  x = jax.ShapeDtypeStruct((*shape, cfg.hidden_size), cfg.compute_dtype, sharding=on)
+  mask = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=on)
+  params = jax.eval_shape(
+    lambda: nn.unbox(layer.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype), jnp.ones(shape)))
+  )["params"]
+  params = jax.tree_util.tree_map(
+    lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params
+  )
+
+  def forward_backward(params, x, mask):
+    apply = lambda p, x: layer.apply({"params": p}, x, mask, rngs={"dropout": jax.random.key(0)})  # noqa: E731
+    y, vjp = jax.vjp(apply, params, x)
+    return vjp(y)
+
+  compiled = compiling.compile_jitted(jax.jit(forward_backward), params, x, mask)
+  return {
+    "config": spec,
+    "slice": slice_name,
+    "tokens": shape,
+    **compiled.cost,
+    "traffic": compiling.traffic(compiled.text),
+  }
+
+
+def main_block(args) -> None:
+  rows = []
+  for spec in split_specs(args.configs):
+    for slice_name in args.slices.split(","):
+      r = measure_block(spec, slice_name, args.per_device)
+      rows.append({k: v for k, v in r.items() if k != "traffic"})
+      print(
+        f"{spec} on one {slice_name} core, {r['tokens'][0]} x {r['tokens'][1]} tokens: one block's "
+        f"forward and backward {r['flops'] / 1e9:.1f} GFLOPs, {r['bytes'] / 1e9:.3f} GB accessed"
+      )
+      print(f"  {'MB read':>9} {'MB written':>10}  {'instruction':28} {'op':16} result")
+      for t in r["traffic"][: args.top]:
+        print(
+          f"  {t['read'] / 1e6:9.1f} {t['written'] / 1e6:10.1f}  {t['name'][:28]:28} "
+          f"{t['op'][:16]:16} {t['shape'][:90]}",
+          flush=True,
+        )
+  print(json.dumps(rows))
+
+
 def main_cost(args) -> None:
   rows = []
   print(
@@ -170,12 +237,16 @@ def main(argv=None) -> None:
   )
   parser.add_argument("--cost", action="store_true", help="the compiler's cost model's table")
   parser.add_argument(
-    "--per_device", type=int, default=16, help="--cost: sequences per device (default 16)"
+    "--block", action="store_true", help="one block's traffic, instruction by instruction"
+  )
+  parser.add_argument("--top", type=int, default=25, help="--block: instructions listed")
+  parser.add_argument(
+    "--per_device", type=int, default=16, help="--cost, --block: sequences per device (default 16)"
   )
   args = parser.parse_args(argv)
-  if args.cost:
+  if args.cost or args.block:
     try:
-      return main_cost(args)
+      return main_block(args) if args.block else main_cost(args)
     except ConfigError as e:
       cli.fail(str(e))
   rows = []

@@ -293,6 +293,44 @@ def test_flash_attention_is_refused_where_it_cannot_run():
   M.check_attention_impl(M.model_config(small("all")), v3)  # einsum runs everywhere
 
 
+def _reference_attention(q, k, v, mask, keep=None, rate=0.0):
+  """softmax(q k^T / sqrt(d), padded keys masked) v in float32 from the same inputs, op by op."""
+  q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
+  scores = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
+  scores = scores + (1.0 - mask[:, None, None, :]) * M.MASK_ADDER
+  probs = jax.nn.softmax(scores, axis=-1)
+  if keep is not None:
+    probs = jnp.where(keep, probs / (1.0 - rate), 0.0)
+  return jnp.einsum("bnqk,bknd->bqnd", probs, v)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_bfloat16_attention_core_matches_float32_attention(rate):
+  """The 16-bit attention with its own derivative (row sums from the second matmul, the row term as
+  dO . O, the scores' gradient written once) against float32 attention differentiated by jax from
+  the same bfloat16 inputs: values and q, k, v gradients within bfloat16 rounding, padded keys
+  ignored, and with dropout the same keep mask in both passes."""
+  b, s, n, d = 2, 24, 3, 16
+  keys = jax.random.split(jax.random.key(0), 5)
+  q, k, v, g = (jax.random.normal(r, (b, s, n, d)).astype(jnp.bfloat16) for r in keys[:4])
+  mask = jnp.ones((b, s), jnp.int32).at[1, 17:].set(0)
+  rng = keys[4] if rate else None
+  keep = jax.random.bernoulli(rng, 1.0 - rate, (b, n, s, s)) if rate else None
+  ours = lambda q, k, v: M.attention_core(q, k, v, mask, rng, 1.0 / np.sqrt(d), rate)  # noqa: E731
+  ref = lambda q, k, v: _reference_attention(q, k, v, mask, keep, rate)  # noqa: E731
+  out, vjp = jax.vjp(ours, q, k, v)
+  expected, ref_vjp = jax.vjp(ref, q, k, v)
+  assert out.dtype == jnp.bfloat16
+  pairs = [(out, expected), *zip(vjp(g), ref_vjp(g.astype(jnp.float32)))]
+  for ours_x, ref_x in pairs:  # the output, then the q, k, v gradients
+    error = np.abs(np.asarray(ours_x.astype(jnp.float32)) - np.asarray(ref_x)).max()
+    assert error < 0.01 * np.abs(np.asarray(ref_x)).max(), (error, np.abs(ref_x).max())
+  # Padded keys: their value rows get no gradient, and changing them changes no output.
+  assert float(jnp.abs(vjp(g)[2][1, 17:]).max()) == 0.0
+  v2 = v.at[1, 17:].set(7.0)
+  np.testing.assert_array_equal(ours(q, k, v2), out)
+
+
 def test_bfloat16_compute_keeps_float32_params_and_logits():
   cfg = M.model_config(small("all", dtype="bfloat16"))
   inputs = batch(cfg)

@@ -356,3 +356,30 @@ def test_the_roofline_reports_the_share_its_pallas_kernels_declare():
   est.tpu["cost"] = cost  # a step without kernels: no such line
   assert E.roofline(est)["kernels"] == 0
   assert not any("Pallas" in line for line in E.format_roofline(est))
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_one_blocks_traffic_by_instruction_adds_up_to_the_compilers_bytes():
+  """benchmarks/tpu_compile.py --block: one block compiled for a v3 core, its instructions' bytes
+  (compiling.traffic) sum to the compiler's count; under bfloat16 the attention core moves its
+  [B, heads, S, S] tensors 7 times (forward: the scores written, read once by the second matmul,
+  which also gives the row sums; backward: read for dV, read and the scores' gradient written once,
+  which dQ and dK read), all in bfloat16. jax's softmax differentiated by autodiff took 10 passes."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "tpu_compile_bench", os.path.join(ROOT, "benchmarks", "tpu_compile.py")
+  )
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  b, s = 2, 512
+  r = bench.measure_block("albert_base:dtype=bfloat16", "v3-8", b)
+  rows = r["traffic"]
+  assert sum(t["read"] + t["written"] for t in rows) == pytest.approx(r["bytes"], rel=0.02)
+  assert rows[0]["read"] + rows[0]["written"] >= rows[-1]["read"] + rows[-1]["written"]
+  square = re.compile(rf"\b(\w+)\[{b},12,{s},{s}\]")
+  moved = [
+    m.group(1) for t in rows for x in (t["shape"], *t["operands"]) for m in square.finditer(x)
+  ]
+  assert moved == ["bf16"] * 7, rows[:8]

@@ -162,6 +162,46 @@ def kernel_costs(hlo_text: str) -> dict[str, float]:
   return found
 
 
+_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][a-z\-]*)\((.*)$")
+_FREE = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
+
+
+def traffic(hlo_text: str) -> list[dict[str, Any]]:
+  """Where a compiled program's HBM traffic goes: every top-level instruction of its entry
+  computation (a fusion, a copy, a collective, ...) with the bytes of its operands and of its result
+  and their shapes, largest first. Their sum is close to the cost analysis's `bytes` on a loop-free program: the TPU
+  compiler counts an instruction's traffic as what it reads and writes (a loop's body, not listed
+  here, would be missing). Parameters, constants, tuples and bitcasts move nothing and are left out."""
+  lines = hlo_text.splitlines()
+  start = next((i for i, line in enumerate(lines) if line.startswith("ENTRY")), len(lines))
+  sizes: dict[str, int] = {}
+  shapes: dict[str, str] = {}
+  rows = []
+  for line in lines[start + 1 :]:
+    if line.strip() == "}":
+      break
+    found = _INSTRUCTION.match(line)
+    if not found:
+      continue
+    name, shape, op, rest = found.groups()
+    sizes[name], shapes[name] = shape_bytes(shape), shape
+    if op in _FREE:
+      continue
+    operands = re.findall(r"%([\w.\-]+)", rest.split("), ", 1)[0])
+    kind = re.search(r"kind=(k\w+)", rest)
+    rows.append(
+      {
+        "name": name,
+        "op": op + (f" {kind.group(1)}" if kind else ""),
+        "read": sum(sizes.get(a, 0) for a in operands),
+        "written": sizes[name],
+        "shape": shape,
+        "operands": [shapes[a] for a in operands if a in shapes],
+      }
+    )
+  return sorted(rows, key=lambda r: -(r["read"] + r["written"]))
+
+
 def compile_jitted(jitted, *args, mesh=None) -> Compiled:
   """jitted.lower(*args).compile() (under `mesh`, for logical shardings), timed, with its analyses.
   args may be arrays or jax.ShapeDtypeStructs (nothing is allocated for those)."""

@@ -163,6 +163,24 @@ def _dense(cfg: ModelConfig, features: int, names: tuple[str, str], name: str) -
   )
 
 
+class _DenseParams(nn.Module):
+  """The kernel [in, features] and bias [features] of an nn.Dense named like this module (the same
+  names, shapes, initialisers and shardings, so the same parameter tree and initial values), for a
+  caller that applies several such layers as one matmul."""
+
+  cfg: ModelConfig
+  features: int
+  names: tuple[str, str]
+
+  @nn.compact
+  def __call__(self, in_features: int):
+    kernel = self.param(
+      "kernel", _init(self.cfg, self.names), (in_features, self.features), self.cfg.params_dtype
+    )
+    bias = self.param("bias", _zeros((self.names[1],)), (self.features,), self.cfg.params_dtype)
+    return kernel, bias
+
+
 def _layer_norm(cfg: ModelConfig, axis: str, name: str) -> nn.LayerNorm:
   # Statistics and output in float32 whatever the compute dtype.
   return nn.LayerNorm(
@@ -228,30 +246,74 @@ class AlbertEmbeddings(nn.Module):
     return self.word_embeddings.attend(x)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def softmax(scores, dtype):
-  """jax.nn.softmax(scores, axis=-1) in float32, returned in `dtype` (the compute dtype): what the
-  attention's second matmul reads.
-
-  Why a custom derivative: differentiating softmax keeps its float32 output for the backward pass,
-  and the compiler re-reads that [heads, S, S] tensor in every backward fusion of the attention (the
-  largest share of a bfloat16 step's memory traffic). This rule keeps the `dtype` probabilities the
-  forward pass wrote anyway and computes the gradient, p (g - sum(g p)), in float32 from them: under
-  float32 exactly jax's; under bfloat16 the probabilities are rounded as the matmul reads them."""
-  return jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dtype)
+def _attention_scores(raw, attention_mask, scale):
+  """float32 softmax inputs: the first matmul's output x scale + the mask adder on padded keys."""
+  scores = raw.astype(jnp.float32) * scale
+  return scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
 
 
-def _softmax_fwd(scores, dtype):
-  probs = softmax(scores, dtype)
-  return probs, probs
+def _keep(rng, rate: float, shape):
+  """The attention dropout's keep mask (None without dropout), the same draw in both passes."""
+  return None if rng is None else jax.random.bernoulli(rng, 1.0 - rate, shape)
 
 
-def _softmax_bwd(dtype, probs, g):
-  p, g = probs.astype(jnp.float32), g.astype(jnp.float32)
-  return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def attention_core(q, k, v, attention_mask, rng, scale: float, rate: float):
+  """dropout(softmax(q k^T x scale + mask adder)) v for q, k, v [B, S, heads, d] in a 16-bit compute
+  dtype: the scores leave their matmul in that dtype, softmax runs in float32, the probabilities
+  enter the second matmul in that dtype; `rng` None: no dropout (else rate `rate`).
+
+  Why its own derivative: the [B, heads, S, S] tensors are most of a 16-bit step's memory traffic,
+  and autodiff reads them more often than it must. This rule keeps the scores as the first matmul
+  wrote them plus two float32 numbers a row (the probabilities are recomputed where they are read),
+  takes sum_k p dP over a row as dO . O (a [B, S, heads] product instead of a pass over the
+  [S, S] tensors), and writes the scores' gradient once for both matmuls that read it."""
+  return _attention_fwd(q, k, v, attention_mask, rng, scale, rate)[0]
 
 
-softmax.defvjp(_softmax_fwd, _softmax_bwd)
+def _attention_fwd(q, k, v, attention_mask, rng, scale, rate):
+  raw = jnp.einsum("bqnd,bknd->bnqk", q, k)
+  scores = _attention_scores(raw, attention_mask, scale)
+  top = jnp.max(scores, axis=-1, keepdims=True)
+  exp = jnp.exp(scores - top)
+  keep = _keep(rng, rate, exp.shape)
+  if keep is None:
+    # The row sums come out of the second matmul as a last column of ones appended to v: one pass
+    # over the [S, S] tensor fewer than a separate sum.
+    ones = jnp.ones(v.shape[:-1] + (1,), v.dtype)
+    both = jnp.einsum(
+      "bnqk,bknd->bqnd",
+      exp.astype(v.dtype),
+      jnp.concatenate([v, ones], axis=-1),
+      preferred_element_type=jnp.float32,
+    )
+    total = both[..., -1:]
+    out = (both[..., :-1] / total).astype(v.dtype)
+    total = total[..., 0].transpose(0, 2, 1)[..., None]  # [B, heads, S, 1] like `top`
+  else:
+    total = jnp.sum(exp, axis=-1, keepdims=True)
+    dropped = jnp.where(keep, exp / (total * (1.0 - rate)), 0.0)
+    out = jnp.einsum("bnqk,bknd->bqnd", dropped.astype(v.dtype), v)
+  return out, (q, k, v, attention_mask, rng, raw, (top, total), out)
+
+
+def _attention_bwd(scale, rate, residuals, d_out):
+  q, k, v, attention_mask, rng, raw, (top, total), out = residuals
+  probs = jnp.exp(_attention_scores(raw, attention_mask, scale) - top) / total
+  keep = _keep(rng, rate, probs.shape)
+  dropped = probs if keep is None else jnp.where(keep, probs / (1.0 - rate), 0.0)
+  d_v = jnp.einsum("bnqk,bqnd->bknd", dropped.astype(v.dtype), d_out)
+  d_dropped = jnp.einsum("bqnd,bknd->bnqk", d_out, v, preferred_element_type=jnp.float32)
+  d_probs = d_dropped if keep is None else jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+  # sum_k p_qk dP_qk = dO_q . O_q (O = dropped probs @ v): the softmax derivative's row term.
+  row = jnp.einsum("bqnd,bqnd->bnq", d_out.astype(jnp.float32), out.astype(jnp.float32))
+  d_raw = (probs * (d_probs - row[..., None]) * scale).astype(q.dtype)
+  d_q = jnp.einsum("bnqk,bknd->bqnd", d_raw, k)
+  d_k = jnp.einsum("bnqk,bqnd->bknd", d_raw, q)
+  return d_q, d_k, d_v, None, None
+
+
+attention_core.defvjp(_attention_fwd, _attention_bwd)
 
 
 def flash_attention(q, k, v, attention_mask, scale: float):
@@ -332,30 +394,33 @@ class Attention(nn.Module):
     b, s, h = x.shape
     n = cfg.num_attention_heads
     d = h // n
-    split = lambda t: t.reshape(b, s, n, d)
-    q = split(_dense(cfg, h, ("hidden", "heads"), "query")(x))
-    k = split(_dense(cfg, h, ("hidden", "heads"), "key")(x))
-    v = split(_dense(cfg, h, ("hidden", "heads"), "value")(x))
+
+    def project(name):
+      # x @ kernel + bias computed as [B, heads, d, S], the arrangement the attention's matmuls read,
+      # then viewed as [B, S, heads, d]: no transposing copy of q, k and v between the two.
+      kernel, bias = _DenseParams(cfg, h, ("hidden", "heads"), name=name)(h)
+      kernel, bias = kernel.astype(cfg.compute_dtype), bias.astype(cfg.compute_dtype)
+      y = jnp.einsum("bsh,hnd->bnds", x.astype(cfg.compute_dtype), kernel.reshape(h, n, d))
+      return (y + bias.reshape(n, d)[None, :, :, None]).transpose(0, 3, 1, 2)
+
+    q, k, v = project("query"), project("key"), project("value")
+    scale = 1.0 / math.sqrt(d)
     if cfg.attention_impl == "flash":
-      context = flash_attention(q, k, v, attention_mask, 1.0 / math.sqrt(d))
+      context = flash_attention(q, k, v, attention_mask, scale)
     elif cfg.attention_impl == "dot_product_attention":
       # No attention-probability dropout here (validated); the mask is on keys only.
       mask = attention_mask[:, None, None, :].astype(bool)
-      context = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(d))
-    else:
-      # Under a 16-bit compute dtype the scores leave their matmul and the probabilities are kept for
-      # the backward pass in that dtype (`softmax`: the float32 maths unchanged, half the bytes of the
-      # largest tensors); under float32 jax's own softmax and derivative, which the analytic memory
-      # estimate is calibrated against.
-      half = jnp.dtype(v.dtype).itemsize < 4
-      scores = jnp.einsum(
-        "bqnd,bknd->bnqk", q, k, preferred_element_type=None if half else jnp.float32
-      ).astype(jnp.float32)
-      scores = scores / math.sqrt(d)
+      context = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    elif jnp.dtype(v.dtype).itemsize < 4:  # einsum under a 16-bit compute dtype
+      rate = cfg.attention_probs_dropout_prob
+      rng = None if self.deterministic or rate == 0 else self.make_rng("dropout")
+      context = attention_core(q, k, v, attention_mask, rng, scale, rate)
+    else:  # einsum in float32: jax's softmax and derivative (the memory estimate's calibration)
+      scores = jnp.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d)
       scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
-      probs = softmax(scores, v.dtype) if half else jax.nn.softmax(scores, axis=-1)
+      probs = jax.nn.softmax(scores, axis=-1)
       probs = nn.Dropout(cfg.attention_probs_dropout_prob, deterministic=self.deterministic)(probs)
-      context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
+      context = jnp.einsum("bnqk,bknd->bqnd", probs, v)
     out = _dense(cfg, h, ("heads", "hidden"), "dense")(context.reshape(b, s, h))
     out = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)(out)
     return _layer_norm(cfg, "hidden", "LayerNorm")(x + out).astype(cfg.compute_dtype)
