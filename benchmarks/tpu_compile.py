@@ -146,6 +146,7 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   config_lib.validate(config)
   device = tpu_compile.topology_devices(tpu_compile.parse_slice(slice_name))[0]
   cfg = M.model_config(config.model)
+  M.check_attention_impl(cfg, device)
   layer = M.AlbertLayer(cfg, deterministic=False)
   on = jax.sharding.SingleDeviceSharding(device)
   shape = (per_device, config.data.max_seq_length)
