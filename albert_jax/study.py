@@ -78,9 +78,23 @@ class Variant:
   paper: str  # what the paper reports for it, in words
 
 
+PAPER_EMBEDDING_SIZES = (64, 128, 256, 768)  # Table 3's E, at H=768
+
+
+def _scaled(e: int, hidden_size: int) -> int:
+  return max(8, 8 * round(hidden_size * e / 768 / 8))
+
+
 def embedding_sizes(hidden_size: int) -> list[int]:
   """The paper's E/H ratios (64, 128, 256, 768 at H=768) at another H, multiples of 8."""
-  return sorted({max(8, 8 * round(hidden_size * r / 8)) for r in (1 / 12, 1 / 6, 1 / 3, 1)})
+  return sorted({_scaled(e, hidden_size) for e in PAPER_EMBEDDING_SIZES})
+
+
+def paper_embedding_size(e: int, hidden_size: int) -> int | None:
+  """The paper's E (at H=768) that E=e at H=hidden_size stands for: the one it scales to (the largest
+  such when two round to the same multiple of 8), None for a size that is no scaled paper size."""
+  found = [p for p in PAPER_EMBEDDING_SIZES if _scaled(p, hidden_size) == e]
+  return found[-1] if found else None
 
 
 def variants(study: str, config, sizes: list[int] | None = None) -> list[Variant]:
@@ -106,12 +120,13 @@ def variants(study: str, config, sizes: list[int] | None = None) -> list[Variant
     out = []
     for s in ("all", "none"):
       for e in sizes:
-        paper = PAPER_PARAMS_TABLE3.get((s, round(e * 768 / h)), "")
+        paper_e = paper_embedding_size(e, h)
+        paper = "" if paper_e is None else f"{PAPER_PARAMS_TABLE3[(s, paper_e)]} parameters"
+        if paper and h != 768:
+          paper += f" (E={paper_e} at H=768)"
         out.append(
           Variant(
-            f"{SHARING_NAMES[s]}-E{e}",
-            (("model.sharing", s), ("model.embedding_size", e)),
-            f"{paper} parameters at H=768" if paper else "",
+            f"{SHARING_NAMES[s]}-E{e}", (("model.sharing", s), ("model.embedding_size", e)), paper
           )
         )
     return out
@@ -368,6 +383,7 @@ def _final(result: dict) -> dict:
 def _accuracies(scores: dict) -> dict:
   return {
     "mlm": scores["sop"]["masked_lm_accuracy"],
+    "mlm_loss": scores["sop"].get("masked_lm_loss", 0.0),
     "nsp": scores["nsp"]["sentence_pair_accuracy"],
     "sop": scores["sop"]["sentence_pair_accuracy"],
     **{f"examples_{t}": scores[t]["examples"] for t in TASKS},
@@ -379,19 +395,32 @@ class Row:
   variant: Variant
   results: list[dict]  # one per seed
 
+  def values(self, key: str) -> list[float]:
+    return [_final(r)[key] for r in self.results]
+
   def stat(self, key: str) -> tuple[float, float]:
-    return _mean_std([_final(r)[key] for r in self.results])
+    return _mean_std(self.values(key))
 
   def mean(self, key: str) -> float:
     return self.stat(key)[0]
+
+  def mlm_rank(self) -> tuple[float, float]:
+    """How well it does on MLM, for ordering: accuracy, and on a tie (several models can sit on the
+    same plateau at a small budget) the lower loss."""
+    return round(self.mean("mlm"), 6), -self.mean("mlm_loss")
+
+  def mlm_text(self) -> str:
+    return f"{self.mean('mlm'):.4f} (loss {self.mean('mlm_loss'):.3f})"
 
   def examples(self, task: str) -> int:
     """Examples scored on `task`'s data over all seeds."""
     return sum(_final(r)[f"examples_{task}"] for r in self.results)
 
 
-def _pm(stat: tuple[float, float]) -> str:
-  return f"{stat[0]:.4f} +- {stat[1]:.4f}"
+def _pm(values: list[float]) -> str:
+  """Mean +- standard deviation over the seeds' values; the value alone for one seed."""
+  mean, std = _mean_std(values)
+  return f"{mean:.4f}" if len(values) == 1 else f"{mean:.4f} +- {std:.4f}"
 
 
 def findings(study: str, rows: list[Row]) -> list[tuple[str, bool, str]]:
@@ -460,44 +489,46 @@ def findings(study: str, rows: list[Row]) -> list[tuple[str, bool, str]]:
     gap = mlm["not-shared"] - mlm["all-shared"]
     out.append(
       (
-        "all-shared loses a little to not-shared (MLM accuracy)",
-        0 < gap,
-        f"not-shared {mlm['not-shared']:.4f} - all-shared {mlm['all-shared']:.4f} = {gap:+.4f}",
+        "all-shared loses a little to not-shared (MLM accuracy; a tie goes by MLM loss)",
+        by["not-shared"].mlm_rank() > by["all-shared"].mlm_rank(),
+        f"not-shared {by['not-shared'].mlm_text()} - all-shared {by['all-shared'].mlm_text()}: "
+        f"{gap:+.4f}",
       )
     )
-    lowest = min(mlm, key=mlm.get)
+    lowest = min(by, key=lambda name: by[name].mlm_rank())
     out.append(
       (
         "sharing the FFN costs most (shared-FFN lowest)",
         lowest == "shared-FFN",
-        f"lowest: {lowest} {mlm[lowest]:.4f}; shared-FFN {mlm['shared-FFN']:.4f}",
+        f"lowest: {lowest} {by[lowest].mlm_text()}; shared-FFN {by['shared-FFN'].mlm_text()}",
       )
     )
     att = mlm["not-shared"] - mlm["shared-attention"]
     out.append(
       (
         "sharing attention costs almost nothing (less than sharing the FFN)",
-        att < mlm["not-shared"] - mlm["shared-FFN"],
+        by["shared-attention"].mlm_rank() > by["shared-FFN"].mlm_rank(),
         f"not-shared - shared-attention = {att:+.4f}; "
         f"not-shared - shared-FFN = {mlm['not-shared'] - mlm['shared-FFN']:+.4f}",
       )
     )
-    order = " > ".join(f"{n} {v:.4f}" for n, v in sorted(mlm.items(), key=lambda kv: -kv[1]))
-    out.append(("(order here, by MLM accuracy)", True, order))
+    ranked = sorted(by, key=lambda name: by[name].mlm_rank(), reverse=True)
+    order = " > ".join(f"{n} {by[n].mlm_text()}" for n in ranked)
+    out.append(("(order here, by MLM accuracy, then loss)", True, order))
   elif study == "embedding":
     for sharing, claim in (
       ("all-shared", "all-shared: a middle E is best, not the largest (paper: E=128 of 64..768)"),
       ("not-shared", "not-shared prefers a larger E (paper: E=768 best)"),
     ):
       mine = {
-        dict(r.variant.overrides)["model.embedding_size"]: r.mean("mlm")
+        dict(r.variant.overrides)["model.embedding_size"]: r
         for r in rows
         if r.variant.name.startswith(sharing)
       }
-      best = max(mine, key=mine.get)
+      best = max(mine, key=lambda e: mine[e].mlm_rank())
       largest = max(mine)
       holds = best != largest if sharing == "all-shared" else best == largest
-      text = ", ".join(f"E={e} {v:.4f}" for e, v in sorted(mine.items()))
+      text = ", ".join(f"E={e} {r.mlm_text()}" for e, r in sorted(mine.items()))
       out.append((claim, holds, f"best E={best}; {text}"))
   return out
 
@@ -645,8 +676,8 @@ def report(study: str, rows: list[Row], workdir: str, command: str, baseline=Non
     "",
     f"Each model is scored on the eval split of SOP data ({n['sop']} examples over the seeds) and "
     f"of NSP data ({n['nsp']}); at chance an accuracy has a standard deviation of "
-    f"{0.5 / math.sqrt(n['sop']):.3f} and {0.5 / math.sqrt(n['nsp']):.3f} there. Mean +- std over "
-    f"seeds {seeds}.",
+    f"{0.5 / math.sqrt(n['sop']):.3f} and {0.5 / math.sqrt(n['nsp']):.3f} there. "
+    + (f"Mean +- std over seeds {seeds}." if len(seeds) > 1 else f"One seed ({seeds[0]})."),
     "",
   ]
   finetuned = all("finetune" in r for row in rows for r in row.results)
@@ -662,16 +693,16 @@ def report(study: str, rows: list[Row], workdir: str, command: str, baseline=Non
       row.variant.name,
       row.variant.paper,
       f"{row.results[0]['parameters']['total']:,}",
-      _pm(row.stat("mlm")),
-      _pm(row.stat("nsp")),
-      _pm(row.stat("sop")),
+      _pm(row.values("mlm")),
+      _pm(row.values("nsp")),
+      _pm(row.values("sop")),
     ]
     if finetuned:
-      cells.append(_pm(_mean_std([r["finetune"]["mean"] for r in row.results])))
+      cells.append(_pm([r["finetune"]["mean"] for r in row.results]))
     lines.append("| " + " | ".join(cells) + " |")
   if finetuned and baseline:
     cells = ["no pretraining", "", "", "", "", ""]
-    cells.append(_pm(_mean_std([b["finetune"]["mean"] for b in baseline])))
+    cells.append(_pm([b["finetune"]["mean"] for b in baseline]))
     lines.append("| " + " | ".join(cells) + " |")
   lines += [
     "",

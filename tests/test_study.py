@@ -194,8 +194,15 @@ def test_variants_are_the_papers_tables():
   config = load_config("tiny")  # H=128
   assert study.embedding_sizes(768) == [64, 128, 256, 768]
   assert study.embedding_sizes(128) == [8, 24, 40, 128]
-  names = [v.name for v in study.variants("embedding", config)]
+  embedding = study.variants("embedding", config)
+  names = [v.name for v in embedding]
   assert names[:4] == ["all-shared-E8", "all-shared-E24", "all-shared-E40", "all-shared-E128"]
+  # The paper column names the paper's E that a scaled size stands for.
+  assert embedding[1].paper == "12M parameters (E=128 at H=768)"
+  assert embedding[-1].paper == "108M parameters (E=768 at H=768)"
+  assert study.paper_embedding_size(64, 768) == 64 and study.paper_embedding_size(100, 768) is None
+  custom = study.variants("embedding", config, sizes=[16, 24])
+  assert [v.paper for v in custom[:2]] == ["", "12M parameters (E=128 at H=768)"]
   assert len(names) == 8 and names[-1] == "not-shared-E128"
   sharing = study.variants("sharing", config)
   assert [dict(v.overrides)["model.sharing"] for v in sharing] == [
@@ -207,9 +214,10 @@ def test_variants_are_the_papers_tables():
   assert [v.name for v in study.variants("table5", config)] == ["none", "nsp", "sop"]
 
 
-def _result(name, seed, mlm, nsp, sop, examples=288):
+def _result(name, seed, mlm, nsp, sop, examples=288, loss=6.0):
   score = lambda acc, m: {  # noqa: E731
     "masked_lm_accuracy": m,
+    "masked_lm_loss": loss,
     "sentence_pair_accuracy": acc,
     "examples": examples,
   }
@@ -249,3 +257,32 @@ def test_findings_judge_the_numbers():
   rows[2] = study.Row(sharing["ffn"], [_result("ffn", 0, 0.125, 0.5, 0.6)])
   judged = study.findings("sharing", rows)
   assert judged[1][1] is False and "lowest: all-shared" in judged[1][2]
+
+
+def test_ties_on_mlm_accuracy_go_by_mlm_loss_and_one_seed_has_no_spread():
+  """At a small budget several models sit on the same MLM accuracy plateau: the verdicts then go by
+  the lower MLM loss, not by the order of the rows; a single seed's cell is its value alone."""
+  config = load_config("tiny")
+  sharing = {dict(v.overrides)["model.sharing"]: v for v in study.variants("sharing", config)}
+  losses = {"all": 6.2, "attention": 6.1, "ffn": 6.3, "none": 6.0}
+  rows = [study.Row(sharing[s], [_result(s, 0, 0.1, 0.5, 0.5, loss=x)]) for s, x in losses.items()]
+  judged = study.findings("sharing", rows)
+  assert [h for _, h, _ in judged] == [True, True, True, True]
+  assert judged[3][2].startswith("not-shared 0.1000 (loss 6.000) > shared-attention")
+  rows[0], rows[3] = (
+    study.Row(sharing["all"], [_result("all", 0, 0.1, 0.5, 0.5, loss=6.0)]),
+    study.Row(sharing["none"], [_result("none", 0, 0.1, 0.5, 0.5, loss=6.2)]),
+  )
+  assert study.findings("sharing", rows)[0][1] is False
+  embedding = study.variants("embedding", config)
+  loss = {8: 6.3, 24: 6.1, 40: 6.2, 128: 6.25}
+  rows = [
+    study.Row(
+      v, [_result(v.name, 0, 0.1, 0.5, 0.5, loss=loss[dict(v.overrides)["model.embedding_size"]])]
+    )
+    for v in embedding
+  ]
+  judged = study.findings("embedding", rows)
+  assert judged[0][1] is True and judged[0][2].startswith("best E=24")
+  assert judged[1][1] is False
+  assert study._pm([0.25]) == "0.2500" and study._pm([0.2, 0.3]) == "0.2500 +- 0.0500"
