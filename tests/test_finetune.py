@@ -236,6 +236,7 @@ def test_bad_tsv_is_one_line(tmp_path, content, match):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("finetune_run")  # one worker trains `run` once
 def test_finetuning_learns_and_summarises_seeds(run):
   workdir, out = run
   seeds = out["seeds"]
@@ -274,6 +275,7 @@ def test_finetuning_learns_and_summarises_seeds(run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("finetune_run")  # one worker trains `run` once
 def test_resume_is_exact(env, run, tmp_path):
   """A run stopped after its step-20 checkpoint and rerun ends with bitwise the same parameters."""
   workdir, _ = run
@@ -336,23 +338,26 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
 
 
 @pytest.mark.slow
-def test_init_from_a_finetuned_run(env, tmp_path):
-  """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory as init_from gives its best
-  seed's backbone (best checkpoint) and vocabulary; the new task's head starts fresh."""
-  short = dict(num_steps=3, warmup_steps=1, eval_every=3, checkpoint_every=3)
-  finetune.finetune(ft_config(env, **short), str(tmp_path / "a"))
-  config = ft_config(env, **{**short, "num_steps": 2, "eval_every": 2, "checkpoint_every": 2})
+@pytest.mark.xdist_group("finetune_run")
+def test_init_from_a_finetuned_run(env, run, tmp_path):
+  """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory (`run`, two seeds) as
+  init_from gives its best seed's backbone (best checkpoint) and vocabulary; the new task's head
+  starts fresh."""
+  source, done = run
+  best = done["summary"]["best_seed"]
+  (best_step,) = [s["best_step"] for s in done["seeds"] if s["seed"] == best]
+  config = ft_config(env, num_steps=2, warmup_steps=1, eval_every=2, checkpoint_every=2)
   config.task.name = "classification"  # another task: a 3-way head, not sst2's 2-way one
   config.data.labels = "0,1,2"
-  config.init_from = str(tmp_path / "a")
+  config.init_from = source
   out = finetune.finetune(config, str(tmp_path / "b"))
   assert out["seeds"][0]["best_step"] == 2
   recorded = workdir_lib.read_config(str(tmp_path / "b" / "seed_0"))
-  assert recorded.init_from == str(tmp_path / "a" / "seed_0")  # the best (only) seed
+  assert recorded.init_from == os.path.join(source, f"seed_{best}")  # the best of the two seeds
   assert recorded.data.spm_model_path == os.path.abspath(env / "init" / "spiece.model")
-  # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
-  want, _, step, _ = checkpoint.load_params(str(tmp_path / "a" / "seed_0"), "best")
-  assert step == 3
+  # Step 0 of the new run: the source's best checkpoint's backbone and a fresh head.
+  want, _, step, _ = checkpoint.load_params(os.path.join(source, f"seed_{best}"), "best")
+  assert step == best_step
   model, inputs = tasks.of(recorded).model(recorded)
   fresh = jax.tree_util.tree_map(
     np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
@@ -495,6 +500,7 @@ def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("finetune_run")
 @pytest.mark.parametrize("form", ["seed", "run"])
 def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
   """--workdir=DIR/seed_k --step=best, or the fine-tuning DIR itself: its best seed's best step."""
