@@ -176,9 +176,10 @@ def overrides(data_dir, **train_fields):
   return args + [f"--config.train.{k}={v}" for k, v in fields.items()]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-  """Data prepared once per test module for small_config (a module's own data_dir replaces it)."""
+  """Data prepared once per test process for small_config, read-only for the tests that share it (a
+  module's own data_dir replaces it)."""
   from albert_jax.data import dataset
 
   workdir = str(tmp_path_factory.mktemp("prepared"))
@@ -211,9 +212,10 @@ def pydoc_sentences() -> list[str]:
   ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spm_model_path(tmp_path_factory):
-  """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per module."""
+  """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per test
+  process."""
   from albert_jax.data import tokenizer
 
   path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
