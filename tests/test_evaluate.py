@@ -15,9 +15,8 @@ from albert_jax.core.config_lib import ConfigError
 from albert_jax.data import dataset, tokenizer
 from tests.conftest import ROOT, small_config
 
-# Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out,
-# and under xdist they run on one worker, which trains them once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("evaluate_runs")]
+# Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.
+pytestmark = pytest.mark.slow
 
 KEYS = {
   "masked_lm_accuracy",

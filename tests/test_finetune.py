@@ -236,7 +236,6 @@ def test_bad_tsv_is_one_line(tmp_path, content, match):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("finetune_run")  # one worker trains `run` once
 def test_finetuning_learns_and_summarises_seeds(run):
   workdir, out = run
   seeds = out["seeds"]
@@ -275,7 +274,6 @@ def test_finetuning_learns_and_summarises_seeds(run):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("finetune_run")  # one worker trains `run` once
 def test_resume_is_exact(env, run, tmp_path):
   """A run stopped after its step-20 checkpoint and rerun ends with bitwise the same parameters."""
   workdir, _ = run
@@ -338,7 +336,6 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("finetune_run")
 def test_init_from_a_finetuned_run(env, run, tmp_path):
   """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory (`run`, two seeds) as
   init_from gives its best seed's backbone (best checkpoint) and vocabulary; the new task's head
@@ -500,7 +497,6 @@ def test_heads_match_transformers(tmp_path, env, kind, cls, shape):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("finetune_run")
 @pytest.mark.parametrize("form", ["seed", "run"])
 def test_finetuned_export_loads_in_transformers(run, tmp_path, form):
   """--workdir=DIR/seed_k --step=best, or the fine-tuning DIR itself: its best seed's best step."""

@@ -625,7 +625,6 @@ def other_model(tmp_path_factory, spm_model_path):
   return path
 
 
-@pytest.mark.xdist_group("reliability_other_model")  # one worker builds other_model once
 @pytest.mark.parametrize("command", ["main", "prepare", "estimate"])
 def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_written(
   tmp_path, other_model, command
