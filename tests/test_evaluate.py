@@ -13,7 +13,7 @@ from albert_jax import evaluate, export
 from albert_jax.core import train
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.data import dataset, tokenizer
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, built_once, small_config
 
 # Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.
 pytestmark = pytest.mark.slow
@@ -39,16 +39,18 @@ def _run(workdir, data_dir, task, spm=""):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """The two runs' workdirs; each run's console output is kept beside it (<workdir>.out)."""
-  root = tmp_path_factory.mktemp("runs")
-  sop, nsp = str(root / "sop"), str(root / "nsp")
-  for workdir, task, spm in (
-    (sop, "sop", ""),
-    (nsp, "nsp", os.path.join(sop, "data", "spiece.model")),
-  ):
-    with open(f"{workdir}.out", "w") as out, contextlib.redirect_stdout(out):
-      _run(workdir, os.path.join(workdir, "data"), task, spm=spm)
-  return sop, nsp
+  """The two runs' workdirs, trained once per session (read-only); each run's console output is
+  kept beside it (<workdir>.out)."""
+
+  def train_both(root):
+    sop = os.path.join(root, "sop")
+    for task, spm in (("sop", ""), ("nsp", os.path.join(sop, "data", "spiece.model"))):
+      workdir = os.path.join(root, task)
+      with open(f"{workdir}.out", "w") as out, contextlib.redirect_stdout(out):
+        _run(workdir, os.path.join(workdir, "data"), task, spm=spm)
+
+  root = built_once(tmp_path_factory, "evaluate_runs", train_both)
+  return os.path.join(root, "sop"), os.path.join(root, "nsp")
 
 
 def test_sentence_pair_metrics_are_named_for_the_task(runs):
