@@ -4,6 +4,7 @@ resume, best-checkpoint selection, the three heads against transformers, and one
 import copy
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from albert_jax.core.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
 from albert_jax.interop import hf
 from albert_jax.tasks import glue, squad
+from tests.conftest import built_once
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,22 +64,26 @@ def model_cfg(**overrides):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-  """A GLUE-format synthetic SST-2 and a fresh tiny ALBERT exported in Hugging Face format."""
-  root = tmp_path_factory.mktemp("finetune")
-  rng = np.random.default_rng(0)
-  os.makedirs(root / "glue")
-  write_sst2(root / "glue" / "train.tsv", 256, rng)
-  write_sst2(root / "glue" / "dev.tsv", 64, rng)
-  write_sst2(root / "glue" / "test.tsv", 24, rng, test=True)
-  spm = tokenizer_lib.train(
-    [sentence(rng, i % 2) for i in range(400)],
-    str(root / "spm" / "spiece.model"),
-    SIZES["vocab_size"],
-  )
-  cfg = model_cfg()
-  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
-  hf.save_hf(params, cfg, str(root / "init"), spm)
-  return root
+  """A GLUE-format synthetic SST-2 and a fresh tiny ALBERT exported in Hugging Face format, built
+  once per session (read-only)."""
+
+  def build(path):
+    root = pathlib.Path(path)
+    rng = np.random.default_rng(0)
+    os.makedirs(root / "glue")
+    write_sst2(root / "glue" / "train.tsv", 256, rng)
+    write_sst2(root / "glue" / "dev.tsv", 64, rng)
+    write_sst2(root / "glue" / "test.tsv", 24, rng, test=True)
+    spm = tokenizer_lib.train(
+      [sentence(rng, i % 2) for i in range(400)],
+      str(root / "spm" / "spiece.model"),
+      SIZES["vocab_size"],
+    )
+    cfg = model_cfg()
+    params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+    hf.save_hf(params, cfg, str(root / "init"), spm)
+
+  return pathlib.Path(built_once(tmp_path_factory, "finetune_env", build))
 
 
 def ft_config(env, **train):
@@ -113,12 +119,16 @@ def _glue_config(arg):
 
 
 @pytest.fixture(scope="module")
-def run(env):
-  """Two seeds of 40 steps, evaluated every 20."""
-  workdir = str(env / "run")
+def run(env, tmp_path_factory):
+  """Two seeds of 40 steps, evaluated every 20, trained once per session (read-only): the workdir
+  and what finetune returned (its eval_results.json)."""
   config = ft_config(env)
   config.seeds = 2
-  return workdir, finetune.finetune(config, workdir)
+  workdir = built_once(
+    tmp_path_factory, "finetune_run", lambda path: finetune.finetune(config, path)
+  )
+  with open(os.path.join(workdir, workdir_lib.RESULTS_FILE)) as f:
+    return workdir, json.load(f)
 
 
 # --- Metrics, hand-checked ---------------------------------------------------------------------------
