@@ -556,6 +556,13 @@ def _sweep(rows: list[Row]) -> dict[str, dict[int, dict[str, tuple[float, float]
 
 def _eval_curves(rows: list[Row]) -> dict[str, dict[str, dict[int, float]]]:
   """variant -> metric -> step -> mean over seeds, from each run's metrics.jsonl eval/ lines."""
+  from albert_jax.core import model as model_lib
+
+  # The sentence-pair accuracy on a run's own task, under its task's name (an NSP run's is
+  # next_sentence_accuracy): one "own task" curve per variant.
+  pair = {
+    f"eval/{n}_accuracy": "eval/sentence_pair_accuracy" for n in model_lib.SENTENCE_METRICS.values()
+  }
   out = {}
   for row in rows:
     per = {}
@@ -566,9 +573,11 @@ def _eval_curves(rows: list[Row]) -> dict[str, dict[str, dict[int, float]]]:
       with open(path, encoding="utf-8") as f:
         for line in f:
           record = json.loads(line)
-          for key in ("eval/masked_lm_accuracy", "eval/sentence_order_accuracy"):
+          for key in ("eval/masked_lm_accuracy", *pair):
             if key in record:
-              per.setdefault(key, {}).setdefault(record["step"], []).append(record[key])
+              per.setdefault(pair.get(key, key), {}).setdefault(record["step"], []).append(
+                record[key]
+              )
     out[row.variant.name] = {
       k: {s: sum(v) / len(v) for s, v in sorted(steps.items())} for k, steps in per.items()
     }
@@ -598,7 +607,7 @@ def plots(study: str, rows: list[Row], workdir: str) -> list[str]:
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   for ax, key, title in zip(
     axes,
-    ("eval/masked_lm_accuracy", "eval/sentence_order_accuracy"),
+    ("eval/masked_lm_accuracy", "eval/sentence_pair_accuracy"),
     ("eval MLM accuracy", "eval sentence-pair accuracy (own task)"),
   ):
     for name in names:

@@ -3,11 +3,13 @@
 Also the helpers several test modules share: import them with `from tests.conftest import ...`.
 """
 
+import fcntl
 import importlib.util
 import itertools
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -176,15 +178,36 @@ def overrides(data_dir, **train_fields):
   return args + [f"--config.train.{k}={v}" for k, v in fields.items()]
 
 
-@pytest.fixture(scope="module")
+def built_once(tmp_path_factory, name: str, build) -> str:
+  """A directory `build(path)` fills once per test session: under xdist the first worker to ask
+  builds it while the others wait, then all read it (it must stay read-only); without xdist, once per
+  process like any session fixture."""
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    path = str(tmp_path_factory.mktemp(name))
+    build(path)
+    return path
+  root = tmp_path_factory.getbasetemp().parent  # the session's directory, shared by its workers
+  path, done = root / name, root / f"{name}.done"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      shutil.rmtree(path, ignore_errors=True)  # what a worker that failed half way left
+      path.mkdir()
+      build(str(path))
+      done.touch()
+  return str(path)
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-  """Data prepared once per test module for small_config (a module's own data_dir replaces it)."""
+  """Data prepared once per test session for small_config, read-only for the tests that share it (a
+  module's own data_dir replaces it)."""
   from albert_jax.data import dataset
 
-  workdir = str(tmp_path_factory.mktemp("prepared"))
-  config = small_config(os.path.join(workdir, "data"))
-  dataset.prepare(config, workdir)
-  return os.path.join(workdir, "data")
+  def prepare(workdir):
+    dataset.prepare(small_config(os.path.join(workdir, "data")), workdir)
+
+  return os.path.join(built_once(tmp_path_factory, "prepared", prepare), "data")
 
 
 def main_cmd(workdir, data_dir, *extra, **train_fields):
@@ -211,9 +234,10 @@ def pydoc_sentences() -> list[str]:
   ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spm_model_path(tmp_path_factory):
-  """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per module."""
+  """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per test
+  process."""
   from albert_jax.data import tokenizer
 
   path = str(tmp_path_factory.mktemp("spm") / "spiece.model")

@@ -1,5 +1,6 @@
 """Intrinsic evaluation: tiny real pretraining runs (SOP and NSP) scored on each other's data."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,7 +13,7 @@ from albert_jax import evaluate, export
 from albert_jax.core import train
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.data import dataset, tokenizer
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, built_once, small_config
 
 # Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.
 pytestmark = pytest.mark.slow
@@ -38,11 +39,45 @@ def _run(workdir, data_dir, task, spm=""):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("runs")
-  sop, nsp = str(root / "sop"), str(root / "nsp")
-  _run(sop, os.path.join(sop, "data"), "sop")
-  _run(nsp, os.path.join(nsp, "data"), "nsp", spm=os.path.join(sop, "data", "spiece.model"))
-  return sop, nsp
+  """The two runs' workdirs, trained once per session (read-only); each run's console output is
+  kept beside it (<workdir>.out)."""
+
+  def train_both(root):
+    sop = os.path.join(root, "sop")
+    for task, spm in (("sop", ""), ("nsp", os.path.join(sop, "data", "spiece.model"))):
+      workdir = os.path.join(root, task)
+      with open(f"{workdir}.out", "w") as out, contextlib.redirect_stdout(out):
+        _run(workdir, os.path.join(workdir, "data"), task, spm=spm)
+
+  root = built_once(tmp_path_factory, "evaluate_runs", train_both)
+  return os.path.join(root, "sop"), os.path.join(root, "nsp")
+
+
+def test_sentence_pair_metrics_are_named_for_the_task(runs):
+  """SOP runs log sentence_order_* (sop_acc on the progress line), NSP runs next_sentence_*
+  (nsp_acc): in metrics.jsonl (TensorBoard's names), the eval lines and the progress lines."""
+  for workdir, name, short, other in (
+    (runs[0], "sentence_order", "sop_acc", "nsp_acc"),
+    (runs[1], "next_sentence", "nsp_acc", "sop_acc"),
+  ):
+    records = [json.loads(l) for l in open(os.path.join(workdir, "tensorboard", "metrics.jsonl"))]
+    trains = [r for r in records if "train/loss" in r]
+    evals = [r for r in records if "eval/loss" in r]
+    assert len(trains) == 8 and [r["step"] for r in evals] == [8]
+    for r in trains + evals:
+      prefix = "eval/" if "eval/loss" in r else "train/"
+      pair = {k for k in r if "sentence" in k}
+      assert pair == {f"{prefix}{name}_accuracy", f"{prefix}{name}_loss"}, r
+      assert 0.0 <= r[f"{prefix}{name}_accuracy"] <= 1.0
+      total = r[f"{prefix}masked_lm_loss"] + r[f"{prefix}{name}_loss"]
+      assert r[f"{prefix}loss"] == pytest.approx(total, rel=1e-5)
+    console = open(f"{workdir}.out").read().splitlines()
+    progress = [l for l in console if l.startswith("step ") and "/8 " in l]
+    assert len(progress) == 8, console
+    for line, r in zip(progress, trains):
+      assert f" {short} {r[f'train/{name}_accuracy']:.3f} " in line and other not in line, line
+    (line,) = [l for l in console if l.startswith("eval at step 8:")]
+    assert f" {name}_accuracy {evals[0][f'eval/{name}_accuracy']:.4f}" in line, line
 
 
 def _check(result, data_task, model_task, examples):
@@ -165,7 +200,7 @@ def _changed(before, after) -> dict[str, bool]:
   }
 
 
-def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path):
+def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path, capsys):
   """data.task=none (Table 5's "None"): SOP's prepared data reused as is, the MLM loss only, the
   sentence head (pooler and classifier) exactly as initialised, no sentence metrics; scored on SOP
   and NSP data, its sentence-pair accuracy is at chance and its loss ln 2."""
@@ -181,6 +216,8 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path):
   config.train.learning_rate = 0.005
   config.data.task = "none"
   train.train_and_evaluate(config, workdir)
+  console = capsys.readouterr().out
+  assert " mlm_acc " in console and "sop_acc" not in console and "nsp_acc" not in console
   # The SOP run's data served as is: nothing was prepared again.
   assert open(os.path.join(sop_data, dataset.PREPARED_FILE), "rb").read() == prepared
   assert not os.path.exists(os.path.join(workdir, "data"))

@@ -4,6 +4,7 @@ resume, best-checkpoint selection, the three heads against transformers, and one
 import copy
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from albert_jax.core.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
 from albert_jax.interop import hf
 from albert_jax.tasks import glue, squad
+from tests.conftest import built_once
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,22 +64,26 @@ def model_cfg(**overrides):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-  """A GLUE-format synthetic SST-2 and a fresh tiny ALBERT exported in Hugging Face format."""
-  root = tmp_path_factory.mktemp("finetune")
-  rng = np.random.default_rng(0)
-  os.makedirs(root / "glue")
-  write_sst2(root / "glue" / "train.tsv", 256, rng)
-  write_sst2(root / "glue" / "dev.tsv", 64, rng)
-  write_sst2(root / "glue" / "test.tsv", 24, rng, test=True)
-  spm = tokenizer_lib.train(
-    [sentence(rng, i % 2) for i in range(400)],
-    str(root / "spm" / "spiece.model"),
-    SIZES["vocab_size"],
-  )
-  cfg = model_cfg()
-  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
-  hf.save_hf(params, cfg, str(root / "init"), spm)
-  return root
+  """A GLUE-format synthetic SST-2 and a fresh tiny ALBERT exported in Hugging Face format, built
+  once per session (read-only)."""
+
+  def build(path):
+    root = pathlib.Path(path)
+    rng = np.random.default_rng(0)
+    os.makedirs(root / "glue")
+    write_sst2(root / "glue" / "train.tsv", 256, rng)
+    write_sst2(root / "glue" / "dev.tsv", 64, rng)
+    write_sst2(root / "glue" / "test.tsv", 24, rng, test=True)
+    spm = tokenizer_lib.train(
+      [sentence(rng, i % 2) for i in range(400)],
+      str(root / "spm" / "spiece.model"),
+      SIZES["vocab_size"],
+    )
+    cfg = model_cfg()
+    params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+    hf.save_hf(params, cfg, str(root / "init"), spm)
+
+  return pathlib.Path(built_once(tmp_path_factory, "finetune_env", build))
 
 
 def ft_config(env, **train):
@@ -113,12 +119,16 @@ def _glue_config(arg):
 
 
 @pytest.fixture(scope="module")
-def run(env):
-  """Two seeds of 40 steps, evaluated every 20."""
-  workdir = str(env / "run")
+def run(env, tmp_path_factory):
+  """Two seeds of 40 steps, evaluated every 20, trained once per session (read-only): the workdir
+  and what finetune returned (its eval_results.json)."""
   config = ft_config(env)
   config.seeds = 2
-  return workdir, finetune.finetune(config, workdir)
+  workdir = built_once(
+    tmp_path_factory, "finetune_run", lambda path: finetune.finetune(config, path)
+  )
+  with open(os.path.join(workdir, workdir_lib.RESULTS_FILE)) as f:
+    return workdir, json.load(f)
 
 
 # --- Metrics, hand-checked ---------------------------------------------------------------------------
@@ -336,23 +346,25 @@ def test_sigterm_saves_and_exits_0_like_pretraining(env, tmp_path):
 
 
 @pytest.mark.slow
-def test_init_from_a_finetuned_run(env, tmp_path):
-  """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory as init_from gives its best
-  seed's backbone (best checkpoint) and vocabulary; the new task's head starts fresh."""
-  short = dict(num_steps=3, warmup_steps=1, eval_every=3, checkpoint_every=3)
-  finetune.finetune(ft_config(env, **short), str(tmp_path / "a"))
-  config = ft_config(env, **{**short, "num_steps": 2, "eval_every": 2, "checkpoint_every": 2})
+def test_init_from_a_finetuned_run(env, run, tmp_path):
+  """The paper's "RTE from an MNLI checkpoint": a fine-tuning directory (`run`, two seeds) as
+  init_from gives its best seed's backbone (best checkpoint) and vocabulary; the new task's head
+  starts fresh."""
+  source, done = run
+  best = done["summary"]["best_seed"]
+  (best_step,) = [s["best_step"] for s in done["seeds"] if s["seed"] == best]
+  config = ft_config(env, num_steps=2, warmup_steps=1, eval_every=2, checkpoint_every=2)
   config.task.name = "classification"  # another task: a 3-way head, not sst2's 2-way one
   config.data.labels = "0,1,2"
-  config.init_from = str(tmp_path / "a")
+  config.init_from = source
   out = finetune.finetune(config, str(tmp_path / "b"))
   assert out["seeds"][0]["best_step"] == 2
   recorded = workdir_lib.read_config(str(tmp_path / "b" / "seed_0"))
-  assert recorded.init_from == str(tmp_path / "a" / "seed_0")  # the best (only) seed
+  assert recorded.init_from == os.path.join(source, f"seed_{best}")  # the best of the two seeds
   assert recorded.data.spm_model_path == os.path.abspath(env / "init" / "spiece.model")
-  # Step 0 of the new run: A's best checkpoint's backbone and a fresh head.
-  want, _, step, _ = checkpoint.load_params(str(tmp_path / "a" / "seed_0"), "best")
-  assert step == 3
+  # Step 0 of the new run: the source's best checkpoint's backbone and a fresh head.
+  want, _, step, _ = checkpoint.load_params(os.path.join(source, f"seed_{best}"), "best")
+  assert step == best_step
   model, inputs = tasks.of(recorded).model(recorded)
   fresh = jax.tree_util.tree_map(
     np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])

@@ -165,35 +165,34 @@ def test_disk_full_error_is_recognised_through_a_chain():
 # --- the trainer as people run it --------------------------------------------------------------------
 
 
-def env(tmp_path):
-  # One compilation cache for the test's runs: identical programs compile once.
+def env():
+  # The session's compilation cache (conftest) is inherited: programs another test's runs compiled
+  # are read back, not compiled again.
   return dict(
     os.environ,
     XLA_FLAGS="--xla_force_host_platform_device_count=1",
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
-    JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
   )
 
 
-def run_main(tmp_path, workdir, data_dir, *extra, **train_fields):
+def run_main(workdir, data_dir, *extra, **train_fields):
   return subprocess.run(
     main_cmd(workdir, data_dir, *extra, **train_fields),
     cwd=ROOT,
-    env=env(tmp_path),
+    env=env(),
     capture_output=True,
     text=True,
     timeout=600,
   )
 
 
-def run_command(tmp_path, command, *args):
+def run_command(command, *args):
   """python -m albert_jax.<command> args, as people run it."""
   return subprocess.run(
     [sys.executable, "-m", f"albert_jax.{command}", *args],
     cwd=ROOT,
-    env=env(tmp_path),
+    env=env(),
     capture_output=True,
     text=True,
     timeout=600,
@@ -203,7 +202,7 @@ def run_command(tmp_path, command, *args):
 @pytest.mark.slow
 def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   workdir = str(tmp_path / "w")
-  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  r = run_main(workdir, data_dir, num_steps=4, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "saved step 2 to" in r.stdout and "saved step 4 to" in r.stdout
   # The end of the main job: the model's guesses for masked words of 3 held-out examples.
@@ -218,7 +217,7 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   straight, _, _, _ = checkpoint.load_params(workdir, 4)
   assert os.path.isfile(os.path.join(workdir, "spiece.model"))  # the vocabulary a resume must match
   garble(tmp_path / "w" / "checkpoints" / "4")
-  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  r = run_main(workdir, data_dir, num_steps=4, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
   assert re.search(r"checkpoint 4 is damaged \(.*\): moved to .*damaged/4-", r.stdout), r.stdout
   assert "resumed from step 2" in r.stdout
@@ -230,7 +229,7 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   # A step whose manifest is gone: set aside the same way, and the console holds only our lines (no
   # library warning or traceback from Orbax's reads of it, which go to the log file).
   delete_manifest(tmp_path / "w" / "checkpoints" / "4")
-  r = run_main(tmp_path, workdir, data_dir, num_steps=4, checkpoint_every=2)
+  r = run_main(workdir, data_dir, num_steps=4, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "checkpoint 4 is damaged" in r.stdout and "resumed from step 2" in r.stdout
   assert not [
@@ -242,12 +241,12 @@ def test_trainer_resumes_past_a_garbled_step_bitwise(tmp_path, data_dir):
   # Every step damaged: one line, exit 2, all kept; the next run starts over and says where they are.
   for step in (2, 4):
     garble(tmp_path / "w" / "checkpoints" / str(step))
-  r = run_main(tmp_path, workdir, data_dir, num_steps=2, checkpoint_every=2)
+  r = run_main(workdir, data_dir, num_steps=2, checkpoint_every=2)
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
     "error: every checkpoint"
   )
   assert len(os.listdir(os.path.join(workdir, "damaged"))) == 4
-  r = run_main(tmp_path, workdir, data_dir, num_steps=2, checkpoint_every=2)
+  r = run_main(workdir, data_dir, num_steps=2, checkpoint_every=2)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "starting from step 0:" in r.stdout and "saved step 2 to" in r.stdout
   assert len(os.listdir(os.path.join(workdir, "damaged"))) == 4
@@ -259,7 +258,7 @@ def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data
   first = subprocess.Popen(
     main_cmd(str(workdir), data_dir, num_steps=10_000, checkpoint_every=1, log_every=100),
     cwd=ROOT,
-    env=env(tmp_path),
+    env=env(),
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
@@ -269,7 +268,7 @@ def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, data
       if line.startswith("saved step"):
         break
     before = set(os.listdir(workdir / "logs"))
-    second = run_main(tmp_path, str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
+    second = run_main(str(workdir), data_dir, num_steps=10_000, checkpoint_every=1)
     assert second.returncode == 2, second.stderr[-2000:]
     assert set(os.listdir(workdir / "logs")) == before  # the refused run wrote no log file there
     assert second.stderr.strip().splitlines() == [
@@ -499,7 +498,7 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, args, message):
   r = subprocess.run(
     [sys.executable, *args],
     cwd=ROOT,
-    env=dict(env(tmp_path), PYTHONPATH=ROOT),
+    env=dict(env(), PYTHONPATH=ROOT),
     capture_output=True,
     text=True,
     timeout=300,
@@ -537,7 +536,6 @@ def test_every_cli_imports_in_one_process_and_an_internal_error_is_one_line(tmp_
 def test_prepare_on_a_full_tmpfs_is_one_line_exit_4(tmp_path):
   with small_tmpfs(tmp_path, "200k") as mnt:
     r = run_command(
-      tmp_path,
       "prepare",
       "--config=configs/tiny.py",
       f"--workdir={tmp_path / 'w'}",
@@ -562,7 +560,7 @@ def test_training_into_a_full_tmpfs_is_one_line_exit_4_without_library_traceback
   Orbax's background writer raised (and the traceback Orbax logs of it) stays in the log file, and a
   log file that cannot be written on the full disk prints no "Logging error" either."""
   with small_tmpfs(tmp_path, "3m") as mnt:
-    r = run_main(tmp_path, str(mnt / "w"), data_dir, num_steps=40, checkpoint_every=1)
+    r = run_main(str(mnt / "w"), data_dir, num_steps=40, checkpoint_every=1)
     assert r.returncode == 4, r.stdout[-1000:] + r.stderr[-2000:]
     errors = [l for l in r.stderr.splitlines() if l.strip()]
     assert errors[-1].startswith("error: no space left on device"), r.stderr
@@ -639,7 +637,7 @@ def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_wri
   (workdir / "notes.txt").write_text("mine")
   args = ["--config=configs/tiny.py", f"--config.init_from={other_model}"]
   args.append("--compile=no" if command == "estimate" else f"--workdir={workdir}")
-  r = run_command(tmp_path, command, *args)
+  r = run_command(command, *args)
   assert r.returncode == 2, r.stderr[-2000:]
   assert re.fullmatch(
     rf"error: init_from={re.escape(str(other_model))} is another model \(.*model.hidden_size: "

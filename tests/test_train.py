@@ -89,26 +89,32 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
   config.mesh.update(data=1, fsdp=1, tensor=1)
   good = first_batches(config, 1)[0]
   bad = dict(good, masked_lm_weights=np.full_like(good["masked_lm_weights"], np.nan))
-  params_before, _, _ = run_steps(config, jax.devices()[:1], [good])
-  params_after, losses, state = run_steps(config, jax.devices()[:1], [good, bad])
-  assert np.isnan(losses[1])
-  assert int(state.skipped) == 1 and int(state.step) == 2
-  for x, y in zip(
-    jax.tree_util.tree_leaves(params_before), jax.tree_util.tree_leaves(params_after)
-  ):
-    np.testing.assert_array_equal(x, y)
-
-  # The learning rate logged is the one applied: a skipped step does not advance the schedule.
+  # One trainer for every sequence of batches below: the same compiled step throughout.
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
   trainer = train.build(config, mesh)
+
+  def steps(batches):
+    """The host parameters and metrics after each of `batches`, from a fresh state."""
+    params, metrics = [], []
+    with sharding.with_mesh(mesh):
+      state = trainer.init(jax.random.PRNGKey(config.seed))
+      for b in batches:
+        state, m = trainer.train_step(state, sharding.global_batch(b, mesh))
+        params.append(jax.device_get(state.params))
+        metrics.append(jax.device_get(m))
+    return params, metrics, state
+
+  params, metrics, state = steps([good, bad, good, good])
+  assert np.isnan(metrics[1]["loss"]) and np.isfinite(metrics[0]["loss"])
+  assert [int(m["skipped_updates"]) for m in metrics] == [0, 1, 1, 1]
+  assert int(state.skipped) == 1 and int(state.step) == 4
+  for x, y in zip(jax.tree_util.tree_leaves(params[0]), jax.tree_util.tree_leaves(params[1])):
+    np.testing.assert_array_equal(x, y)  # the bad step changed nothing
+
+  # The learning rate logged is the one applied: a skipped step does not advance the schedule.
   schedule = optim.make_schedule(config.train)
-  with sharding.with_mesh(mesh):
-    state = trainer.init(jax.random.PRNGKey(config.seed))
-    rates, grads_finite = [], []
-    for b in [good, bad, good, good]:
-      state, metrics = trainer.train_step(state, sharding.global_batch(b, mesh))
-      rates.append(float(metrics["learning_rate"]))
-      grads_finite.append(jax.device_get(metrics["grads_finite"]))
+  rates = [float(m["learning_rate"]) for m in metrics]
+  grads_finite = [m["grads_finite"] for m in metrics]
   # Which parameters' gradients were not finite, by name (the halt line names them).
   names = {"/".join(map(str, k)) for k in flax.traverse_util.flatten_dict(state.params)}
   assert set(grads_finite[1]) == names and all(grads_finite[0].values())
@@ -116,9 +122,8 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
   np.testing.assert_allclose(rates, [float(schedule(i)) for i in (0, 1, 1, 2)], rtol=1e-6)
   assert rates[2] > 0 and rates[1] == rates[2]
   # ... and is what the update used: good, bad, good ends where good, good does.
-  skipped_one, _, _ = run_steps(config, jax.devices()[:1], [good, bad, good])
-  two_good, _, _ = run_steps(config, jax.devices()[:1], [good, good])
-  for x, y in zip(jax.tree_util.tree_leaves(skipped_one), jax.tree_util.tree_leaves(two_good)):
+  two_good, _, _ = steps([good, good])
+  for x, y in zip(jax.tree_util.tree_leaves(params[2]), jax.tree_util.tree_leaves(two_good[1])):
     np.testing.assert_array_equal(x, y)
 
 
@@ -380,23 +385,24 @@ def saved_steps(text):
 
 @pytest.mark.slow
 def test_checkpoint_every_seconds_saves_on_time(tmp_path, data_dir, capsys):
-  """checkpoint_every never falls due in 4 steps; a (fractional) time policy saves after each."""
+  """checkpoint_every never falls due in 4 steps; a (fractional) time policy saves after each. (The
+  control, the step policy alone saving the last step only, is the profile test's run.)"""
   config = small_config(data_dir, num_steps=4, checkpoint_every=1000, keep_checkpoints=10)
   config.train.checkpoint_every_seconds = 0.001  # a float: seconds need not be whole
   train.train_and_evaluate(config, str(tmp_path / "timed"))
   assert saved_steps(capsys.readouterr().out) == [1, 2, 3, 4]
   assert checkpoint.latest_step(str(tmp_path / "timed")) == 4
-  train.train_and_evaluate(
-    small_config(data_dir, num_steps=4, checkpoint_every=1000), str(tmp_path / "untimed")
-  )
-  assert saved_steps(capsys.readouterr().out) == [4]  # the step policy alone: the last step
 
 
 @pytest.mark.slow
 def test_profile_steps_writes_a_jax_trace(tmp_path, data_dir, capsys):
   workdir = tmp_path / "w"
   train.train_and_evaluate(small_config(data_dir, num_steps=3, profile_steps=1), str(workdir))
-  assert f"profile of steps 3-3 written to {workdir}/profile" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert f"profile of steps 3-3 written to {workdir}/profile" in out
+  # checkpoint_every=1000 and no time policy: the last step alone is saved (the control for
+  # test_checkpoint_every_seconds_saves_on_time).
+  assert saved_steps(out) == [3]
   # TensorBoard's profile plugin layout: profile/plugins/profile/<run>/<host>.xplane.pb
   (run,) = os.listdir(workdir / "profile" / "plugins" / "profile")
   traces = list((workdir / "profile" / "plugins" / "profile" / run).glob("*.xplane.pb"))

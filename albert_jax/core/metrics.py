@@ -209,6 +209,7 @@ class Reporter:
       for k, short in (
         ("masked_lm_accuracy", "mlm_acc"),
         ("sentence_order_accuracy", "sop_acc"),
+        ("next_sentence_accuracy", "nsp_acc"),
         ("accuracy", "acc"),
       )
       if k in host

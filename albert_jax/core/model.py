@@ -735,16 +735,23 @@ def loss_sums(outputs, batch) -> dict[str, jax.Array]:
   }
 
 
-def metrics_from_sums(sums) -> dict[str, jax.Array]:
-  """loss = MLM + SOP (equal weights); MLM loss = sum(w * nll) / (sum(w) + 1e-5) as the original."""
+# The sentence-pair head's metrics are named after the task it learns, as the originals name them:
+# sentence_order_* (ALBERT's run_pretraining) for sop, next_sentence_* (BERT's) for nsp.
+SENTENCE_METRICS = {"sop": "sentence_order", "nsp": "next_sentence"}
+
+
+def metrics_from_sums(sums, task: str = "sop") -> dict[str, jax.Array]:
+  """loss = MLM + sentence pair (equal weights); MLM loss = sum(w * nll) / (sum(w) + 1e-5) as the
+  original. The sentence-pair metrics are named for `task` (SENTENCE_METRICS)."""
   mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
   sop_loss = sums["sop_nll"] / sums["examples"]
+  name = SENTENCE_METRICS[task]
   return {
     "loss": mlm_loss + sop_loss,
     "masked_lm_loss": mlm_loss,
     "masked_lm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1e-5),
-    "sentence_order_loss": sop_loss,
-    "sentence_order_accuracy": sums["sop_correct"] / sums["examples"],
+    f"{name}_loss": sop_loss,
+    f"{name}_accuracy": sums["sop_correct"] / sums["examples"],
   }
 
 

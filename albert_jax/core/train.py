@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 from collections.abc import Callable
@@ -95,7 +96,10 @@ MLM_ONLY = Objective(sums=_pretraining_sums, loss=_mlm_loss, metrics=_mlm_metric
 
 
 def pretraining_objective(task: str) -> Objective:
-  return MLM_ONLY if task == "none" else PRETRAINING
+  """MLM_ONLY for task none, else PRETRAINING with the sentence-pair metrics named for the task."""
+  if task == "none":
+    return MLM_ONLY
+  return dataclasses.replace(PRETRAINING, metrics=functools.partial(M.metrics_from_sums, task=task))
 
 
 # ----------------------------------------------------------------------------------------------------
