@@ -68,9 +68,9 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
     # Its row names it and holds its own run's numbers (one seed: std 0).
     cells = _row(report, variant)
     assert cells[2] == f"{result['parameters']['total']:,}"
-    assert cells[3] == f"{last['sop']['masked_lm_accuracy']:.4f} +- 0.0000"
-    assert cells[4] == f"{last['nsp']['sentence_pair_accuracy']:.4f} +- 0.0000"
-    assert cells[5] == f"{last['sop']['sentence_pair_accuracy']:.4f} +- 0.0000"
+    assert cells[3] == f"{last['sop']['masked_lm_accuracy']:.4f}"  # one seed: the value alone
+    assert cells[4] == f"{last['nsp']['sentence_pair_accuracy']:.4f}"  # one seed: the value alone
+    assert cells[5] == f"{last['sop']['sentence_pair_accuracy']:.4f}"  # one seed: the value alone
     # The runs shared their seed's data: none trained on SOP's, nsp on NSP's.
     data = json.loads((run / "config.json").read_text())["data"]["data_dir"]
     assert data == str(workdir / "data" / "seed_0" / ("nsp" if variant == "nsp" else "sop"))
@@ -154,9 +154,11 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
       (workdir / "runs" / v / "seed_0" / "finetune" / "eval_results.json").read_text()
     )
     assert result["finetune"]["mean"] == summary["summary"]["accuracy"]["mean"]
-    assert _row(report, v)[6] == f"{result['finetune']['mean']:.4f} +- 0.0000"
+    assert _row(report, v)[6] == f"{result['finetune']['mean']:.4f}"  # one seed: the value alone
   untrained = json.loads((workdir / "untrained" / "seed_0" / study.RESULT_FILE).read_text())
-  assert _row(report, "no pretraining")[6] == f"{untrained['finetune']['mean']:.4f} +- 0.0000"
+  assert (
+    _row(report, "no pretraining")[6] == f"{untrained['finetune']['mean']:.4f}"
+  )  # one seed: the value alone
   assert "| pretraining helps the fine-tuned task |" in report
 
   # Another budget in the same directory is refused rather than mixed in.
