@@ -257,6 +257,11 @@ def _keep(rng, rate: float, shape):
   return None if rng is None else jax.random.bernoulli(rng, 1.0 - rate, shape)
 
 
+def _drop(x, keep, rate: float):
+  """x with the attention dropout's keep mask applied (kept values scaled by 1 / (1 - rate))."""
+  return x if keep is None else jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def attention_core(q, k, v, attention_mask, rng, scale: float, rate: float):
   """dropout(softmax(q k^T x scale + mask adder)) v for q, k, v [B, S, heads, d] in a 16-bit compute
@@ -292,8 +297,7 @@ def _attention_fwd(q, k, v, attention_mask, rng, scale, rate):
     total = total[..., 0].transpose(0, 2, 1)[..., None]  # [B, heads, S, 1] like `top`
   else:
     total = jnp.sum(exp, axis=-1, keepdims=True)
-    dropped = jnp.where(keep, exp / (total * (1.0 - rate)), 0.0)
-    out = jnp.einsum("bnqk,bknd->bqnd", dropped.astype(v.dtype), v)
+    out = jnp.einsum("bnqk,bknd->bqnd", _drop(exp / total, keep, rate).astype(v.dtype), v)
   return out, (q, k, v, attention_mask, rng, raw, (top, total), out)
 
 
@@ -301,10 +305,9 @@ def _attention_bwd(scale, rate, residuals, d_out):
   q, k, v, attention_mask, rng, raw, (top, total), out = residuals
   probs = jnp.exp(_attention_scores(raw, attention_mask, scale) - top) / total
   keep = _keep(rng, rate, probs.shape)
-  dropped = probs if keep is None else jnp.where(keep, probs / (1.0 - rate), 0.0)
-  d_v = jnp.einsum("bnqk,bqnd->bknd", dropped.astype(v.dtype), d_out)
+  d_v = jnp.einsum("bnqk,bqnd->bknd", _drop(probs, keep, rate).astype(v.dtype), d_out)
   d_dropped = jnp.einsum("bqnd,bknd->bnqk", d_out, v, preferred_element_type=jnp.float32)
-  d_probs = d_dropped if keep is None else jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+  d_probs = _drop(d_dropped, keep, rate)
   # sum_k p_qk dP_qk = dO_q . O_q (O = dropped probs @ v): the softmax derivative's row term.
   row = jnp.einsum("bqnd,bqnd->bnq", d_out.astype(jnp.float32), out.astype(jnp.float32))
   d_raw = (probs * (d_probs - row[..., None]) * scale).astype(q.dtype)
