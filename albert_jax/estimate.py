@@ -128,6 +128,15 @@ def _per_sequence(residual_bytes_at_batch) -> float:
   return float(residual_bytes_at_batch(2) - residual_bytes_at_batch(1))
 
 
+def abstract_layer(cfg, seq_len: int):
+  """(one training-mode model.AlbertLayer of the ModelConfig `cfg`, its parameters' shapes and
+  dtypes): nothing allocated."""
+  layer = M.AlbertLayer(cfg, deterministic=False)
+  x = jnp.zeros((1, seq_len, cfg.hidden_size), cfg.compute_dtype)
+  init = lambda: layer.init(jax.random.key(0), x, jnp.ones((1, seq_len), jnp.int32))  # noqa: E731
+  return layer, nn.unbox(jax.eval_shape(init)["params"])
+
+
 def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, only=None) -> float:
   """Bytes per token that one application of the block keeps for its backward pass under a remat
   policy (default: the config's), traced from model.AlbertLayer.
@@ -141,15 +150,8 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, 
   """
   cfg = M.model_config(model_config)
   remat = cfg.remat if remat is None else remat
-  layer = M.AlbertLayer(cfg, deterministic=False)
+  layer, params = abstract_layer(cfg, seq_len)
   H, S = cfg.hidden_size, seq_len
-  params = nn.unbox(
-    jax.eval_shape(
-      lambda: layer.init(
-        jax.random.key(0), jnp.zeros((1, S, H), cfg.compute_dtype), jnp.ones((1, S), jnp.int32)
-      )
-    )["params"]
-  )
 
   def apply(p, x):
     mask = jnp.ones(x.shape[:2], jnp.int32)

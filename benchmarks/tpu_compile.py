@@ -136,7 +136,6 @@ def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
 def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   """One block's forward and backward compiled for one core of `slice_name`: its cost and
   compiling.traffic's rows."""
-  import flax.linen as nn
   import jax
   import jax.numpy as jnp
 
@@ -147,14 +146,11 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   device = tpu_compile.topology_devices(tpu_compile.parse_slice(slice_name))[0]
   cfg = M.model_config(config.model)
   M.check_attention_impl(cfg, device)
-  layer = M.AlbertLayer(cfg, deterministic=False)
+  layer, params = E.abstract_layer(cfg, config.data.max_seq_length)
   on = jax.sharding.SingleDeviceSharding(device)
   shape = (per_device, config.data.max_seq_length)
   x = jax.ShapeDtypeStruct((*shape, cfg.hidden_size), cfg.compute_dtype, sharding=on)
   mask = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=on)
-  params = jax.eval_shape(
-    lambda: nn.unbox(layer.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype), jnp.ones(shape)))
-  )["params"]
   params = jax.tree_util.tree_map(
     lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params
   )
