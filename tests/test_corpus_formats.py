@@ -305,9 +305,9 @@ def _records(ddir):
 
 @pytest.mark.slow
 def test_every_format_prepares_the_same_documents_and_examples(tmp_path, spm_model_path):
-  """Each format prepared: the same documents and sentences; a corpus read as one shard (every
-  format but Parquet's five row groups) gives the very same records; Parquet's examples, paired
-  within each row group, agree in their statistics."""
+  """Each format prepared: the same documents and sentences; a corpus read as one shard (text and
+  JSON Lines) gives the very same records; Parquet's (five row groups) and save_to_disk's (two
+  files) examples, paired within each shard, agree in their statistics."""
   built = {}
   for fmt in ("sentences.txt", "documents.txt", "jsonl.zst", "save_to_disk", "parquet"):
     info = dataset.prepare(
@@ -323,11 +323,11 @@ def test_every_format_prepares_the_same_documents_and_examples(tmp_path, spm_mod
       assert info[key] == want[key], (fmt, key)
     (label,) = info["formats"]
     assert info["formats"][label]["documents"] == len(DOCS)
-    if fmt != "parquet":
+    if fmt not in ("parquet", "save_to_disk"):
       assert info["shards"] == 1
       assert _records(info["data_dir"]) == records, fmt
-    else:
-      assert info["shards"] == 5
+    else:  # read by row group (5) or by file (2): paired within each
+      assert info["shards"] == {"parquet": 5, "save_to_disk": 2}[fmt]
       assert abs(info["train_examples"] - want["train_examples"]) <= 0.15 * want["train_examples"]
       assert abs(info["mean_example_tokens"] - want["mean_example_tokens"]) < 5
   assert set(built["jsonl.zst"]["formats"]) == {"jsonl, zstd"}
@@ -359,3 +359,18 @@ def test_parquet_and_compressed_jsonl_one_two_workers_and_beam_byte_identical(
     assert set(info["formats"]) == {"parquet", "jsonl, gzip"}
   assert len(built["1"]["train"]) > 50
   assert built["2"] == built["1"] and built["beam"] == built["1"]
+
+
+def test_inspect_shows_the_first_documents_as_sentences(tmp_path):
+  from albert_jax.data import input_pipeline
+
+  lines = input_pipeline.corpus_documents(_data(write(tmp_path, "jsonl.zst")), 2)
+  n = len(DOCS[0])
+  assert lines[0] == f"document 0: {n} sentences"
+  assert lines[1 : 1 + n] == [f"  | {s}" for s in DOCS[0]]
+  assert lines[1 + n] == f"document 1: {len(DOCS[1])} sentences"
+  assert len(lines) == 2 + n + len(DOCS[1])
+  gone = input_pipeline.corpus_documents(_data(str(tmp_path / "gone.jsonl")), 2)
+  assert gone == [
+    f"corpus not read here: data.input_files: no file matches '{tmp_path}/gone.jsonl'"
+  ]
