@@ -374,3 +374,18 @@ def test_inspect_shows_the_first_documents_as_sentences(tmp_path):
   assert gone == [
     f"corpus not read here: data.input_files: no file matches '{tmp_path}/gone.jsonl'"
   ]
+
+
+@pytest.mark.slow
+def test_the_read_format_is_part_of_the_fingerprint(tmp_path, spm_model_path):
+  """Prepared data read another way is refused, naming the corpus; a config rebuilt from
+  prepared.json (evaluate --data) accepts it."""
+  path = write(tmp_path / "corpora", "documents.txt")
+  info = dataset.prepare(_config(path, spm_model_path), str(tmp_path / "work"))
+  with pytest.raises(ConfigError, match=r"corpus \(.*'text_format': 'auto'.* here\)"):
+    dataset.prepare(_config(path, spm_model_path, text_format="sentences"), str(tmp_path / "work"))
+  prepared = json.loads(open(os.path.join(info["data_dir"], dataset.PREPARED_FILE)).read())
+  assert prepared["fingerprint"]["corpus"]["text_format"] == "auto"
+  again = dataset.config_for_prepared(info["data_dir"], prepared)
+  ddir, _ = dataset.check_prepared(again, str(tmp_path / "elsewhere"))
+  assert ddir == info["data_dir"]
