@@ -123,17 +123,7 @@ def _paragraph_sentences(text: str) -> list[str]:
   return [s for s in sentences if s]
 
 
-def _decode(raw: bytes, non_utf8: str, stats: CorpusStats, where: str, unit: str) -> str | None:
-  """raw as UTF-8; None (counted) for bad bytes under data.non_utf8=skip, a one-line error under error."""
-  try:
-    return raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    if non_utf8 == "error":
-      raise ConfigError(
-        f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such {unit}"
-      ) from None
-    stats.non_utf8_lines += 1
-    return None
+_decode = formats.decode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,8 +201,19 @@ def _file_range_documents(
       raw.seek(start)
     pos, lineno = (0, 0) if packed else (start, first_line)
     if fmt != "sentences":
-      yield from _line_records(
-        stream, path, start, end, pos, lineno, max_docs, non_utf8, stats, fmt, field
+      yield from formats.line_records(
+        stream,
+        path,
+        start,
+        end,
+        pos,
+        lineno,
+        max_docs,
+        non_utf8,
+        stats,
+        fmt,
+        field,
+        split_sentences,
       )
       return
     emitted, doc, in_doc = 0, [], False
@@ -251,56 +252,6 @@ def _file_range_documents(
       raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
     if in_doc:
       yield finish()
-
-
-def _line_records(stream, path, start, end, pos, lineno, max_docs, non_utf8, stats, fmt, field):
-  """_file_range_documents for a document a line: "documents" (text) or "jsonl"."""
-  emitted = 0
-  try:
-    for line in stream:
-      if pos < start:
-        pos += len(line)
-        lineno += 1
-        continue
-      if end is not None and pos >= end:
-        break
-      pos += len(line)
-      lineno += 1
-      if not line.strip():
-        continue
-      text = _decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
-      if text is None:
-        doc = []
-      elif fmt == "jsonl":
-        doc = formats.json_record(text, path, lineno, field, non_utf8, stats, split_sentences)
-      else:
-        doc = split_sentences(text)
-      if doc:
-        stats.documents += 1
-        stats.sentences += len(doc)
-        stats.bytes += len(line) if fmt == "documents" else sum(len(s.encode()) for s in doc)
-      stats.progress_done = pos
-      yield doc
-      emitted += 1
-      if max_docs and emitted >= max_docs:
-        return
-  except formats.READ_ERRORS as e:
-    raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
-
-
-def _column_documents(values, path: str, first_row: int, max_docs: int, non_utf8: str, stats):
-  """Documents of Parquet or Arrow rows (their text field's values), the first being first_row."""
-  for n, value in enumerate(values):
-    if max_docs and n >= max_docs:
-      return
-    where = f"{path} row {first_row + n}"
-    doc = formats.value_sentences(value, where, non_utf8, stats, split_sentences) or []
-    if doc:
-      stats.documents += 1
-      stats.sentences += len(doc)
-      stats.bytes += sum(len(s.encode()) for s in doc)
-    stats.progress_done += 1
-    yield doc
 
 
 def text_file_documents(
@@ -670,7 +621,7 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
       if total >= limit:
         break
       if fmt in formats.LINE_FORMATS:
-        for piece in _line_pieces(path, fmt, data, shard_bytes, limit - total):
+        for piece in formats.line_pieces(path, fmt, data, shard_bytes, limit - total):
           add(kind=kind, path=path, format=fmt, **piece)
           total += piece["docs"]
         continue
@@ -701,58 +652,6 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
   return out
 
 
-def _line_pieces(path: str, fmt: str, data, shard_bytes: int, limit) -> Iterator[dict]:
-  """A text or JSON Lines file cut at document boundaries every ~shard_bytes (shards()), at most
-  `limit` documents: {start, end, first_line, docs, weight}. A JSON Lines file's first record is
-  checked for the text field here, before any work."""
-  raw = _open(path)
-  with raw:
-    stream = formats.decompressed(path, raw)
-    start, start_line, pos, lineno, docs, in_doc, total = 0, 0, 0, 0, 0, False, 0
-    checked = fmt != "jsonl"
-
-    def piece(end):
-      return dict(start=start, end=end, first_line=start_line, docs=docs, weight=end - start)
-
-    try:
-      if fmt == "sentences":  # a document: a run of lines that are not blank
-        for line in stream:
-          blank = not line.strip()
-          if blank and in_doc:
-            docs += 1
-            in_doc = False
-            if total + docs >= limit:
-              break
-            if pos - start >= shard_bytes:
-              yield piece(pos)
-              total += docs
-              start, start_line, docs = pos, lineno, 0
-          in_doc = in_doc or not blank
-          pos += len(line)
-          lineno += 1
-        docs += in_doc
-      else:  # a document a line
-        for line in stream:
-          pos += len(line)
-          lineno += 1
-          if not line.strip():
-            continue
-          if not checked:
-            formats.check_json_field(path, line, lineno, data.text_feature)
-            checked = True
-          docs += 1
-          if total + docs >= limit:
-            break
-          if pos - start >= shard_bytes:
-            yield piece(pos)
-            total += docs
-            start, start_line, docs = pos, lineno, 0
-    except formats.READ_ERRORS as e:
-      raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
-    if docs:
-      yield piece(pos)
-
-
 def shard_label(shard: dict) -> str:
   """The format a shard is read in, for prepare's report: "text (sentences)", "jsonl.zst", ..."""
   if shard["kind"] != "files":
@@ -775,10 +674,14 @@ def shard_documents(
     path, non_utf8 = shard["path"], data.non_utf8
     if fmt == "parquet":
       values = formats.parquet_values(path, shard["row_group"], data.text_feature)
-      it = _column_documents(values, path, shard["first_row"], shard["docs"], non_utf8, stats)
+      it = formats.column_documents(
+        values, path, shard["first_row"], shard["docs"], non_utf8, stats, split_sentences
+      )
     elif fmt == "arrow":
       values = formats.arrow_values(path, *shard["batches"], data.text_feature)
-      it = _column_documents(values, path, shard["first_row"], shard["docs"], non_utf8, stats)
+      it = formats.column_documents(
+        values, path, shard["first_row"], shard["docs"], non_utf8, stats, split_sentences
+      )
     else:
       it = _file_range_documents(
         path,

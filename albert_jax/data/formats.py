@@ -8,6 +8,11 @@
     writes (recognised by their state.json and dataset_info.json), read by record batch.
 Text and JSON Lines may be compressed: `.gz`, `.zst`, `.bz2`, `.xz` (gzip, zstandard, bz2, lzma).
 
+Here: which format a file is, its decompression, its records' text as sentences, and the pieces of
+a file that prepare's workers read on their own (corpus.shards: byte ranges of a document a line,
+Parquet row groups, runs of Arrow record batches); corpus.py reads the original's text format and
+puts the pieces in order.
+
 A record's field is its text: a string is split into sentences (corpus.split_sentences, as for
 TFDS), a list of strings is taken as the sentences. A record that is not a JSON object or whose
 field is not text is skipped and counted (data.non_utf8="skip") or is a one-line error naming file
@@ -24,6 +29,7 @@ import lzma
 import os
 import statistics
 import zlib
+from collections.abc import Iterator
 
 from absl import logging
 
@@ -120,6 +126,19 @@ def save_to_disk_files(path: str) -> list[str] | None:
 
 # ----------------------------------------------------------------------------------------------
 # A record's text as sentences.
+
+
+def decode(raw: bytes, non_utf8: str, stats, where: str, unit: str) -> str | None:
+  """raw as UTF-8; None (counted) for bad bytes under data.non_utf8=skip, a one-line error under error."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if non_utf8 == "error":
+      raise ConfigError(
+        f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such {unit}"
+      ) from None
+    stats.non_utf8_lines += 1
+    return None
 
 
 def _bad(where: str, why: str, non_utf8: str, stats) -> None:
@@ -292,6 +311,116 @@ def arrow_values(path: str, first: int, end: int, field: str):
         break
       if i >= first:
         yield from batch.column(column).to_pylist()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and cutting a document a line, and Parquet and Arrow rows.
+
+
+def line_records(
+  stream, path, start, end, pos, lineno, max_docs, non_utf8, stats, fmt, field, split
+):
+  """corpus._file_range_documents for a document a line ("documents" text or "jsonl"): the
+  documents of the lines from byte `start` to `end` of `stream` (now at byte `pos`, line `lineno`),
+  split into sentences by `split`."""
+  emitted = 0
+  try:
+    for line in stream:
+      if pos < start:
+        pos += len(line)
+        lineno += 1
+        continue
+      if end is not None and pos >= end:
+        break
+      pos += len(line)
+      lineno += 1
+      if not line.strip():
+        continue
+      text = decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
+      if text is None:
+        doc = []
+      elif fmt == "jsonl":
+        doc = json_record(text, path, lineno, field, non_utf8, stats, split)
+      else:
+        doc = split(text)
+      if doc:
+        stats.documents += 1
+        stats.sentences += len(doc)
+        stats.bytes += len(line) if fmt == "documents" else sum(len(s.encode()) for s in doc)
+      stats.progress_done = pos
+      yield doc
+      emitted += 1
+      if max_docs and emitted >= max_docs:
+        return
+  except READ_ERRORS as e:
+    raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+
+
+def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8: str, stats, split):
+  """Documents of Parquet or Arrow rows (their text field's values), the first being first_row."""
+  for n, value in enumerate(values):
+    if max_docs and n >= max_docs:
+      return
+    where = f"{path} row {first_row + n}"
+    doc = value_sentences(value, where, non_utf8, stats, split) or []
+    if doc:
+      stats.documents += 1
+      stats.sentences += len(doc)
+      stats.bytes += sum(len(s.encode()) for s in doc)
+    stats.progress_done += 1
+    yield doc
+
+
+def line_pieces(path: str, fmt: str, data, shard_bytes: int, limit) -> Iterator[dict]:
+  """A text or JSON Lines file cut at document boundaries every ~shard_bytes (corpus.shards), at most
+  `limit` documents: {start, end, first_line, docs, weight}. A JSON Lines file's first record is
+  checked for the text field here, before any work."""
+  raw = open_file(path)
+  with raw:
+    stream = decompressed(path, raw)
+    start, start_line, pos, lineno, docs, in_doc, total = 0, 0, 0, 0, 0, False, 0
+    checked = fmt != "jsonl"
+
+    def piece(end):
+      return dict(start=start, end=end, first_line=start_line, docs=docs, weight=end - start)
+
+    try:
+      if fmt == "sentences":  # a document: a run of lines that are not blank
+        for line in stream:
+          blank = not line.strip()
+          if blank and in_doc:
+            docs += 1
+            in_doc = False
+            if total + docs >= limit:
+              break
+            if pos - start >= shard_bytes:
+              yield piece(pos)
+              total += docs
+              start, start_line, docs = pos, lineno, 0
+          in_doc = in_doc or not blank
+          pos += len(line)
+          lineno += 1
+        docs += in_doc
+      else:  # a document a line
+        for line in stream:
+          pos += len(line)
+          lineno += 1
+          if not line.strip():
+            continue
+          if not checked:
+            check_json_field(path, line, lineno, data.text_feature)
+            checked = True
+          docs += 1
+          if total + docs >= limit:
+            break
+          if pos - start >= shard_bytes:
+            yield piece(pos)
+            total += docs
+            start, start_line, docs = pos, lineno, 0
+    except READ_ERRORS as e:
+      raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+    if docs:
+      yield piece(pos)
 
 
 # ----------------------------------------------------------------------------------------------
