@@ -211,6 +211,10 @@ def test_a_txt_holding_json_lines_is_refused_and_a_forced_format_reads_it(tmp_pa
   with pytest.raises(ConfigError, match=r"corpus\.txt holds JSON Lines .*data\.input_format=jsonl"):
     corpus.shards(_data(txt), 1 << 20, 100)
   assert list(corpus.documents(_data(txt, input_format="jsonl"))) == DOCS
+  array = tmp_path / "array.json"
+  array.write_text(json.dumps([{"text": " ".join(d)} for d in DOCS], indent=1))
+  with pytest.raises(ConfigError, match=r"array.json holds a JSON array, not JSON Lines"):
+    corpus.shards(_data(str(array)), 1 << 20, 100)
   with pytest.raises(ConfigError, match="is not one of auto, text, jsonl, parquet, arrow"):
     config_lib.validate_data(_data(txt, input_format="csv"), config_lib.base_config().model)
   with pytest.raises(ConfigError, match="data.text_format='lines' is not one of"):

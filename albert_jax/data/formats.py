@@ -190,10 +190,16 @@ def json_record(text: str, path: str, lineno: int, field: str, non_utf8: str, st
 
 
 def check_json_field(path: str, line: bytes, lineno: int, field: str) -> None:
-  """A JSON Lines file's first record holds the text field (checked before any work)."""
+  """A JSON Lines file's first record holds the text field (checked before any work); a file that
+  opens a JSON array (one JSON document over many lines) is refused."""
   try:
     record = json.loads(line)
   except ValueError:
+    if line.lstrip().startswith(b"["):
+      raise ConfigError(
+        f"{path} holds a JSON array, not JSON Lines (an object a line): write it as one object a "
+        f"line"
+      ) from None
     return  # a bad line: the reader skips or names it
   if isinstance(record, dict) and field not in record:
     raise ConfigError(
