@@ -142,6 +142,11 @@ def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt)
   stats = corpus.CorpusStats()
   assert list(corpus.documents(data, stats)) == DOCS
   assert (stats.documents, stats.sentences) == (len(DOCS), sum(map(len, DOCS)))
+  text_bytes = sum(len(" ".join(d).encode()) for d in DOCS)  # a record's text, as read
+  if fmt in ("jsonl", "jsonl.gz", "parquet", "arrow", "save_to_disk"):
+    assert stats.bytes == text_bytes
+  elif fmt == "documents.txt":
+    assert stats.bytes == text_bytes + len(DOCS)  # and each line's newline
   # Small shards: many of them, read on their own or streamed (compressed files), in order.
   shards = corpus.shards(data, 512, 8)
   assert len(shards) >= (2 if fmt == "save_to_disk" else 4)

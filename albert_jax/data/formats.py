@@ -149,7 +149,8 @@ def _bad(where: str, why: str, non_utf8: str, stats) -> None:
 
 def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str] | None:
   """The sentences of a record's text field: a string split by `split`, a list of strings as they
-  are. None (skipped and counted, or an error) when the field holds something else."""
+  are (their UTF-8 bytes counted in stats.bytes). None (skipped and counted, or an error) when the
+  field holds something else."""
   if isinstance(value, bytes):
     try:
       value = value.decode("utf-8")
@@ -161,8 +162,10 @@ def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str]
       stats.non_utf8_lines += 1
       return None
   if isinstance(value, str):
+    stats.bytes += len(value.encode("utf-8"))  # the text read (one encode, not one per sentence)
     return split(value)
   if isinstance(value, list) and all(isinstance(s, str) for s in value):
+    stats.bytes += sum(len(s.encode("utf-8")) for s in value)
     return [s.strip() for s in value if s.strip()]
   kind = "null" if value is None else type(value).__name__
   _bad(where, f"the text field is {kind}, not text", non_utf8, stats)
@@ -352,7 +355,8 @@ def line_records(
       if doc:
         stats.documents += 1
         stats.sentences += len(doc)
-        stats.bytes += len(line) if fmt == "documents" else sum(len(s.encode()) for s in doc)
+        if fmt == "documents":  # jsonl: value_sentences counts the field's text
+          stats.bytes += len(line)
       stats.progress_done = pos
       yield doc
       emitted += 1
@@ -372,7 +376,6 @@ def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8:
     if doc:
       stats.documents += 1
       stats.sentences += len(doc)
-      stats.bytes += sum(len(s.encode()) for s in doc)
     stats.progress_done += 1
     yield doc
 
