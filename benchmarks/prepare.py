@@ -1,7 +1,7 @@
 """prepare's scaling: MB/s of raw text on 1 worker and on every core, and peak memory per process.
 
   python benchmarks/prepare.py [--workdir=/tmp/albert_prepare_bench] [--corpus_copies=20]
-                               [--workers=0] [--seq_length=512]
+                               [--workers=0] [--seq_length=512] [--formats]
 
 Writes the built-in corpus (python_docs, ~1.9 MB) `corpus_copies` times as BERT-format text files,
 trains a vocabulary on it once, then prepares it with data.num_prepare_workers=1 and =--workers
@@ -10,6 +10,12 @@ pairing and writing the TFDS dataset; vocabulary training excluded), MB per CPU-
 processes), the speed-up and its ratio to the worker count (the goal: >= 0.8), and the peak
 resident memory of the main process and of the largest worker. The last line is one JSON object
 with all figures.
+
+--formats: the same text written as each corpus format (original text, one document a line, JSON
+Lines plain and compressed in every codec, Parquet, Arrow), each prepared on one worker in a fresh
+process; prints MB/s of raw text per worker (the text's own UTF-8 bytes over the whole build:
+sharding, reading, tokenizing, pairing, writing) side by side, and each format's ratio to plain
+text's (the goals: JSON Lines and Parquet >= 0.9, compressed >= 0.8).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where co
 _COPIES = flags.DEFINE_integer("corpus_copies", 20, "Copies of the built-in corpus to prepare.")
 _WORKERS = flags.DEFINE_integer("workers", 0, "Workers of the parallel run (0: every core).")
 _SEQ = flags.DEFINE_integer("seq_length", 512, "data.max_seq_length.")
+_FORMATS = flags.DEFINE_bool("formats", False, "Compare the corpus formats on one worker instead.")
 _VOCAB = 8000
 
 _CHILD = """
@@ -40,12 +47,15 @@ from albert_jax.data import dataset
 c = config_lib.base_config()
 c.model.vocab_size = int(sys.argv[4])
 c.data.update(input_files=sys.argv[1], spm_model_path=sys.argv[2], max_seq_length=int(sys.argv[5]),
-              num_prepare_workers=int(sys.argv[6]))
-t0 = time.process_time()
+              num_prepare_workers=int(sys.argv[6]), **json.loads(sys.argv[7]))
+t0, w0 = time.process_time(), time.perf_counter()
 info = dataset.prepare(c, sys.argv[3])
+wall = time.perf_counter() - w0
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"cpu_seconds": time.process_time() - t0 + kids.ru_utime + kids.ru_stime,
                   "seconds": info["examples_seconds"] + info["assemble_seconds"],
+                  "build_seconds": wall, "documents": info["documents"],
+                  "sentences": info["sentences"],
                   "examples_seconds": info["examples_seconds"],
                   "assemble_seconds": info["assemble_seconds"], "mb": info["raw_text_mb"],
                   "shards": info["shards"], "examples": info["train_examples"],
@@ -54,7 +64,7 @@ print(json.dumps({"cpu_seconds": time.process_time() - t0 + kids.ru_utime + kids
 """
 
 
-def _run(files: str, vocab: str, workdir: str, workers: int) -> dict:
+def _run(files: str, vocab: str, workdir: str, workers: int, **data_fields) -> dict:
   shutil.rmtree(workdir, ignore_errors=True)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   run = subprocess.run(
@@ -68,6 +78,7 @@ def _run(files: str, vocab: str, workdir: str, workers: int) -> dict:
       str(_VOCAB),
       str(_SEQ.value),
       str(workers),
+      json.dumps(data_fields),
     ],
     cwd=root,
     capture_output=True,
@@ -79,6 +90,87 @@ def _run(files: str, vocab: str, workdir: str, workers: int) -> dict:
   result["mb_per_second"] = round(result["mb"] / result["seconds"], 2)
   result["mb_per_cpu_second"] = round(result["mb"] / result["cpu_seconds"], 2)
   return result
+
+
+# Each format's file(s), written from the same documents: name -> (file name, data fields).
+_FORMAT_FILES = {
+  "text (sentences)": ("corpus.txt", {}),
+  "text (documents)": ("corpus-documents.txt", {"text_format": "documents"}),
+  "jsonl": ("corpus.jsonl", {}),
+  "jsonl, gzip": ("corpus.jsonl.gz", {}),
+  "jsonl, zstd": ("corpus.jsonl.zst", {}),
+  "jsonl, bz2": ("corpus.jsonl.bz2", {}),
+  "jsonl, xz": ("corpus.jsonl.xz", {}),
+  "parquet": ("corpus.parquet", {}),
+  "arrow": ("corpus.arrow", {}),
+}
+
+
+def _write_formats(docs: list[list[str]], root: str) -> None:
+  import bz2  # pylint: disable=g-import-not-at-top
+  import gzip  # pylint: disable=g-import-not-at-top
+  import lzma  # pylint: disable=g-import-not-at-top
+
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  import zstandard  # pylint: disable=g-import-not-at-top
+
+  def put(name, data: bytes):
+    with open(os.path.join(root, name), "wb") as f:
+      f.write(data)
+
+  put("corpus.txt", ("\n\n".join("\n".join(d) for d in docs) + "\n").encode())
+  put("corpus-documents.txt", "".join(" ".join(d) + "\n" for d in docs).encode())
+  jsonl = "".join(json.dumps({"id": i, "text": " ".join(d)}) + "\n" for i, d in enumerate(docs))
+  jsonl = jsonl.encode()
+  put("corpus.jsonl", jsonl)
+  put("corpus.jsonl.gz", gzip.compress(jsonl))
+  put("corpus.jsonl.zst", zstandard.ZstdCompressor().compress(jsonl))
+  put("corpus.jsonl.bz2", bz2.compress(jsonl))
+  put("corpus.jsonl.xz", lzma.compress(jsonl))
+  table = pa.table({"id": list(range(len(docs))), "text": [" ".join(d) for d in docs]})
+  pq.write_table(table, os.path.join(root, "corpus.parquet"), row_group_size=2000)
+  with pa.ipc.new_file(os.path.join(root, "corpus.arrow"), table.schema) as w:
+    for batch in table.to_batches(max_chunksize=1000):
+      w.write_batch(batch)
+
+
+def _formats(docs: list[list[str]], vocab: str) -> None:
+  """--formats: MB/s of raw text per worker for each format of the same text."""
+  root = os.path.join(_WORKDIR.value, "formats")
+  shutil.rmtree(root, ignore_errors=True)
+  os.makedirs(root)
+  docs = docs * _COPIES.value
+  _write_formats(docs, root)
+  mb = sum(len(s.encode("utf-8")) for d in docs for s in d) / 1e6
+  print(
+    f"{mb:.1f} MB of text ({len(docs):,} documents) as each format, 1 worker, os.getloadavg() "
+    f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())} before"
+  )
+  figures = {}
+  for name, (file_name, fields) in _FORMAT_FILES.items():
+    path = os.path.join(root, file_name)
+    run = _run(path, vocab, os.path.join(_WORKDIR.value, "w-format"), 1, **fields)
+    run["mb_per_second"] = round(mb / run["build_seconds"], 3)
+    run["mb_per_cpu_second"] = round(mb / run["cpu_seconds"], 3)
+    run["file_mb"] = round(os.path.getsize(path) / 1e6, 2)
+    figures[name] = run
+  base = figures["text (sentences)"]
+  print(
+    f"{'format':<18} {'file MB':>8} {'MB/s':>6} {'x text':>7} {'MB/CPU-s':>9} {'x text':>7} "
+    f"{'goal':>5} {'documents':>10} {'sentences':>10}"
+  )
+  for name, run in figures.items():
+    goal = 0.8 if "," in name else 0.9 if name != "text (sentences)" else 1.0
+    run["ratio"] = round(run["mb_per_second"] / base["mb_per_second"], 3)
+    run["cpu_ratio"] = round(run["mb_per_cpu_second"] / base["mb_per_cpu_second"], 3)
+    print(
+      f"{name:<18} {run['file_mb']:>8.2f} {run['mb_per_second']:>6.2f} {run['ratio']:>7.2f} "
+      f"{run['mb_per_cpu_second']:>9.2f} {run['cpu_ratio']:>7.2f} {goal:>5.1f} "
+      f"{run['documents']:>10,} {run['sentences']:>10,}"
+    )
+  print(f"load average after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+  print(json.dumps({"text_mb": round(mb, 3), "formats": figures}))
 
 
 def main(argv):
@@ -95,6 +187,9 @@ def main(argv):
   vocab = os.path.join(_WORKDIR.value, "spiece.model")
   if not os.path.exists(vocab):
     tokenizer.train([s for d in docs for s in d], vocab, _VOCAB)
+  if _FORMATS.value:
+    _formats(docs, vocab)
+    return
   files = os.path.join(text_dir, "*.txt")
   workers = _WORKERS.value or os.cpu_count() or 1
   one = _run(files, vocab, os.path.join(_WORKDIR.value, "w1"), 1)

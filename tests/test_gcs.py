@@ -352,3 +352,33 @@ def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
   )
   info = dataset.prepare(config, str(tmp_path / "work"))
   assert info["documents"] == 30 and info["num_train_examples"] > 20
+
+
+@pytest.mark.slow
+def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_path):
+  """A Parquet file and a compressed JSON Lines file read from gs://: the same documents and
+  prepared records as from a local copy; a save_to_disk directory read from the bucket."""
+  from albert_jax.data import corpus, dataset
+  from tests import test_corpus_formats as formats_test
+
+  local = tmp_path / "corpus"
+  formats_test.write(local, "parquet", formats_test._documents(30, seed=4))
+  formats_test.write(local, "jsonl.zst", formats_test._documents(30, seed=5))
+  for name in os.listdir(local):
+    files.path(local / name).copy(files.path(bucket, "corpus", name))
+  built = {}
+  for where, root in (("local", str(local)), ("bucket", f"{bucket}/corpus")):
+    config = formats_test._config(f"{root}/*.parquet,{root}/*.zst", spm_model_path)
+    docs = list(corpus.documents(config.data))
+    assert len(docs) == 60
+    info = dataset.prepare(config, str(tmp_path / where))
+    assert info["documents"] == 60 and set(info["formats"]) == {"parquet", "jsonl, zstd"}
+    built[where] = (docs, formats_test._records(info["data_dir"]))
+  assert built["bucket"] == built["local"]
+  # A datasets.save_to_disk directory in the bucket, named by its folder.
+  saved = formats_test.write(tmp_path / "saved", "save_to_disk")
+  for name in files.files_under(saved):
+    files.path(saved, name).copy(files.path(bucket, "saved", name))
+  data = formats_test._data(f"{bucket}/saved")
+  assert list(corpus.documents(data)) == formats_test.DOCS
+  assert len(corpus.shards(data, 1 << 20, 100)) == 2  # its two Arrow files

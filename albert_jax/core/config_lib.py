@@ -23,6 +23,9 @@ ATTENTION_IMPLS = ("einsum", "dot_product_attention", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("lamb", "adam_weight_decay", "optax_lamb", "adamw")
 TASKS = ("sop", "nsp", "none")
+# data.input_format and data.text_format (data/formats.py reads them).
+INPUT_FORMATS = ("auto", "text", "jsonl", "parquet", "arrow")
+TEXT_FORMATS = ("auto", "sentences", "documents")
 
 
 def examples_task(task: str) -> str:
@@ -82,8 +85,12 @@ def base_config() -> ml_collections.ConfigDict:
       # Bring your own SentencePiece model; "" trains one on the corpus during prepare.
       spm_model_path="",
       do_lower_case=True,
-      # Corpus, first that is set wins: text files (glob or comma-separated list, .gz allowed) ...
+      # Corpus, first that is set wins: files (globs or a comma-separated list; docs/data.md) ...
       input_files="",
+      # ... read by extension (auto) or as text | jsonl | parquet | arrow; text as the original's
+      # sentences (a blank line between documents) | documents (one a line) | auto (from a sample).
+      input_format="auto",
+      text_format="auto",
       # ... or a TFDS dataset with a text feature (split into sentences when needed) ...
       tfds_name="",
       tfds_split="train",
@@ -418,6 +425,14 @@ def validate_data(d, model) -> None:
   _check(d.max_ngram >= 1, f"data.max_ngram={d.max_ngram} must be >= 1")
   _check(d.task in TASKS, f"data.task={d.task!r} is not one of {TASKS}")
   _check(d.non_utf8 in ("skip", "error"), f"data.non_utf8={d.non_utf8!r} is not 'skip' or 'error'")
+  _check(
+    d.input_format in INPUT_FORMATS,
+    f"data.input_format={d.input_format!r} is not one of {', '.join(INPUT_FORMATS)}",
+  )
+  _check(
+    d.text_format in TEXT_FORMATS,
+    f"data.text_format={d.text_format!r} is not one of {', '.join(TEXT_FORMATS)}",
+  )
   _check(
     d.word_start in ("marker", "original"),
     f"data.word_start={d.word_start!r} is not 'marker' or 'original'",

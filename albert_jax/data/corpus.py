@@ -1,8 +1,10 @@
 """Corpus sources: each yields documents, a document being a list of sentence strings.
 
 Three sources, chosen by config.data (first that is set wins):
-  * input_files: text in the BERT/ALBERT format (one sentence per line, a blank line between
-    documents), a glob or a comma-separated list of globs; `.gz` files are read through gzip.
+  * input_files: files, a glob or a comma-separated list of globs, each read in its format
+    (formats.py): text in the BERT/ALBERT format (one sentence per line, a blank line between
+    documents) or one document per line, JSON Lines, Parquet, Arrow (and datasets' save_to_disk
+    directories); text and JSON Lines compressed or not (.gz, .zst, .bz2, .xz).
   * tfds_name: any TFDS dataset with a text feature (wikipedia, c4, ...), read with
     tfds.data_source; each record is one document, split into sentences when needed.
   * builtin_corpus="python_docs": built from what every Python installation carries, so the main
@@ -12,7 +14,9 @@ Three sources, chosen by config.data (first that is set wins):
     two or more sentences. About 4,200 documents, 1.9 MB of English text.
 
 shards() cuts a corpus into pieces that shard_documents() reads on their own (prepare's worker
-processes, a Beam pipeline), the same pieces whatever the number of readers.
+processes, a Beam pipeline), the same pieces whatever the number of readers: byte ranges of text
+and JSON Lines (of the uncompressed text for a compressed file, streamed), Parquet row groups,
+runs of Arrow record batches.
 
 Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip") or is a one-line
 error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
@@ -24,17 +28,16 @@ from __future__ import annotations
 import ast
 import dataclasses
 import glob
-import gzip
 import hashlib
 import io
 import os
 import re
 import sysconfig
-import zlib
 from collections.abc import Iterable, Iterator
 
 from albert_jax.core import files as files_lib
 from albert_jax.core.config_lib import ConfigError
+from albert_jax.data import formats
 
 BUILTIN_CORPORA = ("python_docs",)
 
@@ -47,6 +50,7 @@ class CorpusStats:
   sentences: int = 0
   bytes: int = 0  # UTF-8 text bytes of the sentences yielded
   non_utf8_lines: int = 0  # skipped lines (data.non_utf8="skip")
+  bad_records: int = 0  # skipped records: not JSON objects, or a text field that is not text
   files: int = 0
   # Progress in source units (bytes of input files, or records): for ETAs.
   progress_done: int = 0
@@ -119,17 +123,7 @@ def _paragraph_sentences(text: str) -> list[str]:
   return [s for s in sentences if s]
 
 
-def _decode(raw: bytes, non_utf8: str, stats: CorpusStats, where: str, unit: str) -> str | None:
-  """raw as UTF-8; None (counted) for bad bytes under data.non_utf8=skip, a one-line error under error."""
-  try:
-    return raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    if non_utf8 == "error":
-      raise ConfigError(
-        f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such {unit}"
-      ) from None
-    stats.non_utf8_lines += 1
-    return None
+_decode = formats.decode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,20 +147,20 @@ def resolve_input_files(spec: str) -> list[str]:
       raise ConfigError(f"data.input_files: no file matches {pattern!r}")
     for path in matches:
       if files_lib.path(path).is_dir():
-        raise ConfigError(
-          f"data.input_files: {path} is a directory; name its files (e.g. {path}/*.txt)"
-        )
+        saved = formats.save_to_disk_files(path)
+        if saved is None:
+          raise ConfigError(
+            f"data.input_files: {path} is a directory; name its files (e.g. {path}/*.txt)"
+          )
+        files.extend(saved)
+        continue
       files.append(path)
   if not files:
     raise ConfigError("data.input_files is empty")
   return files
 
 
-def _open(path: str):
-  try:
-    return files_lib.path(path).open("rb")
-  except OSError as e:
-    raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+_open = formats.open_file
 
 
 def file_size(path: str) -> int:
@@ -183,24 +177,45 @@ def _file_range_documents(
   stats: CorpusStats,
   progress_base: int = 0,
   text: bytes | None = None,
+  fmt: str = "sentences",
+  field: str = "text",
 ) -> Iterator[list[str]]:
-  """Documents of one text file that begin in bytes [start, end) (end None: to the end), at most
-  max_docs of them (0: all); first_line is the number of lines before `start`. `text`: those bytes
-  already read (a .gz shard streamed to its worker by with_shard_text), the file is not opened.
+  """Documents of one text or JSON Lines file that begin in bytes [start, end) (end None: to the
+  end), at most max_docs of them (0: all); first_line is the number of lines before `start`.
+  `text`: those bytes already read (a compressed file's shard streamed to its worker by
+  with_shard_text), the file is not opened.
 
-  A document is a run of lines that are not blank (ASCII whitespace only), so shards() finds the
-  boundaries without decoding; its sentences are the lines that decode as UTF-8 and are not empty
-  once stripped. A document left with no sentence is yielded as [] (it still takes its place).
+  fmt "sentences" (the original's format): a document is a run of lines that are not blank (ASCII
+  whitespace only), so shards() finds the boundaries without decoding; its sentences are the lines
+  that decode as UTF-8 and are not empty once stripped. "documents" and "jsonl": a document is a
+  line that is not blank, split into sentences (a JSON Lines record's `field`). A document left with
+  no sentence is yielded as [] (it still takes its place).
   """
   raw = io.BytesIO(text) if text is not None else _open(path)
   with raw:
-    gz = path.endswith(".gz") and text is None
-    stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-    # A plain file is entered at `start`; a gzip stream cannot be, so it is read from its beginning
-    # and the lines before `start` (offsets in the uncompressed text) are passed over one by one.
-    if start and not gz and text is None:
+    packed = formats.codec(path) is not None and text is None
+    stream = formats.decompressed(path, raw) if packed else raw
+    # A plain file is entered at `start`; a compressed stream cannot be, so it is read from its
+    # beginning and the lines before `start` (offsets in the uncompressed text) are passed over.
+    if start and not packed and text is None:
       raw.seek(start)
-    pos, lineno = (0, 0) if gz else (start, first_line)
+    pos, lineno = (0, 0) if packed else (start, first_line)
+    if fmt != "sentences":
+      yield from formats.line_records(
+        stream,
+        path,
+        start,
+        end,
+        pos,
+        lineno,
+        max_docs,
+        non_utf8,
+        stats,
+        fmt,
+        field,
+        split_sentences,
+      )
+      return
     emitted, doc, in_doc = 0, [], False
 
     def finish():
@@ -233,7 +248,7 @@ def _file_range_documents(
         if text:
           doc.append(text)
           stats.bytes += len(line)
-    except (OSError, EOFError, zlib.error) as e:
+    except formats.READ_ERRORS as e:
       raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
     if in_doc:
       yield finish()
@@ -256,6 +271,44 @@ def text_file_documents(
         yield doc
     done_before += file_size(path)
     stats.progress_done = done_before
+
+
+def file_plan(data) -> list[tuple[str, str]]:
+  """data.input_files as (path, format) pairs, format one of formats.LINE_FORMATS ("sentences",
+  "documents", "jsonl"), "parquet" or "arrow"; text files' sentences or documents decided once
+  for the corpus (formats.decide_text_format)."""
+  paths = resolve_input_files(data.input_files)
+  kinds = [formats.file_format(p, data.input_format) for p in paths]
+  texts = [p for p, k in zip(paths, kinds) if k == "text"]
+  text_format = formats.decide_text_format(texts, data, split_sentences) if texts else ""
+  return [(p, text_format if k == "text" else k) for p, k in zip(paths, kinds)]
+
+
+def _whole_file_shards(path: str, fmt: str, data) -> list[dict]:
+  """A file as the pieces shard_documents reads, without a scan: one piece for text and JSON
+  Lines, its row groups or runs of record batches for Parquet and Arrow."""
+  base = dict(kind="files", path=path, format=fmt, first_doc=0, index=0, docs=0)
+  if fmt in formats.LINE_FORMATS:
+    return [dict(base, start=0, end=None, first_line=0)]
+  if fmt == "parquet":
+    pieces = formats.parquet_pieces(path, data.text_feature)
+  else:
+    pieces = formats.arrow_pieces(path, data.text_feature, SHARD_ROWS)
+  return [dict(base, **piece) for piece in pieces]
+
+
+def file_documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
+  """Documents of data.input_files, file after file, each read in its format (file_plan)."""
+  stats = stats if stats is not None else CorpusStats()
+  for path, fmt in file_plan(data):
+    if fmt == "sentences":  # with its progress in bytes
+      yield from text_file_documents([path], data.non_utf8, stats)
+      continue
+    stats.files += 1
+    for shard in _whole_file_shards(path, fmt, data):
+      for _, doc in shard_documents(data, shard, stats, count_file=False):
+        if doc:
+          yield doc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -483,6 +536,11 @@ def identity(data) -> dict:
   kind = source_kind(data)
   ident: dict = {"source": kind, "max_documents": data.max_documents}
   if kind == "files":
+    # How the files are read: a change re-prepares (auto decides from the files, which their
+    # sizes and times identify).
+    ident.update(
+      input_format=data.input_format, text_format=data.text_format, text_feature=data.text_feature
+    )
     try:
       files = resolve_input_files(data.input_files)
       h = hashlib.sha256()
@@ -515,7 +573,7 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
   stats = stats if stats is not None else CorpusStats()
   kind = source_kind(data)
   if kind == "files":
-    it = text_file_documents(resolve_input_files(data.input_files), data.non_utf8, stats)
+    it = file_documents(data, stats)
   elif kind == "tfds":
     it = tfds_documents(
       data.tfds_name, data.tfds_split, data.text_feature, data.tfds_data_dir, data.non_utf8, stats
@@ -532,18 +590,23 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
 # Shards: the units prepare's workers (or a Beam pipeline) read independently.
 
 
+SHARD_ROWS = 2_000  # rows of a run of Arrow record batches read whole (file_documents)
+
+
 def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
   """Cuts the corpus into shards, each read on its own by shard_documents().
 
   The cut depends only on the corpus and the two sizes, never on how many workers read it, so
-  the examples made from each shard are the same whatever the parallelism. Text files are cut
-  at document boundaries every ~shard_bytes of text by a scan that reads bytes without decoding
-  them, so one large file is many shards and a worker's memory does not grow with it; a .gz file is
-  cut the same way in its uncompressed text (its shards read by streaming through the ones before
-  them, since a gzip stream cannot be entered in the middle); TFDS datasets and the built-in
-  corpus every shard_documents documents. Each shard records the global index of its first
-  document (which decides the eval split) and how many documents it holds (data.max_documents
-  is applied here).
+  the examples made from each shard are the same whatever the parallelism. Text and JSON Lines
+  files are cut at document boundaries every ~shard_bytes of text by a scan that reads bytes
+  without decoding them, so one large file is many shards and a worker's memory does not grow with
+  it; a compressed file is cut the same way in its uncompressed text (its shards read by streaming
+  through the ones before them, since a compressed stream cannot be entered in the middle); a
+  Parquet file by row group, an Arrow file in runs of record batches of about shard_documents
+  rows; TFDS datasets and the built-in corpus every shard_documents documents. Each shard records
+  the global index of its first document (which decides the eval split), how many documents it
+  holds (data.max_documents is applied here) and its weight (bytes of text, for the vocabulary's
+  sample).
   """
   kind = source_kind(data)
   limit = data.max_documents or float("inf")
@@ -554,33 +617,24 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
     out.append(dict(fields, index=len(out), first_doc=total))
 
   if kind == "files":
-    for path in resolve_input_files(data.input_files):
+    for path, fmt in file_plan(data):
       if total >= limit:
         break
-      raw = _open(path)
-      with raw:
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
-        start, start_line, pos, lineno, docs, in_doc = 0, 0, 0, 0, 0, False
-        try:
-          for line in stream:
-            blank = not line.strip()
-            if blank and in_doc:
-              docs += 1
-              in_doc = False
-              if total + docs >= limit:
-                break
-              if pos - start >= shard_bytes:
-                add(kind=kind, path=path, start=start, end=pos, first_line=start_line, docs=docs)
-                total += docs
-                start, start_line, docs = pos, lineno, 0
-            in_doc = in_doc or not blank
-            pos += len(line)
-            lineno += 1
-        except (OSError, EOFError, zlib.error) as e:
-          raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
-        docs += in_doc
+      if fmt in formats.LINE_FORMATS:
+        for piece in formats.line_pieces(path, fmt, data, shard_bytes, limit - total):
+          add(kind=kind, path=path, format=fmt, **piece)
+          total += piece["docs"]
+        continue
+      if fmt == "parquet":
+        pieces = formats.parquet_pieces(path, data.text_feature)
+      else:
+        pieces = formats.arrow_pieces(path, data.text_feature, shard_documents)
+      for piece in pieces:
+        docs = int(min(piece.pop("rows"), limit - total))
+        if total >= limit:
+          break
         if docs:
-          add(kind=kind, path=path, start=start, end=pos, first_line=start_line, docs=docs)
+          add(kind=kind, path=path, format=fmt, docs=docs, weight=max(piece["bytes"], 1), **piece)
           total += docs
   else:
     if kind == "tfds":
@@ -598,24 +652,49 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
   return out
 
 
+def shard_label(shard: dict) -> str:
+  """The format a shard is read in, for prepare's report: "text (sentences)", "jsonl.zst", ..."""
+  if shard["kind"] != "files":
+    return shard["kind"]
+  fmt = shard.get("format", "sentences")
+  label = f"text ({fmt})" if fmt in ("sentences", "documents") else fmt
+  c = formats.codec(shard["path"])
+  return f"{label}, {c}" if c else label
+
+
 def shard_documents(
-  data, shard: dict, stats: CorpusStats | None = None
+  data, shard: dict, stats: CorpusStats | None = None, count_file: bool = True
 ) -> Iterator[tuple[int, list[str]]]:
   """(global document index, sentences) for each document of a shard made by shards()."""
   stats = stats if stats is not None else CorpusStats()
   index = shard["first_doc"]
   if shard["kind"] == "files":
-    stats.files += 1
-    it = _file_range_documents(
-      shard["path"],
-      shard["start"],
-      shard["end"],
-      shard["first_line"],
-      shard["docs"],
-      data.non_utf8,
-      stats,
-      text=shard.get("text"),
-    )
+    stats.files += count_file
+    fmt = shard.get("format", "sentences")
+    path, non_utf8 = shard["path"], data.non_utf8
+    if fmt == "parquet":
+      values = formats.parquet_values(path, shard["row_group"], data.text_feature)
+      it = formats.column_documents(
+        values, path, shard["first_row"], shard["docs"], non_utf8, stats, split_sentences
+      )
+    elif fmt == "arrow":
+      values = formats.arrow_values(path, *shard["batches"], data.text_feature)
+      it = formats.column_documents(
+        values, path, shard["first_row"], shard["docs"], non_utf8, stats, split_sentences
+      )
+    else:
+      it = _file_range_documents(
+        path,
+        shard["start"],
+        shard["end"],
+        shard["first_line"],
+        shard["docs"],
+        non_utf8,
+        stats,
+        text=shard.get("text"),
+        fmt=fmt,
+        field=data.text_feature,
+      )
   elif shard["kind"] == "builtin":
     it = iter(shard["documents"])
     for doc in shard["documents"]:
@@ -629,26 +708,32 @@ def shard_documents(
     index += 1
 
 
-def _is_gz_shard(x) -> bool:
-  return isinstance(x, dict) and x.get("kind") == "files" and x["path"].endswith(".gz")
+def _is_streamed_shard(x) -> bool:
+  """A shard of a compressed text or JSON Lines file (read through one stream by with_shard_text)."""
+  return (
+    isinstance(x, dict)
+    and x.get("kind") == "files"
+    and x.get("format", "sentences") in formats.LINE_FORMATS
+    and formats.codec(x["path"]) is not None
+  )
 
 
 def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
-  """The jobs in order, each .gz shard in them given its text: one stream through each .gz file
-  reads its shards' byte ranges in turn, so no worker streams through the shards before its own
-  (a gzip stream cannot be entered in the middle). The caller keeps few jobs in flight: memory is
-  a few shards' text, whatever the size of the file."""
+  """The jobs in order, each compressed file's shard in them given its text: one stream through
+  each compressed file reads its shards' byte ranges in turn, so no worker streams through the
+  shards before its own (a compressed stream cannot be entered in the middle). The caller keeps
+  few jobs in flight: memory is a few shards' text, whatever the size of the file."""
   raw = stream = path = None
   pos = lineno = 0
 
   def close():
     if stream is not None:
       stream.close()
-      raw.close()  # a GzipFile leaves the file it was given open
+      raw.close()  # a decompressing reader may leave the file it was given open
 
   try:
     for job in jobs:
-      shard = next((x for x in job if _is_gz_shard(x)), None)
+      shard = next((x for x in job if _is_streamed_shard(x)), None)
       if shard is None:
         yield job
         continue
@@ -656,7 +741,7 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
         close()
         path, pos, lineno = shard["path"], 0, 0
         raw = _open(path)
-        stream = gzip.GzipFile(fileobj=raw, mode="rb")
+        stream = formats.decompressed(path, raw)
       chunks = []
       try:
         while pos < shard["end"]:
@@ -667,7 +752,7 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
             chunks.append(line)
           pos += len(line)
           lineno += 1
-      except (OSError, EOFError, zlib.error) as e:
+      except formats.READ_ERRORS as e:
         raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
       text = dict(shard, text=b"".join(chunks))
       yield tuple(text if x is shard else x for x in job)

@@ -156,6 +156,8 @@ def config_for_prepared(data_dir: str, prepared: dict):
       d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
     if corpus["source"] == "files":
       d.input_files = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
+      for field in ("input_format", "text_format", "text_feature"):
+        d[field] = corpus.get(field, d[field])
     elif corpus["source"] == "tfds":
       d.update(
         tfds_name=corpus["name"],
@@ -549,10 +551,9 @@ def vocab_sample_caps(shards: list[dict], size: int) -> list[int]:
 
 
 def _shard_weight(shard: dict) -> int:
-  """A shard's share of the corpus: its bytes for text files, its documents otherwise."""
+  """A shard's share of the corpus: its bytes for files (corpus.shards), its documents otherwise."""
   if shard["kind"] == "files":
-    end = shard["end"] if shard["end"] is not None else corpus_lib.file_size(shard["path"])
-    return max(end - shard["start"], 1)
+    return max(shard["weight"], 1)
   return max(shard["docs"], 1)
 
 
@@ -750,6 +751,7 @@ def _stats(summaries: list[dict]) -> dict:
     "sentences": corpus["sentences"],
     "raw_text_mb": round(corpus["bytes"] / 1e6, 3),
     "non_utf8_lines_skipped": corpus["non_utf8_lines"],
+    "records_skipped": corpus["bad_records"],
     "tokens": tokens,
     "train_examples": total["train_examples"],
     "eval_examples": total["eval_examples"],
@@ -764,6 +766,25 @@ def _stats(summaries: list[dict]) -> dict:
     "skipped_chunks": pairs.get("skipped_chunks", 0),
     "truncated_pairs": pairs.get("truncated", 0),
   }
+
+
+def _format_stats(shards: list[dict], summaries: list[dict]) -> dict:
+  """Documents, sentences and MB of text read per corpus format (corpus.shard_label), each said
+  on the console."""
+  out: dict = {}
+  for s in summaries:
+    c = s["corpus"]
+    f = out.setdefault(corpus_lib.shard_label(shards[s["shard"]]), collections.Counter())
+    f.update(documents=c["documents"], sentences=c["sentences"], bytes=c["bytes"])
+  for label, f in out.items():
+    logging.info(
+      "read %s: %s documents, %s sentences, %.1f MB",
+      label,
+      f"{f['documents']:,}",
+      f"{f['sentences']:,}",
+      f["bytes"] / 1e6,
+    )
+  return {k: dict(v) for k, v in out.items()}
 
 
 def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
@@ -807,6 +828,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
     )
   examples_seconds = time.time() - t0
   built = _stats(summaries)
+  built["formats"] = _format_stats(shards, summaries)
   for split in SPLITS:
     if not built[f"{split}_examples"]:
       raise ConfigError(
@@ -840,6 +862,12 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
     logging.warning(
       "skipped %d lines that are not valid UTF-8 (data.non_utf8=skip)",
       stats["non_utf8_lines_skipped"],
+    )
+  if stats.get("records_skipped"):
+    logging.warning(
+      "skipped %d records that are not JSON objects or whose text field is not text "
+      "(data.non_utf8=skip)",
+      stats["records_skipped"],
     )
   if stats.get("skipped_chunks"):
     logging.warning(

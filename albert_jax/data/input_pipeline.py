@@ -28,7 +28,11 @@ from absl import logging
 
 from albert_jax.core import config_lib
 from albert_jax.core.config_lib import ConfigError
-from albert_jax.data import examples as examples_lib, tokenizer as tokenizer_lib
+from albert_jax.data import (
+  corpus as corpus_lib,
+  examples as examples_lib,
+  tokenizer as tokenizer_lib,
+)
 from albert_jax.data.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
 
 # ----------------------------------------------------------------------------------------------
@@ -290,6 +294,22 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   return " ".join(out)
 
 
+def corpus_documents(data, num_documents: int, width: int = 120) -> list[str]:
+  """The corpus's first documents as read and split into sentences (what the examples are made
+  of), a sentence a line; one line saying why not when the corpus cannot be read here."""
+  lines = []
+  try:
+    for i, doc in enumerate(corpus_lib.documents(data)):
+      if i >= num_documents:
+        break
+      lines.append(f"document {i}: {len(doc)} sentences")
+      for sentence in doc:
+        lines.append(f"  | {sentence[:width]}{'...' if len(sentence) > width else ''}")
+  except ConfigError as e:
+    lines.append(f"corpus not read here: {e}")
+  return lines
+
+
 def inspect(
   config, workdir: str, num_examples: int = 3, num_batches: int = 4
 ) -> tuple[list[str], dict[str, Any]]:
@@ -315,6 +335,7 @@ def inspect(
       f"{int(first['masked_lm_weights'][row].sum())}"
     )
     lines.append("  " + render_example(tok, first, row))
+  lines.extend(corpus_documents(config.data, num_examples))
   cat = {k: np.concatenate([b[k] for b in collected]) for k in examples_lib.FEATURE_KEYS}
   w = cat["masked_lm_weights"] > 0
   shown = np.take_along_axis(cat["input_ids"], cat["masked_lm_positions"], 1)[w]

@@ -1,0 +1,509 @@
+"""Corpus file formats: what a file in data.input_files holds, and its records as sentences.
+
+  * text: one sentence per line with a blank line between documents (the original's format,
+    data.text_format=sentences), or one document per line (documents), split into sentences;
+  * jsonl: JSON Lines (`.jsonl`, `.json`), one object a line, its data.text_feature field the text;
+  * parquet: `.parquet`, a row a document, read by row group (pyarrow);
+  * arrow: Arrow IPC files or streams (`.arrow`), and the directories `datasets`' save_to_disk
+    writes (recognised by their state.json and dataset_info.json), read by record batch.
+Text and JSON Lines may be compressed: `.gz`, `.zst`, `.bz2`, `.xz` (gzip, zstandard, bz2, lzma).
+
+Here: which format a file is, its decompression, its records' text as sentences, and the pieces of
+a file that prepare's workers read on their own (corpus.shards: byte ranges of a document a line,
+Parquet row groups, runs of Arrow record batches); corpus.py reads the original's text format and
+puts the pieces in order.
+
+A record's field is its text: a string is split into sentences (corpus.split_sentences, as for
+TFDS), a list of strings is taken as the sentences. A record that is not a JSON object or whose
+field is not text is skipped and counted (data.non_utf8="skip") or is a one-line error naming file
+and line (data.non_utf8="error"); a missing field is a one-line error naming the fields there are.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import os
+import statistics
+import zlib
+from collections.abc import Iterator
+
+from absl import logging
+
+from albert_jax.core import files as files_lib
+from albert_jax.core.config_lib import ConfigError
+
+CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
+# What a datasets.save_to_disk directory holds beside its data-0000x-of-0000N.arrow files.
+SAVE_TO_DISK_FILES = ("state.json", "dataset_info.json")
+LINE_FORMATS = ("sentences", "documents", "jsonl")  # read by line: shards are byte ranges
+
+
+def _zstd_error() -> tuple:
+  try:
+    import zstandard  # pylint: disable=g-import-not-at-top
+
+    return (zstandard.ZstdError,)
+  except ImportError:
+    return ()
+
+
+# What a damaged or truncated file raises while it is read.
+READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError) + _zstd_error()
+
+
+def codec(path: str) -> str | None:
+  """The compression of a file, by its last extension (None: not compressed)."""
+  return CODECS.get(os.path.splitext(path)[1].lower())
+
+
+def file_format(path: str, input_format: str) -> str:
+  """'text', 'jsonl', 'parquet' or 'arrow': data.input_format, or (auto) the file's extension
+  before any compression's ('.jsonl.zst' is JSON Lines); anything else is text."""
+  c = codec(path)
+  stem = os.path.splitext(path)[0] if c else path
+  fmt = input_format
+  if fmt == "auto":
+    fmt = _EXTENSIONS.get(os.path.splitext(stem)[1].lower(), "text")
+  if c and fmt in ("parquet", "arrow"):
+    raise ConfigError(
+      f"{path}: a compressed {fmt} file is not read; {fmt} compresses its own columns, "
+      f"decompress the file"
+    )
+  return fmt
+
+
+def open_file(path: str):
+  try:
+    return files_lib.path(path).open("rb")
+  except OSError as e:
+    raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def decompressed(path: str, raw):
+  """The uncompressed bytes of `raw` (the opened file `path`), read line by line."""
+  c = codec(path)
+  if c == "gzip":
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+  if c == "bz2":
+    return bz2.BZ2File(raw, mode="rb")
+  if c == "xz":
+    return lzma.LZMAFile(raw, mode="rb")
+  if c == "zstd":
+    import zstandard  # pylint: disable=g-import-not-at-top
+
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    return io.BufferedReader(reader, 1 << 20)
+  return raw
+
+
+def save_to_disk_files(path: str) -> list[str] | None:
+  """The Arrow files of a directory written by datasets' save_to_disk, in its own order (None: not
+  such a directory). A DatasetDict's directory (dataset_dict.json) names its splits instead."""
+  p = files_lib.path(path)
+  if p.joinpath("dataset_dict.json").exists():
+    try:
+      splits = json.loads(p.joinpath("dataset_dict.json").read_text())["splits"]
+    except (ValueError, KeyError, TypeError):
+      splits = []
+    raise ConfigError(
+      f"data.input_files: {path} holds a dataset with the splits {splits}; name one "
+      f"(e.g. {path}/{splits[0] if splits else 'train'})"
+    )
+  if not all(p.joinpath(name).exists() for name in SAVE_TO_DISK_FILES):
+    return None
+  try:
+    state = json.loads(p.joinpath("state.json").read_text())
+    names = [f["filename"] for f in state["_data_files"]]
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"{path}/state.json does not list the dataset's files ({e})") from None
+  return [str(p.joinpath(n)) for n in names]
+
+
+# ----------------------------------------------------------------------------------------------
+# A record's text as sentences.
+
+
+def decode(raw: bytes, non_utf8: str, stats, where: str, unit: str) -> str | None:
+  """raw as UTF-8; None (counted) for bad bytes under data.non_utf8=skip, a one-line error under error."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if non_utf8 == "error":
+      raise ConfigError(
+        f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such {unit}"
+      ) from None
+    stats.non_utf8_lines += 1
+    return None
+
+
+def _bad(where: str, why: str, non_utf8: str, stats) -> None:
+  if non_utf8 == "error":
+    raise ConfigError(f"{where}: {why}; set data.non_utf8=skip to skip such records")
+  stats.bad_records += 1
+
+
+def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str] | None:
+  """The sentences of a record's text field: a string split by `split`, a list of strings as they
+  are (their UTF-8 bytes counted in stats.bytes). None (skipped and counted, or an error) when the
+  field holds something else."""
+  if isinstance(value, bytes):
+    try:
+      value = value.decode("utf-8")
+    except UnicodeDecodeError as e:
+      if non_utf8 == "error":
+        raise ConfigError(
+          f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such records"
+        ) from None
+      stats.non_utf8_lines += 1
+      return None
+  if isinstance(value, str):
+    stats.bytes += len(value.encode("utf-8"))  # the text read (one encode, not one per sentence)
+    return split(value)
+  if isinstance(value, list) and all(isinstance(s, str) for s in value):
+    stats.bytes += sum(len(s.encode("utf-8")) for s in value)
+    return [s.strip() for s in value if s.strip()]
+  kind = "null" if value is None else type(value).__name__
+  _bad(where, f"the text field is {kind}, not text", non_utf8, stats)
+  return None
+
+
+def missing_field(path: str, field: str, fields) -> ConfigError:
+  return ConfigError(f"{path} has no field {field!r} (data.text_feature); it has {sorted(fields)}")
+
+
+def json_record(text: str, path: str, lineno: int, field: str, non_utf8: str, stats, split):
+  """The sentences of one JSON Lines record ([] for a record skipped)."""
+  where = f"{path}:{lineno}"
+  try:
+    record = json.loads(text)
+  except ValueError as e:
+    _bad(where, f"not valid JSON ({getattr(e, 'msg', e)})", non_utf8, stats)
+    return []
+  if not isinstance(record, dict):
+    _bad(where, f"a JSON {type(record).__name__}, not an object", non_utf8, stats)
+    return []
+  if field not in record:
+    raise ConfigError(f"{where}: no field {field!r} (data.text_feature); it has {sorted(record)}")
+  return value_sentences(record[field], where, non_utf8, stats, split) or []
+
+
+def check_json_field(path: str, line: bytes, lineno: int, field: str) -> None:
+  """A JSON Lines file's first record holds the text field (checked before any work); a file that
+  opens a JSON array (one JSON document over many lines) is refused."""
+  try:
+    record = json.loads(line)
+  except ValueError:
+    if line.lstrip().startswith(b"["):
+      raise ConfigError(
+        f"{path} holds a JSON array, not JSON Lines (an object a line): write it as one object a "
+        f"line"
+      ) from None
+    return  # a bad line: the reader skips or names it
+  if isinstance(record, dict) and field not in record:
+    raise ConfigError(
+      f"{path} has no field {field!r} (data.text_feature) in line {lineno}; it has {sorted(record)}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Parquet and Arrow: columns read by row group or record batch.
+
+
+def _check_column(path: str, schema, field: str) -> None:
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+
+  if field not in schema.names:
+    raise missing_field(path, field, schema.names)
+  t = schema.field(field).type
+  text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+  text += (pa.types.is_large_binary,)
+  ok = any(f(t) for f in text) or (
+    (pa.types.is_list(t) or pa.types.is_large_list(t))
+    and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
+  )
+  if not ok:
+    raise ConfigError(f"{path}: field {field!r} (data.text_feature) is {t}, not text")
+
+
+def parquet_pieces(path: str, field: str) -> list[dict]:
+  """A Parquet file's row groups: {row_group, rows, first_row, bytes (uncompressed)}."""
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
+  with open_file(path) as f:
+    try:
+      meta = pq.ParquetFile(f)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ConfigError(f"cannot read {path} as Parquet: {e}") from None
+    _check_column(path, meta.schema_arrow, field)
+    out, row = [], 0
+    for i in range(meta.metadata.num_row_groups):
+      g = meta.metadata.row_group(i)
+      out.append(dict(row_group=i, rows=g.num_rows, first_row=row, bytes=g.total_byte_size))
+      row += g.num_rows
+  return out
+
+
+def parquet_values(path: str, row_group: int, field: str):
+  """The text field's values of one row group, a batch at a time (bounded memory)."""
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
+  with open_file(path) as f:
+    try:
+      reader = pq.ParquetFile(f)
+      for batch in reader.iter_batches(batch_size=1024, row_groups=[row_group], columns=[field]):
+        yield from batch.column(0).to_pylist()
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"cannot read {path} (row group {row_group}): {e}") from None
+
+
+def _arrow_batches(path: str):
+  """The record batches of an Arrow IPC file or stream (a save_to_disk directory's files are
+  streams), with its schema. Local files are memory-mapped: passing over batches costs nothing."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+
+  if files_lib.is_remote(path):
+    source = open_file(path)
+  else:
+    try:
+      source = pa.memory_map(path)
+    except OSError as e:
+      raise ConfigError(f"cannot read {path}: {e}") from None
+  try:
+    magic = source.read(6)
+    source.seek(0)
+    if magic == b"ARROW1":
+      reader = pa.ipc.open_file(source)
+      batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    else:
+      reader = pa.ipc.open_stream(source)
+      batches = iter(reader)
+  except (OSError, ValueError) as e:
+    source.close()
+    raise ConfigError(f"cannot read {path} as Arrow: {e}") from None
+  return source, reader.schema, batches
+
+
+def arrow_pieces(path: str, field: str, rows_per_piece: int) -> list[dict]:
+  """An Arrow file cut into runs of whole record batches of about rows_per_piece rows:
+  {batches: [first, end), rows, first_row, bytes}."""
+  source, schema, batches = _arrow_batches(path)
+  with source:
+    _check_column(path, schema, field)
+    out, piece, row = [], None, 0
+    for i, batch in enumerate(batches):
+      if piece is None:
+        piece = dict(batches=[i, i], rows=0, first_row=row, bytes=0)
+      piece["batches"][1] = i + 1
+      piece["rows"] += batch.num_rows
+      piece["bytes"] += batch.nbytes
+      row += batch.num_rows
+      if piece["rows"] >= rows_per_piece:
+        out.append(piece)
+        piece = None
+    if piece is not None and piece["rows"]:
+      out.append(piece)
+  return out
+
+
+def arrow_values(path: str, first: int, end: int, field: str):
+  """The text field's values of record batches [first, end)."""
+  source, schema, batches = _arrow_batches(path)
+  with source:
+    column = schema.get_field_index(field)
+    for i, batch in enumerate(batches):
+      if i >= end:
+        break
+      if i >= first:
+        yield from batch.column(column).to_pylist()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and cutting a document a line, and Parquet and Arrow rows.
+
+
+def line_records(
+  stream, path, start, end, pos, lineno, max_docs, non_utf8, stats, fmt, field, split
+):
+  """corpus._file_range_documents for a document a line ("documents" text or "jsonl"): the
+  documents of the lines from byte `start` to `end` of `stream` (now at byte `pos`, line `lineno`),
+  split into sentences by `split`."""
+  emitted = 0
+  try:
+    for line in stream:
+      if pos < start:
+        pos += len(line)
+        lineno += 1
+        continue
+      if end is not None and pos >= end:
+        break
+      pos += len(line)
+      lineno += 1
+      if not line.strip():
+        continue
+      text = decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
+      if text is None:
+        doc = []
+      elif fmt == "jsonl":
+        doc = json_record(text, path, lineno, field, non_utf8, stats, split)
+      else:
+        doc = split(text)
+      if doc:
+        stats.documents += 1
+        stats.sentences += len(doc)
+        if fmt == "documents":  # jsonl: value_sentences counts the field's text
+          stats.bytes += len(line)
+      stats.progress_done = pos
+      yield doc
+      emitted += 1
+      if max_docs and emitted >= max_docs:
+        return
+  except READ_ERRORS as e:
+    raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+
+
+def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8: str, stats, split):
+  """Documents of Parquet or Arrow rows (their text field's values), the first being first_row."""
+  for n, value in enumerate(values):
+    if max_docs and n >= max_docs:
+      return
+    where = f"{path} row {first_row + n}"
+    doc = value_sentences(value, where, non_utf8, stats, split) or []
+    if doc:
+      stats.documents += 1
+      stats.sentences += len(doc)
+    stats.progress_done += 1
+    yield doc
+
+
+def line_pieces(path: str, fmt: str, data, shard_bytes: int, limit) -> Iterator[dict]:
+  """A text or JSON Lines file cut at document boundaries every ~shard_bytes (corpus.shards), at most
+  `limit` documents: {start, end, first_line, docs, weight}. A JSON Lines file's first record is
+  checked for the text field here, before any work."""
+  raw = open_file(path)
+  with raw:
+    stream = decompressed(path, raw)
+    start, start_line, pos, lineno, docs, in_doc, total = 0, 0, 0, 0, 0, False, 0
+    checked = fmt != "jsonl"
+
+    def piece(end):
+      return dict(start=start, end=end, first_line=start_line, docs=docs, weight=end - start)
+
+    try:
+      if fmt == "sentences":  # a document: a run of lines that are not blank
+        for line in stream:
+          blank = not line.strip()
+          if blank and in_doc:
+            docs += 1
+            in_doc = False
+            if total + docs >= limit:
+              break
+            if pos - start >= shard_bytes:
+              yield piece(pos)
+              total += docs
+              start, start_line, docs = pos, lineno, 0
+          in_doc = in_doc or not blank
+          pos += len(line)
+          lineno += 1
+        docs += in_doc
+      else:  # a document a line
+        for line in stream:
+          pos += len(line)
+          lineno += 1
+          if not line.strip():
+            continue
+          if not checked:
+            check_json_field(path, line, lineno, data.text_feature)
+            checked = True
+          docs += 1
+          if total + docs >= limit:
+            break
+          if pos - start >= shard_bytes:
+            yield piece(pos)
+            total += docs
+            start, start_line, docs = pos, lineno, 0
+    except READ_ERRORS as e:
+      raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+    if docs:
+      yield piece(pos)
+
+
+# ----------------------------------------------------------------------------------------------
+# data.text_format=auto.
+
+SAMPLE_LINES = 1000
+SAMPLE_BYTES = 8 << 20
+
+
+def _sample_lines(paths: list[str]) -> list[bytes]:
+  lines: list[bytes] = []
+  size = 0
+  for path in paths:
+    raw = open_file(path)
+    with raw:
+      stream = decompressed(path, raw)
+      try:
+        for line in stream:
+          lines.append(line)
+          size += len(line)
+          if len(lines) >= SAMPLE_LINES or size >= SAMPLE_BYTES:
+            return lines
+      except READ_ERRORS as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+  return lines
+
+
+def _is_json_object(line: bytes) -> bool:
+  if not line.lstrip().startswith(b"{"):
+    return False
+  try:
+    return isinstance(json.loads(line), dict)
+  except ValueError:
+    return False
+
+
+def decide_text_format(paths: list[str], data, split) -> str:
+  """'sentences' or 'documents' for the text files `paths` (data.text_format, or, for auto, from
+  their first lines: blank lines mean the original's format; no blank line and lines of several
+  sentences, or long ones, mean a document per line), saying on the console what it decided and
+  why. Under data.input_format=auto, text whose lines are JSON objects is refused."""
+  if data.text_format != "auto" and data.input_format != "auto":
+    return data.text_format
+  lines = _sample_lines(paths)
+  filled = [l for l in lines if l.strip()]
+  if data.input_format == "auto" and filled:
+    objects = sum(_is_json_object(l) for l in filled[:100])
+    if objects >= 0.5 * min(len(filled), 100):
+      raise ConfigError(
+        f"{paths[0]} holds JSON Lines ({objects} of its first {min(len(filled), 100)} lines are "
+        f"JSON objects), not text: set data.input_format=jsonl"
+      )
+  if data.text_format != "auto":
+    return data.text_format
+  blank = len(lines) - len(filled)
+  texts = [l.decode("utf-8", "replace").strip() for l in filled[:200]]
+  chars = statistics.median([len(t) for t in texts]) if texts else 0
+  per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
+  figures = (
+    f"a median line of {chars:,.0f} characters holding {per_line:g} "
+    f"{'sentence' if per_line == 1 else 'sentences'}"
+  )
+  where = f"the first {len(lines):,} lines of {paths[0]}" + (
+    " and the next files" if len(paths) > 1 else ""
+  )
+  if blank:
+    fmt = "sentences"
+    why = f"{blank:,} blank lines (between documents) in {where}, {figures}"
+  elif per_line >= 2 or chars >= 400:
+    fmt = "documents"
+    why = f"no blank line in {where} and {figures}"
+  else:
+    fmt = "sentences"
+    why = f"no blank line in {where} but {figures}: one document"
+  what = "one sentence a line" if fmt == "sentences" else "one document a line"
+  logging.info("data.text_format=auto: reading text as %s (%s): %s", fmt, what, why)
+  return fmt
