@@ -398,3 +398,30 @@ def test_the_read_format_is_part_of_the_fingerprint(tmp_path, spm_model_path):
   again = dataset.config_for_prepared(info["data_dir"], prepared)
   ddir, _ = dataset.check_prepared(again, str(tmp_path / "elsewhere"))
   assert ddir == info["data_dir"]
+
+
+def test_data_prepared_before_the_read_formats_still_resumes(tmp_path, spm_model_path):
+  """prepared.json from before data.input_format (no read fields in its corpus) was read as the
+  original's format: accepted while today's config reads the files that way, refused naming the
+  corpus once they would be read as documents."""
+  root = tmp_path / "corpora"
+  for name in ("sentences.txt", "documents.txt"):
+    config = _config(write(root, name), spm_model_path)
+    workdir = str(tmp_path / name)
+    info = dataset.prepare(config, workdir)
+    path = os.path.join(info["data_dir"], dataset.PREPARED_FILE)
+    prepared = json.loads(open(path).read())
+    for field in ("input_format", "text_format", "text_feature"):
+      del prepared["fingerprint"]["corpus"][field]
+    with open(path, "w") as f:
+      json.dump(prepared, f)
+    if name == "sentences.txt":
+      assert dataset.check_prepared(config, workdir)[0] == info["data_dir"]
+      pinned = _config(config.data.input_files, spm_model_path, input_format="text")
+      assert dataset.check_prepared(pinned, workdir)[0] == info["data_dir"]
+    else:
+      with pytest.raises(ConfigError, match=r"prepared with other settings: corpus"):
+        dataset.check_prepared(config, workdir)
+      # The raw files gone: unknown, so the prepared data is all training needs.
+      os.remove(config.data.input_files)
+      assert dataset.check_prepared(config, workdir)[0] == info["data_dir"]

@@ -174,6 +174,26 @@ def config_for_prepared(data_dir: str, prepared: dict):
   return c
 
 
+# How input files are read: fields of the corpus fingerprint since data.input_format existed.
+_READ_FIELDS = ("input_format", "text_format", "text_feature")
+
+
+def _as_read_today(prepared: dict, config) -> dict:
+  """prepared.json as if written today. Data prepared before data.input_format existed lacks the
+  read fields: it read every input file as the original's format (one sentence a line). It stays
+  valid, so runs prepared then keep resuming, while today's config reads the same files that way,
+  or when the files are gone (unknown, not compared); files now read otherwise are refused."""
+  corpus = prepared["fingerprint"].get("corpus")
+  if not isinstance(corpus, dict) or corpus.get("source") != "files" or "input_format" in corpus:
+    return prepared
+  if corpus_lib.identity(config.data).get("files_sha256") is not None:
+    plan = corpus_lib.file_plan(config.data)
+    if not plan or any(fmt != "sentences" for _, fmt in plan):
+      return prepared
+  corpus = dict(corpus, **{k: config.data[k] for k in _READ_FIELDS})
+  return dict(prepared, fingerprint=dict(prepared["fingerprint"], corpus=corpus))
+
+
 def _differences(stored: dict, current: dict) -> list[str]:
   """Human-readable differences between a stored and a wanted fingerprint (None: unknown, skipped)."""
   diffs = []
@@ -231,7 +251,7 @@ def check_prepared(config, workdir: str) -> tuple[str, dict]:
       f"no prepared data in {ddir}: run python -m albert_jax.prepare "
       f"--config=... --workdir={workdir}"
     )
-  diffs = _differences(prepared, fingerprint(config, must_exist=False))
+  diffs = _differences(_as_read_today(prepared, config), fingerprint(config, must_exist=False))
   if diffs:
     keep = ""
     if any(d.startswith("format ") for d in diffs) and not any(
