@@ -28,6 +28,8 @@ setup(
     # through gcsfs, tensorboardX through google-cloud-storage; Orbax and array_record have their own.
     "gcsfs",
     "google-cloud-storage",
+    # The Hugging Face Hub's fine-tuning data (GLUE, SQuAD, RACE) is Parquet.
+    "pyarrow",
   ],
   extras_require={
     # The TPU compiler (libtpu, from PyPI) for `estimate --slice`: compiles for a TPU slice on any
