@@ -137,6 +137,21 @@ def test_glue_command_summarises_resumes_and_stops_at_a_failed_task(env, glue_di
   assert (_mtimes(workdir / "sst2") | _mtimes(workdir / "mrpc")) == before
   assert json.loads((workdir / "summary.json").read_text())["tasks"] == summary["tasks"]
 
+  # --- Seed by seed: a task interrupted after its seeds finished (no eval_results.json yet) runs
+  # none of them again, and writes the same summary.
+  results = json.loads((workdir / "mrpc" / "eval_results.json").read_text())
+  (workdir / "mrpc" / "eval_results.json").unlink()
+  seeds_before = _mtimes(workdir / "mrpc" / "seed_0") | _mtimes(workdir / "mrpc" / "seed_1")
+  resumed = _glue(env, glue_dir, workdir, "--tasks=sst2,mrpc", "--seeds=2", *STEPS)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  console = resumed.stdout + resumed.stderr
+  assert "seed 1/2 (seed=0): finished before" in console
+  assert "seed 2/2 (seed=1): finished before" in console and "compiled" not in console
+  assert (
+    _mtimes(workdir / "mrpc" / "seed_0") | _mtimes(workdir / "mrpc" / "seed_1")
+  ) == seeds_before
+  assert json.loads((workdir / "mrpc" / "eval_results.json").read_text()) == results
+
   # --- A failing task stops the command: its log named, the finished tasks' results kept, the
   # tasks after it not run.
   failed = _glue(env, glue_dir, workdir, "--tasks=sst2,mrpc,rte,cola", "--seeds=2", *STEPS)
