@@ -129,7 +129,7 @@ class Task:
     return str(files.path(config.data.glue_dir, name)) if name else ""
 
   def _unknown_layout(self, glue_dir: str) -> None:
-    folder = f" or in {self.hub_folder}/" if self.hub_folder else ""
+    folder = f", there or in {self.hub_folder}/" if self.hub_folder else ""
     raise ConfigError(
       f"data.glue_dir={glue_dir} holds neither {self.split_files['train']} (GLUE's layout) nor "
       f"train-00000-of-NNNNN.parquet (the Hugging Face Hub's{folder})"
