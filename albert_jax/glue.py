@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import logging
 import os
+import sys
+import tempfile
 import time
 import traceback
 
+import jax
 import numpy as np
 from absl import app, flags
 
@@ -144,23 +148,49 @@ def log_path(workdir: str, task: str) -> str:
   return os.path.join(workdir, task, "logs", name)
 
 
+class _Tee(io.TextIOBase):
+  """The console's stream, copied into a log handler's file (the console lines are prints)."""
+
+  def __init__(self, console, handler: logging.FileHandler):
+    self.console, self.handler = console, handler
+
+  def write(self, text: str) -> int:
+    self.console.write(text)
+    self.handler.acquire()
+    try:
+      self.handler.stream.write(text)
+    finally:
+      self.handler.release()
+    return len(text)
+
+  def flush(self) -> None:
+    self.console.flush()
+    self.handler.flush()
+
+
 @contextlib.contextmanager
 def task_log(path: str):
-  """Everything logged in the block also goes to the file `path`, and so does the traceback of an
-  error raised in it."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  handler = logging.FileHandler(path, encoding="utf-8")
+  """The block's console lines and log records also go to the file `path` (written locally and
+  uploaded when the block ends for a gs:// workdir), and so does the traceback of an error in it."""
+  local = path
+  if files.is_remote(path):
+    local = os.path.join(tempfile.mkdtemp(prefix="albert_jax_log_"), os.path.basename(path))
+  os.makedirs(os.path.dirname(local), exist_ok=True)
+  handler = logging.FileHandler(local, encoding="utf-8")
   handler.setLevel(logging.INFO)
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
   logging.getLogger().addHandler(handler)
   try:
-    yield
+    with contextlib.redirect_stdout(_Tee(sys.stdout, handler)):
+      yield
   except Exception as e:
     handler.stream.write("".join(traceback.format_exception(e)))
     raise
   finally:
     logging.getLogger().removeHandler(handler)
     handler.close()
+    if local != path:
+      files.path(local).copy(files.path(path), overwrite=True)
 
 
 def run_benchmark(configs: dict, workdir: str, seeds: int) -> dict:
@@ -186,7 +216,8 @@ def run_benchmark(configs: dict, workdir: str, seeds: int) -> dict:
   finally:
     init_from = next(iter(configs.values())).init_from if configs else ""
     summary = summarize(workdir, list(configs), seeds, failed, init_from)
-    write_summary(workdir, summary)
+    if jax.process_index() == 0:
+      write_summary(workdir, summary)
     log(
       f"GLUE score {_fmt(summary['glue_score'])} over {len(summary['tasks'])} task(s): "
       f"{workdir}/{SUMMARY_MD}; test predictions in {workdir}/{SUBMISSION}/"
@@ -327,7 +358,8 @@ def run():
       cli.fail(f"unexpected arguments: {' '.join(argv[1:])}")
     if seeds_flag.value < 1:
       cli.fail(f"--seeds={seeds_flag.value} must be >= 1")
-    workdir = os.path.abspath(cli.workdir(workdir_flag.value))
+    workdir = cli.workdir(workdir_flag.value)
+    workdir = workdir if files.is_remote(workdir) else os.path.abspath(workdir)
     cli.load_config(config_flag)  # the overrides' types are checked against a task's config
     overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
     taken = [k for k in overrides if k in ("task.name", "init_from", "data.glue_dir", "seeds")]

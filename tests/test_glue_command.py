@@ -119,6 +119,10 @@ def test_glue_command_summarises_resumes_and_stops_at_a_failed_task(env, glue_di
   assert f"| SST-2 | accuracy | {acc['median']:.1f} | {acc['min']:.1f}-{acc['max']:.1f} |" in md
   assert f"GLUE score (2 task(s)): {summary['glue_score']:.1f}" in md and "| 90.3 |" in md
 
+  # Each task's log holds its console lines and the libraries' records.
+  (log,) = (workdir / "mrpc" / "logs").glob("glue-*.log")
+  assert "seed 2/2 (seed=1) in" in log.read_text() and "task sst2" not in log.read_text()
+
   # --- The submission folder: each task's test predictions under GLUE's file names.
   submission = workdir / "submission"
   assert sorted(os.listdir(submission)) == ["MRPC.tsv", "SST-2.tsv"]
