@@ -344,3 +344,17 @@ def test_race_reads_the_same_examples_from_the_hub(tmp_path):
   config = config_lib.finetune_base_config()
   config.data.eval_file = str(hub)
   assert t.split_path(config, "eval") == path
+
+
+def test_hub_files_in_a_bucket(bucket, tmp_path):
+  """A Hub download copied to gs://: the folder is found, the shards listed and read there."""
+  from albert_jax.core import files
+
+  write_task("rte", np.random.default_rng(3), tmp_path / "glue_data", tmp_path / "glue")
+  for local in sorted((tmp_path / "glue" / "rte").iterdir()):
+    files.path(f"{bucket}/glue/rte", local.name).write_bytes(local.read_bytes())
+  t = glue.GLUE_TASKS["rte"]
+  path = t.split_path(_config(f"{bucket}/glue"), "eval")
+  assert path == f"{bucket}/glue/rte/validation-00000-of-00001.parquet"
+  local = str(tmp_path / "glue" / "rte" / "validation-00000-of-00001.parquet")
+  assert glue.read_examples(path, t, "eval") == glue.read_examples(local, t, "eval")
