@@ -117,7 +117,9 @@ def task_configs(
     config.init_from = init_from
     config.seeds = seeds
     config.data.glue_dir = task_dir(glue_dir, task)
+    steps, warmup = config.train.num_steps, config.train.warmup_steps
     config.update_from_flattened_dict(dict(overrides))
+    scale_schedule(config, steps, warmup, overrides)
     if "wandb_group" in config.train and not config.train.wandb_group:
       config.train.wandb_group = group  # the benchmark's runs as one W&B group
     try:
@@ -127,6 +129,20 @@ def task_configs(
       raise ConfigError(f"task {task}: {e}") from None
     out[task] = config
   return out
+
+
+def scale_schedule(config, steps: int, warmup: int, overrides: dict) -> None:
+  """With train.num_steps overridden for every task, each task's warmup keeps its Table 14 share of
+  the steps and its evaluations and checkpoints their tenth of them (as configs/finetune/glue.py
+  sets them), unless those are overridden too."""
+  t = config.train
+  if "train.num_steps" not in overrides:
+    return
+  if "train.warmup_steps" not in overrides:
+    t.warmup_steps = round(warmup * t.num_steps / steps)
+  for key in ("eval_every", "checkpoint_every"):
+    if f"train.{key}" not in overrides:
+      t[key] = max(t.num_steps // 10, 1)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -194,6 +194,22 @@ def test_bad_input_is_one_line_and_writes_nothing(env, glue_dir, tmp_path, args,
   assert not (tmp_path / "w").exists()
 
 
+def test_fewer_steps_keep_each_tasks_warmup_share():
+  module = glue._task_config_module()
+  for task, steps, warmup in (("rte", 800, 200), ("mnli", 10000, 1000), ("cola", 5336, 320)):
+    config = module.get_config(f"task={task}")
+    overrides = {"train.num_steps": 100}
+    config.update_from_flattened_dict(overrides)
+    glue.scale_schedule(config, steps, warmup, overrides)
+    t = config.train
+    assert (t.num_steps, t.eval_every, t.checkpoint_every) == (100, 10, 10)
+    assert t.warmup_steps == round(100 * warmup / steps)  # rte 25, mnli 10, cola 6
+    overrides = {"train.num_steps": 50, "train.warmup_steps": 3, "train.eval_every": 7}
+    config.update_from_flattened_dict(overrides)
+    glue.scale_schedule(config, steps, warmup, overrides)
+    assert (t.warmup_steps, t.eval_every, t.checkpoint_every) == (3, 7, 5)
+
+
 def test_glue_score_averages_two_metric_tasks_first():
   results = {
     "seeds": [
