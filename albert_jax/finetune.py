@@ -37,7 +37,12 @@ from albert_jax.core.metrics import log
 # Data: the task's splits as arrays, batched with an exactly resumable position.
 
 # What a run without an optional split of glue_dir does without.
-_WITHOUT = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MNLI-mm.tsv"}
+_WITHOUT = {
+  "test": "test predictions",
+  "eval_mm": "accuracy_mm",
+  "test_mm": "MNLI-mm.tsv",
+  "test_ax": "AX.tsv",
+}
 
 
 def load_data(config, task) -> dict[str, tuple[dict, Any]]:

@@ -3,6 +3,7 @@ read from Parquet files with the Hub's names and columns give the same examples 
 TSV / JSON files of the same rows."""
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -98,6 +99,8 @@ def write_task(task, rng, glue_root, hub_root, n=5):
     tsv_name, hub_name = t.split_files[split], t.hub_splits[split]
     test = split.startswith("test")
     header = HEADERS[task][1 if test else 0]
+    if split == "test_ax":  # GLUE's diagnostic/diagnostic.tsv
+      header = ["index", "sentence1", "sentence2"]
     a = [_text(rng) for _ in range(n)]
     b = [_text(rng) if pair else None for _ in range(n)]
     if t.regression:
@@ -111,12 +114,14 @@ def write_task(task, rng, glue_root, hub_root, n=5):
     lines += [
       "\t".join(_tsv_row(task, header, a[k], b[k], tsv_labels[k], str(k))) for k in range(n)
     ]
+    (tsv_dir / tsv_name).parent.mkdir(exist_ok=True)  # diagnostic/ beside MNLI/
     (tsv_dir / tsv_name).write_text("\n".join(lines) + "\n")
     columns = dict(zip(t.hub_text, [a, b][: len(t.hub_text)]))
     columns["label"] = pa.array(
       [-1] * n if test else hub_labels.tolist(), type=(pa.float32() if t.regression else pa.int64())
     )
     columns["idx"] = pa.array(range(n), pa.int32())
+    (hub_dir / hub_name).parent.mkdir(exist_ok=True)  # ax/ beside mnli/
     pq.write_table(pa.table(columns), hub_dir / f"{hub_name}-00000-of-00001.parquet")
 
 
@@ -133,12 +138,16 @@ def test_glue_task_reads_the_same_examples_from_the_hub(task, tmp_path):
   t = glue.GLUE_TASKS[task]
   tsv, hub = _config(tmp_path / "glue_data" / GLUE_FOLDERS[task]), _config(tmp_path / "glue")
   assert t.splits == tuple(t.split_files)
+  if task == "mnli":  # GLUE's diagnostic set beside MNLI: diagnostic/ (GLUE's), ax/ (the Hub's)
+    assert t.split_path(tsv, "test_ax") == str(
+      tmp_path / "glue_data" / "diagnostic" / "diagnostic.tsv"
+    )
+    assert t.split_path(hub, "test_ax").endswith("/glue/ax/test-00000-of-00001.parquet")
   for split in t.splits:
     tsv_path, hub_path = t.split_path(tsv, split), t.split_path(hub, split)
     assert tsv_path.endswith(".tsv")
-    assert hub_path == str(
-      tmp_path / "glue" / task / f"{t.hub_splits[split]}-00000-of-00001.parquet"
-    )
+    hub_file = tmp_path / "glue" / task / f"{t.hub_splits[split]}-00000-of-00001.parquet"
+    assert hub_path == os.path.normpath(hub_file)
     a1, b1, labels1, index1 = glue.read_examples(tsv_path, t, split)
     a2, b2, labels2, index2 = glue.read_examples(hub_path, t, split)
     assert (a1, b1, index1) == (a2, b2, index2), split

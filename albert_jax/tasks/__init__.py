@@ -22,10 +22,11 @@ from albert_jax.core.config_lib import ConfigError
 # GLUE's file names inside data.glue_dir, for a task's splits; data.<split>_file overrides them.
 SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
 # Splits that glue_dir may lack (a missing one is skipped, not an error).
-OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm")
-# MNLI's mismatched splits go with the matched ones from glue_dir: a matched file given explicitly
-# (data.eval_file, data.test_file) stands alone, and glue_dir's mismatched one is not read.
-PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test"}
+OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm", "test_ax")
+# MNLI's mismatched splits (and GLUE's diagnostic set, which MNLI's model predicts) go with the
+# matched ones from glue_dir: a matched file given explicitly (data.eval_file, data.test_file) stands
+# alone, and glue_dir's mismatched (diagnostic) one is not read.
+PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test", "test_ax": "test"}
 # The Hugging Face Hub's split names for ours; its files, as `hf download --repo-type dataset`
 # leaves them, are <folder>/<split>-00000-of-00001.parquet (more shards: -00001-of-00003 ...).
 HUB_SPLITS = {"train": "train", "eval": "validation", "test": "test"}
@@ -123,10 +124,12 @@ class Task:
       name = self.hub_splits.get(split)
       if not name:
         return ""
+      if name.startswith("../"):  # a split of a sibling folder: "../ax/test"
+        hub, name = str(beside(hub, name.rsplit("/", 1)[0])), name.rsplit("/", 1)[1]
       shards = hub_shards(hub, name)
       return shards[0] if shards else str(files.path(hub, f"{name}-00000-of-00001.parquet"))
     name = self.split_files.get(split)
-    return str(files.path(config.data.glue_dir, name)) if name else ""
+    return str(beside(config.data.glue_dir, name)) if name else ""
 
   def _unknown_layout(self, glue_dir: str) -> None:
     folder = f", there or in {self.hub_folder}/" if self.hub_folder else ""
@@ -161,6 +164,14 @@ class Task:
 
 # ----------------------------------------------------------------------------------------------------
 # The Hub's Parquet files.
+
+
+def beside(directory: str, name: str):
+  """`name` in `directory`, or in its parent for a name "../<rest>" (a path of a sibling folder;
+  object stores do not resolve "..")."""
+  if name.startswith("../"):
+    return files.path(directory).parent / name[3:]
+  return files.path(directory, name)
 
 
 def hub_shards(directory: str, split: str) -> list[str]:

@@ -28,13 +28,16 @@ from albert_jax.data.tokenizer import CLS_ID, SEP_ID
 
 BINARY = ("0", "1")
 _NLI = {"text_a": "sentence1", "text_b": "sentence2"}
-# The Hub's (nyu-mll/glue) MNLI splits; the other tasks have train, validation and test.
+# The Hub's (nyu-mll/glue) MNLI splits; the other tasks have train, validation and test. GLUE's
+# diagnostic set (its test server's AX.tsv, predicted by the MNLI model) is a folder beside MNLI's:
+# diagnostic/diagnostic.tsv in GLUE's download, ax/ on the Hub.
 _MNLI_HUB = {
   "train": "train",
   "eval": "validation_matched",
   "test": "test_matched",
   "eval_mm": "validation_mismatched",
   "test_mm": "test_mismatched",
+  "test_ax": "../ax/test",
 }
 
 
@@ -55,6 +58,7 @@ class GlueTask(tasks.Task):
   test_text_a: str | int | None = None  # None: text_a
   test_text_b: str | int | None = None  # None: text_b
   submission_mm: str = ""  # MNLI: the mismatched test predictions' file
+  submission_ax: str = ""  # MNLI: the diagnostic set's predictions' file
   header: bool = True  # train/dev files have a header row
   index: str = "index"  # the test files' index column
   regression: bool = False
@@ -135,11 +139,15 @@ class GlueTask(tasks.Task):
     return compute_metrics(self, arrays["label"], outputs["logits"])
 
   def predicted_splits(self, data):
-    return tuple(s for s in ("test", "test_mm") if s in data)
+    return tuple(s for s in ("test", "test_mm", "test_ax") if s in data)
 
   def write_predictions(self, config, directory, outputs, data):
     written = []
-    for split, name in (("test", self.submission), ("test_mm", self.submission_mm)):
+    for split, name in (
+      ("test", self.submission),
+      ("test_mm", self.submission_mm),
+      ("test_ax", self.submission_ax),
+    ):
       if split not in outputs or not name:
         continue
       logits = outputs[split]["logits"]
@@ -217,6 +225,7 @@ GLUE_TASKS = {
       labels=("contradiction", "entailment", "neutral"),
       submission="MNLI-m.tsv",
       submission_mm="MNLI-mm.tsv",
+      submission_ax="AX.tsv",
       split_files={
         "train": "train.tsv",
         "eval": "dev_matched.tsv",
@@ -224,6 +233,7 @@ GLUE_TASKS = {
         # Read alongside the matched ones when glue_dir has them: accuracy_mm and MNLI-mm.tsv.
         "eval_mm": "dev_mismatched.tsv",
         "test_mm": "test_mismatched.tsv",
+        "test_ax": "../diagnostic/diagnostic.tsv",
       },
       hub_splits=_MNLI_HUB,
       hub_text=("premise", "hypothesis"),
