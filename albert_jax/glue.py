@@ -11,13 +11,15 @@ init_from's positions) in <workdir>/<task>/, with --seeds seeds and the --config
 applied to every task. Every task's config is resolved and checked before any runs.
 
 Resumable task by task and seed by seed: a task whose <workdir>/<task>/eval_results.json holds --seeds
-seeds is finished and not run again; an interrupted one resumes where it stopped (finetune's resume). A
+seeds is finished and not run again; in an interrupted one, finetune runs no finished seed again and
+resumes the interrupted seed from its last checkpoint. A
 task that fails stops the command: its log (<workdir>/<task>/logs/) is named, the summary holds the
 tasks that finished, and the exit status is the failure's (cli.py).
 
 Writes <workdir>/summary.json and summary.md (per task the median and spread over the seeds of GLUE's
 metrics, the GLUE score of the medians, the paper's ALBERT-base dev figures beside them) and
-<workdir>/submission/ (each task's test predictions, GLUE's file names, from its best seed).
+<workdir>/submission/ (each task's test predictions, GLUE's file names, from its best seed; AX.tsv,
+GLUE's diagnostic set, by the MNLI model when --glue_dir has it).
 """
 
 from __future__ import annotations
