@@ -28,7 +28,8 @@ setup(
     # through gcsfs, tensorboardX through google-cloud-storage; Orbax and array_record have their own.
     "gcsfs",
     "google-cloud-storage",
-    # Corpus formats (data/formats.py): Parquet and Arrow, and .zst-compressed text and JSON Lines.
+    # Parquet and Arrow: corpora (data/formats.py) and the Hugging Face Hub's fine-tuning data
+    # (GLUE, SQuAD, RACE); zstandard: .zst-compressed text and JSON Lines.
     "pyarrow",
     "zstandard",
   ],

@@ -8,9 +8,11 @@ gives the head model, the objective, the data, the metrics and the prediction fi
 and train.run (the one loop: restore or initialise, steps, evaluations, Orbax checkpoints with the
 data position, SIGTERM) do the rest, with this module's hooks (init_from's backbone, the task's
 evaluation, the best checkpoint's predictions). Each seed runs in <workdir>/seed_<k>/, keeps its best
-checkpoint by the task's metric, and re-running the same command resumes exactly where it stopped.
-<workdir>/eval_results.json holds the summary (mean +- std, the best seed) and <workdir>/predictions/
-the best seed's prediction files (GLUE's submission TSVs, SQuAD's predictions.json).
+checkpoint by the task's metric, and writes its result.json and predictions/ when it finishes;
+re-running the same command resumes exactly where it stopped, and a finished seed (its result.json, of
+as many steps) is not run again. <workdir>/eval_results.json holds the summary (mean +- std, the best
+seed) and <workdir>/predictions/ the best seed's prediction files (GLUE's submission TSVs, SQuAD's
+predictions.json).
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ from albert_jax.core.metrics import log
 # Data: the task's splits as arrays, batched with an exactly resumable position.
 
 # What a run without an optional split of glue_dir does without.
-_WITHOUT = {"test": "test predictions", "eval_mm": "accuracy_mm", "test_mm": "MNLI-mm.tsv"}
+_WITHOUT = {
+  "test": "test predictions",
+  "eval_mm": "accuracy_mm",
+  "test_mm": "MNLI-mm.tsv",
+  "test_ax": "AX.tsv",
+}
 
 
 def load_data(config, task) -> dict[str, tuple[dict, Any]]:
@@ -123,6 +130,8 @@ def eval_splits(data: dict) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------------------------
 # One seed: the trainer's loop with the task's hooks.
 
+SEED_RESULT, PREDICTIONS = "result.json", "predictions"
+
 
 def build(config, task):
   """(mesh, trainer, forward): built once and shared by every seed (one compilation)."""
@@ -173,7 +182,13 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     best = ckpt.manager.best_step() if eval_splits(data) else None
     best = ckpt.latest_step() if best is None else best
     best_metrics = dict(ckpt.manager.metrics(best) or {}) if best is not None else {}
-    result = {"seed": config.seed, "best_step": best, "metrics": best_metrics, "outputs": {}}
+    result = {
+      "seed": config.seed,
+      "num_steps": t.num_steps,
+      "best_step": best,
+      "metrics": best_metrics,
+      "outputs": {},
+    }
     splits = task.predicted_splits(data) if best is not None else ()
     if splits and best != step:
       state, _ = ckpt.restore(best, trainer.abstract.targets)
@@ -194,9 +209,20 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     # Status 0 like pretraining's stop (a preemption is no error); the other seeds and the summary
     # wait for the same command, which resumes here.
     raise SystemExit(0)
-  if jax.process_index() == 0:
-    files.write_json(files.path(workdir, "result.json"), _public(result))
+  if jax.process_index() == 0:  # result.json last: it marks the seed finished
+    task.write_predictions(config, str(files.path(workdir, PREDICTIONS)), result["outputs"], data)
+    files.write_json(files.path(workdir, SEED_RESULT), _public(result))
   return result
+
+
+def finished_seed(config, workdir: str) -> dict | None:
+  """The seed's result.json when it finished this config's seed and steps, else None (run it)."""
+  path = files.path(workdir, SEED_RESULT)
+  if not path.is_file():
+    return None
+  result = files.read_json(path)
+  same = result.get("seed") == config.seed and result.get("num_steps") == config.train.num_steps
+  return result if same else None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -245,6 +271,11 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with seed_config.unlocked():
       seed_config.seed = config.seed + k
     seed_dir = os.path.join(workdir, f"seed_{k}")
+    result = finished_seed(seed_config, seed_dir)
+    if result is not None:
+      log(f"seed {k + 1}/{config.seeds} (seed={seed_config.seed}): finished before in {seed_dir}")
+      results.append(result)
+      continue
     log(f"seed {k + 1}/{config.seeds} (seed={seed_config.seed}) in {seed_dir}")
     start = time.perf_counter()
     result = run_seed(seed_config, seed_dir, task, data, built)
@@ -258,8 +289,14 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
   out = {"task": config.task.name, "summary": summary, "seeds": [_public(r) for r in results]}
   if jax.process_index() == 0:
     files.write_json(files.path(workdir, workdir_lib.RESULTS_FILE), out)
-    best = next((r for r in results if r["seed"] == summary.get("best_seed")), results[-1])
-    task.write_predictions(config, str(files.path(workdir, "predictions")), best["outputs"], data)
+    # The best seed's prediction files (each seed wrote its own when it finished).
+    k = next((k for k, r in enumerate(results) if r["seed"] == summary.get("best_seed")), -1)
+    written = files.path(workdir, f"seed_{k % len(results)}", PREDICTIONS)
+    if written.is_dir():
+      best_dir = files.path(workdir, PREDICTIONS)
+      best_dir.mkdir(parents=True, exist_ok=True)
+      for p in written.iterdir():
+        p.copy(best_dir / p.name, overwrite=True)
   log(
     f"{config.task.metric}: "
     + (

@@ -404,6 +404,12 @@ def test_mnli_reads_matched_and_mismatched(env, tmp_path):
   write_mnli(glue_dir / "dev_mismatched.tsv", 28, rng)
   write_mnli(glue_dir / "test_matched.tsv", 6, rng, test=True)
   write_mnli(glue_dir / "test_mismatched.tsv", 9, rng, test=True)
+  # GLUE's diagnostic set beside MNLI/, which the MNLI model predicts for the test server (AX.tsv).
+  (tmp_path / "diagnostic").mkdir()
+  (tmp_path / "diagnostic" / "diagnostic.tsv").write_text(
+    "index\tsentence1\tsentence2\n"
+    + "".join(f"{i}\t{sentence(rng, 0)}\t{sentence(rng, i % 2)}\n" for i in range(5))
+  )
   config = _glue_config("task=mnli")
   config.init_from = str(env / "init")
   config.data.update(glue_dir=str(glue_dir), max_seq_length=32)
@@ -442,7 +448,7 @@ def test_mnli_reads_matched_and_mismatched(env, tmp_path):
   )["logits"]
   accuracy = float(np.mean(np.argmax(np.asarray(logits), -1) == arrays["label"]))
   assert seed["metrics"]["accuracy_mm"] == pytest.approx(accuracy)
-  for name, n in (("MNLI-m.tsv", 6), ("MNLI-mm.tsv", 9)):
+  for name, n in (("MNLI-m.tsv", 6), ("MNLI-mm.tsv", 9), ("AX.tsv", 5)):
     rows = (workdir / "predictions" / name).read_text().splitlines()
     assert rows[0] == "index\tprediction" and [r.split("\t")[0] for r in rows[1:]] == [
       str(i) for i in range(n)

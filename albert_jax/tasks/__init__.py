@@ -10,6 +10,7 @@ sentence(-pair) classification/regression), squad.py (SQuAD v1.1/v2.0), race.py 
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import jax
@@ -21,10 +22,15 @@ from albert_jax.core.config_lib import ConfigError
 # GLUE's file names inside data.glue_dir, for a task's splits; data.<split>_file overrides them.
 SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}
 # Splits that glue_dir may lack (a missing one is skipped, not an error).
-OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm")
-# MNLI's mismatched splits go with the matched ones from glue_dir: a matched file given explicitly
-# (data.eval_file, data.test_file) stands alone, and glue_dir's mismatched one is not read.
-PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test"}
+OPTIONAL_SPLITS = ("test", "eval_mm", "test_mm", "test_ax")
+# MNLI's mismatched splits (and GLUE's diagnostic set, which MNLI's model predicts) go with the
+# matched ones from glue_dir: a matched file given explicitly (data.eval_file, data.test_file) stands
+# alone, and glue_dir's mismatched (diagnostic) one is not read.
+PAIRED_WITH = {"eval_mm": "eval", "test_mm": "test", "test_ax": "test"}
+# The Hugging Face Hub's split names for ours; its files, as `hf download --repo-type dataset`
+# leaves them, are <folder>/<split>-00000-of-00001.parquet (more shards: -00001-of-00003 ...).
+HUB_SPLITS = {"train": "train", "eval": "validation", "test": "test"}
+_SHARD = re.compile(r"^(?P<split>\w+)-(?P<shard>\d{5})-of-(?P<shards>\d{5})\.parquet$")
 
 
 def _given(config, split: str) -> str:
@@ -42,6 +48,8 @@ class Task:
   hf_head: ClassVar[str] = "classifier"  # its head module (a dense layer in both trees)
   output_keys: ClassVar[tuple[str, ...]] = ("logits",)  # the outputs predictions keep
   split_files: ClassVar[dict[str, str]] = SPLIT_FILES
+  hub_splits: ClassVar[dict[str, str]] = HUB_SPLITS  # our split -> the Hub's
+  hub_folder: ClassVar[str] = ""  # the task's folder in its whole Hub download ("" none)
 
   def for_config(self, config) -> Task:
     """The task as config describes it (a generic task reads its columns from config.data)."""
@@ -81,13 +89,20 @@ class Task:
     )
 
   def split_path(self, config, split: str) -> str:
-    """data.<split>_file, else data.glue_dir's file of GLUE's name ("" when neither is set, for an
-    optional split when glue_dir has no such file: test labels are not needed to fine-tune, and for a
-    split that goes with one given explicitly: PAIRED_WITH)."""
+    """data.<split>_file (a folder of Hub files: its file of the split), else data.glue_dir's file
+    of GLUE's or the Hub's name ("" when neither is set, for an optional split when glue_dir has no
+    such file: test labels are not needed to fine-tune, and for a split that goes with one given
+    explicitly: PAIRED_WITH)."""
     given = _given(config, split)
-    if given or not config.data.glue_dir or _given(config, PAIRED_WITH.get(split, "")):
+    if given:
+      hub = hub_dir(given, "")
+      shards = hub_shards(hub, self.hub_splits.get(split, "")) if hub else []
+      return shards[0] if shards else given
+    if not config.data.glue_dir or _given(config, PAIRED_WITH.get(split, "")):
       return given
     path = self._default_path(config, split)
+    if split == "train" and not files.path(path).is_file():
+      self._unknown_layout(config.data.glue_dir)
     return "" if not path or (split in OPTIONAL_SPLITS and not files.path(path).is_file()) else path
 
   def missing_split(self, config, split: str) -> str:
@@ -102,8 +117,26 @@ class Task:
     return self._default_path(config, split)
 
   def _default_path(self, config, split: str) -> str:
+    """glue_dir's file of the split: the Hub's first shard when glue_dir holds the Hub's files
+    (itself, or its hub_folder), else the file of GLUE's name."""
+    hub = hub_dir(config.data.glue_dir, self.hub_folder)
+    if hub:
+      name = self.hub_splits.get(split)
+      if not name:
+        return ""
+      if name.startswith("../"):  # a split of a sibling folder: "../ax/test"
+        hub, name = str(beside(hub, name.rsplit("/", 1)[0])), name.rsplit("/", 1)[1]
+      shards = hub_shards(hub, name)
+      return shards[0] if shards else str(files.path(hub, f"{name}-00000-of-00001.parquet"))
     name = self.split_files.get(split)
-    return str(files.path(config.data.glue_dir, name)) if name else ""
+    return str(beside(config.data.glue_dir, name)) if name else ""
+
+  def _unknown_layout(self, glue_dir: str) -> None:
+    folder = f", there or in {self.hub_folder}/" if self.hub_folder else ""
+    raise ConfigError(
+      f"data.glue_dir={glue_dir} holds neither {self.split_files['train']} (GLUE's layout) nor "
+      f"train-00000-of-NNNNN.parquet (the Hugging Face Hub's{folder})"
+    )
 
   def load(self, config, tokenizer, split: str, path: str) -> tuple[dict, Any]:
     """(arrays, extra) of one split's file; extra is what scoring or predictions need. Subclasses."""
@@ -127,6 +160,68 @@ class Task:
   def hf_fields(self, head_outputs: int) -> dict:
     """config.json fields of the fine-tuned Hugging Face model beside its class."""
     return {}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The Hub's Parquet files.
+
+
+def beside(directory: str, name: str):
+  """`name` in `directory`, or in its parent for a name "../<rest>" (a path of a sibling folder;
+  object stores do not resolve "..")."""
+  if name.startswith("../"):
+    return files.path(directory).parent / name[3:]
+  return files.path(directory, name)
+
+
+def hub_shards(directory: str, split: str) -> list[str]:
+  """The Hub's Parquet files of `split` in `directory`, in shard order ([] when none)."""
+  d = files.path(directory)
+  if not split or not d.is_dir():
+    return []
+  found = sorted(
+    (c for c in d.iterdir() if (m := _SHARD.match(c.name)) and m["split"] == split),
+    key=lambda c: c.name,
+  )
+  return [str(c) for c in found]
+
+
+def hub_dir(directory: str, folder: str) -> str:
+  """`directory` when it holds the Hub's Parquet files, else its `folder` when that does, else ""."""
+  for d in (directory, str(files.path(directory, folder)) if folder else ""):
+    if d and files.path(d).is_dir() and any(_SHARD.match(c.name) for c in files.path(d).iterdir()):
+      return d
+  return ""
+
+
+def read_parquet(path: str) -> list[dict]:
+  """The rows of a Parquet file as dicts; a Hub shard (<split>-00000-of-00003.parquet) is read with
+  the other shards of its split, which must all be beside it."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  p = files.path(path)
+  m = _SHARD.match(p.name)
+  parts = [p]
+  if m:
+    shards = int(m["shards"])
+    parts = [p.parent / f"{m['split']}-{k:05d}-of-{m['shards']}.parquet" for k in range(shards)]
+  rows = []
+  for part in parts:
+    if not part.is_file():
+      raise ConfigError(f"data file not found: {part}")
+    try:
+      rows += pq.read_table(pa.BufferReader(part.read_bytes())).to_pylist()
+    except pa.ArrowException as e:
+      raise ConfigError(f"{part} is not a Parquet file ({str(e).splitlines()[0]})") from None
+  return rows
+
+
+def hub_column(rows: list[dict], column: str, path: str) -> list:
+  """The values of one column of read_parquet's rows; a missing column is one line."""
+  if rows and column not in rows[0]:
+    raise ConfigError(f"{path} has no column {column!r} (its columns: {', '.join(rows[0])})")
+  return [row[column] for row in rows]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@ features and metrics (NumPy).
 
 The official GLUE TSVs are read as distributed (google-research/albert run_classifier.py's
 processors): tab-separated, no quoting, a header row except CoLA's train/dev, test files with an
-index column and no label. Generic tasks read any TSV, CSV or JSONL with named columns.
+index column and no label. The Hugging Face Hub's copy (nyu-mll/glue: a folder per task of
+train/validation/test Parquet files, MNLI's validation_matched/_mismatched and test_matched/
+_mismatched) is read too, its ClassLabel ids mapped to the TSVs' labels, so both give the same
+examples. Generic tasks read any TSV, CSV, JSONL or Parquet file with named columns.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ from albert_jax.data.tokenizer import CLS_ID, SEP_ID
 
 BINARY = ("0", "1")
 _NLI = {"text_a": "sentence1", "text_b": "sentence2"}
+# The Hub's (nyu-mll/glue) MNLI splits; the other tasks have train, validation and test. GLUE's
+# diagnostic set (its test server's AX.tsv, predicted by the MNLI model) is a folder beside MNLI's:
+# diagnostic/diagnostic.tsv in GLUE's download, ax/ on the Hub.
+_MNLI_HUB = {
+  "train": "train",
+  "eval": "validation_matched",
+  "test": "test_matched",
+  "eval_mm": "validation_mismatched",
+  "test_mm": "test_mismatched",
+  "test_ax": "../ax/test",
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -44,16 +58,26 @@ class GlueTask(tasks.Task):
   test_text_a: str | int | None = None  # None: text_a
   test_text_b: str | int | None = None  # None: text_b
   submission_mm: str = ""  # MNLI: the mismatched test predictions' file
+  submission_ax: str = ""  # MNLI: the diagnostic set's predictions' file
   header: bool = True  # train/dev files have a header row
   index: str = "index"  # the test files' index column
   regression: bool = False
   split_files: dict = dataclasses.field(default_factory=lambda: dict(tasks.SPLIT_FILES))
+  hub_splits: dict = dataclasses.field(default_factory=lambda: dict(tasks.HUB_SPLITS))
+  # The Hub's text columns (() for a generic task: text_a/text_b above name them) and its label
+  # names in ClassLabel id order (() when they are the task's own labels, in that order).
+  hub_text: tuple = ()
+  hub_labels: tuple = ()
 
   hf_class = "AlbertForSequenceClassification"
 
   @property
   def kind(self) -> str:
     return "regression" if self.regression else "classification"
+
+  @property
+  def hub_folder(self) -> str:
+    return self.name if self.hub_text else ""
 
   def columns(self, split: str) -> tuple:
     """(text_a, text_b, label) columns of a split's file (no label in a test file)."""
@@ -115,11 +139,15 @@ class GlueTask(tasks.Task):
     return compute_metrics(self, arrays["label"], outputs["logits"])
 
   def predicted_splits(self, data):
-    return tuple(s for s in ("test", "test_mm") if s in data)
+    return tuple(s for s in ("test", "test_mm", "test_ax") if s in data)
 
   def write_predictions(self, config, directory, outputs, data):
     written = []
-    for split, name in (("test", self.submission), ("test_mm", self.submission_mm)):
+    for split, name in (
+      ("test", self.submission),
+      ("test_mm", self.submission_mm),
+      ("test_ax", self.submission_ax),
+    ):
       if split not in outputs or not name:
         continue
       logits = outputs[split]["logits"]
@@ -150,9 +178,15 @@ GLUE_TASKS = {
       test_text_a="sentence",
       submission="CoLA.tsv",
       header=False,
+      hub_text=("sentence",),
     ),
     GlueTask(
-      name="sst2", metric="accuracy", text_a="sentence", label="label", submission="SST-2.tsv"
+      name="sst2",
+      metric="accuracy",
+      text_a="sentence",
+      label="label",
+      submission="SST-2.tsv",
+      hub_text=("sentence",),
     ),
     GlueTask(
       name="mrpc",
@@ -161,6 +195,7 @@ GLUE_TASKS = {
       text_b="#2 String",
       label="Quality",
       submission="MRPC.tsv",
+      hub_text=("sentence1", "sentence2"),
     ),
     GlueTask(
       name="stsb",
@@ -170,6 +205,7 @@ GLUE_TASKS = {
       submission="STS-B.tsv",
       labels=(),
       regression=True,
+      hub_text=("sentence1", "sentence2"),
     ),
     GlueTask(
       name="qqp",
@@ -179,6 +215,7 @@ GLUE_TASKS = {
       label="is_duplicate",
       submission="QQP.tsv",
       index="id",
+      hub_text=("question1", "question2"),
     ),
     GlueTask(
       name="mnli",
@@ -188,6 +225,7 @@ GLUE_TASKS = {
       labels=("contradiction", "entailment", "neutral"),
       submission="MNLI-m.tsv",
       submission_mm="MNLI-mm.tsv",
+      submission_ax="AX.tsv",
       split_files={
         "train": "train.tsv",
         "eval": "dev_matched.tsv",
@@ -195,7 +233,11 @@ GLUE_TASKS = {
         # Read alongside the matched ones when glue_dir has them: accuracy_mm and MNLI-mm.tsv.
         "eval_mm": "dev_mismatched.tsv",
         "test_mm": "test_mismatched.tsv",
+        "test_ax": "../diagnostic/diagnostic.tsv",
       },
+      hub_splits=_MNLI_HUB,
+      hub_text=("premise", "hypothesis"),
+      hub_labels=("entailment", "neutral", "contradiction"),
     ),
     GlueTask(
       name="qnli",
@@ -205,6 +247,7 @@ GLUE_TASKS = {
       label="label",
       labels=("entailment", "not_entailment"),
       submission="QNLI.tsv",
+      hub_text=("question", "sentence"),
     ),
     GlueTask(
       name="rte",
@@ -213,8 +256,16 @@ GLUE_TASKS = {
       label="label",
       labels=("entailment", "not_entailment"),
       submission="RTE.tsv",
+      hub_text=("sentence1", "sentence2"),
     ),
-    GlueTask(name="wnli", metric="accuracy", **_NLI, label="label", submission="WNLI.tsv"),
+    GlueTask(
+      name="wnli",
+      metric="accuracy",
+      **_NLI,
+      label="label",
+      submission="WNLI.tsv",
+      hub_text=("sentence1", "sentence2"),
+    ),
   )
 }
 # Generic tasks: any TSV, CSV or JSONL; for_config takes the columns, labels and metric from the config.
@@ -272,6 +323,8 @@ def _rows(path: str) -> tuple[list[str] | None, list]:
 
 def read_examples(path: str, task: GlueTask, split: str) -> tuple[list, list, list, list]:
   """(text_a, text_b or None each, label strings or None each, index) of the file's examples."""
+  if path.endswith(".parquet"):
+    return read_parquet_examples(path, task, split)
   _, rows = _rows(path)
   if not rows:
     raise ConfigError(f"{path} holds no examples")
@@ -308,11 +361,48 @@ def read_examples(path: str, task: GlueTask, split: str) -> tuple[list, list, li
   if not records:
     raise ConfigError(f"{path} holds no examples")
   text_a, text_b, labels, index = [], [], [], []
-  for n, row in records:
+  for k, (n, row) in enumerate(records):
     text_a.append(get(row, a_col, n))
     text_b.append(get(row, b_col, n) if b_col not in (None, "") else None)
     labels.append(None if label_col is None else str(get(row, label_col, n)).strip())
-    index.append(str(get(row, task.index, n)) if test and task.index else str(n - 2))
+    # Without an index column, the example's position (0 first, with or without a header row).
+    index.append(str(get(row, task.index, n)) if test and task.index else str(k))
+  return text_a, text_b, labels, index
+
+
+def read_parquet_examples(path: str, task: GlueTask, split: str) -> tuple[list, list, list, list]:
+  """read_examples of a Parquet file: a GLUE task's with the Hub's columns (text, label as a
+  ClassLabel id, idx) and its label ids as the TSVs' labels; a generic task's with the columns named
+  in its config, as any file."""
+  rows = tasks.read_parquet(path)
+  if not rows:
+    raise ConfigError(f"{path} holds no examples")
+  test = split.startswith("test")
+  if task.hub_text:
+    a_col, b_col = (task.hub_text + (None,))[:2]
+    label_col, index_col = "label", "idx"
+  else:
+    a_col, b_col, label_col = task.columns(split)
+    index_col = task.index
+  text_a = tasks.hub_column(rows, a_col, path)
+  text_b = tasks.hub_column(rows, b_col, path) if b_col else [None] * len(rows)
+  index = [str(n) for n in range(len(rows))]
+  if test and index_col:
+    index = [str(i) for i in tasks.hub_column(rows, index_col, path)]
+  if test or label_col is None:
+    return text_a, text_b, [None] * len(rows), index
+  values = tasks.hub_column(rows, label_col, path)
+  if not task.hub_text or task.regression:  # a generic file's labels, or STS-B's scores
+    return text_a, text_b, [str(v).strip() for v in values], index
+  names = task.hub_labels or task.labels
+  labels = []
+  for n, v in enumerate(values):
+    if not isinstance(v, int) or not 0 <= v < len(names):
+      raise ConfigError(
+        f"{path}: example {n + 1} has label {v!r}, not a label id 0..{len(names) - 1} of "
+        f"task {task.name}"
+      )
+    labels.append(names[v])
   return text_a, text_b, labels, index
 
 

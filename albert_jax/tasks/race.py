@@ -10,6 +10,10 @@ original run_race (google-research/albert race_utils):
 where question+option is the question with its "_" blank replaced by the option, or the question
 and the option joined by a space when it has no blank. question+option keeps its last max_qa_length
 pieces; the article is cut at the end to fit max_seq_length.
+
+The Hugging Face Hub's copy (ehovy/race: all/, high/ and middle/ folders of train/validation/test
+Parquet files, one row per question: example_id (the article's file name), article, question,
+options, answer) gives the same examples.
 """
 
 from __future__ import annotations
@@ -70,7 +74,10 @@ def _articles(path: str) -> list[dict]:
 
 
 def read_race(path_or_dir: str) -> list[RaceExample]:
-  """Every question of a RACE file or directory tree, in sorted file order."""
+  """Every question of a RACE file or directory tree, in sorted file order, or of a Hub Parquet
+  file."""
+  if path_or_dir.endswith(".parquet"):
+    return _read_race_parquet(path_or_dir)
   examples = []
   for path in _files(path_or_dir):
     for n, article in enumerate(_articles(path)):
@@ -108,6 +115,35 @@ def read_race(path_or_dir: str) -> list[RaceExample]:
         )
   if not examples:
     raise ConfigError(f"no RACE questions in {path_or_dir}")
+  return examples
+
+
+def _read_race_parquet(path: str) -> list[RaceExample]:
+  """The Hub's rows, a question each; an article's questions are numbered in order as in read_race
+  (example_id-0, -1, ...)."""
+  rows = tasks.read_parquet(path)
+  columns = ("example_id", "article", "question", "options", "answer")
+  values = [tasks.hub_column(rows, c, path) for c in columns]
+  examples, previous, i = [], None, 0
+  for n, (article_id, article, question, options, answer) in enumerate(zip(*values), 1):
+    i = i + 1 if article_id == previous else 0
+    previous = article_id
+    if not isinstance(options, list) or len(options) != NUM_CHOICES:
+      count = len(options) if isinstance(options, list) else "no"
+      raise ConfigError(f"{path}: row {n} has {count} options, not {NUM_CHOICES}")
+    if answer not in tuple(_LETTERS):
+      raise ConfigError(f"{path}: row {n} has answer {answer!r}, not one of A, B, C, D")
+    examples.append(
+      RaceExample(
+        f"{article_id}-{i}",
+        str(article),
+        str(question),
+        [str(o) for o in options],
+        _LETTERS.index(answer),
+      )
+    )
+  if not examples:
+    raise ConfigError(f"no RACE questions in {path}")
   return examples
 
 
@@ -155,6 +191,7 @@ class RaceTask(tasks.Task):
 
   name = kind = "race"
   hf_class = "AlbertForMultipleChoice"
+  hub_folder = "all"
 
   def model(self, config):
     module = M.AlbertForMultipleChoice(M.model_config(config.model), config.task.classifier_dropout)

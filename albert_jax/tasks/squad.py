@@ -79,7 +79,11 @@ def _fail(path: str, what: str) -> None:
 
 
 def read_squad(path: str, version_2: bool) -> list[SquadExample]:
-  """The examples of an official SQuAD JSON file (v1.1, or v2.0 with is_impossible questions)."""
+  """The examples of an official SQuAD JSON file (v1.1, or v2.0 with is_impossible questions), or
+  of the Hub's Parquet file (rajpurkar/squad, rajpurkar/squad_v2: id, title, context, question,
+  answers {text: [...], answer_start: [...]}; a v2.0 question without answers is impossible)."""
+  if path.endswith(".parquet"):
+    return _read_squad_parquet(path, version_2)
   if not files.path(path).is_file():
     raise ConfigError(f"SQuAD file not found: {path}")
   try:
@@ -94,26 +98,20 @@ def read_squad(path: str, version_2: bool) -> list[SquadExample]:
       for paragraph in article["paragraphs"]:
         context = paragraph["context"]
         for qa in paragraph["qas"]:
-          qid, question = str(qa["id"]), qa["question"]
           impossible = bool(qa.get("is_impossible", False)) if version_2 else False
-          answers, starts = [], []
-          for answer in [] if impossible else qa["answers"]:
-            text, start = answer["text"], int(answer["answer_start"])
-            if context[start : start + len(text)] != text:
-              _fail(
-                path,
-                f"question {qid}: answer {text!r} does not match the context at "
-                f"answer_start={start}",
-              )
-            answers.append(text)
-            starts.append(start)
-          if not impossible and not answers:
-            _fail(
+          answers = [] if impossible else qa["answers"]
+          examples.append(
+            _example(
               path,
-              f"question {qid} has no answers"
-              + ("" if version_2 else " (a SQuAD v2.0 file? pass version_2)"),
+              str(qa["id"]),
+              qa["question"],
+              context,
+              [a["text"] for a in answers],
+              [a["answer_start"] for a in answers],
+              impossible,
+              version_2,
             )
-          examples.append(SquadExample(qid, question, context, answers, starts, impossible))
+          )
   except KeyError as e:
     _fail(path, f"missing key {e.args[0]!r}")
   except (TypeError, ValueError, AttributeError) as e:
@@ -121,6 +119,54 @@ def read_squad(path: str, version_2: bool) -> list[SquadExample]:
   if not examples:
     _fail(path, "holds no questions")
   return examples
+
+
+def _read_squad_parquet(path: str, version_2: bool) -> list[SquadExample]:
+  rows = tasks.read_parquet(path)
+  if not rows:
+    _fail(path, "holds no questions")
+  columns = {c: tasks.hub_column(rows, c, path) for c in ("id", "question", "context", "answers")}
+  examples = []
+  try:
+    for qid, question, context, answers in zip(*columns.values()):
+      texts, starts = list(answers["text"]), list(answers["answer_start"])
+      impossible = version_2 and not texts
+      examples.append(
+        _example(path, str(qid), question, context, texts, starts, impossible, version_2)
+      )
+  except (KeyError, TypeError, ValueError) as e:
+    _fail(path, f"malformed SQuAD row: {e}")
+  return examples
+
+
+def _example(
+  path: str,
+  qid: str,
+  question: str,
+  context: str,
+  texts: list,
+  starts: list,
+  impossible: bool,
+  version_2: bool,
+) -> SquadExample:
+  """One question, every answer checked against its context at answer_start."""
+  answers, offsets = [], []
+  for text, start in zip(texts, starts):
+    start = int(start)
+    if context[start : start + len(text)] != text:
+      _fail(
+        path,
+        f"question {qid}: answer {text!r} does not match the context at answer_start={start}",
+      )
+    answers.append(text)
+    offsets.append(start)
+  if not impossible and not answers:
+    _fail(
+      path,
+      f"question {qid} has no answers"
+      + ("" if version_2 else " (a SQuAD v2.0 file? pass version_2)"),
+    )
+  return SquadExample(qid, question, context, answers, offsets, impossible)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,6 +507,7 @@ class SquadTask(tasks.Task):
 
   name: str  # squad_v1 | squad_v2
   version_2: bool
+  hub_folder: str = ""  # its folder in a whole Hub download (plain_text/, squad_v2/)
 
   hf_class = "AlbertForQuestionAnswering"
   hf_head = "qa_outputs"
@@ -537,6 +584,6 @@ class SquadTask(tasks.Task):
 
 
 TASKS = {
-  "squad_v1": SquadTask("squad_v1", version_2=False),
-  "squad_v2": SquadTask("squad_v2", version_2=True),
+  "squad_v1": SquadTask("squad_v1", version_2=False, hub_folder="plain_text"),
+  "squad_v2": SquadTask("squad_v2", version_2=True, hub_folder="squad_v2"),
 }
