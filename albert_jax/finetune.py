@@ -185,6 +185,10 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     init_params=init_params,
     evaluate=evaluate if eval_splits(data) else None,
     finish=best_result,
+    summary=lambda r: {
+      **({"best_step": r["best_step"]} if r["best_step"] is not None else {}),
+      **{f"best/{k}": v for k, v in r["metrics"].items()},
+    },
     metric=config.task.metric,
     save_evaluated=True,
   )
@@ -206,6 +210,14 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
 def _public(result: dict) -> dict:
   """A seed's result without its outputs (arrays), as the JSON files hold it."""
   return {k: v for k, v in result.items() if k != "outputs"}
+
+
+def name_seed_run(train, workdir: str, k: int) -> None:
+  """One W&B run per seed, grouped: the group is train.wandb_group or the workdir's name, each run
+  <wandb_run_name or the group>/seed_<k> (its directory's name)."""
+  group = train.wandb_group or os.path.basename(os.path.normpath(str(workdir)))
+  train.wandb_group = group
+  train.wandb_run_name = f"{train.wandb_run_name or group}/seed_{k}"
 
 
 def summarize(results: list[dict], metric: str) -> dict:
@@ -244,6 +256,8 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     seed_config = copy.deepcopy(config)
     with seed_config.unlocked():
       seed_config.seed = config.seed + k
+      if "wandb" in config_lib.trackers(config.train):
+        name_seed_run(seed_config.train, workdir, k)
     seed_dir = os.path.join(workdir, f"seed_{k}")
     log(f"seed {k + 1}/{config.seeds} (seed={seed_config.seed}) in {seed_dir}")
     start = time.perf_counter()
