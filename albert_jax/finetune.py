@@ -30,6 +30,7 @@ from albert_jax import cli, tasks
 from albert_jax.core import checkpoint, config_lib, files, sharding, workdir as workdir_lib
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.core.metrics import log
+from albert_jax.interop import hub
 
 # ----------------------------------------------------------------------------------------------------
 # Data: the task's splits as arrays, batched with an exactly resumable position.
@@ -291,12 +292,15 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of config, complete and validated before anything is read, written or traced: its task
-  (resolve_task), init_from's architecture and vocabulary (resolve_init_from), then the task's
+  (resolve_task), init_from (an hf:// id: its local snapshot), its architecture and vocabulary
+  (resolve_init_from), then the task's
   sequence length capped to that architecture's positions (config_lib.resolve_sequence_length)."""
   config = copy.deepcopy(config)
   with config.unlocked():
     resolve_task(config)
   if config.init_from:  # without it validate says it is required
+    with config.unlocked():  # a Hub id: the local snapshot from here on
+      config.init_from = hub.resolve(config.init_from, "init_from")
     workdir_lib.resolve_init_from(config)
   with config.unlocked():
     config_lib.resolve_sequence_length(config, log)
