@@ -15,10 +15,12 @@ import sys
 
 import pytest
 
+from albert_jax import finetune
 from albert_jax.core import config_lib, train, workdir as workdir_lib
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.core.metrics import MetricWriter
 from tests.conftest import ROOT, main_cmd, small_config
+from tests.test_finetune import env, ft_config  # noqa: F401 (env: the fine-tuning fixture)
 
 
 def wandb_records(path: str) -> list:
@@ -54,7 +56,8 @@ def read_wandb_run(run_dir: str) -> dict:
   for record in wandb_records(path):
     kind = record.WhichOneof("record_type")
     if kind == "run":
-      run["id"] = record.run.run_id
+      run["id"], run["project"] = record.run.run_id, record.run.project
+      run["name"], run["group"] = record.run.display_name, record.run.run_group
       run["config"] = {u.key: json.loads(u.value_json) for u in record.run.config.update}
     elif kind == "history":
       row = {
@@ -162,7 +165,7 @@ def test_an_unreachable_wandb_server_is_one_line_and_the_run_finishes(tmp_path, 
   with socket.socket() as s:  # a port nothing listens on
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  env = dict(
+  environ = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
     XLA_FLAGS="--xla_force_host_platform_device_count=1",
@@ -174,10 +177,37 @@ def test_an_unreachable_wandb_server_is_one_line_and_the_run_finishes(tmp_path, 
   )
   workdir = str(tmp_path / "run")
   cmd = main_cmd(workdir, data_dir, "--config.train.trackers=tensorboard,wandb", num_steps=2)
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   console = (proc.stdout + proc.stderr).splitlines()
   lines = [l for l in console if l.lower().startswith(("w&b", "wandb"))]  # wandb's own: "wandb: "
   assert len(lines) == 1 and lines[0].startswith("W&B is off for this run (CommError: "), console
   assert "done at step 2" in proc.stdout
   assert sorted(jsonl_rows(workdir)) == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_finetuning_logs_one_wandb_run_per_seed_in_one_group(env, tmp_path, monkeypatch):  # noqa: F811
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.delenv("WANDB_DIR", raising=False)
+  monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+  fields = dict(num_steps=4, eval_every=2, checkpoint_every=2, log_every=2, trackers="wandb")
+  config = ft_config(env, **fields)
+  config.seeds = 2
+  workdir = str(tmp_path / "sst2")
+  results = finetune.finetune(config, workdir)
+  for k, seed in enumerate(results["seeds"]):
+    seed_dir = os.path.join(workdir, f"seed_{k}")
+    run_id = open(os.path.join(seed_dir, workdir_lib.WANDB_RUN_ID)).read()
+    (run_dir,) = glob.glob(os.path.join(seed_dir, "wandb", f"offline-run-*-{run_id}"))
+    run = read_wandb_run(run_dir)
+    assert (run["project"], run["group"], run["name"]) == ("albert_jax", "sst2", f"sst2/seed_{k}")
+    assert run["config"]["seed"] == seed["seed"] and run["config"]["task"]["name"] == "sst2"
+    assert sorted(run["history"]) == [0, 2, 4]
+    assert run["history"][4]["eval/accuracy"] == pytest.approx(
+      jsonl_rows(seed_dir)[4]["eval/accuracy"]
+    )
+    assert run["summary"]["best_step"] == seed["best_step"]
+    assert run["summary"]["best/accuracy"] == pytest.approx(seed["metrics"]["accuracy"])
+  ids = [open(os.path.join(workdir, f"seed_{k}", workdir_lib.WANDB_RUN_ID)).read() for k in (0, 1)]
+  assert ids[0] != ids[1]
