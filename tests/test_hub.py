@@ -190,3 +190,27 @@ def test_main_and_evaluate_take_hub_ids_and_a_missing_one_is_one_line(offline, t
     print(f"{err[:60]}... after {seconds:.1f}s")
     assert seconds < 30, seconds
   assert not os.path.exists(tmp_path / "none")
+
+
+def test_evaluate_reads_a_hugging_face_masked_lm_with_fresh_heads(tmp_path, caplog):
+  """evaluate's --checkpoint takes any Hugging Face ALBERT directory (what a Hub id resolves to): an
+  AlbertForMaskedLM has no pooler and no sentence-order head, which start fresh with a warning."""
+  import flax.linen as nn
+  import jax
+  import numpy as np
+  import transformers
+
+  from albert_jax.core import model as M
+
+  sizes = dict(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+  hf_config = transformers.AlbertConfig(
+    vocab_size=101, intermediate_size=48, max_position_embeddings=40, hidden_act="gelu_new", **sizes
+  )
+  transformers.AlbertForMaskedLM(hf_config).save_pretrained(tmp_path / "mlm")
+  loaded = evaluate.load_model(str(tmp_path / "mlm"))
+  assert "has no albert/pooler, sop_classifier parameters" in caplog.text
+  cfg = M.model_config(loaded["model"])
+  want = jax.tree_util.tree_map(np.shape, nn.unbox(M.init_shapes(cfg)))
+  assert jax.tree_util.tree_map(np.shape, loaded["params"]) == want
+  out = M.AlbertForPreTraining(cfg).apply({"params": loaded["params"]}, **M.dummy_inputs())
+  assert out["sop_logits"].shape == (1, 2) and loaded["task"] == "unknown"

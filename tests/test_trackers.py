@@ -211,3 +211,31 @@ def test_finetuning_logs_one_wandb_run_per_seed_in_one_group(env, tmp_path, monk
     assert run["summary"]["best/accuracy"] == pytest.approx(seed["metrics"]["accuracy"])
   ids = [open(os.path.join(workdir, f"seed_{k}", workdir_lib.WANDB_RUN_ID)).read() for k in (0, 1)]
   assert ids[0] != ids[1]
+
+
+def test_a_study_puts_its_runs_into_one_wandb_group():
+  from albert_jax import study
+
+  config = small_config("/nowhere")
+  assert study.wandb_settings(config, "table5", "/s/t5") == {}  # no wandb: no flags
+  config.train.update(trackers="tensorboard,wandb", wandb_project="albert")
+  settings = study.Settings(
+    config_arg="configs/tiny.py",
+    overrides=(),
+    steps=10,
+    eval_every=5,
+    **study.wandb_settings(config, "table5", "/s/t5/"),
+  )
+  assert settings.wandb_group == "table5-t5"
+  assert settings.tracker_flags == (
+    "--config.train.trackers=tensorboard,wandb",
+    "--config.train.wandb_project=albert",
+  )
+  (variant,) = [v for v in study.variants("table5", config) if v.name == "sop"]
+  cmd = study.train_command(settings, config, "/s/t5", variant, 0)
+  assert cmd[-2:] == [
+    "--config.train.wandb_group=table5-t5",
+    "--config.train.wandb_run_name=sop/seed_0",
+  ]
+  config.train.wandb_group = "mine"  # the user's group wins
+  assert study.wandb_settings(config, "table5", "/s/t5")["wandb_group"] == "mine"
