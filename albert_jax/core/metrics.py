@@ -3,6 +3,7 @@ train.trackers says; process 0 only) and a console progress line with ETA."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -126,6 +127,10 @@ class WandbRun:
     except ImportError:
       log(_WANDB_OFF.format('the wandb package is not installed: pip install -e ".[wandb]"'))
       return None
+    except Exception as e:  # noqa: BLE001 (a broken installation: a tracker never ends a run)
+      log(_WANDB_OFF.format(f"import wandb failed: {_first_line(e)}"))
+      return None
+    run = None
     try:
       run_id = id_file.read_text().strip() if id_file.exists() else None
       wandb.setup(settings=wandb.Settings(silent=True))  # its lines go to its debug.log
@@ -151,6 +156,9 @@ class WandbRun:
         id_file.write_text(run.id)
     except Exception as e:  # noqa: BLE001 (a tracker never ends a training run)
       log(_WANDB_OFF.format(_first_line(e)))
+      if run is not None:  # opened, then failed: closed as failed, quietly
+        with contextlib.suppress(Exception):
+          run.finish(exit_code=1)
       return None
     where = run.url if getattr(run, "url", None) else f"offline, in {os.path.dirname(run.dir)}"
     name = f"{run.name} ({run.id})" if run.name else run.id
