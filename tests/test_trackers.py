@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,6 +53,12 @@ def wandb_records(path: str) -> list:
 def read_wandb_run(run_dir: str) -> dict:
   """{id, config, history (step -> scalars), summary} of one offline run directory."""
   (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+  # wandb's service writes the file in the background: run.finish() may return before the last
+  # records (its exit record among them) are on disk.
+  deadline = time.monotonic() + 60
+  while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+    assert time.monotonic() < deadline, f"{path} has no exit record after 60 s"
+    time.sleep(0.2)
   run = {"history": {}, "summary": {}}
   for record in wandb_records(path):
     kind = record.WhichOneof("record_type")
