@@ -16,7 +16,7 @@ from albert_jax import evaluate, export, finetune
 from albert_jax.core import train
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.interop import hub
-from tests.conftest import ROOT, main_cmd, small_config
+from tests.conftest import ROOT, built_once, main_cmd, small_config
 
 MAIN = hashlib.sha1(b"the hf export").hexdigest()  # commits are 40 hex digits
 JAX = hashlib.sha1(b"the jax export").hexdigest()
@@ -44,19 +44,22 @@ def add_to_cache(cache: str, repo_id: str, commit: str, source: str, refs=()) ->
 
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory, data_dir):
-  """(cache, run workdir, {commit: snapshot}): a tiny run of 2 steps on the shared data, its hf export
-  as org/tiny's main and its jax export on the branch `jax`."""
-  root = tmp_path_factory.mktemp("hub")
-  workdir = str(root / "run")
-  train.train_and_evaluate(small_config(data_dir, num_steps=2), workdir)
-  cache = str(root / "cache")
-  snapshots = {
-    MAIN: add_to_cache(cache, "org/tiny", MAIN, export.export(workdir, str(root / "hf")), ["main"]),
-    JAX: add_to_cache(
-      cache, "org/tiny", JAX, export.export(workdir, str(root / "jax"), fmt="jax"), ["jax"]
-    ),
-  }
-  return cache, workdir, snapshots
+  """(cache, run workdir, {commit: snapshot}), built once per session (read-only): a tiny run of 2
+  steps on the shared data, its hf export as org/tiny's main and its jax export on the branch `jax`."""
+
+  def build(root):
+    workdir = os.path.join(root, "run")
+    train.train_and_evaluate(small_config(data_dir, num_steps=2), workdir)
+    cache = os.path.join(root, "cache")
+    hf_export = export.export(workdir, os.path.join(root, "hf"))
+    add_to_cache(cache, "org/tiny", MAIN, hf_export, ["main"])
+    jax_export = export.export(workdir, os.path.join(root, "jax"), fmt="jax")
+    add_to_cache(cache, "org/tiny", JAX, jax_export, ["jax"])
+
+  root = built_once(tmp_path_factory, "hub_cache", build)
+  cache = os.path.join(root, "cache")
+  snapshots = {c: os.path.join(cache, "models--org--tiny", "snapshots", c) for c in (MAIN, JAX)}
+  return cache, os.path.join(root, "run"), snapshots
 
 
 @pytest.fixture
