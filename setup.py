@@ -41,6 +41,10 @@ setup(
     "beam": ["apache-beam"],
     # python -m albert_jax.study: its report's plots.
     "study": ["matplotlib"],
+    # train.trackers=wandb: Weights & Biases.
+    "wandb": ["wandb"],
+    # hf://ORG/NAME[@REVISION] model ids (init_from, evaluate --checkpoint): parse_hf_uri is 2.4's.
+    "hub": ["huggingface_hub>=2.4"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -58,6 +62,8 @@ setup(
       # A datasets.save_to_disk directory, written by tests/test_corpus_formats.py (5.2.0 keeps
       # gcsfs's exact fsspec pin).
       "datasets>=5.2",
+      "wandb",
+      "huggingface_hub>=2.4",
     ],
   },
 )

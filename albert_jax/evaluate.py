@@ -3,8 +3,9 @@ r"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and se
   python -m albert_jax.evaluate --checkpoint=runs/tiny --data=runs/tiny
   python -m albert_jax.evaluate --checkpoint=exports/tiny-jax --data=runs/nsp/data --batches=8
 
---checkpoint is a run's workdir (its latest checkpoint, or --step) or an `albert_jax.export
---format=jax` directory; --data is prepared data (a directory holding prepared.json) or a workdir
+--checkpoint is a run's workdir (its latest checkpoint, or --step), an `albert_jax.export` directory
+(--format=jax or hf), a Hugging Face ALBERT directory, or a Hub id hf://ORG/NAME[@REVISION] of one
+(interop/hub.py: huggingface_hub's cache, HF_HUB_OFFLINE, HF_TOKEN); --data is prepared data (a directory holding prepared.json) or a workdir
 whose prepared data to use. Any model scores any prepared split with the same vocabulary: a model
 pretrained with sentence-order prediction (data.task=sop) can be scored on data prepared for next
 sentence prediction (data.task=nsp) and vice versa, since both heads are the same binary classifier
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 from absl import app, flags
 
@@ -35,8 +37,11 @@ _MASKING = ("max_predictions_per_seq", "masked_lm_prob", "max_ngram", "word_star
 
 def load_model(path: str, step: str | int = "latest") -> dict:
   """{params, model (the model config), task, vocab (spiece.model path), step, run_config} of a
-  workdir checkpoint or a jax export."""
-  if _checkpoint_kind(path) is workdir.Kind.PRETRAINING:
+  workdir checkpoint, a jax export or a Hugging Face directory."""
+  found = _checkpoint_kind(path)
+  if found is workdir.Kind.HF:
+    return _load_hf(path)
+  if found is workdir.Kind.PRETRAINING:
     from albert_jax.core import checkpoint
     from albert_jax.data import dataset
 
@@ -63,16 +68,59 @@ def load_model(path: str, step: str | int = "latest") -> dict:
   )
 
 
+def _load_hf(path: str) -> dict:
+  """load_model's dict of a Hugging Face ALBERT directory (one of our --format=hf exports, or any
+  AlbertFor* model). Modules it lacks (AlbertForMaskedLM: the pooler and the sentence-order head)
+  are freshly initialised (seed 0), with a warning: their scores are those of an untrained head."""
+  import logging
+
+  import jax
+
+  from albert_jax.core import model as model_lib
+  from albert_jax.interop import layout, pretrained
+
+  params, model = pretrained.load_pretrained(path)
+  missing = []
+  for module in layout.OPTIONAL_MODULES:
+    try:
+      layout.get_path(params, tuple(module.split("/")), "")
+    except ConfigError:
+      missing.append(module)
+  if missing:
+    logging.warning(
+      "--checkpoint %s has no %s parameters: they are freshly initialised (an untrained head scores "
+      "at chance)",
+      path,
+      ", ".join(missing),
+    )
+    cfg = model_lib.model_config(model)
+    fresh = model_lib.AlbertForPreTraining(cfg).init(
+      jax.random.PRNGKey(0), **model_lib.dummy_inputs()
+    )["params"]
+    for module in missing:
+      keys = tuple(module.split("/"))
+      layout.put_path(params, keys, layout.plain_params(layout.get_path(fresh, keys, "")))
+  return dict(
+    params=params,
+    model=model,
+    task="unknown",
+    step=None,
+    vocab=str(files.path(path, workdir.VOCAB_FILE)),
+    run_config=None,
+  )
+
+
 def _checkpoint_kind(path: str) -> workdir.Kind:
-  """A pretraining workdir or an export (cheap: reads no parameters), else a one-line ConfigError."""
+  """A pretraining workdir, an export or a Hugging Face directory (cheap: reads no parameters),
+  else a one-line ConfigError."""
   if not path or not files.path(path).is_dir():
     raise ConfigError(f"--checkpoint {path!r} is not a directory")
   found = workdir.kind(path)
-  if found in (workdir.Kind.PRETRAINING, workdir.Kind.EXPORT):
+  if found in (workdir.Kind.PRETRAINING, workdir.Kind.EXPORT, workdir.Kind.HF):
     return found
   raise ConfigError(
-    f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/) "
-    f"nor an albert_jax export (export --format=jax)"
+    f"--checkpoint {path} is neither a run's workdir (config.json, checkpoints/), an albert_jax "
+    f"export nor a Hugging Face ALBERT directory"
   )
 
 
@@ -110,6 +158,10 @@ def data_config(data: str, batch_size: int, masking_from=None):
   return c, prepared
 
 
+def _to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
 @functools.lru_cache(maxsize=4)
 def _eval_step(cfg):
   """The jitted pretraining sums of AlbertForPreTraining(cfg), compiled once per model and shape."""
@@ -133,6 +185,10 @@ def score(
   """The intrinsic metrics of the model at `checkpoint_path` on `split` of the prepared `data`."""
   if batch_size < 1 or batches < 0:
     raise ConfigError("--batch_size must be positive and --batches not negative")
+  from albert_jax.interop import hub
+
+  # A Hub id: its local snapshot (announced on stderr: stdout holds the result line alone).
+  checkpoint_path = hub.resolve(checkpoint_path, "--checkpoint", announce=_to_stderr)
   _checkpoint_kind(checkpoint_path)
   data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
   from albert_jax.core import model as model_lib, sharding, train
@@ -185,7 +241,9 @@ def score(
 def run():
   """Defines the flags (here, not at import) and scores: one JSON line on stdout."""
   checkpoint_flag = flags.DEFINE_string(
-    "checkpoint", None, "A run's workdir or a --format=jax export."
+    "checkpoint",
+    None,
+    "A run's workdir, an export, a Hugging Face ALBERT directory or hf://ORG/NAME[@REVISION].",
   )
   data_flag = flags.DEFINE_string(
     "data", None, "Prepared data (holding prepared.json) or a workdir."

@@ -18,6 +18,7 @@ Errors are one line `error: ...`; exit statuses: cli.py.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 from typing import Any
@@ -139,7 +140,26 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
       "",
       "`--config.init_from=PATH` continues pretraining from it.",
     ]
+  lines += [
+    "",
+    "## Upload to the Hugging Face Hub",
+    "",
+    "```",
+    upload_command("PATH"),
+    "```",
+    "",
+    "(after `hf auth login`; PATH is this directory, ORG/NAME the repository, created if missing). "
+    "albert_jax then reads it by its Hub id: `--config.init_from=hf://ORG/NAME[@REVISION]` starts "
+    "a pretraining or fine-tuning run from it, `python -m albert_jax.evaluate "
+    "--checkpoint=hf://ORG/NAME` scores it.",
+  ]
   return "\n".join(lines) + "\n"
+
+
+def upload_command(path: str) -> str:
+  """The command that uploads the export at `path` to a Hub repository ORG/NAME (huggingface_hub's
+  `hf` CLI: the folder's files at the repository's root)."""
+  return f"hf upload ORG/NAME {shlex.quote(path)} ."
 
 
 CARD_MARKER = "# ALBERT pretrained with albert_jax"
@@ -352,6 +372,7 @@ def run() -> None:
         spm.value,
       )
     print(f"wrote {fmt.value} export to {out}")
+    print(f"upload it to the Hugging Face Hub: {upload_command(out)}")
 
   app.run(main, flags_parser=cli.parse_flags)
 

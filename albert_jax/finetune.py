@@ -32,6 +32,7 @@ from albert_jax import cli, tasks
 from albert_jax.core import checkpoint, config_lib, files, sharding, workdir as workdir_lib
 from albert_jax.core.config_lib import ConfigError
 from albert_jax.core.metrics import log
+from albert_jax.interop import hub
 
 # ----------------------------------------------------------------------------------------------------
 # Data: the task's splits as arrays, batched with an exactly resumable position.
@@ -200,6 +201,10 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
     init_params=init_params,
     evaluate=evaluate if eval_splits(data) else None,
     finish=best_result,
+    summary=lambda r: {
+      **({"best_step": r["best_step"]} if r["best_step"] is not None else {}),
+      **{f"best/{k}": v for k, v in r["metrics"].items()},
+    },
     metric=config.task.metric,
     save_evaluated=True,
   )
@@ -232,6 +237,14 @@ def finished_seed(config, workdir: str) -> dict | None:
 def _public(result: dict) -> dict:
   """A seed's result without its outputs (arrays), as the JSON files hold it."""
   return {k: v for k, v in result.items() if k != "outputs"}
+
+
+def name_seed_run(train, workdir: str, k: int) -> None:
+  """One W&B run per seed, grouped: the group is train.wandb_group or the workdir's name, each run
+  <wandb_run_name or the group>/seed_<k> (its directory's name)."""
+  group = train.wandb_group or os.path.basename(os.path.normpath(str(workdir)))
+  train.wandb_group = group
+  train.wandb_run_name = f"{train.wandb_run_name or group}/seed_{k}"
 
 
 def summarize(results: list[dict], metric: str) -> dict:
@@ -270,6 +283,8 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     seed_config = copy.deepcopy(config)
     with seed_config.unlocked():
       seed_config.seed = config.seed + k
+      if "wandb" in config_lib.trackers(config.train):
+        name_seed_run(seed_config.train, workdir, k)
     seed_dir = os.path.join(workdir, f"seed_{k}")
     result = finished_seed(seed_config, seed_dir)
     if result is not None:
@@ -314,12 +329,15 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of config, complete and validated before anything is read, written or traced: its task
-  (resolve_task), init_from's architecture and vocabulary (resolve_init_from), then the task's
+  (resolve_task), init_from (an hf:// id: its local snapshot), its architecture and vocabulary
+  (resolve_init_from), then the task's
   sequence length capped to that architecture's positions (config_lib.resolve_sequence_length)."""
   config = copy.deepcopy(config)
   with config.unlocked():
     resolve_task(config)
   if config.init_from:  # without it validate says it is required
+    with config.unlocked():  # a Hub id: the local snapshot from here on
+      config.init_from = hub.resolve(config.init_from, "init_from")
     workdir_lib.resolve_init_from(config)
   with config.unlocked():
     config_lib.resolve_sequence_length(config, log)

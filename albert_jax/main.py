@@ -35,7 +35,9 @@ def run():
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value, init_from's included: one line before anything is written
       from albert_jax.core import workdir as workdir_lib
+      from albert_jax.interop import hub
 
+      config.init_from = hub.resolve(config.init_from, "init_from")  # an hf:// id: its snapshot
       workdir_lib.resolve_and_validate(config)
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
       from albert_jax.core import distributed

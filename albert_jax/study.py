@@ -191,6 +191,32 @@ class Settings:
   finetune_task: str = ""
   finetune_dir: str = ""
   finetune_args: tuple[str, ...] = ()
+  # W&B (train.trackers names wandb): the study's group, and the tracker flags fine-tuning takes
+  # from the study's config (its runs take them from `overrides`).
+  wandb_group: str = ""
+  tracker_flags: tuple[str, ...] = ()
+
+
+def wandb_settings(config, study: str, workdir: str) -> dict:
+  """Settings' W&B fields: every run of the study in one group (train.wandb_group, default
+  <study>-<the study directory's name>); nothing when train.trackers has no wandb."""
+  from albert_jax.core import config_lib
+
+  t = config.train
+  if "wandb" not in config_lib.trackers(t):
+    return {}
+  group = t.wandb_group or f"{study}-{os.path.basename(os.path.normpath(workdir))}"
+  fields = ("trackers", "wandb_project", "wandb_entity")
+  return dict(
+    wandb_group=group, tracker_flags=tuple(_flag(f"train.{k}", t[k]) for k in fields if t[k])
+  )
+
+
+def _wandb_run(settings: Settings, name: str) -> list[str]:
+  """The flags that put a run (pretraining or fine-tuning) into the study's W&B group as `name`."""
+  if not settings.wandb_group:
+    return []
+  return [_flag("train.wandb_group", settings.wandb_group), _flag("train.wandb_run_name", name)]
 
 
 def _flag(field: str, value) -> str:
@@ -215,6 +241,7 @@ def train_command(settings: Settings, config, workdir: str, variant: Variant, se
     _flag("train.eval_every", settings.eval_every),
     _flag("train.checkpoint_every", settings.eval_every),
     _flag("train.keep_checkpoints", keep),
+    *_wandb_run(settings, f"{variant.name}/seed_{seed}"),
   ]
   if config.train.warmup_steps >= settings.steps:  # a short budget still decays
     args.append(_flag("train.warmup_steps", settings.steps // 10))
@@ -263,7 +290,7 @@ def score_run(workdir: str, rdir: str, seed: int, steps: list[int]) -> dict:
   }
 
 
-def finetune(settings: Settings, init_from: str, out: str) -> dict:
+def finetune(settings: Settings, init_from: str, out: str, name: str = "") -> dict:
   """Fine-tunes init_from on the GLUE-format task in a subprocess; its eval_results.json summary."""
   from albert_jax.core import files
 
@@ -278,6 +305,8 @@ def finetune(settings: Settings, init_from: str, out: str) -> dict:
         f"--workdir={out}",
         _flag("init_from", init_from),
         _flag("data.glue_dir", os.path.abspath(settings.finetune_dir)),
+        *settings.tracker_flags,
+        *_wandb_run(settings, f"{name}/{settings.finetune_task}"),
         *settings.finetune_args,
       ],
       out + ".log",
@@ -303,7 +332,9 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
       )
     if settings.finetune_task and "finetune" not in result:  # fine-tuning added to a finished run
       log(f"fine-tuning {variant.name} seed {seed} on {settings.finetune_task}")
-      result["finetune"] = finetune(settings, rdir, os.path.join(rdir, "finetune"))
+      result["finetune"] = finetune(
+        settings, rdir, os.path.join(rdir, "finetune"), f"{variant.name}/seed_{seed}"
+      )
       _write_result(result_path, result)
     return result
   start = time.time()
@@ -327,7 +358,9 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
   }
   if settings.finetune_task:
     log(f"fine-tuning {variant.name} seed {seed} on {settings.finetune_task}")
-    result["finetune"] = finetune(settings, rdir, os.path.join(rdir, "finetune"))
+    result["finetune"] = finetune(
+      settings, rdir, os.path.join(rdir, "finetune"), f"{variant.name}/seed_{seed}"
+    )
   result["seconds"] = round(time.time() - start, 1)
   _write_result(result_path, result)
   log(f"finished {variant.name} seed {seed} in {result['seconds']:.0f}s")
@@ -358,7 +391,10 @@ def untrained_baseline(settings: Settings, config, workdir: str, seed: int) -> d
     model = model_lib.AlbertForPreTraining(model_lib.model_config(config.model))
     params = model.init(jax.random.PRNGKey(seed), **model_lib.dummy_inputs())["params"]
     jax_export.save_jax(params, config.model, export, vocabulary(config, workdir, seed))
-  result = {"seed": seed, "finetune": finetune(settings, export, os.path.join(out, "finetune"))}
+  result = {
+    "seed": seed,
+    "finetune": finetune(settings, export, os.path.join(out, "finetune"), f"untrained/seed_{seed}"),
+  }
   _write_result(result_path, result)
   return result
 
@@ -832,6 +868,7 @@ def run():
       finetune_task=finetune_task_flag.value,
       finetune_dir=finetune_dir_flag.value,
       finetune_args=tuple(shlex.split(finetune_args_flag.value)),
+      **wandb_settings(config, study_flag.value, workdir),
     )
     seeds = [config.seed + k for k in range(seeds_flag.value)]
     os.makedirs(workdir, exist_ok=True)

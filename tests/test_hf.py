@@ -372,6 +372,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.endswith(f"upload it to the Hugging Face Hub: hf upload ORG/NAME {out} .\n")
   params, run_config, step, metrics = checkpoint_params(workdir)
   assert step == 3 and "masked_lm_accuracy" in metrics
   cfg = run_config.model
@@ -394,6 +395,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   card = open(os.path.join(out, "README.md")).read()
   assert "(step 3)" in card and f"masked_lm_accuracy | {metrics['masked_lm_accuracy']:.4f}" in card
   assert "AlbertForPreTraining.from_pretrained" in card
+  assert "hf upload ORG/NAME PATH .\n" in card and "--config.init_from=hf://ORG/NAME" in card
 
   hf_model_, info = transformers.AlbertForPreTraining.from_pretrained(out, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]

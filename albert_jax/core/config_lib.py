@@ -165,6 +165,16 @@ def base_config() -> ml_collections.ConfigDict:
       keep_best=True,  # also keep the best checkpoint by masked_lm_accuracy
       checkpoint_every_seconds=0.0,  # also save on a time policy (preemptible machines); 0: off
       profile_steps=0,  # > 0: a jax profiler trace of that many steps into <workdir>/profile
+      # Where the metrics go besides <workdir>/tensorboard/metrics.jsonl (always written): a
+      # comma-separated list of TRACKERS; wandb is Weights & Biases (pip install -e ".[wandb]").
+      trackers="tensorboard",
+      # W&B's run: "" leaves each to W&B's own settings (WANDB_PROJECT, WANDB_ENTITY, WANDB_NAME,
+      # WANDB_RUN_GROUP); the project is albert_jax when neither sets one. Fine-tuning groups its
+      # seeds by wandb_group (default: its workdir's name), the study its runs.
+      wandb_project="",
+      wandb_entity="",
+      wandb_run_name="",
+      wandb_group="",
     )
   )
 
@@ -451,7 +461,20 @@ def validate_data(d, model) -> None:
   )
 
 
+TRACKERS = ("tensorboard", "wandb")
+
+
+def trackers(t) -> tuple[str, ...]:
+  """train.trackers as names ("tensorboard,wandb" -> ("tensorboard", "wandb"))."""
+  return tuple(n.strip() for n in str(t.get("trackers", "tensorboard")).split(",") if n.strip())
+
+
 def validate_train(t) -> None:
+  unknown = [n for n in trackers(t) if n not in TRACKERS]
+  _check(
+    not unknown,
+    f"train.trackers={t.trackers!r}: {', '.join(map(repr, unknown))} is not one of {TRACKERS}",
+  )
   _check(t.num_steps >= 0, f"train.num_steps={t.num_steps} must be >= 0")
   _check(0 <= t.warmup_steps, f"train.warmup_steps={t.warmup_steps} must be >= 0")
   _check(

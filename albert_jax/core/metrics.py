@@ -1,7 +1,9 @@
-"""Metric writing (TensorBoard without TensorFlow, process 0 only) and a console progress line with ETA."""
+"""Metric writing (metrics.jsonl always, TensorBoard without TensorFlow and Weights & Biases as
+train.trackers says; process 0 only) and a console progress line with ETA."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -13,23 +15,24 @@ import numpy as np
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard event files and a metrics.jsonl, from process 0 only.
+  """Writes scalars to a metrics.jsonl, TensorBoard event files (tensorboard=True) and a W&B run
+  (`wandb`, a WandbRun), from process 0 only.
 
   On gs:// (no appends to an object) metrics.jsonl is rewritten whole, at most every
-  UPLOAD_SECONDS and at close; what an earlier run wrote there is kept."""
+  UPLOAD_SECONDS and at close; what an earlier run wrote there is kept. A context manager: a run
+  that ends in an exception closes its W&B run as failed."""
 
   UPLOAD_SECONDS = 30.0
 
-  def __init__(self, logdir: str):
+  def __init__(self, logdir: str, tensorboard: bool = True, wandb: WandbRun | None = None):
     from albert_jax.core import files, workdir  # pylint: disable=g-import-not-at-top
 
     self.enabled = jax.process_index() == 0
     self._tb = None
     self._jsonl = None
     self._remote = None  # gs://: (path, the lines so far, when they were last uploaded)
+    self._wandb = wandb if self.enabled else None
     if self.enabled:
-      from tensorboardX import SummaryWriter  # no TensorFlow needed
-
       path = files.path(logdir, workdir.METRICS_FILE)
       if files.is_remote(logdir):
         lines = path.read_text().splitlines(keepends=True) if path.exists() else []
@@ -37,13 +40,38 @@ class MetricWriter:
       else:
         os.makedirs(logdir, exist_ok=True)
         self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
-      self._tb = SummaryWriter(logdir, flush_secs=10)
+      if tensorboard:
+        from tensorboardX import SummaryWriter  # no TensorFlow needed
+
+        self._tb = SummaryWriter(logdir, flush_secs=10)
+
+  @classmethod
+  def for_run(cls, config, workdir: str) -> MetricWriter:
+    """The writer of a training run in `workdir`: <workdir>/tensorboard, and the trackers that
+    config.train.trackers names (a W&B run continued across resumes: WandbRun)."""
+    from albert_jax.core import config_lib, files, workdir as workdir_lib
+
+    names = config_lib.trackers(config.train)
+    wandb = None
+    if "wandb" in names and jax.process_index() == 0:
+      wandb = WandbRun.open(config, workdir)
+    logdir = str(files.path(workdir, workdir_lib.TENSORBOARD))
+    return cls(logdir, tensorboard="tensorboard" in names, wandb=wandb)
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    self.close(failed=exc_type is not None and not issubclass(exc_type, SystemExit))
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
     if not self.enabled:
       return
-    for k, v in scalars.items():
-      self._tb.add_scalar(f"{prefix}{k}", float(v), step)
+    if self._tb:
+      for k, v in scalars.items():
+        self._tb.add_scalar(f"{prefix}{k}", float(v), step)
+    if self._wandb:
+      self._wandb.log(step, {f"{prefix}{k}": float(v) for k, v in scalars.items()})
     line = json.dumps({"step": step, **{f"{prefix}{k}": float(v) for k, v in scalars.items()}})
     if self._jsonl:
       self._jsonl.write(line + "\n")
@@ -58,13 +86,112 @@ class MetricWriter:
     path.write_text("".join(lines))
     self._remote[2] = time.monotonic()
 
-  def close(self) -> None:
+  def summary(self, values: Mapping[str, object]) -> None:
+    """The run's final figures (W&B's run summary; TensorBoard has no such place)."""
+    if self._wandb:
+      self._wandb.summary(values)
+
+  def close(self, failed: bool = False) -> None:
     if self._tb:
       self._tb.close()
     if self._jsonl:
       self._jsonl.close()
     if self._remote:
       self._upload()
+    if self._wandb:
+      self._wandb.close(failed)
+
+
+class WandbRun:
+  """One Weights & Biases run per workdir (process 0), continued by every resume: its id is kept
+  in <workdir>/wandb_run_id (workdir.WANDB_RUN_ID).
+
+  W&B's own settings apply as it documents them (WANDB_MODE=offline needs no network, WANDB_DIR,
+  WANDB_API_KEY, ...); the run's files go to <workdir>/wandb when WANDB_DIR is not set and the
+  workdir is local. W&B never stops a training run: a missing package, a failed login or an
+  unreachable server when the run opens, or any failure later, is one console line, and the
+  metrics go on to metrics.jsonl and TensorBoard."""
+
+  def __init__(self, run, workdir: str):
+    self._run, self.workdir = run, workdir
+
+  @classmethod
+  def open(cls, config, workdir: str) -> WandbRun | None:
+    """The run for `workdir` with the resolved `config`, or None (and one line) when W&B fails."""
+    from albert_jax.core import files, workdir as workdir_lib
+
+    t = config.train
+    id_file = files.path(workdir, workdir_lib.WANDB_RUN_ID)
+    try:
+      import wandb
+    except ImportError:
+      log(_WANDB_OFF.format('the wandb package is not installed: pip install -e ".[wandb]"'))
+      return None
+    except Exception as e:  # noqa: BLE001 (a broken installation: a tracker never ends a run)
+      log(_WANDB_OFF.format(f"import wandb failed: {_first_line(e)}"))
+      return None
+    run = None
+    try:
+      run_id = id_file.read_text().strip() if id_file.exists() else None
+      wandb.setup(settings=wandb.Settings(silent=True))  # its lines go to its debug.log
+      options = dict(
+        project=t.get("wandb_project") or os.environ.get("WANDB_PROJECT") or "albert_jax",
+        entity=t.get("wandb_entity") or None,
+        name=t.get("wandb_run_name") or None,
+        group=t.get("wandb_group") or None,
+        id=run_id,
+        resume="allow" if run_id else None,
+        # console="off": W&B leaves stdout and stderr alone (the command's own lines and log file).
+        settings=wandb.Settings(console="off", silent=True),
+      )
+      if not os.environ.get("WANDB_DIR") and not files.is_remote(workdir):
+        options["dir"] = str(files.path(workdir))
+      run = wandb.init(**options)
+      run.config.update(config.to_dict(), allow_val_change=True)
+      # Every scalar against the training step (W&B's own _step counts log calls; a resumed run's
+      # steps may repeat the last ones logged before the resume).
+      run.define_metric("step")
+      run.define_metric("*", step_metric="step")
+      if run.id != run_id:
+        id_file.write_text(run.id)
+    except Exception as e:  # noqa: BLE001 (a tracker never ends a training run)
+      log(_WANDB_OFF.format(_first_line(e)))
+      if run is not None:  # opened, then failed: closed as failed, quietly
+        with contextlib.suppress(Exception):
+          run.finish(exit_code=1)
+      return None
+    where = run.url if getattr(run, "url", None) else f"offline, in {os.path.dirname(run.dir)}"
+    name = f"{run.name} ({run.id})" if run.name else run.id
+    log(f"W&B: run {name}{', resumed' if run_id else ''}: {where}")
+    return cls(run, workdir)
+
+  def _guarded(self, what: str, call) -> None:
+    if self._run is None:
+      return
+    try:
+      call()
+    except Exception as e:  # noqa: BLE001 (a tracker never ends a training run)
+      self._run = None
+      log(_WANDB_OFF.format(f"{what} failed: {_first_line(e)}"))
+
+  def log(self, step: int, scalars: Mapping[str, float]) -> None:
+    self._guarded("logging", lambda: self._run.log({**scalars, "step": step}))
+
+  def summary(self, values: Mapping[str, object]) -> None:
+    self._guarded("the summary", lambda: self._run.summary.update(dict(values)))
+
+  def close(self, failed: bool = False) -> None:
+    run = self._run
+    self._guarded("finishing the run", lambda: run.finish(exit_code=1 if failed else 0))
+    self._run = None
+
+
+_WANDB_OFF = "W&B is off for this run ({}); metrics.jsonl and the other trackers go on"
+
+
+def _first_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class Progress:

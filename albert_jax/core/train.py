@@ -336,11 +336,14 @@ class Hooks:
     no evaluation.
   finish(step, state, ckpt) -> result: after the last step (not after a stop), while the
     checkpointer is open; `run` returns its result.
+  summary(result) -> figures: what of finish's result goes into the run's summary (W&B's), beside
+    the last step and the last evaluation.
   """
 
   init_params: Callable[[dict], dict] | None = None
   evaluate: Callable[[dict], dict[str, float]] | None = None
   finish: Callable[[int, TrainState, checkpoint.Checkpointer], object] | None = None
+  summary: Callable[[object], dict] | None = None  # finish's result -> the run's final figures
   metric: str = checkpoint.BEST_METRIC  # the eval metric that picks the best checkpoint
   save_evaluated: bool = False  # save every evaluated step (fine-tuning keeps the best of them)
   vocabulary: str | None = None  # a vocabulary file to keep beside the checkpoints
@@ -393,9 +396,8 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
     )
 
     # --- Loop -----------------------------------------------------------------------------------
-    writer = cleanup.enter_context(
-      contextlib.closing(MetricWriter(str(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))))
-    )
+    # metrics.jsonl, TensorBoard and W&B as train.trackers says (a W&B run resumes with the workdir).
+    writer = cleanup.enter_context(MetricWriter.for_run(config, workdir))
     writer.write(start, {"compile_seconds": compile_seconds}, prefix="perf/")
     reporter = Reporter(
       writer,
@@ -416,6 +418,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
     profiler = _Profiler(workdir, start, t.get("profile_steps", 0))
     cleanup.callback(profiler.close)
     step = start
+    last_eval: dict[str, float] = {}
     stop = cleanup.enter_context(StopSignal())
     while step < t.num_steps:
       profiler.before(step)
@@ -436,6 +439,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
         with sharding.with_mesh(mesh):
           eval_metrics = hooks.evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval/")
+        last_eval = eval_metrics
         log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         reporter.restart_window(step)
       if (eval_metrics is not None and hooks.save_evaluated) or save_due(step):
@@ -444,7 +448,15 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
         log(f"saved step {step} to {workdir}/checkpoints")
         reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
     reporter.flush()
-    return step, False, (hooks.finish(step, state, ckpt) if hooks.finish else None)
+    result = hooks.finish(step, state, ckpt) if hooks.finish else None
+    writer.summary(
+      {
+        "final_step": step,
+        **{f"final_eval/{k}": v for k, v in last_eval.items()},
+        **(hooks.summary(result) if hooks.summary else {}),
+      }
+    )
+    return step, False, result
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ A pretraining run's workdir (`--workdir`, local or gs://):
   checkpoints/<step> Orbax steps (checkpoint.py)
   damaged/<step>-<UTC time>  steps that did not restore soundly, set aside (never deleted)
   tensorboard/       TensorBoard event files and metrics.jsonl
+  wandb_run_id       the Weights & Biases run a resume continues (train.trackers=...wandb)
+  wandb/             W&B's own files of that run (a local workdir without WANDB_DIR)
   logs/              one log file per command run (INFO and above)
   data/              prepared data when data.data_dir is not set (dataset.py)
 A fine-tuning run's directory holds eval_results.json and one such workdir per seed (seed_<k>/);
@@ -37,6 +39,7 @@ CHECKPOINTS = "checkpoints"
 DAMAGED = "damaged"
 TENSORBOARD = "tensorboard"
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_ID = "wandb_run_id"
 LOGS = "logs"
 RESULTS_FILE = "eval_results.json"  # a fine-tuning run's summary of its seeds
 JAX_FORMAT = "albert_jax"  # config.json's "format" in one of our jax exports
