@@ -122,7 +122,7 @@ def task_configs(
     steps, warmup = config.train.num_steps, config.train.warmup_steps
     config.update_from_flattened_dict(dict(overrides))
     scale_schedule(config, steps, warmup, overrides)
-    if "wandb_group" in config.train and not config.train.wandb_group:
+    if not config.train.wandb_group:
       config.train.wandb_group = group  # the benchmark's runs as one W&B group
     try:
       config = finetune.resolved(config)

@@ -230,3 +230,12 @@ def test_glue_score_averages_two_metric_tasks_first():
     "rte",
     "cola",
   ]
+
+
+def test_a_benchmarks_runs_share_one_wandb_group(env, glue_dir):  # noqa: F811
+  """Every task's seeds go into the benchmark's W&B group, unless the user named one."""
+  common = (["sst2", "mrpc"], str(env / "init"), str(glue_dir), 2)
+  configs = glue.task_configs(*common, {}, group="glue-bench")
+  assert {c.train.wandb_group for c in configs.values()} == {"glue-bench"}
+  configs = glue.task_configs(*common, {"train.wandb_group": "mine"}, group="glue-bench")
+  assert {c.train.wandb_group for c in configs.values()} == {"mine"}
