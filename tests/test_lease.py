@@ -1,0 +1,172 @@
+"""The lease that locks a gs:// workdir (core/lease.py), against the Cloud Storage emulator on loopback
+(conftest.gcs_url, bucket): the generation preconditions it rests on, acquire, refusal, takeover,
+renewal, theft, an unreachable bucket, and trainers racing for one bucket workdir."""
+
+import json
+import os
+import re
+import socket
+import time
+
+import pytest
+from google.api_core import exceptions
+
+from albert_jax.core import files, lease
+from albert_jax.core.config_lib import ConfigError
+
+
+def _blob(gs_path: str):
+  bucket, name = lease._split(gs_path)
+  return lease._client().bucket(bucket).blob(name)
+
+
+def test_the_emulator_honours_generation_preconditions(bucket):
+  """What the lease rests on: create only if absent, overwrite only at the generation read."""
+  blob = _blob(f"{bucket}/run/.lock")
+  blob.upload_from_string("a", if_generation_match=0)
+  first = blob.generation
+  with pytest.raises(exceptions.PreconditionFailed):
+    _blob(f"{bucket}/run/.lock").upload_from_string("b", if_generation_match=0)
+  again = _blob(f"{bucket}/run/.lock")
+  again.upload_from_string("c", if_generation_match=first)
+  assert again.generation != first
+  with pytest.raises(exceptions.PreconditionFailed):
+    _blob(f"{bucket}/run/.lock").upload_from_string("d", if_generation_match=first)
+  assert _blob(f"{bucket}/run/.lock").download_as_text() == "c"
+
+
+def _record(gs_path: str) -> dict:
+  return json.loads(_blob(gs_path).download_as_text())
+
+
+def test_a_live_lease_is_refused_naming_its_holder_and_released_on_exit(bucket):
+  run = f"{bucket}/run"
+  timings = {}
+  started = time.perf_counter()
+  with files.workdir_lock(run, lease_seconds=30):
+    timings["acquire"] = time.perf_counter() - started
+    record = _record(f"{run}/.lock")
+    assert record["host"] == socket.gethostname() and record["pid"] == os.getpid()
+    assert 29 < record["expires_unix"] - time.time() <= 30
+    with files.workdir_lock(run, lease_seconds=30):  # re-entered by its holder
+      pass
+    other = lease.Lease(f"{run}/.lock", 30, run)  # another run's attempt
+    with pytest.raises(ConfigError) as refused:
+      other.acquire()
+    assert re.fullmatch(
+      f"{re.escape(run)} is in use by another run \\(host {re.escape(socket.gethostname())} pid "
+      f"{os.getpid()} since \\S+, lease until \\S+\\); wait for it to finish, stop it, or use "
+      "another --workdir",
+      str(refused.value),
+    ), refused.value
+    held = lease._held[f"{run}/.lock"]
+    generation = held.generation
+    started = time.perf_counter()
+    held.generation = held._write(held.generation)  # one renewal, as the thread does
+    timings["renew"] = time.perf_counter() - started
+    assert held.generation != generation and held.trouble() is None and held.confirm()
+  assert not files.path(run, ".lock").exists()  # released
+  assert not lease._held
+  print(f"lease against the emulator: acquire {timings['acquire'] * 1e3:.1f} ms, "
+        f"renew {timings['renew'] * 1e3:.1f} ms")  # fmt: skip
+
+
+def test_an_expired_lease_is_taken_over_with_a_line_naming_its_holder(bucket, capsys):
+  run = f"{bucket}/run"
+  dead = {"host": "tpu-vm-0", "pid": 4242, "started": "2026-01-01T00:00:00Z"}
+  _blob(f"{run}/.lock").upload_from_string(
+    json.dumps(dict(dead, expires_unix=time.time() - 5)), if_generation_match=0
+  )
+  with files.workdir_lock(run, lease_seconds=30):
+    assert _record(f"{run}/.lock")["pid"] == os.getpid()
+  out = capsys.readouterr().out
+  assert re.search(
+    f"took over the expired lease on {re.escape(run)} of host tpu-vm-0 pid 4242 since "
+    "2026-01-01T00:00:00Z \\(it ended [5-9]s ago\\)",
+    out,
+  ), out
+
+
+def test_a_stolen_lease_is_lost_and_its_thief_keeps_the_object(bucket):
+  run = f"{bucket}/run"
+  holder = lease.Lease(f"{run}/.lock", 3, run)
+  holder.acquire()
+  try:
+    time.sleep(1.5)  # one renewal (every second) went through
+    assert holder.trouble() is None and holder.confirm()
+    thief = {"host": "thief", "pid": 7, "started": "now", "expires_unix": time.time() + 60}
+    stolen_at = time.time()
+    _blob(f"{run}/.lock").upload_from_string(json.dumps(thief))  # no precondition: a theft
+    assert not holder.confirm()  # the check before a save sees it at once
+    trouble = holder.trouble()
+    assert trouble is not None and not trouble.may_save
+    assert isinstance(trouble.error, lease.LeaseLost)
+    assert (
+      str(trouble.error) == f"{run}: this run's lease was taken over by host thief pid 7 since now"
+    )
+  finally:
+    holder.release()
+  assert _record(f"{run}/.lock")["host"] == "thief"  # release deletes only its own lease
+  # The renewal thread finds a theft by itself within a third of the lease.
+  other = f"{bucket}/other"
+  holder = lease.Lease(f"{other}/.lock", 3, other)
+  holder.acquire()
+  try:
+    stolen_at = time.time()
+    _blob(f"{other}/.lock").upload_from_string(json.dumps(thief))
+    while holder.trouble() is None:
+      assert time.time() - stolen_at < 3
+      time.sleep(0.05)
+    assert isinstance(holder.trouble().error, lease.LeaseLost)
+  finally:
+    holder.release()
+  assert _record(f"{other}/.lock")["host"] == "thief"
+
+
+def test_an_unreachable_bucket_asks_for_a_save_then_loses_the_lease(bucket):
+  """Renewals that cannot reach the bucket: with a third of the lease left the run may still save;
+  once it has ended the lease is lost (someone may have taken it over)."""
+  from google.auth.credentials import AnonymousCredentials
+  from google.cloud import storage
+
+  run = f"{bucket}/run"
+  holder = lease.Lease(f"{run}/.lock", 3, run)
+  holder.acquire()
+  with socket.socket() as s:  # a port nothing listens on: the bucket is unreachable
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  unreachable = storage.Client(
+    project="x",
+    credentials=AnonymousCredentials(),
+    client_options={"api_endpoint": f"http://127.0.0.1:{port}"},
+  )
+  holder._bucket = unreachable.bucket(holder._bucket.name)
+  try:
+    seen = []
+    while not seen or seen[-1] != "lost":
+      trouble = holder.trouble()
+      state = "ok" if trouble is None else ("save" if trouble.may_save else "lost")
+      if not seen or seen[-1] != state:
+        seen.append(state)
+      assert time.time() < holder.expires + 2
+      time.sleep(0.05)
+    assert seen == ["ok", "save", "lost"]
+    assert isinstance(holder.trouble().error, lease.LeaseUnreachable)
+    assert re.search(
+      r"before it ended \((RetryError|ConnectionError): ", str(holder.trouble().error)
+    )
+  finally:
+    holder.release()
+
+
+def test_workdir_lease_seconds_is_validated():
+  from albert_jax.core import config_lib
+  from tests.conftest import load_config
+
+  config = load_config("tiny")
+  assert config.train.workdir_lease_seconds == 300
+  config.train.workdir_lease_seconds = 1
+  with pytest.raises(
+    ConfigError, match=r"train.workdir_lease_seconds=1.0 must be >= 3 \(seconds\)"
+  ):
+    config_lib.validate(config)
