@@ -209,21 +209,21 @@ ready_check() {
 
 # Remote line that starts "python -m MODULE ARGS..." in the repository with nohup in the
 # background, appending to LOG, so the ssh session returns at once and the process outlives it.
-# With EXIT_FILE, a `bash -c` wrapper (under the same nohup) writes the module's exit status there
-# when it ends, and a stale one is removed first.
-# shellcheck disable=SC2016  # $(date ...) and $? expand on the worker
+# With EXIT_FILE (~/NAME), a `bash -c` wrapper under the same nohup runs it and writes its exit
+# status there when it ends (its arguments passed as the wrapper's, quoted once); a stale one is
+# removed first. The wrapper's command line starts with bash: TRAINER_PATTERN does not match it.
+# shellcheck disable=SC2016  # $(date ...), $@ and $? expand on the worker
 background() {
-  local log=$1 module=$2 env_prefix=$3 exit_file=$4 command
+  local log=$1 module=$2 env_prefix=$3 exit_file=$4 wrapper=""
   shift 4
   printf 'cd %s; echo "=== $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) %s started" >> %s; ' \
     "$REMOTE_REPO" "$module" "$log"
-  command="$REMOTE_VENV/bin/python -m $module $(quote_words "$@")"
   if [[ -n $exit_file ]]; then
-    printf 'rm -f %s; %snohup bash -c %s >> %s 2>&1 < /dev/null &' "$exit_file" "$env_prefix" \
-      "$(quote "$command; echo \$? > $exit_file")" "$log"
-  else
-    printf '%snohup %s >> %s 2>&1 < /dev/null &' "$env_prefix" "$command" "$log"
+    printf 'rm -f %s; ' "$exit_file"
+    wrapper="bash -c '\"\$@\"; echo \$? > \"\$HOME\"/${exit_file#\~/}' $module "
   fi
+  printf '%snohup %s%s/bin/python -m %s %s >> %s 2>&1 < /dev/null &' "$env_prefix" "$wrapper" \
+    "$REMOTE_VENV" "$module" "$(quote_words "$@")" "$log"
 }
 
 # The arguments train and prepare pass to the module: --config, --workdir, then overrides and
@@ -406,14 +406,16 @@ slice_state() {
 }
 
 # Worker 0's trainer: "running" (no exit status yet, or the worker cannot be reached), its exit
-# status, or "stopped" for an exit 0 after a SIGTERM save (a preemption notice: not finished).
+# status, or "stopped" for an exit 0 after a SIGTERM save (a preemption notice: not finished), which
+# the log shows as a SIGTERM line after the trainer's last start line.
 # shellcheck disable=SC2016  # $(...) expands on the worker
 trainer_state() {
   local out
   out="$(look gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" \
     ${PROJECT:+"--project=$PROJECT"} --worker=0 --command="$(printf '%s' \
       "if test -f $TRAIN_EXIT; then code=\$(cat $TRAIN_EXIT); " \
-      "if test \"\$code\" = 0 && tail -n 20 $TRAIN_LOG | grep -q '^SIGTERM: saved step'; " \
+      "if test \"\$code\" = 0 && grep -E '^(=== |SIGTERM: saved step)' $TRAIN_LOG | tail -n 1 | " \
+      "grep -q '^SIGTERM'; " \
       "then echo stopped; else echo \"exit \$code\"; fi; else echo running; fi")" \
     2> /dev/null)" || out=running
   if ((DRY_RUN)); then
