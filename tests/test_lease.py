@@ -5,13 +5,17 @@ renewal, theft, an unreachable bucket, and trainers racing for one bucket workdi
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
 import time
 
+import jax
+import numpy as np
 import pytest
 from google.api_core import exceptions
 
-from albert_jax.core import files, lease
+from albert_jax.core import checkpoint, files, lease
 from albert_jax.core.config_lib import ConfigError
 
 
@@ -170,3 +174,140 @@ def test_workdir_lease_seconds_is_validated():
     ConfigError, match=r"train.workdir_lease_seconds=1.0 must be >= 3 \(seconds\)"
   ):
     config_lib.validate(config)
+
+
+# --- trainers on one bucket workdir -----------------------------------------------------------------
+
+
+def _trainer(run, data_dir, **train_fields):
+  from tests.conftest import ROOT, main_cmd
+  from tests.test_reliability import env
+
+  return subprocess.Popen(
+    main_cmd(run, data_dir, **train_fields),
+    cwd=ROOT,
+    env=env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def _refusal(stderr: str, run: str, holder_pid: int) -> None:
+  """One line naming the holder of the live lease."""
+  lines = [x for x in stderr.splitlines() if x.startswith("error: ")]
+  assert len(lines) == 1, stderr[-2000:]
+  assert re.fullmatch(
+    f"error: {re.escape(run)} is in use by another run \\(host {re.escape(socket.gethostname())} "
+    f"pid {holder_pid} since \\S+, lease until \\S+\\); wait for it to finish, stop it, or use "
+    "another --workdir",
+    lines[0],
+  ), lines
+
+
+@pytest.mark.slow
+def test_two_trainers_on_one_bucket_workdir_one_trains_the_other_refuses(bucket, data_dir):
+  """Started together: exactly one trains, the other refuses in one line; then a third started while
+  the winner still runs is refused the same way and writes nothing; the checkpoints restore."""
+  from tests.test_reliability import run_main
+
+  run = f"{bucket}/run"
+  fields = dict(num_steps=40, checkpoint_every=4, workdir_lease_seconds=30)
+  first, second = _trainer(run, data_dir, **fields), _trainer(run, data_dir, **fields)
+  outs = {p.pid: p.communicate(timeout=600) for p in (first, second)}
+  codes = sorted((p.returncode, p.pid) for p in (first, second))
+  assert [c for c, _ in codes] == [0, 2], {pid: err[-2000:] for pid, (_, err) in outs.items()}
+  (_, winner), (_, loser) = codes
+  _refusal(outs[loser][1], run, winner)
+  assert "saved step 40 to gs://" in outs[winner][0]
+  assert checkpoint.load_params(run, "latest")[2] == 40
+  assert not files.path(run, ".lock").exists()  # released on exit
+  # One after the other: a run while the first holds the lease is refused and writes nothing.
+  holder = _trainer(run, data_dir, num_steps=10_000, checkpoint_every=1000, log_every=1)
+  try:
+    for line in holder.stdout:
+      if line.startswith("step 42/"):
+        break
+    before = files.files_under(run)
+    refused = run_main(run, data_dir, num_steps=50)
+    assert refused.returncode == 2
+    _refusal(refused.stderr, run, holder.pid)
+    assert files.files_under(run) == before
+  finally:
+    holder.send_signal(signal.SIGTERM)
+    assert holder.wait(timeout=300) == 0, holder.stderr.read()[-2000:]
+
+
+@pytest.mark.slow
+def test_a_killed_holders_lease_is_taken_over_once_expired_and_the_run_resumes_bitwise(
+  bucket, data_dir
+):
+  from tests.test_reliability import run_main
+
+  fields = dict(num_steps=30, checkpoint_every=2, workdir_lease_seconds=20)
+  straight = run_main(f"{bucket}/straight", data_dir, **fields)
+  assert straight.returncode == 0, straight.stderr[-2000:]
+  run = f"{bucket}/run"
+  holder = _trainer(run, data_dir, **fields)
+  for line in holder.stdout:
+    if line.startswith("saved step 4 to"):
+      break
+  holder.send_signal(signal.SIGKILL)  # no release: a preempted VM
+  holder.wait()
+  killed_at = time.time()
+  record = _record(f"{run}/.lock")
+  assert record["pid"] == holder.pid and record["expires_unix"] > killed_at
+  # While the dead run's lease lasts, the next run is refused.
+  refused = run_main(run, data_dir, **fields)
+  assert refused.returncode == 2 and time.time() < record["expires_unix"], refused.stderr
+  _refusal(refused.stderr, run, holder.pid)
+  expires = _record(f"{run}/.lock")["expires_unix"]
+  time.sleep(max(0.0, expires - time.time()))
+  resumed = run_main(run, data_dir, **fields)
+  took_over = time.time() - killed_at
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert re.search(
+    f"took over the expired lease on {re.escape(run)} of host \\S+ pid {holder.pid} since \\S+ "
+    "\\(it ended \\d+s ago\\)",
+    resumed.stdout,
+  ), resumed.stdout
+  saved = int(re.search(r"resumed from step (\d+)", resumed.stdout).group(1))
+  assert 2 <= saved < 30  # step 4's save may have been cut short by the kill
+  want, _, _, _ = checkpoint.load_params(f"{bucket}/straight", 30)
+  got, _, step, _ = checkpoint.load_params(run, "latest")
+  assert step == 30
+  for x, y in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
+  print(
+    f"a SIGKILLed holder's lease (20 s) ended {expires - killed_at:.1f}s after the kill; the "
+    f"next run, started then, finished {took_over:.0f}s after the kill"
+  )
+
+
+@pytest.mark.slow
+def test_a_holder_whose_lease_is_stolen_stops_without_writing_over_the_thief(bucket, data_dir):
+  run = f"{bucket}/run"
+  holder = _trainer(
+    run, data_dir, num_steps=10_000, checkpoint_every=1000, log_every=1, workdir_lease_seconds=6
+  )
+  for line in holder.stdout:
+    if line.startswith("step 2/"):
+      break
+  thief = {"host": "thief", "pid": 7, "started": "now", "expires_unix": time.time() + 600}
+  stolen_at = time.time()
+  _blob(f"{run}/.lock").upload_from_string(json.dumps(thief))  # a run that took it over
+  out, err = holder.communicate(timeout=120)
+  stopped_after = time.time() - stolen_at
+  assert holder.returncode == 2, err[-2000:]
+  (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+  assert re.fullmatch(
+    f"error: {re.escape(run)}: this run's lease was taken over by host thief pid 7 since now; "
+    "stopped at step \\d+ without saving it",
+    line,
+  ), line
+  assert stopped_after < 6 + 30  # a third of the lease, then at most a step
+  assert not files.path(run, "checkpoints").exists() or not list(
+    files.path(run, "checkpoints").iterdir()
+  )  # nothing saved
+  assert _record(f"{run}/.lock") == thief  # the thief's lease stays
+  print(f"a stolen lease (6 s) stopped its old holder {stopped_after:.1f}s after the theft")
