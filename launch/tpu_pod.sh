@@ -37,6 +37,9 @@ readonly TRAIN_EXIT="~/albert_jax_train.exit"
 readonly TRAINER_PATTERN="^[^ ]*python[^ ]* (.* )?-m albert_jax[.]main( |$)"
 readonly PREPARE_PATTERN="^[^ ]*python[^ ]* (.* )?-m albert_jax[.]prepare( |$)"
 readonly LIBTPU_LOCKFILE="/tmp/libtpu_lockfile"
+# run: how many times in a row a trainer refused for a workdir whose lease is still held (the lost
+# slice's run, until its lease ends) is started again, one --poll-seconds apart.
+readonly MAX_BUSY=20
 
 PROG="$(basename "$0")"
 readonly PROG
@@ -406,17 +409,20 @@ slice_state() {
 }
 
 # Worker 0's trainer: "running" (no exit status yet, or the worker cannot be reached), its exit
-# status, or "stopped" for an exit 0 after a SIGTERM save (a preemption notice: not finished), which
-# the log shows as a SIGTERM line after the trainer's last start line.
+# status, "stopped" for an exit 0 after a SIGTERM save (a preemption notice: not finished), which
+# the log shows as a SIGTERM line after the trainer's last start line, or "busy" for a trainer
+# refused because the workdir's lease is still held (by the trainer of a slice just lost); `last` is
+# the log from that start line on.
 # shellcheck disable=SC2016  # $(...) expands on the worker
 trainer_state() {
   local out
   out="$(look gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" \
     ${PROJECT:+"--project=$PROJECT"} --worker=0 --command="$(printf '%s' \
       "if test -f $TRAIN_EXIT; then code=\$(cat $TRAIN_EXIT); " \
-      "if test \"\$code\" = 0 && grep -E '^(=== |SIGTERM: saved step)' $TRAIN_LOG | tail -n 1 | " \
-      "grep -q '^SIGTERM'; " \
-      "then echo stopped; else echo \"exit \$code\"; fi; else echo running; fi")" \
+      "last=\$(tac $TRAIN_LOG | sed '/^=== /q'); " \
+      "if test \"\$code\" = 0 && grep -q '^SIGTERM: saved step' <<< \"\$last\"; then echo stopped; " \
+      "elif test \"\$code\" = 2 && grep -q 'is in use by another run' <<< \"\$last\"; " \
+      "then echo busy; else echo \"exit \$code\"; fi; else echo running; fi")" \
     2> /dev/null)" || out=running
   if ((DRY_RUN)); then
     out=running
@@ -465,7 +471,7 @@ wait_ready() {
 
 # Watches the slice and worker 0's trainer. Returns the trainer's exit status once it has one,
 # 200 when the slice went away (preempted, deleted), 201 when the trainer stopped after a SIGTERM
-# save on a slice that is still there.
+# save on a slice that is still there, 202 when it was refused for a workdir whose lease is held.
 watch() {
   local state trainer last=""
   while :; do
@@ -491,6 +497,10 @@ watch() {
         say "the trainer saved and stopped on SIGTERM (a preemption notice?)"
         return 201
         ;;
+      busy)
+        say "the trainer was refused: the workdir's lease is still held (by the lost slice's run?)"
+        return 202
+        ;;
       "exit "*)
         say "the trainer ended with exit status ${trainer#exit }"
         return "${trainer#exit }"
@@ -515,7 +525,7 @@ cmd_run() {
   fi
   compile_check
   SKIP_CHECK=1 # checked once, above
-  local attempt=1 status need_slice=1 state
+  local attempt=1 status need_slice=1 need_setup=1 busy=0 state
   say "run: $(quote_words "${MODULE_ARGS[@]}") on $TPU_NAME ($ACCELERATOR_TYPE, at most" \
     "$MAX_ATTEMPTS slices)"
   state="$(slice_state)"
@@ -544,8 +554,12 @@ cmd_run() {
     fi
     if [[ -z $status ]]; then
       # Subshells: a step that fails (the slice preempted during setup) returns here, not exits.
-      say "setting up slice $TPU_NAME"
-      if ! (cmd_setup) || ! { say "starting the trainer" && (cmd_train); }; then
+      if ((need_setup)) && ! { say "setting up slice $TPU_NAME" && (cmd_setup); }; then
+        status=failed
+      elif ! { say "starting the trainer" && (cmd_train); }; then
+        status=failed
+      fi
+      if [[ $status == failed ]]; then
         if [[ $(slice_state) =~ ^(READY|ACTIVE)$ ]]; then
           say "setup or the trainer's start failed on a ready slice (above): not retried"
           exit 1
@@ -573,6 +587,18 @@ cmd_run() {
         return 0
         ;;
       200 | 201) ;;
+      202)
+        busy=$((busy + 1))
+        if ((busy > MAX_BUSY)); then
+          say "the workdir's lease stayed held for $MAX_BUSY looks: another run uses it; giving up"
+          exit 2
+        fi
+        say "starting the trainer again in ${POLL_SECONDS}s, once the old lease has ended" \
+          "($busy/$MAX_BUSY)"
+        need_slice=0 need_setup=0
+        pause
+        continue
+        ;;
       *)
         say "the trainer failed on its own (exit $status; see $PROG logs): not retried"
         exit "$status"
@@ -583,6 +609,7 @@ cmd_run() {
       exit 1
     fi
     attempt=$((attempt + 1))
+    busy=0 need_setup=1
     if ((status == 201)) && [[ $(slice_state) =~ ^(READY|ACTIVE)$ ]]; then
       need_slice=0
       say "attempt $attempt/$MAX_ATTEMPTS: resuming on the same slice"

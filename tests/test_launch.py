@@ -763,6 +763,9 @@ def test_the_trainer_wrapper_and_the_look_at_it_in_a_real_shell(fake_gcloud, tmp
     "stopped",
   )
   assert trainer(0, "done at step 10: checkpoints in gs://b/w/checkpoints") == ("running", "exit 0")
+  refused = "error: gs://b/w is in use by another run (host h pid 1 since t, lease until u); wait"
+  assert trainer(2, refused) == ("running", "busy")
+  assert trainer(2, "error: train.batch_size=7 is bad") == ("running", "exit 2")
 
 
 def _gcloud() -> str | None:
@@ -817,3 +820,25 @@ def test_every_gcloud_command_passes_gclouds_argument_parsing(tmp_path):
     timeout=60,
   )
   assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr
+
+
+def test_run_starts_a_trainer_refused_for_a_held_lease_again_on_the_same_slice(
+  fake_gcloud, tmp_path
+):
+  """The lost slice's run still holds the workdir's lease: the new trainer is refused (exit 2, "in
+  use by another run"); run starts it again, without a new slice or setup, until the lease ends."""
+  env, log = fake_gcloud
+  _scenario(tmp_path, describe=["READY"], trainer=["busy", "busy", "exit 0"])
+  proc = _run(*RUN_ARGS, env=env)
+  assert proc.returncode == 0, proc.stderr
+  assert _verbs(_calls(log)) == [
+    "describe",
+    "scp",
+    "setup",
+    "check",
+    "launch",
+    *["describe", "look", "check", "launch"] * 2,
+    "describe",
+    "look",
+  ]
+  assert proc.stderr.count("the workdir's lease is still held") == 2
