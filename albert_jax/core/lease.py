@@ -237,16 +237,17 @@ class Lease:
   def confirm(self) -> bool:
     """Whether the object is still at this run's generation (one metadata read, before a save):
     False marks the lease lost."""
-    if self._lost is not None:
-      return False
-    try:
-      blob = self._bucket.get_blob(self._blob_name, **self._limits())
-    except Exception:  # noqa: BLE001 (unreachable: the renewals' verdict stands)
+    with self._mutex:  # not while a renewal moves the generation
+      if self._lost is not None:
+        return False
+      try:
+        blob = self._bucket.get_blob(self._blob_name, **self._limits())
+      except Exception:  # noqa: BLE001 (unreachable: the renewals' verdict stands)
+        return time.time() < self.expires
+      if blob is None or blob.generation != self.generation:
+        self._lost = self._taken_over()
+        return False
       return time.time() < self.expires
-    if blob is None or blob.generation != self.generation:
-      self._lost = self._taken_over()
-      return False
-    return time.time() < self.expires
 
   def release(self) -> None:
     """Stops the renewals and deletes the object if it is still this run's."""
