@@ -317,8 +317,7 @@ def stop_early(
   """What a trainer does on StopSignal's reason: the step's metrics, its checkpoint written whole
   (not for a lost lease) and one line; a lease's trouble is raised after."""
   trouble = lease.trouble()
-  if reason == StopSignal.LEASE_LOST:
-    reporter.flush()
+  if reason == StopSignal.LEASE_LOST:  # nothing more into a workdir that is another run's now
     error = trouble.error if trouble else lease.LeaseLost("process 0 lost the workdir's lease")
     raise type(error)(f"{error}; stopped at step {step} without saving it")
   check_lease_before_save(step)
