@@ -376,7 +376,7 @@ def run():
       from albert_jax.core import files
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
-      with files.primary_workdir_lock(workdir):
+      with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
         cli.setup_logging("finetune", workdir)
         run_resolved(config, workdir)
 

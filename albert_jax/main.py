@@ -47,7 +47,7 @@ def run():
       from albert_jax.core import files, train
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
-      with files.primary_workdir_lock(workdir):
+      with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
         cli.setup_logging("main", workdir)
         train.train_and_evaluate(config, workdir)  # holds the same lock (re-entered)
 

@@ -28,12 +28,18 @@ readonly REMOTE_TARBALL="albert_jax_src.tar.gz"
 readonly TRAIN_LOG="~/albert_jax_train.log"
 # shellcheck disable=SC2088
 readonly PREPARE_LOG="~/albert_jax_prepare.log"
+# The trainer's exit status, written by its nohup wrapper when it ends (what `run` watches).
+# shellcheck disable=SC2088
+readonly TRAIN_EXIT="~/albert_jax_train.exit"
 # pgrep/pkill -f patterns (extended regexes over the whole command line). Anchored at a python
 # executable: the remote `bash -c '...'` that runs pgrep or pkill has the module name in its own
 # command line, and an unanchored pattern would match it (pkill would kill its own shell).
 readonly TRAINER_PATTERN="^[^ ]*python[^ ]* (.* )?-m albert_jax[.]main( |$)"
 readonly PREPARE_PATTERN="^[^ ]*python[^ ]* (.* )?-m albert_jax[.]prepare( |$)"
 readonly LIBTPU_LOCKFILE="/tmp/libtpu_lockfile"
+# run: how many times in a row a trainer refused for a workdir whose lease is still held (the lost
+# slice's run, until its lease ends) is started again, one --poll-seconds apart.
+readonly MAX_BUSY=20
 
 PROG="$(basename "$0")"
 readonly PROG
@@ -51,7 +57,12 @@ Commands:
              git HEAD (git archive + scp --worker=all), or clones --source=GIT_URL on each worker
   prepare    run 'python -m albert_jax.prepare' on worker 0 in the background (CPU only)
   train      start 'python -m albert_jax.main' on all workers in the background (nohup), logging to
-             ~/albert_jax_train.log; resumes from --workdir when it holds a checkpoint
+             ~/albert_jax_train.log (its exit status to ~/albert_jax_train.exit); resumes from
+             --workdir when it holds a checkpoint
+  run        unattended: create (--spot, or --queued), setup, train, then watch; a slice that is
+             preempted, deleted or missing is recreated, set up and the same train command resumed,
+             until the trainer finishes (exit 0), fails on its own (exit 1-5: not retried) or
+             --max-attempts slices were used; every action logged with a UTC timestamp
   logs       tail the training log of one worker (default 0)
   status     the slice's state and the trainer processes on every worker
   stop       kill trainer processes on all workers and remove $LIBTPU_LOCKFILE
@@ -78,6 +89,11 @@ Options (environment variable in brackets):
   --config.SECTION.FIELD=VALUE
                             train, prepare: config override, passed through as one argument
   -- ARGS...                train, prepare: further arguments passed through unchanged
+  --queued                  run: create through a queued resource (gcloud compute tpus
+                            queued-resources create; with --spot a Spot one), which waits for
+                            capacity instead of failing
+  --max-attempts=N          run: slices to create at most, the first included (default 10)
+  --poll-seconds=N          run: seconds between two looks at the slice and the trainer (default 60)
   --worker=N|all            logs: which worker (default 0)
   --lines=N                 logs: lines of history to show (default 100)
   --no-follow               logs: print and exit instead of following
@@ -105,6 +121,10 @@ Example (v3-64 Spot slice):
   a preemption)
   $PROG logs
   $PROG stop && $PROG delete
+
+Unattended (the slice comes back after each preemption; end it with Ctrl-C, then stop and delete):
+  $PROG run --spot --config=configs/albert_base.py --workdir=gs://BUCKET/albert_base \\
+      --config.data.data_dir=gs://BUCKET/data --config.train.checkpoint_every_seconds=1800
 EOF
 }
 
@@ -192,14 +212,21 @@ ready_check() {
 
 # Remote line that starts "python -m MODULE ARGS..." in the repository with nohup in the
 # background, appending to LOG, so the ssh session returns at once and the process outlives it.
-# shellcheck disable=SC2016  # $(date ...) expands on the worker
+# With EXIT_FILE (~/NAME), a `bash -c` wrapper under the same nohup runs it and writes its exit
+# status there when it ends (its arguments passed as the wrapper's, quoted once); a stale one is
+# removed first. The wrapper's command line starts with bash: TRAINER_PATTERN does not match it.
+# shellcheck disable=SC2016  # $(date ...), $@ and $? expand on the worker
 background() {
-  local log=$1 module=$2 env_prefix=$3
-  shift 3
+  local log=$1 module=$2 env_prefix=$3 exit_file=$4 wrapper=""
+  shift 4
   printf 'cd %s; echo "=== $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) %s started" >> %s; ' \
     "$REMOTE_REPO" "$module" "$log"
-  printf '%snohup %s/bin/python -m %s %s >> %s 2>&1 < /dev/null &' \
-    "$env_prefix" "$REMOTE_VENV" "$module" "$(quote_words "$@")" "$log"
+  if [[ -n $exit_file ]]; then
+    printf 'rm -f %s; ' "$exit_file"
+    wrapper="bash -c '\"\$@\"; echo \$? > \"\$HOME\"/${exit_file#\~/}' $module "
+  fi
+  printf '%snohup %s%s/bin/python -m %s %s >> %s 2>&1 < /dev/null &' "$env_prefix" "$wrapper" \
+    "$REMOTE_VENV" "$module" "$(quote_words "$@")" "$log"
 }
 
 # The arguments train and prepare pass to the module: --config, --workdir, then overrides and
@@ -289,7 +316,8 @@ cmd_train() {
   # Two rounds: first check that every worker is idle, so a refusal on one worker never leaves the
   # others started (and hung waiting for it); then start all workers in one call.
   remote all "$(busy_check)$(ready_check)"
-  remote all "set -eu; $(background "$TRAIN_LOG" albert_jax.main "" "${MODULE_ARGS[@]}")"
+  remote all "set -eu; $(background "$TRAIN_LOG" albert_jax.main "" "$TRAIN_EXIT" \
+    "${MODULE_ARGS[@]}")"
   note "training started on every worker; follow it with: $PROG logs"
 }
 
@@ -298,7 +326,7 @@ cmd_prepare() {
   # Worker 0 only: preparing data is a single-host CPU job. JAX_PLATFORMS=cpu keeps it off the
   # TPU, so it never holds the libtpu lock that train needs.
   remote 0 "set -eu; $(busy_check)$(ready_check)$(background "$PREPARE_LOG" albert_jax.prepare \
-    "JAX_PLATFORMS=cpu " "${MODULE_ARGS[@]}")"
+    "JAX_PLATFORMS=cpu " "" "${MODULE_ARGS[@]}")"
   note "prepare started on worker 0; follow it with: $PROG logs --prepare"
 }
 
@@ -339,6 +367,262 @@ cmd_delete() {
 }
 
 # -------------------------------------------------------------------------------------------------
+# run: create, set up, train and watch, recreating a preempted slice, until the trainer ends.
+
+# A timestamped line about what `run` does (stderr; also with --dry-run).
+say() {
+  printf '%s %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$PROG" "$*" >&2
+}
+
+# The wait between two looks (none with --dry-run).
+pause() {
+  if ((!DRY_RUN)); then sleep "$POLL_SECONDS"; fi
+}
+
+# A read-only look (gcloud describe, the trainer's exit file): printed like any command with
+# --dry-run (on fd 3, the script's stdout: the caller captures the look's own); otherwise run
+# quietly (a watch polls every --poll-seconds), its stdout returned.
+look() {
+  if ((DRY_RUN)); then
+    printf '+ %s\n' "$(quote_words "$@")" >&3
+    return 0
+  fi
+  "$@"
+}
+
+# The slice's state: READY, CREATING, PREEMPTED, ... (the node), or with --queued the queued
+# resource's (WAITING_FOR_RESOURCES, ACTIVE, SUSPENDED, FAILED, ...); MISSING when it does not
+# exist; UNKNOWN when gcloud could not tell (a network error: looked at again at the next poll).
+slice_state() {
+  local out err status=0 kind=(tpu-vm describe "$TPU_NAME") field=state
+  if ((QUEUED)); then kind=(queued-resources describe "$TPU_NAME") field=state.state; fi
+  err="$(mktemp)"
+  out="$(look gcloud compute tpus "${kind[@]}" --zone="$ZONE" ${PROJECT:+"--project=$PROJECT"} \
+    --format="value($field)" 2> "$err")" || status=$?
+  if ((DRY_RUN)); then
+    out=READY
+  elif ((status)); then
+    if grep -qiE 'NOT_FOUND|not found' "$err"; then out=MISSING; else out=UNKNOWN; fi
+  fi
+  rm -f "$err"
+  printf '%s' "${out:-UNKNOWN}"
+}
+
+# Worker 0's trainer: "running" (no exit status yet, or the worker cannot be reached), its exit
+# status, "stopped" for an exit 0 after a SIGTERM save (a preemption notice: not finished), which
+# the log shows as a SIGTERM line after the trainer's last start line, or "busy" for a trainer
+# refused because the workdir's lease is still held (by the trainer of a slice just lost); `last` is
+# the log from that start line on.
+# shellcheck disable=SC2016  # $(...) expands on the worker
+trainer_state() {
+  local out
+  out="$(look gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" \
+    ${PROJECT:+"--project=$PROJECT"} --worker=0 --command="$(printf '%s' \
+      "if test -f $TRAIN_EXIT; then code=\$(cat $TRAIN_EXIT); " \
+      "last=\$(tac $TRAIN_LOG | sed '/^=== /q'); " \
+      "if test \"\$code\" = 0 && grep -q '^SIGTERM: saved step' <<< \"\$last\"; then echo stopped; " \
+      "elif test \"\$code\" = 2 && grep -q 'is in use by another run' <<< \"\$last\"; " \
+      "then echo busy; else echo \"exit \$code\"; fi; else echo running; fi")" \
+    2> /dev/null)" || out=running
+  if ((DRY_RUN)); then
+    out=running
+  fi
+  out="${out##*$'\n'}"
+  printf '%s' "${out:-running}"
+}
+
+create_slice() {
+  if ((QUEUED)); then
+    local extra=()
+    if ((SPOT)); then extra+=(--spot); fi
+    run gcloud compute tpus queued-resources create "$TPU_NAME" --node-id="$TPU_NAME" \
+      --zone="$ZONE" ${PROJECT:+"--project=$PROJECT"} --accelerator-type="$ACCELERATOR_TYPE" \
+      --runtime-version="$RUNTIME_VERSION" ${extra[@]+"${extra[@]}"}
+  else
+    cmd_create
+  fi
+}
+
+delete_slice() {
+  if ((QUEUED)); then
+    run gcloud compute tpus queued-resources delete "$TPU_NAME" --zone="$ZONE" \
+      ${PROJECT:+"--project=$PROJECT"} --force --quiet
+  else
+    tpu_vm delete --quiet
+  fi
+}
+
+# Waits for the slice to be ready: 0 when it is, 1 when it is gone (to be recreated).
+wait_ready() {
+  local state
+  while :; do
+    state="$(slice_state)"
+    case $state in
+      READY | ACTIVE) return 0 ;;
+      MISSING | PREEMPTED | TERMINATED | SUSPENDED | FAILED | STOPPED)
+        say "slice $TPU_NAME is $state"
+        return 1
+        ;;
+      *) say "slice $TPU_NAME is $state; waiting" ;;
+    esac
+    pause
+  done
+}
+
+# Watches the slice and worker 0's trainer. Returns the trainer's exit status once it has one,
+# 200 when the slice went away (preempted, deleted), 201 when the trainer stopped after a SIGTERM
+# save on a slice that is still there, 202 when it was refused for a workdir whose lease is held.
+watch() {
+  local state trainer last=""
+  while :; do
+    pause
+    state="$(slice_state)"
+    case $state in
+      MISSING | PREEMPTED | TERMINATED | SUSPENDED | FAILED | STOPPED)
+        say "slice $TPU_NAME is $state"
+        return 200
+        ;;
+      READY | ACTIVE) ;;
+      *)
+        [[ $state == "$last" ]] || say "slice $TPU_NAME is $state; waiting"
+        last=$state
+        continue
+        ;;
+    esac
+    last=$state
+    trainer="$(trainer_state)"
+    case $trainer in
+      running) ;;
+      stopped)
+        say "the trainer saved and stopped on SIGTERM (a preemption notice?)"
+        return 201
+        ;;
+      busy)
+        say "the trainer was refused: the workdir's lease is still held (by the lost slice's run?)"
+        return 202
+        ;;
+      "exit "*)
+        say "the trainer ended with exit status ${trainer#exit }"
+        return "${trainer#exit }"
+        ;;
+      *) say "worker 0 answered '$trainer'; looking again" ;;
+    esac
+    if ((DRY_RUN)); then return 0; fi
+  done
+}
+
+cmd_run() {
+  check_module_args
+  [[ $MAX_ATTEMPTS =~ ^[1-9][0-9]*$ ]] ||
+    die "--max-attempts must be a positive number, got '$MAX_ATTEMPTS'"
+  [[ $POLL_SECONDS =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+    die "--poll-seconds must be a number of seconds, got '$POLL_SECONDS'"
+  if ((SPOT && PREEMPTIBLE)); then
+    die "--spot and --preemptible are mutually exclusive"
+  fi
+  if ((QUEUED && PREEMPTIBLE)); then
+    die "--queued takes --spot, not --preemptible"
+  fi
+  compile_check
+  SKIP_CHECK=1 # checked once, above
+  local attempt=1 status need_slice=1 need_setup=1 busy=0 state
+  say "run: $(quote_words "${MODULE_ARGS[@]}") on $TPU_NAME ($ACCELERATOR_TYPE, at most" \
+    "$MAX_ATTEMPTS slices)"
+  state="$(slice_state)"
+  if ((DRY_RUN)); then state=MISSING; fi # the whole flow, from the creation
+  case $state in
+    READY | ACTIVE)
+      say "slice $TPU_NAME exists and is $state: using it"
+      need_slice=0
+      ;;
+    MISSING) ;;
+    *)
+      say "slice $TPU_NAME exists and is $state: deleting it"
+      delete_slice || true
+      ;;
+  esac
+  while :; do
+    status=""
+    if ((need_slice)); then
+      say "attempt $attempt/$MAX_ATTEMPTS: creating slice $TPU_NAME"
+      if ! create_slice; then
+        say "could not create slice $TPU_NAME"
+        status=200
+      elif ! wait_ready; then
+        status=200
+      fi
+    fi
+    if [[ -z $status ]]; then
+      # Subshells: a step that fails (the slice preempted during setup) returns here, not exits.
+      if ((need_setup)) && ! { say "setting up slice $TPU_NAME" && (cmd_setup); }; then
+        status=failed
+      elif ! { say "starting the trainer" && (cmd_train); }; then
+        status=failed
+      fi
+      if [[ $status == failed ]]; then
+        if [[ $(slice_state) =~ ^(READY|ACTIVE)$ ]]; then
+          say "setup or the trainer's start failed on a ready slice (above): not retried"
+          exit 1
+        fi
+        status=200
+      else
+        say "watching slice $TPU_NAME and its trainer every ${POLL_SECONDS}s"
+        watch || status=$?
+        status=${status:-0}
+      fi
+      if ((DRY_RUN)); then
+        say "dry run: a preempted, deleted or missing slice is deleted and created again, set up" \
+          "and the same train command started (attempt 2 of $MAX_ATTEMPTS):"
+        delete_slice
+        create_slice
+        cmd_setup
+        cmd_train
+        say "dry run: this repeats until the trainer's exit status says it finished"
+        return 0
+      fi
+    fi
+    case $status in
+      0)
+        say "training finished"
+        return 0
+        ;;
+      200 | 201) ;;
+      202)
+        busy=$((busy + 1))
+        if ((busy > MAX_BUSY)); then
+          say "the workdir's lease stayed held for $MAX_BUSY looks: another run uses it; giving up"
+          exit 2
+        fi
+        say "starting the trainer again in ${POLL_SECONDS}s, once the old lease has ended" \
+          "($busy/$MAX_BUSY)"
+        need_slice=0 need_setup=0
+        pause
+        continue
+        ;;
+      *)
+        say "the trainer failed on its own (exit $status; see $PROG logs): not retried"
+        exit "$status"
+        ;;
+    esac
+    if ((attempt >= MAX_ATTEMPTS)); then
+      say "no attempts left (--max-attempts=$MAX_ATTEMPTS): giving up"
+      exit 1
+    fi
+    attempt=$((attempt + 1))
+    busy=0 need_setup=1
+    if ((status == 201)) && [[ $(slice_state) =~ ^(READY|ACTIVE)$ ]]; then
+      need_slice=0
+      say "attempt $attempt/$MAX_ATTEMPTS: resuming on the same slice"
+    else
+      need_slice=1
+      say "deleting slice $TPU_NAME"
+      delete_slice || true
+      pause
+    fi
+  done
+}
+
+# -------------------------------------------------------------------------------------------------
 # Arguments: options may come before or after the command; --opt=value and --opt value both work.
 # Setup's options are flags only: generic names such as PYTHON_VERSION are often set for other
 # reasons (the official Python images set it) and must not change what gets installed.
@@ -360,6 +644,9 @@ FOLLOW=1
 SHOW_PREPARE=0
 SPOT=0
 PREEMPTIBLE=0
+QUEUED=0
+MAX_ATTEMPTS=10
+POLL_SECONDS=60
 DRY_RUN=0
 SKIP_CHECK=0
 if [[ ${ALBERT_JAX_SKIP_CHECK:-0} == 1 ]]; then SKIP_CHECK=1; fi
@@ -381,6 +668,7 @@ while (($#)); do
     --dry-run) DRY_RUN=1 ;;
     --spot) SPOT=1 ;;
     --preemptible) PREEMPTIBLE=1 ;;
+    --queued) QUEUED=1 ;;
     --no-follow) FOLLOW=0 ;;
     --prepare) SHOW_PREPARE=1 ;;
     --skip-check) SKIP_CHECK=1 ;;
@@ -393,7 +681,8 @@ while (($#)); do
       break
       ;;
     --name | --zone | --project | --accelerator-type | --version | --runtime-version | --source | \
-      --ref | --python | --extra-pip | --config | --workdir | --worker | --lines)
+      --ref | --python | --extra-pip | --config | --workdir | --worker | --lines | --max-attempts | \
+      --poll-seconds)
       (($#)) || die "$arg needs a value"
       set -- "$arg=$1" "${@:2}"
       ;;
@@ -410,6 +699,8 @@ while (($#)); do
     --workdir=*) WORKDIR=${arg#*=} ;;
     --worker=*) WORKER=${arg#*=} ;;
     --lines=*) LINES_=${arg#*=} ;;
+    --max-attempts=*) MAX_ATTEMPTS=${arg#*=} ;;
+    --poll-seconds=*) POLL_SECONDS=${arg#*=} ;;
     -*) die "unknown option '$arg' (see --help)" ;;
     *)
       [[ -z $SUBCOMMAND ]] ||
@@ -419,14 +710,14 @@ while (($#)); do
   esac
 done
 
-readonly COMMANDS="create, setup, prepare, train, logs, status, stop, delete"
+readonly COMMANDS="create, setup, prepare, train, run, logs, status, stop, delete"
 case $SUBCOMMAND in
-  create | setup | prepare | train | logs | status | stop | delete) ;;
+  create | setup | prepare | train | run | logs | status | stop | delete) ;;
   "") die "no command given; one of $COMMANDS (see --help)" ;;
   *) die "unknown command '$SUBCOMMAND'; one of $COMMANDS" ;;
 esac
-if ((${#PASSTHROUGH[@]})) && [[ $SUBCOMMAND != train && $SUBCOMMAND != prepare ]]; then
-  die "config overrides and '--' arguments only apply to train and prepare, not $SUBCOMMAND"
+if ((${#PASSTHROUGH[@]})) && [[ ! $SUBCOMMAND =~ ^(train|prepare|run)$ ]]; then
+  die "config overrides and '--' arguments only apply to train, prepare and run, not $SUBCOMMAND"
 fi
 [[ -n $TPU_NAME ]] || die "no TPU name; pass --name=NAME or set TPU_NAME"
 [[ -n $ZONE ]] || die "no zone; pass --zone=ZONE or set ZONE"
@@ -434,4 +725,5 @@ if ((!DRY_RUN)) && ! command -v gcloud > /dev/null; then
   die "gcloud not found; install the Google Cloud CLI (cloud.google.com/sdk)" 1
 fi
 
+exec 3>&1 # the script's stdout, for what a captured command prints with --dry-run
 "cmd_$SUBCOMMAND"

@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "launch" / "tpu_pod.sh"
-SUBCOMMANDS = ("create", "setup", "prepare", "train", "logs", "status", "stop", "delete")
+SUBCOMMANDS = ("create", "setup", "prepare", "train", "run", "logs", "status", "stop", "delete")
 
 NAME, ZONE = "albert-pod", "europe-west4-a"
 # Overrides that a naive launcher breaks: a space, a comma, a quote and shell metacharacters.
@@ -110,6 +110,24 @@ def fixture_fake_gcloud(tmp_path: Path) -> tuple[dict[str, str], Path]:
     "  f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
     "if sys.argv[4:5] == ['scp']:\n"
     "  shutil.copy(sys.argv[5], os.path.join(out, 'shipped.tar.gz'))\n"
+    # A scenario (scenario.json): what each `describe` answers (the slice's state, MISSING: gcloud's
+    # NOT_FOUND) and each look at worker 0's trainer, in turn; the last answer repeats.
+    "scenario = os.path.join(out, 'scenario.json')\n"
+    "def answer(key):\n"
+    "  with open(scenario) as f:\n"
+    "    answers = json.load(f)[key]\n"
+    "  seen = os.path.join(out, key + '.seen')\n"
+    "  n = int(open(seen).read()) if os.path.exists(seen) else 0\n"
+    "  open(seen, 'w').write(str(n + 1))\n"
+    "  return answers[min(n, len(answers) - 1)]\n"
+    "if os.path.exists(scenario) and 'describe' in sys.argv[1:5]:\n"
+    "  state = answer('describe')\n"
+    "  if state == 'MISSING':\n"
+    "    sys.exit(print('ERROR: (gcloud) NOT_FOUND: resource not found', file=sys.stderr) or 1)\n"
+    "  print(state)\n"
+    "if os.path.exists(scenario) and any('albert_jax_train.exit' in a for a in sys.argv if\n"
+    "                                    a.startswith('--command=if test -f')):\n"
+    "  print(answer('trainer'))\n"
   )
   fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
   env = _env(
@@ -220,8 +238,14 @@ def test_train_runs_on_all_workers_with_overrides_intact():
   assert "pgrep" in _option(check, "command")
   remote = shlex.split(_option(launch, "command"))
   start = remote.index("nohup")
-  end = start + 4 + len(TRAIN_ARGS)
+  assert remote[start - 3 : start] == ["rm", "-f", "~/albert_jax_train.exit;"]  # a stale status
+  # nohup bash -c '"$@"; echo $? > ...' NAME <trainer>: its status is kept when it ends.
+  end = start + 8 + len(TRAIN_ARGS)
   assert remote[start + 1 : end] == [
+    "bash",
+    "-c",
+    '"$@"; echo $? > "$HOME"/albert_jax_train.exit',
+    "albert_jax.main",
     "~/albert_jax_venv/bin/python",
     "-m",
     "albert_jax.main",
@@ -271,6 +295,8 @@ def test_train_launch_line_passes_every_argument_through_a_real_shell(fake_gclou
   train_log = (home / "albert_jax_train.log").read_text().splitlines()
   assert train_log[0].startswith("=== ") and train_log[0].endswith("albert_jax.main started")
   assert train_log[1] == "step 1 loss 10.0"
+  _wait_for(home / "albert_jax_train.exit")
+  assert (home / "albert_jax_train.exit").read_text() == "0\n"  # what `run` watches
 
 
 def test_train_refuses_to_start_unless_every_worker_is_ready(fake_gcloud, tmp_path):
@@ -404,7 +430,7 @@ def test_status_and_delete():
 def test_dry_run_runs_no_gcloud(fake_gcloud):
   env, log = fake_gcloud
   for sub in SUBCOMMANDS:
-    args = TRAIN_ARGS if sub in ("train", "prepare") else []
+    args = TRAIN_ARGS if sub in ("train", "prepare", "run") else []
     assert _run("--dry-run", sub, *args, env=env).returncode == 0
   assert not log.exists()
 
@@ -533,3 +559,286 @@ def test_a_config_that_does_not_fit_stops_before_create(fake_gcloud):
     .endswith("error: the config does not fit a v3-8 (above); --skip-check launches anyway")
   )
   assert not log.exists()  # no gcloud call: nothing created
+
+
+# --- run: unattended, through preemptions ----------------------------------------------------------
+
+RUN_ARGS = ["run", "--spot", "--poll-seconds=0", "--max-attempts=3", *TRAIN_ARGS]
+
+
+def _scenario(tmp_path: Path, describe: list[str], trainer: list[str]) -> None:
+  (tmp_path / "scenario.json").write_text(json.dumps({"describe": describe, "trainer": trainer}))
+
+
+def _verbs(calls: list[list[str]]) -> list[str]:
+  """Each call as a short name: create, describe, scp, delete, setup, check, launch, look."""
+  names = []
+  for argv in calls:
+    verb = argv[3] if argv[2] == "tpu-vm" else f"queued-{argv[3]}"
+    if verb == "ssh":
+      command = _option(argv, "command")
+      verb = (
+        "look"
+        if "albert_jax_train.exit; then" in command
+        else "launch"
+        if "nohup" in command
+        else "setup"
+        if "pip install" in command
+        else "check"
+      )
+    names.append(verb)
+  return names
+
+
+ATTEMPT = ["create", "describe", "scp", "setup", "check", "launch"]
+
+
+def test_run_recreates_a_preempted_slice_and_resumes_the_same_command(fake_gcloud, tmp_path):
+  env, log = fake_gcloud
+  # No slice; created READY; the trainer runs for two looks, then the slice is preempted; recreated,
+  # the resumed trainer finishes (exit 0).
+  _scenario(
+    tmp_path,
+    describe=["MISSING", "READY", "READY", "READY", "PREEMPTED", "READY", "READY"],
+    trainer=["running", "running", "exit 0"],
+  )
+  proc = _run(*RUN_ARGS, env=env)
+  assert proc.returncode == 0, proc.stderr
+  calls = _calls(log)
+  assert _verbs(calls) == [
+    "describe",
+    *ATTEMPT,
+    "describe",
+    "look",
+    "describe",
+    "look",
+    "describe",
+    "delete",
+    *ATTEMPT,
+    "describe",
+    "look",
+  ]
+  creates = [c for c in calls if c[3] == "create"]
+  assert creates[0] == creates[1] and "--spot" in creates[0]
+  launches = [c for c in calls if _verbs([c]) == ["launch"]]
+  # The same train command, every argument intact, on the new slice.
+  assert (
+    launches[0] == launches[1]
+    and launches[0] == [argv[1:] for argv in _dry("train", *TRAIN_ARGS)][-1]
+  )
+  # Every action logged with a UTC timestamp.
+  said = [line for line in proc.stderr.splitlines() if not line.startswith("+ ")]
+  stamped = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ tpu_pod.sh: ")
+  lines = [line for line in said if stamped.match(line)]
+  text = "\n".join(lines)
+  for expected in (
+    "attempt 1/3: creating slice albert-pod",
+    "slice albert-pod is PREEMPTED",
+    "deleting slice albert-pod",
+    "attempt 2/3: creating slice albert-pod",
+    "the trainer ended with exit status 0",
+    "training finished",
+  ):
+    assert expected in text, (expected, text)
+
+
+def test_run_does_not_retry_a_trainer_that_failed_on_its_own(fake_gcloud, tmp_path):
+  env, log = fake_gcloud
+  _scenario(tmp_path, describe=["READY"], trainer=["running", "exit 3"])
+  proc = _run(*RUN_ARGS, env=env)
+  assert proc.returncode == 3, proc.stderr
+  # An existing READY slice is used; no second create, no delete after the failure.
+  assert _verbs(_calls(log)) == [
+    "describe",
+    "scp",
+    "setup",
+    "check",
+    "launch",
+    "describe",
+    "look",
+    "describe",
+    "look",
+  ]
+  assert "the trainer failed on its own (exit 3; see tpu_pod.sh logs): not retried" in proc.stderr
+
+
+def test_run_gives_up_after_max_attempts(fake_gcloud, tmp_path):
+  env, log = fake_gcloud
+  _scenario(tmp_path, describe=["MISSING", "READY", "PREEMPTED"], trainer=["running"])
+  _scenario(
+    tmp_path,
+    describe=["MISSING", "READY", "PREEMPTED", "READY", "PREEMPTED"],
+    trainer=["running"],
+  )
+  proc = _run("run", "--poll-seconds=0", "--max-attempts=2", *TRAIN_ARGS, env=env)
+  assert proc.returncode == 1, proc.stderr
+  assert _verbs(_calls(log)).count("create") == 2
+  assert "no attempts left (--max-attempts=2): giving up" in proc.stderr
+
+
+def test_run_after_a_sigterm_save_resumes_on_the_same_slice(fake_gcloud, tmp_path):
+  """A trainer that saved and exited 0 on SIGTERM has not finished: it is started again."""
+  env, log = fake_gcloud
+  _scenario(tmp_path, describe=["READY"], trainer=["stopped", "exit 0"])
+  proc = _run(*RUN_ARGS, env=env)
+  assert proc.returncode == 0, proc.stderr
+  assert _verbs(_calls(log)) == [
+    "describe",
+    "scp",
+    "setup",
+    "check",
+    "launch",
+    "describe",
+    "look",
+    "describe",
+    "scp",
+    "setup",
+    "check",
+    "launch",
+    "describe",
+    "look",
+  ]
+  assert "resuming on the same slice" in proc.stderr
+
+
+def test_run_with_a_queued_resource(fake_gcloud, tmp_path):
+  env, log = fake_gcloud
+  _scenario(
+    tmp_path,
+    describe=["MISSING", "WAITING_FOR_RESOURCES", "ACTIVE", "SUSPENDED", "ACTIVE", "ACTIVE"],
+    trainer=["exit 0"],
+  )
+  proc = _run(*RUN_ARGS, "--queued", env=env)
+  assert proc.returncode == 0, proc.stderr
+  calls = _calls(log)
+  creates = [c for c in calls if c[2:4] == ["queued-resources", "create"]]
+  assert len(creates) == 2 and creates[0] == [
+    "compute",
+    "tpus",
+    "queued-resources",
+    "create",
+    NAME,
+    f"--node-id={NAME}",
+    f"--zone={ZONE}",
+    "--accelerator-type=v3-64",
+    "--runtime-version=tpu-ubuntu2204-base",
+    "--spot",
+  ]
+  assert [c for c in calls if c[2:4] == ["queued-resources", "delete"]] == [
+    ["compute", "tpus", "queued-resources", "delete", NAME, f"--zone={ZONE}", "--force", "--quiet"]
+  ]
+  assert "slice albert-pod is WAITING_FOR_RESOURCES; waiting" in proc.stderr
+
+
+def test_the_trainer_wrapper_and_the_look_at_it_in_a_real_shell(fake_gcloud, tmp_path):
+  """The launch line run for real with a stand-in trainer that ends with a given status, then the
+  look `run` takes at worker 0: 'exit N', 'stopped' after a SIGTERM save, 'running' before."""
+  env, log = fake_gcloud
+  _run("train", *TRAIN_ARGS, env=env)
+  launch = _option(_calls(log)[-1], "command")
+  (look,) = [c for c in _dry("run", *TRAIN_ARGS, "--skip-check") if _verbs([c[1:]]) == ["look"]]
+  home = tmp_path / "home"
+  (home / "albert_jax").mkdir(parents=True)
+  python = home / "albert_jax_venv" / "bin" / "python"
+  python.parent.mkdir(parents=True)
+
+  def trainer(status: int, last_line: str) -> str:
+    python.write_text(f'#!/bin/sh\necho "{last_line}"\nexit {status}\n')
+    python.chmod(0o755)
+    shell = dict(env, HOME=str(home))
+    before = subprocess.run(
+      ["bash", "-c", _option(look, "command")], env=shell, capture_output=True, text=True
+    )
+    subprocess.run(["bash", "-c", launch], env=shell, check=True, timeout=20)
+    _wait_for(home / "albert_jax_train.exit")
+    after = subprocess.run(
+      ["bash", "-c", _option(look, "command")], env=shell, capture_output=True, text=True
+    )
+    (home / "albert_jax_train.exit").unlink()
+    return before.stdout.strip(), after.stdout.strip()
+
+  assert trainer(3, "error: train.x is bad") == ("running", "exit 3")
+  assert trainer(0, "SIGTERM: saved step 8 to gs://b/w/checkpoints; exiting") == (
+    "running",
+    "stopped",
+  )
+  assert trainer(0, "done at step 10: checkpoints in gs://b/w/checkpoints") == ("running", "exit 0")
+  refused = "error: gs://b/w is in use by another run (host h pid 1 since t, lease until u); wait"
+  assert trainer(2, refused) == ("running", "busy")
+  assert trainer(2, "error: train.batch_size=7 is bad") == ("running", "exit 2")
+
+
+def _gcloud() -> str | None:
+  return shutil.which("gcloud")
+
+
+def test_every_gcloud_command_passes_gclouds_argument_parsing(tmp_path):
+  """The real gcloud (when installed) parses every command the script prints, run's included: with
+  no account configured, a command that parses stops at "no active account" (exit 1); a flag gcloud
+  does not know stops at argument parsing (exit 2) first."""
+  gcloud = _gcloud()
+  if gcloud is None:
+    pytest.skip("gcloud is not installed")
+  commands = []
+  for sub in SUBCOMMANDS:
+    args = ["--project=my-proj", "--spot"] if sub in ("create", "run") else ["--project=my-proj"]
+    args += TRAIN_ARGS if sub in ("train", "prepare", "run") else []
+    commands += [c for c in _dry(sub, *args) if c[0] == "gcloud"]
+  queued = _dry("run", "--queued", "--spot", "--project=my-proj", *TRAIN_ARGS)
+  commands += [c for c in queued if c[0] == "gcloud"]
+  # One of each shape (the command and its flag names): gcloud takes a second to start.
+  shapes = {}
+  for argv in commands:
+    shape = (tuple(argv[:5]), tuple(sorted(a.split("=")[0] for a in argv if a.startswith("--"))))
+    shapes.setdefault(shape, argv)
+  assert {s[0][3:5] for s in shapes} >= {
+    ("queued-resources", "create"),
+    ("queued-resources", "describe"),
+    ("queued-resources", "delete"),
+    ("tpu-vm", "create"),
+    ("tpu-vm", "describe"),
+    ("tpu-vm", "delete"),
+    ("tpu-vm", "ssh"),
+    ("tpu-vm", "scp"),
+  }
+  env = dict(
+    os.environ, CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), CLOUDSDK_CORE_DISABLE_PROMPTS="1"
+  )
+  for argv in shapes.values():
+    argv = [a.replace("/tmp/", f"{tmp_path}/") for a in argv]
+    proc = subprocess.run([gcloud, *argv[1:]], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "do not currently have an active account" in proc.stderr, (
+      argv,
+      proc.stderr[-1000:],
+    )
+  # The check itself: a flag gcloud does not know fails at parsing.
+  proc = subprocess.run(
+    [gcloud, "compute", "tpus", "tpu-vm", "describe", NAME, f"--zone={ZONE}", "--bogus"],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr
+
+
+def test_run_starts_a_trainer_refused_for_a_held_lease_again_on_the_same_slice(
+  fake_gcloud, tmp_path
+):
+  """The lost slice's run still holds the workdir's lease: the new trainer is refused (exit 2, "in
+  use by another run"); run starts it again, without a new slice or setup, until the lease ends."""
+  env, log = fake_gcloud
+  _scenario(tmp_path, describe=["READY"], trainer=["busy", "busy", "exit 0"])
+  proc = _run(*RUN_ARGS, env=env)
+  assert proc.returncode == 0, proc.stderr
+  assert _verbs(_calls(log)) == [
+    "describe",
+    "scp",
+    "setup",
+    "check",
+    "launch",
+    *["describe", "look", "check", "launch"] * 2,
+    "describe",
+    "look",
+  ]
+  assert proc.stderr.count("the workdir's lease is still held") == 2

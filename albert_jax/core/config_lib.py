@@ -164,6 +164,9 @@ def base_config() -> ml_collections.ConfigDict:
       keep_checkpoints=5,
       keep_best=True,  # also keep the best checkpoint by masked_lm_accuracy
       checkpoint_every_seconds=0.0,  # also save on a time policy (preemptible machines); 0: off
+      # A gs:// workdir's lock is a lease its run renews every third of this; a run killed without
+      # releasing it blocks the workdir this long. Keep it well above a save's duration.
+      workdir_lease_seconds=300.0,
       profile_steps=0,  # > 0: a jax profiler trace of that many steps into <workdir>/profile
       # Where the metrics go besides <workdir>/tensorboard/metrics.jsonl (always written): a
       # comma-separated list of TRACKERS; wandb is Weights & Biases (pip install -e ".[wandb]").
@@ -499,6 +502,10 @@ def validate_train(t) -> None:
   _check(
     t.checkpoint_every_seconds >= 0,
     f"train.checkpoint_every_seconds={t.checkpoint_every_seconds} must be >= 0 (0: off)",
+  )
+  _check(
+    math.isfinite(t.workdir_lease_seconds) and t.workdir_lease_seconds >= 3,
+    f"train.workdir_lease_seconds={t.workdir_lease_seconds} must be >= 3 (seconds)",
   )
   _check(t.profile_steps >= 0, f"train.profile_steps={t.profile_steps} must be >= 0 (0: off)")
 

@@ -258,21 +258,21 @@ def check_same_run(config, step: int | None) -> None:
 def _vote_fns() -> tuple[NamedSharding, Callable]:
   devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
   mesh = Mesh(devices, ("processes", "local"))
-  any_set = jax.jit(lambda votes: jnp.max(votes) > 0, out_shardings=NamedSharding(mesh, P()))
-  return NamedSharding(mesh, P("processes")), any_set
+  most = jax.jit(lambda votes: jnp.max(votes), out_shardings=NamedSharding(mesh, P()))
+  return NamedSharding(mesh, P("processes")), most
 
 
-def any_process(flag: bool) -> jax.Array:
-  """Whether `flag` is set on any process: a replicated device boolean, dispatched and not waited on.
+def max_vote(vote: int) -> jax.Array:
+  """The largest `vote` of all processes: a replicated device integer, dispatched and not waited on.
 
   A collective, so every process calls it at the same point of its program. The trainer casts one
   after each step and reads it a step later, when that step has finished anyway: unlike
   multihost_utils.process_allgather, which returns host values, it never makes a host wait for the
   device.
   """
-  votes_sharding, any_set = _vote_fns()
-  votes = jax.make_array_from_process_local_data(votes_sharding, np.full((1,), flag, np.int32))
-  return any_set(votes)
+  votes_sharding, most = _vote_fns()
+  votes = jax.make_array_from_process_local_data(votes_sharding, np.full((1,), vote, np.int32))
+  return most(votes)
 
 
 # ----------------------------------------------------------------------------------------------------

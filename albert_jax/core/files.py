@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from etils import epath
 
+from albert_jax.core import lease
 from albert_jax.core.config_lib import ConfigError
 
 
@@ -197,28 +198,41 @@ _held: set[str] = set()
 
 
 @contextlib.contextmanager
-def primary_workdir_lock(workdir: str) -> Iterator[None]:
+def primary_workdir_lock(
+  workdir: str, lease_seconds: float = lease.DEFAULT_SECONDS
+) -> Iterator[None]:
   """workdir_lock on process 0 (the one writer of a multi-host run); the other processes hold none."""
   import jax  # pylint: disable=g-import-not-at-top  (files.py stays importable without jax)
 
   if jax.process_index() != 0:
     yield
     return
-  with workdir_lock(workdir):
+  with workdir_lock(workdir, lease_seconds):
     yield
 
 
 @contextlib.contextmanager
-def workdir_lock(workdir: str) -> Iterator[None]:
-  """Holds <workdir>/.lock (fcntl.flock) for the block: one writer per workdir.
+def workdir_lock(
+  workdir: str,
+  lease_seconds: float = lease.DEFAULT_SECONDS,
+  what: str = "another --workdir",
+  where: str | None = None,
+) -> Iterator[None]:
+  """Holds <workdir>/.lock for the block: one writer per workdir.
 
-  The file records the holder (host, pid, start time) for the refusal message. The kernel releases
-  the lock when its process dies, so a dead run's lock is simply taken over. Re-entrant within a
-  process (the command line holds it around its log file and the trainer). gs:// has no such lock
-  (object stores have no flock): the block runs unlocked there.
+  Locally an fcntl.flock on the file, which records the holder (host, pid, start time) for the
+  refusal message; the kernel releases it when its process dies, so a dead run's lock is simply
+  taken over. On gs:// (no flock) a lease in the object, renewed in the background (lease.py): a
+  dead run's is taken over once it has expired. Re-entrant within a process (the command line
+  holds it around its log file and the trainer). `where` names another lock file (gs:// only).
   """
-  if "://" in workdir:
-    yield
+  if is_remote(workdir):
+    check_bucket(workdir)
+    held = lease.hold(workdir, lease_seconds, what, where)
+    try:
+      yield
+    finally:
+      lease.drop(held)
     return
   import fcntl
   import socket
@@ -240,7 +254,7 @@ def workdir_lock(workdir: str) -> Iterator[None]:
       holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
       raise ConfigError(
         f"{workdir} is in use by another run ({holder}); wait for it to finish, "
-        f"stop it, or use another --workdir"
+        f"stop it, or use {what}"
       ) from None
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.ftruncate(fd, 0)

@@ -28,6 +28,7 @@ from albert_jax.core import (
   compiling,
   distributed,
   files,
+  lease,
   model as M,
   sharding,
   workdir as workdir_lib,
@@ -255,8 +256,15 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
 
 
 class StopSignal:
-  """SIGTERM (a TPU preemption notice, or `launch/tpu_pod.sh stop`) asks for a save and a clean exit
-  (status 0: the same command resumes). Pretraining and fine-tuning both stop through it."""
+  """Why a run stops before its last step, agreed by every process after each step.
+
+  SIGTERM (a TPU preemption notice, or `launch/tpu_pod.sh stop`) asks for a save and a clean exit
+  (status 0: the same command resumes). A gs:// workdir's lease (lease.py) that cannot be renewed asks
+  for a save while it is still this run's and then the error; one another run took over stops the run
+  without a save: the workdir is no longer this run's to write. Pretraining and fine-tuning both stop
+  through it."""
+
+  SIGTERM, LEASE_ENDING, LEASE_LOST = 1, 2, 3  # a larger reason wins
 
   def __init__(self):
     self.requested = False
@@ -277,25 +285,52 @@ class StopSignal:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
 
-  def should_stop(self) -> bool:
-    """Called after each step is dispatched. Every process must agree, or the pod deadlocks in the next
-    collective: with several, each step casts a vote (`distributed.any_process`) that is read after the
-    next step is dispatched, so the processes stop together, one step after the notice reached any of
-    them, and no host waits for its device to learn it."""
+  def _reason(self) -> int:
+    trouble = lease.trouble()  # only process 0 holds a lease
+    if trouble is not None:
+      return self.LEASE_ENDING if trouble.may_save else self.LEASE_LOST
+    return self.SIGTERM if self.requested else 0
+
+  def should_stop(self) -> int:
+    """Called after each step is dispatched: 0 (go on) or the reason to stop. Every process must
+    agree, or the pod deadlocks in the next collective: with several, each step casts a vote
+    (`distributed.max_vote`) that is read after the next step is dispatched, so the processes stop
+    together, one step after the reason reached any of them, and no host waits for its device to
+    learn it."""
     if jax.process_count() == 1:
-      return self.requested
-    previous, self._vote = self._vote, distributed.any_process(self.requested)
-    return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+      return self._reason()
+    previous, self._vote = self._vote, distributed.max_vote(self._reason())
+    return 0 if previous is None else int(np.asarray(previous.addressable_data(0)))
 
 
-def save_and_stop(
-  reporter: Reporter, ckpt: checkpoint.Checkpointer, step, state, data_state
+def check_lease_before_save(step: int) -> None:
+  """Raises the trouble of a lease this process no longer holds, before a save would write over the
+  run that took it over."""
+  trouble = lease.confirm()
+  if trouble is not None and not trouble.may_save:
+    raise type(trouble.error)(f"{trouble.error}; stopped at step {step} without saving it")
+
+
+def stop_early(
+  reason: int, reporter: Reporter, ckpt: checkpoint.Checkpointer, step, state, data_state
 ) -> None:
-  """What a trainer does on StopSignal: the step's metrics, its checkpoint written whole, one line."""
+  """What a trainer does on StopSignal's reason: the step's metrics, its checkpoint written whole
+  (not for a lost lease) and one line; a lease's trouble is raised after."""
+  trouble = lease.trouble()
+  if reason == StopSignal.LEASE_LOST:  # nothing more into a workdir that is another run's now
+    error = trouble.error if trouble else lease.LeaseLost("process 0 lost the workdir's lease")
+    raise type(error)(f"{error}; stopped at step {step} without saving it")
+  check_lease_before_save(step)
   reporter.flush()
   ckpt.save(step, state, data_state)
   ckpt.wait()
-  log(f"SIGTERM: saved step {step} to {ckpt.workdir}/checkpoints; exiting")
+  if reason == StopSignal.SIGTERM:
+    log(f"SIGTERM: saved step {step} to {ckpt.workdir}/checkpoints; exiting")
+    return
+  error = (
+    trouble.error if trouble else lease.LeaseUnreachable("process 0 could not renew its lease")
+  )
+  raise type(error)(f"{error}; saved step {step} to {ckpt.workdir}/checkpoints")
 
 
 class _Profiler:
@@ -430,8 +465,9 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
       last = step == t.num_steps
       if not last:  # loads the next batch while the device runs this step
         batch = sharding.global_batch(next(batches), mesh)
-      if not last and stop.should_stop():  # at the last step, finish as usual
-        save_and_stop(reporter, ckpt, step, state, data_state)
+      reason = 0 if last else stop.should_stop()  # at the last step, finish as usual
+      if reason:
+        stop_early(reason, reporter, ckpt, step, state, data_state)
         return step, True, None
       eval_metrics = None
       if eval_due is not None and eval_due(step):
@@ -444,6 +480,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
         reporter.restart_window(step)
       if (eval_metrics is not None and hooks.save_evaluated) or save_due(step):
         reporter.flush()  # checks finiteness first: a halting run does not save
+        check_lease_before_save(step)
         ckpt.save(step, state, data_state, eval_metrics)
         log(f"saved step {step} to {workdir}/checkpoints")
         reporter.restart_window(step)  # the save copied the state to the host: `step` has finished
@@ -469,7 +506,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
   """
   workdir_lib.resolve_and_validate(config)
-  with files.primary_workdir_lock(workdir):
+  with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
     return _train_and_evaluate(config, workdir)
 
 

@@ -963,8 +963,6 @@ def _prepare_to_bucket(config, workdir: str, ddir: str) -> dict:
   only once it is complete. The vocabulary is trained locally and uploaded. An interrupted build
   leaves a staging folder and a data directory without prepared.json: the next prepare on this
   host clears both."""
-  if os.path.dirname(ddir).rstrip("/").endswith(":"):
-    raise ConfigError(f"data.data_dir {ddir} is a bucket's root: use a folder in it ({ddir}/data)")
   if not files.is_empty_dir(ddir) and not _only_partial_upload(ddir):
     raise ConfigError(
       f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
@@ -1013,7 +1011,23 @@ def prepare(config, workdir: str) -> dict:
     logging.info("prepared data found in %s", ddir)
     return _info(ddir, prepared)
   if files.is_remote(ddir):
-    return _prepare_to_bucket(config, workdir, ddir)
+    # One prepare per bucket data directory: a lease in <parent>/.<name>.lock (beside it, so that
+    # the data directory holds only the dataset).
+    if os.path.dirname(ddir).rstrip("/").endswith(":"):
+      raise ConfigError(
+        f"data.data_dir {ddir} is a bucket's root: use a folder in it ({ddir}/data)"
+      )
+    parent, name = ddir.rstrip("/").rsplit("/", 1)
+    with files.workdir_lock(
+      ddir,
+      config.train.get("workdir_lease_seconds", 300.0),
+      what="another data.data_dir",
+      where=f"{parent}/.{name}.lock",
+    ):
+      if _read_prepared(ddir) is not None:  # another prepare finished meanwhile
+        ddir, prepared = check_prepared(config, workdir)
+        return _info(ddir, prepared)
+      return _prepare_to_bucket(config, workdir, ddir)
   if os.path.isdir(ddir) and os.listdir(ddir):
     raise ConfigError(
       f"{ddir} exists and holds no prepared data ({PREPARED_FILE} missing); "
