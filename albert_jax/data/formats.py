@@ -152,14 +152,8 @@ def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str]
   are (their UTF-8 bytes counted in stats.bytes). None (skipped and counted, or an error) when the
   field holds something else."""
   if isinstance(value, bytes):
-    try:
-      value = value.decode("utf-8")
-    except UnicodeDecodeError as e:
-      if non_utf8 == "error":
-        raise ConfigError(
-          f"{where}: not valid UTF-8 (byte {e.start}); set data.non_utf8=skip to skip such records"
-        ) from None
-      stats.non_utf8_lines += 1
+    value = decode(value, non_utf8, stats, where, "records")
+    if value is None:
       return None
   if isinstance(value, str):
     stats.bytes += len(value.encode("utf-8"))  # the text read (one encode, not one per sentence)

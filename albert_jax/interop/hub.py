@@ -74,12 +74,8 @@ def resolve(path: str, what: str, announce=log) -> str:
       allow_patterns=patterns,
       local_files_only=commit is None,  # the Hub did not answer: the cache only
     )
-  except errors.RevisionNotFoundError:
-    raise ConfigError(
-      f"{what}={path}: the repository {uri.id} has no revision {uri.revision}"
-    ) from None
-  except errors.RepositoryNotFoundError:
-    raise ConfigError(_not_found(path, uri, what)) from None
+  except (errors.RevisionNotFoundError, errors.RepositoryNotFoundError) as e:
+    raise _missing(e, uri, what, path) from None
   except errors.IncompleteSnapshotError as e:
     raise ConfigError(
       f"{what}={path}: the cached snapshot of {name} is incomplete ({_first_line(e)})"
@@ -95,6 +91,16 @@ def resolve(path: str, what: str, announce=log) -> str:
   return local
 
 
+def _missing(e, uri, what: str, path: str) -> ConfigError:
+  """The one-line error for a repository (RepositoryNotFoundError) or a revision
+  (RevisionNotFoundError) that the Hub does not have."""
+  from huggingface_hub import errors
+
+  if isinstance(e, errors.RevisionNotFoundError):
+    return ConfigError(f"{what}={path}: the repository {uri.id} has no revision {uri.revision}")
+  return ConfigError(_not_found(path, uri, what))
+
+
 def _ask_the_hub(huggingface_hub, uri, what: str, path: str, announce):
   """(the revision's commit, the repository's files) from the Hub; (None, None) offline
   (HF_HUB_OFFLINE) or when it does not answer in HF_HUB_ETAG_TIMEOUT seconds: the cache decides.
@@ -107,12 +113,8 @@ def _ask_the_hub(huggingface_hub, uri, what: str, path: str, announce):
     info = huggingface_hub.HfApi().model_info(
       uri.id, revision=uri.revision, timeout=constants.HF_HUB_ETAG_TIMEOUT
     )
-  except errors.RevisionNotFoundError:
-    raise ConfigError(
-      f"{what}={path}: the repository {uri.id} has no revision {uri.revision}"
-    ) from None
-  except errors.RepositoryNotFoundError:
-    raise ConfigError(_not_found(path, uri, what)) from None
+  except (errors.RevisionNotFoundError, errors.RepositoryNotFoundError) as e:
+    raise _missing(e, uri, what, path) from None
   except Exception as e:  # noqa: BLE001 (unreachable, timed out, refused: the cache may hold it)
     announce(f"{what}: the Hub did not answer for {uri.id} ({_first_line(e)}); using the cache")
     return None, None
