@@ -33,6 +33,10 @@ from __future__ import annotations
 
 import sys
 
+from absl import app, flags
+from ml_collections import config_flags
+
+from albert_jax import cli
 from albert_jax.planning.estimate_report import format_fit, format_report
 from albert_jax.planning.fit import estimate_and_compile
 from albert_jax.planning.memory import DEFAULT_MFU
@@ -46,11 +50,6 @@ from albert_jax.planning.memory import DEFAULT_MFU
 
 
 def run() -> None:
-  from absl import app, flags
-  from ml_collections import config_flags
-
-  from albert_jax import cli
-
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
   )

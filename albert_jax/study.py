@@ -33,6 +33,7 @@ import shlex
 import sys
 
 from absl import app, flags
+from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.core.config_lib import ConfigError
@@ -53,8 +54,6 @@ from albert_jax.planning.study.variants import STUDIES, checked_variants
 
 
 def run():
-  from ml_collections import config_flags
-
   config_flag = config_flags.DEFINE_config_file(
     "config",
     None,
