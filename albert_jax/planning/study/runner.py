@@ -298,10 +298,10 @@ def run_study(settings, config, workdir, all_variants, seeds, parallel, study, a
   log(f"report: {workdir}/report.md ({time.time() - start:.0f}s)")
 
 
-def in_parallel(todo, parallel: int, workdir: str, argv: list[str]) -> None:
+def in_parallel(todo, parallel: int, workdir: str, command_args: list[str]) -> None:
   """Each run in its own process of this command (--only=VARIANT:SEED), `parallel` at a time."""
-  given, argv, skip = argv, [], False
-  for a in given:  # this command's flags less --parallel and --only (either spelling)
+  argv, skip = [], False
+  for a in command_args:  # this command's flags less --parallel and --only (either spelling)
     if skip or a.startswith(("--parallel=", "--only=")):
       skip = False
       continue
