@@ -32,7 +32,7 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax.core import config_lib, files as albert_files  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax.data import corpus, dataset, input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data import dataset, input_pipeline, python_docs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpus to prepare.")
@@ -62,7 +62,7 @@ def _long_documents(docs: list[list[str]], min_chars: int = MIN_DOCUMENT_CHARS) 
 
 def _write_corpus(directory: str, copies: int) -> str:
   os.makedirs(directory, exist_ok=True)
-  docs = _long_documents(list(corpus.python_docs_documents()))
+  docs = _long_documents(list(python_docs.python_docs_documents()))
   text = "\n\n".join("\n".join(doc) for doc in docs) + "\n"
   for name in os.listdir(directory):  # copies left by a run with more of them
     if name.startswith("part-") and int(name[5:8]) >= copies:

@@ -31,7 +31,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax.data import corpus, tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data import python_docs, tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where corpus and data go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 20, "Copies of the built-in corpus to prepare.")
@@ -179,7 +179,7 @@ def main(argv):
   text_dir = os.path.join(_WORKDIR.value, "corpus")
   shutil.rmtree(text_dir, ignore_errors=True)  # a run with fewer copies must not read old ones
   os.makedirs(text_dir)
-  docs = list(corpus.python_docs_documents())
+  docs = list(python_docs.python_docs_documents())
   text = "\n\n".join("\n".join(doc) for doc in docs) + "\n"
   for i in range(_COPIES.value):
     with open(os.path.join(text_dir, f"part-{i:03d}.txt"), "w", encoding="utf-8") as f:

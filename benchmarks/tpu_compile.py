@@ -49,10 +49,9 @@ from albert_jax import cli  # noqa: E402
 
 cli.quiet_libtpu()
 
-from albert_jax import estimate as E  # noqa: E402
 from albert_jax.core import compiling, config_lib  # noqa: E402
 from albert_jax.core.config_lib import ConfigError  # noqa: E402
-from albert_jax.planning import tpu_compile  # noqa: E402
+from albert_jax.planning import estimate_report, memory as E, tpu_compile  # noqa: E402
 
 CONFIGS = (
   "albert_base",
@@ -120,7 +119,7 @@ def measure(spec: str, slice_name: str, batch: int | None) -> dict:
 
 def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
   """The compiler's cost of the whole step of `spec` on `slice_name` at `per_device` sequences per
-  device, with the roofline figures (estimate.roofline)."""
+  device, with the roofline figures (estimate_report.roofline)."""
   config = load(spec)
   tpu = tpu_compile.parse_slice(slice_name)
   config.train.batch_size = per_device * tpu.devices * config.train.micro_batches
@@ -130,7 +129,7 @@ def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
   row = {"config": spec, "slice": slice_name, "batch": config.train.batch_size}
   if "cost" not in est.tpu:
     return {**row, "error": est.tpu.get("message", "does not compile")}
-  return {**row, **E.roofline(est), "compile_seconds": est.tpu["compile_seconds"]}
+  return {**row, **estimate_report.roofline(est), "compile_seconds": est.tpu["compile_seconds"]}
 
 
 def measure_block(spec: str, slice_name: str, per_device: int) -> dict:

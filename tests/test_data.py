@@ -18,7 +18,15 @@ import pytest
 
 from albert_jax.core import config_lib
 from albert_jax.core.config_lib import ConfigError
-from albert_jax.data import corpus, dataset, examples, input_pipeline
+from albert_jax.data import (
+  corpus,
+  dataset,
+  examples,
+  input_pipeline,
+  python_docs,
+  sentence_split,
+  tfds_corpus,
+)
 from tests.conftest import build_tiny_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +47,7 @@ def _write_corpus(directory, documents, gz_half=True):
 def _topic_documents():
   from pydoc_data import topics
 
-  return [corpus._paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  return [sentence_split.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _config(input_files, **data_fields):
@@ -567,7 +575,7 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
 def test_tfds_text_source(prepared, tmp_path):
   _, _, info = prepared
   build_tiny_text(str(tmp_path / "tfds"), _topic_documents()[:40])
-  docs = list(corpus.tfds_documents("tiny_text", data_dir=str(tmp_path / "tfds")))
+  docs = list(tfds_corpus.tfds_documents("tiny_text", data_dir=str(tmp_path / "tfds")))
   assert len(docs) == 40
   assert np.mean([len(d) for d in docs]) > 10  # split back into sentences
   config = _config(
@@ -579,20 +587,20 @@ def test_tfds_text_source(prepared, tmp_path):
   got = dataset.prepare(config, str(tmp_path / "work"))
   assert got["documents"] == 40 and got["num_train_examples"] > 100
   with pytest.raises(ConfigError, match="cannot open TFDS dataset 'no_such_dataset'"):
-    list(corpus.tfds_documents("no_such_dataset", data_dir=str(tmp_path / "tfds")))
+    list(tfds_corpus.tfds_documents("no_such_dataset", data_dir=str(tmp_path / "tfds")))
 
 
 @pytest.mark.slow
 def test_builtin_corpus_needs_nothing_but_python():
   stats = corpus.CorpusStats()
-  first = [doc for _, doc in zip(range(5), corpus.python_docs_documents(stats))]
-  again = [doc for _, doc in zip(range(5), corpus.python_docs_documents())]
+  first = [doc for _, doc in zip(range(5), python_docs.python_docs_documents(stats))]
+  again = [doc for _, doc in zip(range(5), python_docs.python_docs_documents())]
   assert first == again
-  docs = list(corpus.python_docs_documents(stats := corpus.CorpusStats()))
+  docs = list(python_docs.python_docs_documents(stats := corpus.CorpusStats()))
   assert len(docs) >= 500 and stats.bytes > 1_500_000
   sentences = [s for d in docs for s in d]
   assert np.mean([s.endswith((".", ":", "?", "!")) for s in sentences]) > 0.5
-  assert corpus.split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
+  assert sentence_split.split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
     "Dr. Smith left.",
     "He said no!",
     "Why?",
@@ -609,11 +617,20 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
     '"""Module."""\nclass A:\n  """Class A."""\n  def f(self):\n    """A.f."""\n'
     '  def g(self):\n    """A.g."""\ndef h():\n  """h."""\n  def inner():\n    """inner."""\n'
   )
-  assert list(corpus._docstrings(tree)) == ["Module.", "Class A.", "A.f.", "A.g.", "h.", "inner."]
-  docs = list(corpus.python_docs_documents())
+  assert list(python_docs._docstrings(tree)) == [
+    "Module.",
+    "Class A.",
+    "A.f.",
+    "A.g.",
+    "h.",
+    "inner.",
+  ]
+  docs = list(python_docs.python_docs_documents())
   from pydoc_data import topics
 
-  module_docs = docs[sum(1 for t in topics.topics.values() if corpus._paragraph_sentences(t)) :]
+  module_docs = docs[
+    sum(1 for t in topics.topics.values() if sentence_split.paragraph_sentences(t)) :
+  ]
   assert len(module_docs) > 3000 and min(len(d) for d in module_docs) >= 2
   import json
 
@@ -622,7 +639,7 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
       n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef) and n.name == "dumps"
     )
   assert (
-    corpus._paragraph_sentences(ast.get_docstring(dumps)) in module_docs
+    sentence_split.paragraph_sentences(ast.get_docstring(dumps)) in module_docs
   )  # exactly one document
 
 

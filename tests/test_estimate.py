@@ -8,10 +8,9 @@ import sys
 import jax
 import pytest
 
-from albert_jax import estimate as E
 from albert_jax.core import model as M
 from albert_jax.core.config_lib import ConfigError
-from albert_jax.planning import hardware
+from albert_jax.planning import fit, hardware, memory as E
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +97,7 @@ def test_memory_is_within_25_percent_of_the_compilers(remat, mesh):
   assert jax.device_count() == 8
   config = small(remat, batch_size=64 if not mesh else 32, **mesh)
   est = E.estimate(config, "cpu", 8)
-  compiled = E.compare_with_compiler(config, est)
+  compiled = fit.compare_with_compiler(config, est)
   assert compiled["available"] and compiled["devices"] == 8
   analytic = compiled["analytic"]
   assert analytic["total"] == pytest.approx(

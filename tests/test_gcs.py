@@ -332,7 +332,7 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
 
 def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
   """data.tfds_data_dir on gs://: the TFDS source is read from the bucket, as from a local copy."""
-  from albert_jax.data import corpus, dataset
+  from albert_jax.data import dataset, tfds_corpus
   from tests.conftest import build_tiny_text, small_config
 
   documents = [[f"document {i} sentence {j} is here ." for j in range(12)] for i in range(30)]
@@ -340,8 +340,8 @@ def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
   local = tmp_path / "tfds"
   for name in files.files_under(local):
     files.path(local / name).copy(files.path(bucket, "tfds", name))
-  assert list(corpus.tfds_documents("tiny_text", data_dir=f"{bucket}/tfds")) == list(
-    corpus.tfds_documents("tiny_text", data_dir=str(local))
+  assert list(tfds_corpus.tfds_documents("tiny_text", data_dir=f"{bucket}/tfds")) == list(
+    tfds_corpus.tfds_documents("tiny_text", data_dir=str(local))
   )
   config = small_config(f"{bucket}/data")
   config.data.update(

@@ -16,7 +16,7 @@ import pytest
 
 from albert_jax.core import config_lib, files
 from albert_jax.core.config_lib import ConfigError
-from albert_jax.data import corpus, dataset, tokenizer as tokenizer_lib
+from albert_jax.data import corpus, dataset, sentence_split, tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _documents():
   from pydoc_data import topics
 
-  return [corpus._paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  return [sentence_split.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _write(path, documents):

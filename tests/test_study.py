@@ -9,7 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax import study
+from albert_jax.planning.study import (
+  findings,
+  report as report_lib,
+  runner,
+  variants as variants_lib,
+)
 from tests.conftest import DATA, MODEL, ROOT, load_config
 
 SMALL = (
@@ -58,13 +63,13 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
   results = {}
   for variant in ("none", "nsp", "sop"):
     run = workdir / "runs" / variant / "seed_0"
-    result = json.loads((run / study.RESULT_FILE).read_text())
+    result = json.loads((run / runner.RESULT_FILE).read_text())
     results[variant] = result
     assert result["variant"] == variant and result["steps"] == 4
     assert sorted(result["scores"], key=int) == ["2", "4"]  # every kept checkpoint scored
     last = result["scores"]["4"]
-    assert {last[t]["data_task"] for t in study.TASKS} == {"sop", "nsp"}
-    assert {last[t]["model_task"] for t in study.TASKS} == {variant}
+    assert {last[t]["data_task"] for t in variants_lib.TASKS} == {"sop", "nsp"}
+    assert {last[t]["model_task"] for t in variants_lib.TASKS} == {variant}
     # Its row names it and holds its own run's numbers (one seed: std 0).
     cells = _row(report, variant)
     assert cells[2] == f"{result['parameters']['total']:,}"
@@ -77,7 +82,7 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
   assert sorted(os.listdir(workdir / "data" / "seed_0")) == ["nsp", "sop"]
   # The stored numbers are that checkpoint's evaluation: scored again, the same.
   again = evaluate.score(
-    str(workdir / "runs" / "sop" / "seed_0"), study.data_dir(workdir, 0, "nsp"), step=4
+    str(workdir / "runs" / "sop" / "seed_0"), runner.data_dir(workdir, 0, "nsp"), step=4
   )
   assert again == results["sop"]["scores"]["4"]["nsp"]
   # The findings table: Table 5's six findings, each judged.
@@ -101,9 +106,9 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
   # only that one; the finished runs are not touched.
   logs = {v: (workdir / "runs" / v / "seed_0.log").read_text() for v in results}
   mtimes = {
-    v: (workdir / "runs" / v / "seed_0" / study.RESULT_FILE).stat().st_mtime_ns for v in results
+    v: (workdir / "runs" / v / "seed_0" / runner.RESULT_FILE).stat().st_mtime_ns for v in results
   }
-  (workdir / "runs" / "nsp" / "seed_0" / study.RESULT_FILE).unlink()
+  (workdir / "runs" / "nsp" / "seed_0" / runner.RESULT_FILE).unlink()
   for name in PLOTS + ("report.md",):
     (workdir / name).unlink()
   proc = _study(workdir, "--steps=4", "--eval_every=2", "--seeds=1", "--parallel=2", *SMALL)
@@ -111,10 +116,10 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
   assert "2 runs finished earlier; 1 to do" in proc.stdout + proc.stderr
   for v in ("none", "sop"):
     assert (workdir / "runs" / v / "seed_0.log").read_text() == logs[v]
-    assert (workdir / "runs" / v / "seed_0" / study.RESULT_FILE).stat().st_mtime_ns == mtimes[v]
+    assert (workdir / "runs" / v / "seed_0" / runner.RESULT_FILE).stat().st_mtime_ns == mtimes[v]
   nsp_log = (workdir / "runs" / "nsp" / "seed_0.log").read_text()
   assert nsp_log.startswith(logs["nsp"]) and "resumed from step 4" in nsp_log[len(logs["nsp"]) :]
-  redone = json.loads((workdir / "runs" / "nsp" / "seed_0" / study.RESULT_FILE).read_text())
+  redone = json.loads((workdir / "runs" / "nsp" / "seed_0" / runner.RESULT_FILE).read_text())
   assert redone["scores"] == results["nsp"]["scores"]
   assert _row((workdir / "report.md").read_text(), "nsp") == _row(report, "nsp")
   assert all((workdir / name).exists() for name in PLOTS)
@@ -148,14 +153,14 @@ def test_table5_study_writes_its_report_and_resumes_without_redoing_a_run(tmp_pa
   assert "| fine-tuned accuracy |" in report
   for v in results:
     assert (workdir / "runs" / v / "seed_0.log").read_text() == logs[v]
-    result = json.loads((workdir / "runs" / v / "seed_0" / study.RESULT_FILE).read_text())
+    result = json.loads((workdir / "runs" / v / "seed_0" / runner.RESULT_FILE).read_text())
     assert result["scores"] == results[v]["scores"]
     summary = json.loads(
       (workdir / "runs" / v / "seed_0" / "finetune" / "eval_results.json").read_text()
     )
     assert result["finetune"]["mean"] == summary["summary"]["accuracy"]["mean"]
     assert _row(report, v)[6] == f"{result['finetune']['mean']:.4f}"  # one seed: the value alone
-  untrained = json.loads((workdir / "untrained" / "seed_0" / study.RESULT_FILE).read_text())
+  untrained = json.loads((workdir / "untrained" / "seed_0" / runner.RESULT_FILE).read_text())
   assert (
     _row(report, "no pretraining")[6] == f"{untrained['finetune']['mean']:.4f}"
   )  # one seed: the value alone
@@ -194,26 +199,29 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
 
 def test_variants_are_the_papers_tables():
   config = load_config("tiny")  # H=128
-  assert study.embedding_sizes(768) == [64, 128, 256, 768]
-  assert study.embedding_sizes(128) == [8, 24, 40, 128]
-  embedding = study.variants("embedding", config)
+  assert variants_lib.embedding_sizes(768) == [64, 128, 256, 768]
+  assert variants_lib.embedding_sizes(128) == [8, 24, 40, 128]
+  embedding = variants_lib.variants("embedding", config)
   names = [v.name for v in embedding]
   assert names[:4] == ["all-shared-E8", "all-shared-E24", "all-shared-E40", "all-shared-E128"]
   # The paper column names the paper's E that a scaled size stands for.
   assert embedding[1].paper == "12M parameters (E=128 at H=768)"
   assert embedding[-1].paper == "108M parameters (E=768 at H=768)"
-  assert study.paper_embedding_size(64, 768) == 64 and study.paper_embedding_size(100, 768) is None
-  custom = study.variants("embedding", config, sizes=[16, 24])
+  assert (
+    variants_lib.paper_embedding_size(64, 768) == 64
+    and variants_lib.paper_embedding_size(100, 768) is None
+  )
+  custom = variants_lib.variants("embedding", config, sizes=[16, 24])
   assert [v.paper for v in custom[:2]] == ["", "12M parameters (E=128 at H=768)"]
   assert len(names) == 8 and names[-1] == "not-shared-E128"
-  sharing = study.variants("sharing", config)
+  sharing = variants_lib.variants("sharing", config)
   assert [dict(v.overrides)["model.sharing"] for v in sharing] == [
     "all",
     "attention",
     "ffn",
     "none",
   ]
-  assert [v.name for v in study.variants("table5", config)] == ["none", "nsp", "sop"]
+  assert [v.name for v in variants_lib.variants("table5", config)] == ["none", "nsp", "sop"]
 
 
 def _result(name, seed, mlm, nsp, sop, examples=288, loss=6.0):
@@ -232,32 +240,34 @@ def _result(name, seed, mlm, nsp, sop, examples=288, loss=6.0):
 
 def test_findings_judge_the_numbers():
   config = load_config("tiny")
-  table5 = {v.name: v for v in study.variants("table5", config)}
+  table5 = {v.name: v for v in variants_lib.variants("table5", config)}
   # Over 2 seeds: the paper's pattern, then NSP-trained solving SOP and the MLM spread too wide.
   paper_like = [
-    study.Row(table5["none"], [_result("none", s, 0.13, 0.51, 0.49) for s in (0, 1)]),
-    study.Row(table5["nsp"], [_result("nsp", s, 0.125, 0.70, 0.52) for s in (0, 1)]),
-    study.Row(table5["sop"], [_result("sop", s, 0.12 + 0.01 * s, 0.58, 0.64) for s in (0, 1)]),
+    findings.Row(table5["none"], [_result("none", s, 0.13, 0.51, 0.49) for s in (0, 1)]),
+    findings.Row(table5["nsp"], [_result("nsp", s, 0.125, 0.70, 0.52) for s in (0, 1)]),
+    findings.Row(table5["sop"], [_result("sop", s, 0.12 + 0.01 * s, 0.58, 0.64) for s in (0, 1)]),
   ]
   assert paper_like[2].stat("mlm") == pytest.approx((0.125, 0.005))
-  judged = study.findings("table5", paper_like)
+  judged = findings.findings("table5", paper_like)
   assert [holds for _, holds, _ in judged] == [True] * 6
   assert "+0.1400 from chance" in judged[1][2]
   broken = [
     paper_like[0],
-    study.Row(table5["nsp"], [_result("nsp", s, 0.16, 0.70, 0.60) for s in (0, 1)]),
+    findings.Row(table5["nsp"], [_result("nsp", s, 0.16, 0.70, 0.60) for s in (0, 1)]),
     paper_like[2],
   ]
-  holds = {claim: h for claim, h, _ in study.findings("table5", broken)}
+  holds = {claim: h for claim, h, _ in findings.findings("table5", broken)}
   assert not holds["NSP-trained is at chance on SOP (within 0.05)"]
   assert not holds["MLM accuracy barely affected by the sentence task (within 0.02)"]
 
-  sharing = {dict(v.overrides)["model.sharing"]: v for v in study.variants("sharing", config)}
+  sharing = {
+    dict(v.overrides)["model.sharing"]: v for v in variants_lib.variants("sharing", config)
+  }
   mlm = {"all": 0.12, "attention": 0.129, "ffn": 0.11, "none": 0.13}
-  rows = [study.Row(sharing[s], [_result(s, 0, m, 0.5, 0.6)]) for s, m in mlm.items()]
-  assert [h for _, h, _ in study.findings("sharing", rows)] == [True, True, True, True]
-  rows[2] = study.Row(sharing["ffn"], [_result("ffn", 0, 0.125, 0.5, 0.6)])
-  judged = study.findings("sharing", rows)
+  rows = [findings.Row(sharing[s], [_result(s, 0, m, 0.5, 0.6)]) for s, m in mlm.items()]
+  assert [h for _, h, _ in findings.findings("sharing", rows)] == [True, True, True, True]
+  rows[2] = findings.Row(sharing["ffn"], [_result("ffn", 0, 0.125, 0.5, 0.6)])
+  judged = findings.findings("sharing", rows)
   assert judged[1][1] is False and "lowest: all-shared" in judged[1][2]
 
 
@@ -265,26 +275,30 @@ def test_ties_on_mlm_accuracy_go_by_mlm_loss_and_one_seed_has_no_spread():
   """At a small budget several models sit on the same MLM accuracy plateau: the verdicts then go by
   the lower MLM loss, not by the order of the rows; a single seed's cell is its value alone."""
   config = load_config("tiny")
-  sharing = {dict(v.overrides)["model.sharing"]: v for v in study.variants("sharing", config)}
+  sharing = {
+    dict(v.overrides)["model.sharing"]: v for v in variants_lib.variants("sharing", config)
+  }
   losses = {"all": 6.2, "attention": 6.1, "ffn": 6.3, "none": 6.0}
-  rows = [study.Row(sharing[s], [_result(s, 0, 0.1, 0.5, 0.5, loss=x)]) for s, x in losses.items()]
-  judged = study.findings("sharing", rows)
+  rows = [
+    findings.Row(sharing[s], [_result(s, 0, 0.1, 0.5, 0.5, loss=x)]) for s, x in losses.items()
+  ]
+  judged = findings.findings("sharing", rows)
   assert [h for _, h, _ in judged] == [True, True, True, True]
   assert judged[3][2].startswith("not-shared 0.1000 (loss 6.000) > shared-attention")
   rows[0], rows[3] = (
-    study.Row(sharing["all"], [_result("all", 0, 0.1, 0.5, 0.5, loss=6.0)]),
-    study.Row(sharing["none"], [_result("none", 0, 0.1, 0.5, 0.5, loss=6.2)]),
+    findings.Row(sharing["all"], [_result("all", 0, 0.1, 0.5, 0.5, loss=6.0)]),
+    findings.Row(sharing["none"], [_result("none", 0, 0.1, 0.5, 0.5, loss=6.2)]),
   )
-  assert study.findings("sharing", rows)[0][1] is False
-  embedding = study.variants("embedding", config)
+  assert findings.findings("sharing", rows)[0][1] is False
+  embedding = variants_lib.variants("embedding", config)
   loss = {8: 6.3, 24: 6.1, 40: 6.2, 128: 6.25}
   rows = [
-    study.Row(
+    findings.Row(
       v, [_result(v.name, 0, 0.1, 0.5, 0.5, loss=loss[dict(v.overrides)["model.embedding_size"]])]
     )
     for v in embedding
   ]
-  judged = study.findings("embedding", rows)
+  judged = findings.findings("embedding", rows)
   assert judged[0][1] is True and judged[0][2].startswith("best E=24")
   assert judged[1][1] is False
-  assert study._pm([0.25]) == "0.2500" and study._pm([0.2, 0.3]) == "0.2500 +- 0.0500"
+  assert report_lib._pm([0.25]) == "0.2500" and report_lib._pm([0.2, 0.3]) == "0.2500 +- 0.0500"

@@ -12,9 +12,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from albert_jax import estimate as E
 from albert_jax.core.config_lib import ConfigError
-from albert_jax.planning import hardware, tpu_compile as T
+from albert_jax.planning import estimate_report as R, fit, hardware, memory as E, tpu_compile as T
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,14 +119,14 @@ def test_the_compilers_cost_counts_every_layer_and_micro_batch():
   est.tpu = T.compile_step(config, tpu, count=True)
   cost = est.tpu["cost"]
   assert cost["count_compile_seconds"] > 0  # counted on a copy: the step itself has two loops
-  r = E.roofline(est)
+  r = R.roofline(est)
   assert r["flops"] == pytest.approx(est.flops_per_step / 8, rel=0.05)
   assert r["flops_vs_analytic"] == pytest.approx(1.0, abs=0.05)
   assert 0 < r["bytes"] and 0 < r["roofline_mfu"] < 1
   assert r["roofline_seconds"] >= r["flops"] / hardware.PEAK_FLOPS["tpu_v3"]
   assert r["step_seconds"] == pytest.approx(r["roofline_seconds"] + est.tpu["collective_seconds"])
   assert r["sequences_per_second"] == pytest.approx(64 / r["step_seconds"])
-  report = E.format_report(est)
+  report = R.format_report(est)
   assert "roofline MFU" in report and "predicted from the TPU compiler: step" in report
 
 
@@ -308,9 +307,9 @@ def test_device_kinds_map_to_their_peaks(kind, name):
 
 def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
   config = load_config("albert_base")
-  menu = [p for p, _ in E.remat_menu(config)]
+  menu = [p for p, _ in fit.remat_menu(config)]
   assert menu == ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full"]
-  candidates = E.fit_candidates(config, 256)
+  candidates = fit.fit_candidates(config, 256)
   assert [c["model.remat"] for c in candidates[:3]] == menu[1:]
   assert candidates[3] == {"model.remat": "full", "train.micro_batches": 2}
   # A policy added to the model's menu is tried where its savings put it: one that keeps only the
@@ -323,10 +322,10 @@ def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
     return prim is jax.lax.dot_general_p and avals[1].shape[-1] == ffn
 
   monkeypatch.setattr(M, "REMAT_POLICIES", {**M.REMAT_POLICIES, "ffn_in": save_ffn_in})
-  menu = [p for p, _ in E.remat_menu(config)]
+  menu = [p for p, _ in fit.remat_menu(config)]
   assert menu == ["none", "dots_saveable", "dots_with_no_batch_dims_saveable", "ffn_in", "full"]
   config.model.remat = "dots_with_no_batch_dims_saveable"
-  candidates = E.fit_candidates(config, 256)
+  candidates = fit.fit_candidates(config, 256)
   assert candidates[:2] == [{"model.remat": "ffn_in"}, {"model.remat": "full"}]
 
 
@@ -343,19 +342,19 @@ def test_the_roofline_reports_the_share_its_pallas_kernels_declare():
     "cost": {**cost, **kernels, "undeclared_kernels": 24, "undeclared_io_bytes": 5.4e9},
     "collective_seconds": 0.001,
   }
-  r = E.roofline(est)
+  r = R.roofline(est)
   assert r["declared_bytes_share"] == pytest.approx(0.04)
   assert r["declared_flops_share"] == pytest.approx(0.04)
   assert (r["kernels"], r["undeclared_kernels"], r["undeclared_io_bytes"]) == (36, 24, 5.4e9)
   assert r["roofline_seconds"] == pytest.approx(50.0e9 / hardware.HBM_BANDWIDTH["tpu_v4"])
-  line = E.format_roofline(est)[-1]
+  line = R.format_roofline(est)[-1]
   assert line.startswith(
     "  Pallas kernels: 36 calls per step; 4.0% of the bytes and 4.0% of the FLOPs"
   )
   assert "24 declare nothing and count as 0" in line and "5.4 GB" in line
   est.tpu["cost"] = cost  # a step without kernels: no such line
-  assert E.roofline(est)["kernels"] == 0
-  assert not any("Pallas" in line for line in E.format_roofline(est))
+  assert R.roofline(est)["kernels"] == 0
+  assert not any("Pallas" in line for line in R.format_roofline(est))
 
 
 @needs_libtpu

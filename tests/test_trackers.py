@@ -221,28 +221,28 @@ def test_finetuning_logs_one_wandb_run_per_seed_in_one_group(env, tmp_path, monk
 
 
 def test_a_study_puts_its_runs_into_one_wandb_group():
-  from albert_jax import study
+  from albert_jax.planning.study import runner, variants as variants_lib
 
   config = small_config("/nowhere")
-  assert study.wandb_settings(config, "table5", "/s/t5") == {}  # no wandb: no flags
+  assert runner.wandb_settings(config, "table5", "/s/t5") == {}  # no wandb: no flags
   config.train.update(trackers="tensorboard,wandb", wandb_project="albert")
-  settings = study.Settings(
+  settings = runner.Settings(
     config_arg="configs/tiny.py",
     overrides=(),
     steps=10,
     eval_every=5,
-    **study.wandb_settings(config, "table5", "/s/t5/"),
+    **runner.wandb_settings(config, "table5", "/s/t5/"),
   )
   assert settings.wandb_group == "table5-t5"
   assert settings.tracker_flags == (
     "--config.train.trackers=tensorboard,wandb",
     "--config.train.wandb_project=albert",
   )
-  (variant,) = [v for v in study.variants("table5", config) if v.name == "sop"]
-  cmd = study.train_command(settings, config, "/s/t5", variant, 0)
+  (variant,) = [v for v in variants_lib.variants("table5", config) if v.name == "sop"]
+  cmd = runner.train_command(settings, config, "/s/t5", variant, 0)
   assert cmd[-2:] == [
     "--config.train.wandb_group=table5-t5",
     "--config.train.wandb_run_name=sop/seed_0",
   ]
   config.train.wandb_group = "mine"  # the user's group wins
-  assert study.wandb_settings(config, "table5", "/s/t5")["wandb_group"] == "mine"
+  assert runner.wandb_settings(config, "table5", "/s/t5")["wandb_group"] == "mine"

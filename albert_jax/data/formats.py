@@ -323,7 +323,7 @@ def arrow_values(path: str, first: int, end: int, field: str):
 def line_records(
   stream, path, start, end, pos, lineno, max_docs, non_utf8, stats, fmt, field, split
 ):
-  """corpus._file_range_documents for a document a line ("documents" text or "jsonl"): the
+  """text_files.file_range_documents for a document a line ("documents" text or "jsonl"): the
   documents of the lines from byte `start` to `end` of `stream` (now at byte `pos`, line `lineno`),
   split into sentences by `split`."""
   emitted = 0
