@@ -85,6 +85,9 @@ def base_config() -> ml_collections.ConfigDict:
       # Bring your own SentencePiece model; "" trains one on the corpus during prepare.
       spm_model_path="",
       do_lower_case=True,
+      # preprocess_text turns `` and '' into " (XLNet's and Hugging Face's rule, which AlbertTokenizer
+      # applies); False: leave them, as the original's preprocess_text did (no Hugging Face export).
+      normalize_quotes=True,
       # Corpus, first that is set wins: files (globs or a comma-separated list; docs/data.md) ...
       input_files="",
       # ... read by extension (auto) or as text | jsonl | parquet | arrow; text as the original's
@@ -100,16 +103,18 @@ def base_config() -> ml_collections.ConfigDict:
       # ... or the built-in corpus that needs no download: "python_docs".
       builtin_corpus="python_docs",
       non_utf8="skip",  # skip (and count) | error
-      eval_fraction=0.02,  # of documents held out for the eval split
+      # Of documents held out for the eval split (a departure: the original trained on everything;
+      # it must stay above 0, e.g. 0.001 keeps one document in 1000 out of training).
+      eval_fraction=0.02,
       # prepare's worker processes (tokenizing and pairing): 0 = every core (os.cpu_count()).
       num_prepare_workers=0,
       # Run prepare as an Apache Beam pipeline (pip install -e ".[beam]"): "" (not), DirectRunner,
       # DataflowRunner, ...; beam_options: comma-separated pipeline flags passed through.
       beam_runner="",
       beam_options="",
-      # Vocabulary training: on a seeded sample of at most this many sentences (spm_train's
-      # input_sentence_size), so its memory does not grow with the corpus.
-      vocab_sample_sentences=1_000_000,
+      # Vocabulary training: on a seeded sample of at most this many sentences (the original's
+      # spm_train --input_sentence_size=10000000), so its memory does not grow with the corpus.
+      vocab_sample_sentences=10_000_000,
       spm_character_coverage=0.99995,
       # Examples (docs/data.md).
       max_seq_length=512,

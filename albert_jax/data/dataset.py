@@ -118,6 +118,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "vocab": vocab,
     "vocab_size": config.model.vocab_size,
     "do_lower_case": d.do_lower_case,
+    "normalize_quotes": d.normalize_quotes,
     "max_seq_length": d.max_seq_length,
     "short_seq_prob": d.short_seq_prob,
     "task": config_lib.examples_task(d.task),
@@ -178,11 +179,17 @@ def config_for_prepared(data_dir: str, prepared: dict):
 _READ_FIELDS = ("input_format", "text_format", "text_feature")
 
 
+# Fingerprint fields added since FORMAT_VERSION 3, with the value data prepared before had.
+_FIELDS_SINCE = {"normalize_quotes": True}
+
+
 def _as_read_today(prepared: dict, config) -> dict:
   """prepared.json as if written today. Data prepared before data.input_format existed lacks the
   read fields: it read every input file as the original's format (one sentence a line). It stays
   valid, so runs prepared then keep resuming, while today's config reads the same files that way,
-  or when the files are gone (unknown, not compared); files now read otherwise are refused."""
+  or when the files are gone (unknown, not compared); files now read otherwise are refused. Fields
+  added since (_FIELDS_SINCE) take the value such data was made with."""
+  prepared = dict(prepared, fingerprint={**_FIELDS_SINCE, **prepared["fingerprint"]})
   corpus = prepared["fingerprint"].get("corpus")
   if not isinstance(corpus, dict) or corpus.get("source") != "files" or "input_format" in corpus:
     return prepared
@@ -379,10 +386,12 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
   GROUP_DOCUMENTS with a generator seeded by (seed, split, shard, group). Returns, per split,
   the examples as flat arrays (tokens, segments, lengths, labels), and the shard's statistics.
   """
-  key = (vocab_path, data.do_lower_case)
+  key = (vocab_path, data.do_lower_case, data.normalize_quotes)
   if key not in _TOKENIZERS:
     _TOKENIZERS.clear()
-    _TOKENIZERS[key] = tokenizer_lib.load(vocab_path, data.do_lower_case)
+    _TOKENIZERS[key] = tokenizer_lib.load(
+      vocab_path, data.do_lower_case, normalize_quotes=data.normalize_quotes
+    )
   tok = _TOKENIZERS[key]
   cstats = corpus_lib.CorpusStats()
   pair_stats: dict = {}
@@ -621,6 +630,7 @@ def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> No
     os.path.join(out_dir, VOCAB_FILE),
     config.model.vocab_size,
     lower=d.do_lower_case,
+    normalize_quotes=d.normalize_quotes,
     character_coverage=d.spm_character_coverage,
     input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
     seed=config.seed,
@@ -830,7 +840,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
   shard_seconds = time.time() - t0
   if not d.spm_model_path:
     vocab_seconds = _train_vocab(config, shards, out)
-  tok = tokenizer_lib.load(vocab_path, d.do_lower_case)
+  tok = tokenizer_lib.load(vocab_path, d.do_lower_case, normalize_quotes=d.normalize_quotes)
   if tok.vocab_size != config.model.vocab_size:
     raise ConfigError(
       f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"

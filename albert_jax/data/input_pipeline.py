@@ -201,7 +201,9 @@ def make_iterator(
   d = config.data
   source = open_source(ddir, split)
   n = len(source)
-  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start)
+  tok = tokenizer_lib.load(
+    os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start, d.normalize_quotes
+  )
   masker = examples_lib.Masker(
     tok.word_start,
     tok.candidate,
@@ -317,7 +319,10 @@ def inspect(
   info = prepare(config, workdir)
   ddir = info["data_dir"]
   tok = tokenizer_lib.load(
-    os.path.join(ddir, VOCAB_FILE), config.data.do_lower_case, config.data.word_start
+    os.path.join(ddir, VOCAB_FILE),
+    config.data.do_lower_case,
+    config.data.word_start,
+    config.data.normalize_quotes,
   )
   config = config.copy_and_resolve_references()  # a small batch, without touching the caller's
   config.train.batch_size = min(config.train.batch_size, 256)
