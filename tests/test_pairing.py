@@ -62,6 +62,134 @@ def test_static_pairs_are_todays_byte_for_byte():
 
 
 # ----------------------------------------------------------------------------------------------
+# Per-epoch pairs (examples.epoch_pairs): the library under the per-epoch loader.
+
+SEQ = 128
+
+
+def _documents(num_docs, seed=0):
+  """As tests/test_examples.py: sentence j of a document starts with the marker 1000 + j."""
+  rng = np.random.default_rng(seed)
+  docs = []
+  for _ in range(num_docs):
+    docs.append(
+      [
+        np.array(
+          [1000 + j] + rng.integers(1100, 4000, int(rng.integers(2, 40)) - 1).tolist(), np.int32
+        )
+        for j in range(int(rng.integers(1, 30)))
+      ]
+    )
+  return docs
+
+
+DOCS = _documents(600)
+
+
+def _epoch(epoch, seed=7, task="sop", docs=DOCS, stats=None):
+  return [
+    p
+    for d, doc in enumerate(docs)
+    for p in E.epoch_pairs(
+      doc,
+      d,
+      len(docs),
+      docs.__getitem__,
+      seed=seed,
+      epoch=epoch,
+      max_seq_length=SEQ,
+      task=task,
+      stats=stats,
+    )
+  ]
+
+
+def _key(p):
+  return p["input_ids"].tobytes() + p["segment_ids"].tobytes() + bytes([p["sentence_order_label"]])
+
+
+def test_epoch_pairs_are_a_function_of_seed_epoch_and_document():
+  a, b = _epoch(0), _epoch(0)
+  assert [_key(p) for p in a] == [_key(p) for p in b]
+  assert [_key(p) for p in _epoch(0, seed=8)] != [_key(p) for p in a]
+  # One document alone gives the same pairs as within the corpus (its own generators).
+  alone = E.epoch_pairs(
+    DOCS[5], 5, len(DOCS), DOCS.__getitem__, seed=7, epoch=0, max_seq_length=SEQ
+  )
+  start = sum(
+    len(E.epoch_pairs(DOCS[d], d, len(DOCS), DOCS.__getitem__, seed=7, epoch=0, max_seq_length=SEQ))
+    for d in range(5)
+  )
+  assert [_key(p) for p in alone] == [_key(p) for p in a[start : start + len(alone)]]
+
+
+def test_two_epochs_pair_the_same_document_differently():
+  differ = 0
+  for d in range(50):
+    e0, e1 = (
+      E.epoch_pairs(DOCS[d], d, len(DOCS), DOCS.__getitem__, seed=7, epoch=e, max_seq_length=SEQ)
+      for e in (0, 1)
+    )
+    differ += [_key(p) for p in e0] != [_key(p) for p in e1]
+  assert differ >= 45, differ  # one-sentence documents may repeat
+
+
+@pytest.mark.parametrize("task", ["sop", "nsp"])
+def test_pair_counts_come_from_sentence_lengths_alone(task):
+  for d in range(0, 600, 7):
+    for epoch in (0, 3):
+      n = E.epoch_pair_count(
+        [len(s) for s in DOCS[d]], seed=7, epoch=epoch, doc_index=d, max_seq_length=SEQ, task=task
+      )
+      pairs = E.epoch_pairs(
+        DOCS[d], d, len(DOCS), DOCS.__getitem__, seed=7, epoch=epoch, max_seq_length=SEQ, task=task
+      )
+      assert n == len(pairs), (d, epoch)
+
+
+def test_epoch_statistics_within_the_originals_bounds():
+  for epoch in (0, 1):
+    pairs = _epoch(epoch)
+    labels = np.array([p["sentence_order_label"] for p in pairs])
+    assert len(pairs) > 1500
+    assert abs(labels.mean() - 0.5) < 4 * 0.5 / np.sqrt(len(labels))  # SOP balance, 4 sigma
+    short = np.mean([p["target_length"] < SEQ - 3 for p in pairs])
+    assert 0.06 < short < 0.14, short  # short_seq_prob=0.1, drawn per chunk
+    assert max(len(p["input_ids"]) for p in pairs) <= SEQ
+    for p in pairs[:300]:  # swapped pairs put the later sentences first
+      ids, seg = p["input_ids"], p["segment_ids"]
+      a, b = ids[1 : np.argmax(seg) - 1], ids[np.argmax(seg) : -1]
+      ma, mb = a[(a >= 1000) & (a < 1100)], b[(b >= 1000) & (b < 1100)]
+      if len(ma) and len(mb):
+        assert (ma.max() < mb.min()) == (p["sentence_order_label"] == 0)
+  stats = {}
+  nsp = _epoch(0, task="nsp", stats=stats)
+  labels = np.array([p["sentence_order_label"] for p in nsp])
+  assert abs(labels.mean() - 0.5) < 4 * 0.5 / np.sqrt(len(labels))
+  assert stats["random_next"] == labels.sum()
+
+
+def test_epoch_layout_maps_every_example_once_and_resumes_anywhere():
+  counts = np.array(
+    [
+      E.epoch_pair_count([len(s) for s in doc], seed=7, epoch=2, doc_index=d, max_seq_length=SEQ)
+      for d, doc in enumerate(DOCS)
+    ]
+  )
+  order, offsets = E.epoch_layout(counts, seed=7, epoch=2)
+  assert offsets[-1] == counts.sum() and sorted(order.tolist()) == list(range(len(DOCS)))
+  seen = [E.locate(order, offsets, k) for k in range(int(offsets[-1]))]
+  assert len(set(seen)) == len(seen) == counts.sum()
+  assert all(0 <= j < counts[d] for d, j in seen)
+  # Resuming at k needs nothing but (seed, epoch, k): a fresh layout gives the same positions.
+  again = E.epoch_layout(counts, seed=7, epoch=2)
+  assert [E.locate(*again, k) for k in range(500, 900)] == seen[500:900]
+  assert not np.array_equal(E.epoch_layout(counts, seed=7, epoch=3)[0], order)
+  with pytest.raises(IndexError):
+    E.locate(order, offsets, int(offsets[-1]))
+
+
+# ----------------------------------------------------------------------------------------------
 # The switches of docs/departures.md.
 
 
