@@ -2,7 +2,9 @@
 can be keyed per (seed, epoch, document), today's static pairs pinned byte for byte, and the effect
 of each switch (quotes, the vocabulary sample, dropout variants)."""
 
+import collections
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -65,6 +67,7 @@ def test_static_pairs_are_todays_byte_for_byte():
 # Per-epoch pairs (examples.epoch_pairs): the library under the per-epoch loader.
 
 SEQ = 128
+BATCH, P = 8, 10  # tests/test_data.py's _config
 
 
 def _documents(num_docs, seed=0):
@@ -139,7 +142,7 @@ def test_pair_counts_come_from_sentence_lengths_alone(task):
   for d in range(0, 600, 7):
     for epoch in (0, 3):
       n = E.epoch_pair_count(
-        [len(s) for s in DOCS[d]], seed=7, epoch=epoch, doc_index=d, max_seq_length=SEQ, task=task
+        [len(s) for s in DOCS[d]], seed=7, epoch=epoch, key=d, max_seq_length=SEQ, task=task
       )
       pairs = E.epoch_pairs(
         DOCS[d], d, len(DOCS), DOCS.__getitem__, seed=7, epoch=epoch, max_seq_length=SEQ, task=task
@@ -172,7 +175,7 @@ def test_epoch_statistics_within_the_originals_bounds():
 def test_epoch_layout_maps_every_example_once_and_resumes_anywhere():
   counts = np.array(
     [
-      E.epoch_pair_count([len(s) for s in doc], seed=7, epoch=2, doc_index=d, max_seq_length=SEQ)
+      E.epoch_pair_count([len(s) for s in doc], seed=7, epoch=2, key=d, max_seq_length=SEQ)
       for d, doc in enumerate(DOCS)
     ]
   )
@@ -187,6 +190,163 @@ def test_epoch_layout_maps_every_example_once_and_resumes_anywhere():
   assert not np.array_equal(E.epoch_layout(counts, seed=7, epoch=3)[0], order)
   with pytest.raises(IndexError):
     E.locate(order, offsets, int(offsets[-1]))
+
+
+# ----------------------------------------------------------------------------------------------
+# data.pairing=per_epoch through prepare and the loader.
+
+
+@pytest.fixture(scope="module")
+def per_epoch(tmp_path_factory):
+  from albert_jax.data import dataset
+  from tests.test_data import _config, _topic_documents, _write_corpus
+
+  root = tmp_path_factory.mktemp("per_epoch")
+  files = _write_corpus(str(root / "corpus"), _topic_documents())
+  config = _config(files, pairing="per_epoch")
+  workdir = str(root / "work")
+  info = dataset.prepare(config, workdir)
+  return config, workdir, info
+
+
+def _batches(config, workdir, n, split="train", host=0, hosts=1):
+  from albert_jax.data import input_pipeline
+
+  it = input_pipeline.make_iterator(config, workdir, split, process_index=host, process_count=hosts)
+  try:
+    return [next(it) for _ in range(n)]
+  finally:
+    it.close()
+
+
+def _rows(batches):
+  from tests.test_data import _unmasked
+
+  return [row for b in batches for row, label in zip(_unmasked(b), b["sentence_order_label"])]
+
+
+def _stream_epochs(config, workdir, info, epochs):
+  """The unmasked train examples of the first `epochs` epochs, cut at the epochs' sizes."""
+  from albert_jax.data import input_pipeline
+
+  pairs = input_pipeline._EpochPairs(
+    input_pipeline.check_prepared(config, workdir)[0], "train", config.data, config.seed
+  )
+  sizes = [pairs.size(e) for e in range(epochs)]
+  batch = config.train.batch_size
+  rows = _rows(_batches(config, workdir, -(-sum(sizes) // batch)))
+  out, start = [], 0
+  for n in sizes:
+    out.append(rows[start : start + n])
+    start += n
+  return out, sizes
+
+
+def test_per_epoch_prepare_stores_documents_and_epoch_0_statistics(per_epoch):
+  config, workdir, info = per_epoch
+  n = info["num_train_examples"]
+  assert n > 1000 and info["train_documents"] > 50
+  assert abs(info["sentence_order_label_1_fraction"] - 0.5) < 4 * 0.5 / np.sqrt(n)
+  assert 0.06 < info["short_target_fraction"] < 0.14
+
+
+def test_each_epoch_holds_every_documents_pairs_once_and_epochs_differ(per_epoch):
+  from albert_jax.data import dataset, input_pipeline
+
+  config, workdir, info = per_epoch
+  (e0, e1), sizes = _stream_epochs(config, workdir, info, 2)
+  ddir = input_pipeline.check_prepared(config, workdir)[0]
+  source = dataset.open_source(ddir, "train")
+  pairs = input_pipeline._EpochPairs(ddir, "train", config.data, config.seed)
+  for epoch, rows in ((0, e0), (1, e1)):
+    expected = collections.Counter(
+      tuple(p["input_ids"].tolist())
+      for d in range(len(source))
+      for p in pairs._document_pairs(epoch, d)
+    )
+    assert collections.Counter(rows) == expected and sizes[epoch] == sum(expected.values())
+  assert collections.Counter(e0) != collections.Counter(e1)
+  same = sum((collections.Counter(e0) & collections.Counter(e1)).values())
+  assert same < 0.2 * len(e0), same  # pairs are redrawn, not reshuffled
+
+
+def test_per_epoch_batches_are_deterministic_and_resume_mid_epoch(per_epoch):
+  from albert_jax.data import input_pipeline
+
+  config, workdir, info = per_epoch
+  n = info["num_train_examples"]
+  stop = n // BATCH - 3  # mid-epoch, and the batches that follow cross into epoch 1
+  reference = _batches(config, workdir, stop + 8)
+  again = _batches(config, workdir, 6)
+  for a, b in zip(reference, again):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  _ = [next(it) for _ in range(stop)]
+  state = json.loads(json.dumps(it.get_state()))
+  resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed.set_state(state)
+  for a, b in zip(reference[stop:], [next(resumed) for _ in range(8)]):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_per_epoch_two_hosts_share_the_global_stream(per_epoch):
+  config, workdir, info = per_epoch
+  one = _rows(_batches(config, workdir, 12))
+  hosts = [_rows(_batches(config, workdir, 12, host=h, hosts=2)) for h in (0, 1)]
+  half = BATCH // 2
+  interleaved = []
+  for k in range(12):
+    for j in range(half):
+      interleaved += [hosts[0][k * half + j], hosts[1][k * half + j]]
+  assert interleaved == one
+
+
+@pytest.mark.slow
+def test_per_epoch_one_and_two_loader_workers_are_identical(per_epoch):
+  from tests.test_data import _config
+
+  config, workdir, _ = per_epoch
+  reference = _batches(config, workdir, 6)
+  workers = _config(config.data.input_files, pairing="per_epoch", num_workers=2, prefetch=2)
+  for a, b in zip(reference, _batches(workers, workdir, 6)):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_per_epoch_eval_shows_epoch_0_pairs_every_time(per_epoch):
+  config, workdir, info = per_epoch
+  first, second = (_batches(config, workdir, 3, "eval") for _ in range(2))
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+  assert info["num_eval_examples"] > 0
+
+
+def test_per_epoch_masking_statistics(per_epoch):
+  from albert_jax.data.tokenizer import MASK_ID
+
+  config, workdir, info = per_epoch
+  batches = _batches(config, workdir, 40)
+  w = np.concatenate([b["masked_lm_weights"] for b in batches]) > 0
+  ids = np.concatenate([b["input_ids"] for b in batches])
+  pos = np.concatenate([b["masked_lm_positions"] for b in batches])
+  target = np.concatenate([b["masked_lm_ids"] for b in batches])
+  shown = np.take_along_axis(ids, pos, 1)[w]
+  lengths = np.concatenate([b["input_mask"].sum(1) for b in batches])
+  assert (w.sum(1) == E.masking_budget(lengths, P)).all()  # every example gets its budget
+  assert abs((shown == MASK_ID).mean() - 0.8) < 0.04
+  assert abs((shown == target[w]).mean() - 0.1) < 0.03
+
+
+def test_prepared_static_data_is_refused_for_per_epoch(per_epoch, tmp_path):
+  from albert_jax.data import dataset
+  from tests.test_data import _config
+
+  config, workdir, _ = per_epoch
+  static = _config(config.data.input_files)
+  with pytest.raises(ConfigError, match="pairing"):
+    dataset.check_prepared(static, workdir)
 
 
 # ----------------------------------------------------------------------------------------------

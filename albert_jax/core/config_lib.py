@@ -134,6 +134,11 @@ def base_config() -> ml_collections.ConfigDict:
       # (seed, epoch, index). static_masking reproduces the original's dupe_factor fixed masks.
       static_masking=False,
       dupe_factor=40,
+      # Sentence pairs: static (made once at prepare time, as one of the original's dupe_factor
+      # copies) | per_epoch (prepare stores tokenized documents; chunking, short targets, A/B split,
+      # sentence order and NSP's random segment are redrawn every epoch from (seed, epoch, document),
+      # as each of the original's copies drew its own; docs/data.md).
+      pairing="static",
       # Loader.
       shuffle=True,
       num_workers=0,
@@ -444,6 +449,10 @@ def validate_data(d, model) -> None:
   )
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
+  _check(
+    d.pairing in ("per_epoch", "static"),
+    f"data.pairing={d.pairing!r} is not 'per_epoch' or 'static'",
+  )
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
   _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
   _check(

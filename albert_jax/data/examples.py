@@ -344,16 +344,18 @@ def epoch_pair_count(
   *,
   seed: int,
   epoch: int,
-  doc_index: int,
+  key: int,
   max_seq_length: int,
   short_seq_prob: float = 0.1,
   task: str = "sop",
   single_sentence_random_next: bool = False,
+  summary: dict | None = None,
 ) -> int:
-  """How many pairs `epoch_pairs` makes of a document in `epoch`, from its sentence lengths (no
-  empty sentence) alone: what an epoch's index (prefix sums over documents) is built from."""
+  """How many pairs `epoch_pairs` makes in `epoch` of the document keyed `key`, from its sentence
+  lengths (none 0) alone: what an epoch's index (prefix sums over documents) is built from.
+  `summary` (optional) adds up "label_1" (swapped or random next) and "short_targets"."""
   _check_task(task)
-  rng, _ = pair_rngs(seed, epoch, doc_index)
+  rng, _ = pair_rngs(seed, epoch, key)
   plan = _plan_pairs(
     sentence_lengths,
     rng,
@@ -363,7 +365,13 @@ def epoch_pair_count(
     single_sentence_random_next=single_sentence_random_next,
     stats=dict.fromkeys(_PAIR_STATS, 0),
   )
-  return sum(1 for _ in plan)
+  count = 0
+  for target, _, _, _, _, random_next, swapped in plan:
+    count += 1
+    if summary is not None:
+      summary["label_1"] = summary.get("label_1", 0) + (random_next or swapped)
+      summary["short_targets"] = summary.get("short_targets", 0) + (target < max_seq_length - 3)
+  return count
 
 
 def epoch_pairs(
@@ -374,6 +382,7 @@ def epoch_pairs(
   *,
   seed: int,
   epoch: int,
+  key: int | None = None,
   max_seq_length: int,
   short_seq_prob: float = 0.1,
   task: str = "sop",
@@ -384,12 +393,13 @@ def epoch_pairs(
   statistics with draws keyed by (seed, epoch, document), so every epoch chunks, splits, orders and
   truncates the document anew, as each of the original's dupe_factor copies did. NSP's random
   segment comes from `get_document(r)` for r drawn among `num_documents` (the split's documents; no
-  document may be empty)."""
+  document may be empty). The generators are keyed by `key` (default doc_index): prepare keys a
+  document by its shard and place there, which any number of workers knows alike."""
   _check_task(task)
   stats = stats if stats is not None else {}
-  for key in _PAIR_STATS:
-    stats.setdefault(key, 0)
-  rng, aux = pair_rngs(seed, epoch, doc_index)
+  for name in _PAIR_STATS:
+    stats.setdefault(name, 0)
+  rng, aux = pair_rngs(seed, epoch, doc_index if key is None else key)
   return _document_pairs(
     doc,
     doc_index,
