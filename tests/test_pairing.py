@@ -339,6 +339,37 @@ def test_per_epoch_masking_statistics(per_epoch):
   assert abs((shown == target[w]).mean() - 0.1) < 0.03
 
 
+@pytest.mark.slow
+def test_per_epoch_prepare_is_the_same_on_one_and_two_workers(tmp_path, monkeypatch):
+  """Documents keyed by shard and place: 1 and 2 prepare workers write the same records, sentence
+  lengths and statistics."""
+  from albert_jax.core import files
+  from albert_jax.data import dataset
+  from tests.test_data import _config, _topic_documents, _write_corpus
+
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  corpus = _write_corpus(str(tmp_path / "corpus"), _topic_documents())
+  built = {}
+  for workers in (1, 2):
+    config = _config(corpus, pairing="per_epoch", num_prepare_workers=workers)
+    if workers == 2:
+      config.data.spm_model_path = os.path.join(built[1]["data_dir"], "spiece.model")
+    built[workers] = dataset.prepare(config, str(tmp_path / f"w{workers}"))
+  assert built[1]["shards"] > 3
+
+  def contents(ddir):
+    return {
+      name: files.sha256(os.path.join(ddir, name))
+      for name in files.files_under(ddir)
+      if ".array_record-" in name or name.startswith("sentence_lengths/")
+    }
+
+  one, two = (contents(built[w]["data_dir"]) for w in (1, 2))
+  assert one == two and sum(n.startswith("sentence_lengths/") for n in one) >= 4
+  for key in ("train_examples", "eval_examples", "sentence_order_label_1_fraction"):
+    assert built[1][key] == built[2][key], key
+
+
 def test_prepared_static_data_is_refused_for_per_epoch(per_epoch, tmp_path):
   from albert_jax.data import dataset
   from tests.test_data import _config

@@ -134,11 +134,11 @@ def base_config() -> ml_collections.ConfigDict:
       # (seed, epoch, index). static_masking reproduces the original's dupe_factor fixed masks.
       static_masking=False,
       dupe_factor=40,
-      # Sentence pairs: static (made once at prepare time, as one of the original's dupe_factor
-      # copies) | per_epoch (prepare stores tokenized documents; chunking, short targets, A/B split,
-      # sentence order and NSP's random segment are redrawn every epoch from (seed, epoch, document),
-      # as each of the original's copies drew its own; docs/data.md).
-      pairing="static",
+      # Sentence pairs: per_epoch (prepare stores tokenized documents; chunking, short targets, A/B
+      # split, sentence order and NSP's random segment are redrawn every epoch from (seed, epoch,
+      # document), as each of the original's dupe_factor copies drew its own; docs/data.md) |
+      # static (made once at prepare time: every epoch shows a document the same pairs).
+      pairing="per_epoch",
       # Loader.
       shuffle=True,
       num_workers=0,
