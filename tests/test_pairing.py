@@ -248,6 +248,11 @@ def test_per_epoch_prepare_stores_documents_and_epoch_0_statistics(per_epoch):
   assert n > 1000 and info["train_documents"] > 50
   assert abs(info["sentence_order_label_1_fraction"] - 0.5) < 4 * 0.5 / np.sqrt(n)
   assert 0.06 < info["short_target_fraction"] < 0.14
+  # Statistics from the plan alone agree with the pairs the loader makes of epoch 0.
+  (e0,), sizes = _stream_epochs(config, workdir, info, 1)
+  assert sizes[0] == n
+  assert abs(np.mean([len(r) for r in e0]) - info["mean_example_tokens"]) < 2
+  assert info["single_sentence_chunks"] > 0
 
 
 def test_each_epoch_holds_every_documents_pairs_once_and_epochs_differ(per_epoch):

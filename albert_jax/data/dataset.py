@@ -597,8 +597,9 @@ def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
   for split in SPLITS:
     stored = result["splits"][split]["documents_kept"]
     path = os.path.join(staging_dir, f"{split}-{shard['index']:05d}")
-    nbytes = tokens = 0
-    counts = {"label_1": 0, "short_targets": 0}
+    nbytes = 0
+    counts = {"label_1": 0, "short_targets": 0, "tokens": 0}
+    counts.update(single_sentence_chunks=0, skipped_chunks=0)
     pairs = 0
     writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
     try:
@@ -615,18 +616,19 @@ def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
         ).SerializeToString(deterministic=True)
         writer.write(record)
         nbytes += len(record)
-        tokens += int(lengths.sum())
         pairs += examples_lib.epoch_pair_count(
           lengths.tolist(), epoch=0, key=key, summary=counts, **_pairing_settings(data)
         )
     finally:
       writer.close()
     _write_lengths(path + ".lengths", stored)
+    for name in ("single_sentence_chunks", "skipped_chunks"):
+      summary["pairs"][name] = summary["pairs"].get(name, 0) + counts[name]
     summary[split] = {
       "examples": pairs,  # epoch 0's pairs (the eval split's, always)
       "records": len(stored),
       "bytes": nbytes,
-      "tokens": tokens,
+      "tokens": counts["tokens"],  # epoch 0's examples', as for static pairs
       "label_1": counts["label_1"],
       "short_targets": counts["short_targets"],
       "documents": result["splits"][split]["documents"],

@@ -353,9 +353,12 @@ def epoch_pair_count(
 ) -> int:
   """How many pairs `epoch_pairs` makes in `epoch` of the document keyed `key`, from its sentence
   lengths (none 0) alone: what an epoch's index (prefix sums over documents) is built from.
-  `summary` (optional) adds up "label_1" (swapped or random next) and "short_targets"."""
+  `summary` (optional) adds up "label_1" (swapped or random next), "short_targets", "tokens" (with
+  [CLS] and [SEP]; a random segment counted at its target length) and the plan's
+  "single_sentence_chunks" and "skipped_chunks"."""
   _check_task(task)
   rng, _ = pair_rngs(seed, epoch, key)
+  stats = dict.fromkeys(_PAIR_STATS, 0)
   plan = _plan_pairs(
     sentence_lengths,
     rng,
@@ -363,14 +366,22 @@ def epoch_pair_count(
     short_seq_prob=short_seq_prob,
     task=task,
     single_sentence_random_next=single_sentence_random_next,
-    stats=dict.fromkeys(_PAIR_STATS, 0),
+    stats=stats,
   )
   count = 0
-  for target, _, _, _, _, random_next, swapped in plan:
+  for target, first, a_end, end, cut, random_next, swapped in plan:
     count += 1
     if summary is not None:
+      if random_next:
+        n = target if cut is not None else max(target, sum(sentence_lengths[first:a_end]) + 1)
+      else:
+        n = sum(sentence_lengths[first:end])
       summary["label_1"] = summary.get("label_1", 0) + (random_next or swapped)
       summary["short_targets"] = summary.get("short_targets", 0) + (target < max_seq_length - 3)
+      summary["tokens"] = summary.get("tokens", 0) + min(n, max_seq_length - 3) + 3
+  if summary is not None:
+    for name in ("single_sentence_chunks", "skipped_chunks"):
+      summary[name] = summary.get(name, 0) + stats[name]
   return count
 
 
