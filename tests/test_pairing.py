@@ -275,6 +275,18 @@ def test_each_epoch_holds_every_documents_pairs_once_and_epochs_differ(per_epoch
   assert same < 0.2 * len(e0), same  # pairs are redrawn, not reshuffled
 
 
+def test_per_epoch_static_masking_repeats_pairs_and_masks_with_period_dupe_factor(per_epoch):
+  """data.static_masking with per-epoch pairs: the original's dupe_factor copies, each paired and
+  masked once, shown in turn."""
+  from tests.test_data import _config
+
+  config, workdir, info = per_epoch
+  static = _config(config.data.input_files, pairing="per_epoch", static_masking=True, dupe_factor=2)
+  (e0, e1, e2), sizes = _stream_epochs(static, workdir, info, 3)
+  assert sizes[0] == sizes[2] and collections.Counter(e0) == collections.Counter(e2)
+  assert collections.Counter(e0) != collections.Counter(e1)
+
+
 def test_per_epoch_batches_are_deterministic_and_resume_mid_epoch(per_epoch):
   from albert_jax.data import input_pipeline
 

@@ -154,17 +154,23 @@ class _EpochPairs:
 
   def layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     if epoch not in self._layouts:
-      counts = []
+      counts = []  # an int32 array per shard of the split
       for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split):
         ends = np.cumsum(per_doc).tolist()
         starts = [0] + ends[:-1]
-        counts.extend(
-          examples_lib.epoch_pair_count(
-            lengths[a:b].tolist(), epoch=epoch, key=int(key), **self.settings
+        counts.append(
+          np.fromiter(
+            (
+              examples_lib.epoch_pair_count(
+                lengths[a:b].tolist(), epoch=epoch, key=key, **self.settings
+              )
+              for key, a, b in zip(keys.tolist(), starts, ends)
+            ),
+            np.int32,
+            len(keys),
           )
-          for key, a, b in zip(keys.tolist(), starts, ends)
         )
-      counts = np.array(counts, np.int64)
+      counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
       if self.shuffle:
         layout = examples_lib.epoch_layout(counts, self.seed, epoch)
       else:
