@@ -395,6 +395,13 @@ def test_prepared_static_data_is_refused_for_per_epoch(per_epoch, tmp_path):
   static = _config(config.data.input_files)
   with pytest.raises(ConfigError, match="pairing"):
     dataset.check_prepared(static, workdir)
+  ddir, prepared = dataset.check_prepared(config, workdir)
+  assert dataset.config_for_prepared(ddir, prepared).data.pairing == "per_epoch"
+  # Data prepared before data.pairing existed holds static pairs.
+  old = dict(
+    prepared, fingerprint={k: v for k, v in prepared["fingerprint"].items() if k != "pairing"}
+  )
+  assert dataset.config_for_prepared(ddir, old).data.pairing == "static"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -151,6 +151,8 @@ def config_for_prepared(data_dir: str, prepared: dict):
       max_documents=corpus["max_documents"],
       builtin_corpus="",
     )
+    for field, before in _FIELDS_SINCE.items():  # what data prepared before them was made with
+      d[field] = fp.get(field, before)
     if fp["vocab"]["source"] == "file":
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
     else:
