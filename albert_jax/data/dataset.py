@@ -3,7 +3,9 @@
 prepare(config, workdir)
   vocabulary (trained on a seeded sample of the corpus, or config.data.spm_model_path) -> shards of
   documents (corpus.shards) -> per shard, unmasked sentence pairs (shard_examples:
-  examples.create_pairs, a pure function of config.seed and the shard) serialized as TFDS examples
+  examples.create_pairs, a pure function of config.seed and the shard; with data.pairing=per_epoch,
+  the tokenized documents and their sentence lengths instead, _write_documents, paired by the
+  loader every epoch) serialized as TFDS examples
   into one ArrayRecord file per split (write_shard), on data.num_prepare_workers processes or an
   Apache Beam pipeline with data.beam_runner -> the files put together as one TFDS dataset (TFDS's
   metadata written beside them; splits "train" and "eval") in config.data.data_dir or

@@ -11,6 +11,11 @@ make_iterator(config, workdir, split) / batches(config, workdir, split)
   data order does not depend on the number of hosts. The iterator's state (get_state/set_state,
   JSON) is the number of batches read, so a resumed run continues at exactly the next batch.
 
+With data.pairing=per_epoch (the default) the records are documents and the pairs are made here too
+(_EpochPairs): epoch e's examples are every document's pairs for (seed, e, document), laid out from
+the stored sentence lengths; the train stream is the epochs laid end to end (they differ in size), and
+the eval split shows epoch 0's pairs.
+
 Why masks are not stored: the original wrote dupe_factor=40 statically masked copies of the corpus;
 drawing them in the pipeline is cheap (docs/performance.md, Input pipeline) and gives a fresh mask
 every epoch (RoBERTa's dynamic masking). data.static_masking=True reuses masks with period
