@@ -1,9 +1,13 @@
 """Pretraining examples (docs/data.md), pure NumPy.
 
 Two stages, split where the original has none:
-  1. `create_pairs` (at prepare time, once, deterministic from the seed): sentence chunks ->
-     `[CLS] A [SEP] B [SEP]` with segment ids and sentence_order_label, unmasked. This is the
-     original create_instances_from_document (google-research/albert create_pretraining_data.py).
+  1. Pairs: sentence chunks -> `[CLS] A [SEP] B [SEP]` with segment ids and sentence_order_label,
+     unmasked: the original create_instances_from_document (google-research/albert
+     create_pretraining_data.py), as a plan drawn from the sentence lengths (_plan_pairs) made into
+     tokens (_document_pairs). `epoch_pairs` draws a document's pairs from generators keyed by
+     (seed, epoch, document), in the loader every epoch (data.pairing=per_epoch), with
+     `epoch_pair_count` / `epoch_layout` / `locate` to index an epoch without reading tokens;
+     `create_pairs` draws them once at prepare time from one generator (data.pairing=static).
   2. `Masker` / `mask_example` (in the input pipeline, every epoch): whole-word n-gram masking,
      the original create_masked_lm_predictions, as a pure function of its random generator; the
      pipeline keys that generator by (seed, epoch, example index) (`example_rng`), so masks change
