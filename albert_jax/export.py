@@ -213,6 +213,11 @@ def write_export(
 
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
+  if fmt == "hf" and "data" in config and not config.data.get("normalize_quotes", True):
+    raise ConfigError(
+      "--format=hf: this model was trained with data.normalize_quotes=False but Hugging Face's "
+      "AlbertTokenizer always turns `` and '' into \"; export with --format=jax"
+    )
   output = check_output(output, overwrite)
   if spm_model_path and not files.path(spm_model_path).is_file():
     raise ConfigError(f"vocabulary not found: {spm_model_path} (pass --spm_model_path)")

@@ -51,7 +51,11 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
   or predictions need (GLUE: the test index; SQuAD: examples and features)."""
   from albert_jax.data import tokenizer as tokenizer_lib
 
-  tok = tokenizer_lib.load(config.data.spm_model_path, lower=config.data.do_lower_case)
+  tok = tokenizer_lib.load(
+    config.data.spm_model_path,
+    lower=config.data.do_lower_case,
+    normalize_quotes=config.data.get("normalize_quotes", True),
+  )
   out = {}
   for split in task.splits:
     path = task.split_path(config, split)

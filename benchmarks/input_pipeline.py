@@ -8,7 +8,9 @@
    `corpus_copies` times, and prepares it at sequence 128 (training an 8000-piece vocabulary) and 512 (reusing it):
    prepare throughput in MB of raw text per second, for tokenizing + pairing alone and end to end.
 2. Reads batches from each prepared dataset through albert_jax.data.input_pipeline.make_iterator exactly as training
-   does (global shuffle, TFDS ArrayRecord reads, dynamic whole-word masking, batching) in one thread
+   does (global shuffle, TFDS ArrayRecord reads, dynamic whole-word masking, batching), once per
+   data.pairing in --pairings (static: stored pairs; per_epoch: pairs made from the stored documents
+   in the loader, the epoch's layout counted once before the timing, reported apart) in one thread
    (data.prefetch=0, no workers) and reports examples per CPU-second of this process: examples/s
    per core. A TPU host training albert base needs (global batch 4096 / hosts) examples per step.
 
@@ -39,6 +41,9 @@ _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpu
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Per-host batch read in the pipeline benchmark.")
 _BATCHES = flags.DEFINE_integer("batches", 40, "Batches timed per sequence length.")
 _SEQ_LENGTHS = flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths.")
+_PAIRINGS = flags.DEFINE_list(
+  "pairings", ["static", "per_epoch"], "data.pairing values, measured side by side."
+)
 _DATA_DIR = flags.DEFINE_string(
   "data_dir", "", "Also read each prepared dataset from a copy here (e.g. gs://BUCKET/bench)."
 )
@@ -77,7 +82,12 @@ def _write_corpus(directory: str, copies: int) -> str:
 
 
 def _config(
-  files: str, seq: int, spm_model_path: str = "", batch_size: int = 128, prefetch: int = 0
+  files: str,
+  seq: int,
+  spm_model_path: str = "",
+  batch_size: int = 128,
+  prefetch: int = 0,
+  pairing: str = "static",
 ):
   config = config_lib.base_config()
   config.model.vocab_size = 8000
@@ -87,13 +97,16 @@ def _config(
     spm_model_path=spm_model_path,
     prefetch=prefetch,
     num_workers=0,
+    pairing=pairing,
   )
   config.train.batch_size = batch_size
   return config
 
 
 def _pipeline_rate(config, workdir: str, batches: int) -> dict:
+  t0 = time.process_time()
   it = input_pipeline.make_iterator(config, workdir, "train", process_index=0, process_count=1)
+  open_cpu = time.process_time() - t0  # per_epoch: the first epoch's layout
   for _ in range(3):  # warm up: readers opened, first pages cached
     next(it)
   wall, cpu = time.perf_counter(), time.process_time()
@@ -102,7 +115,11 @@ def _pipeline_rate(config, workdir: str, batches: int) -> dict:
   wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
   it.close()
   n = batches * config.train.batch_size
-  return {"examples_per_cpu_second": round(n / cpu), "examples_per_wall_second": round(n / wall)}
+  return {
+    "examples_per_cpu_second": round(n / cpu),
+    "examples_per_wall_second": round(n / wall),
+    "open_cpu_seconds": round(open_cpu, 2),
+  }
 
 
 def main(argv):
@@ -112,15 +129,17 @@ def main(argv):
   files = _write_corpus(os.path.join(root, "corpus"), _COPIES.value)
   results: dict = {"cpu_count": os.cpu_count(), "corpus_copies": _COPIES.value}
   spm_path = ""
-  for seq in [int(s) for s in _SEQ_LENGTHS.value]:
-    workdir = os.path.join(root, f"seq{seq}")
-    config = _config(files, seq, spm_path, _BATCH.value)
+  runs = [(int(s), p) for s in _SEQ_LENGTHS.value for p in _PAIRINGS.value]
+  for seq, pairing in runs:
+    name = f"seq{seq}" if pairing == "static" else f"seq{seq}_{pairing}"
+    workdir = os.path.join(root, name)
+    config = _config(files, seq, spm_path, _BATCH.value, pairing=pairing)
     t0 = time.perf_counter()
     info = dataset.prepare(config, workdir)
     fresh = info["seconds"] <= time.perf_counter() - t0 + 1
     spm_path = spm_path or info["spm_model_path"]
     rate = _pipeline_rate(config, workdir, _BATCHES.value)
-    results[f"seq{seq}"] = dict(
+    results[name] = dict(
       rate,
       train_examples=info["num_train_examples"],
       mean_example_tokens=info["mean_example_tokens"],
@@ -131,10 +150,11 @@ def main(argv):
       prepare_seconds=info["seconds"],
       prepared_now=fresh,
     )
-    r = results[f"seq{seq}"]
+    r = results[name]
     print(
-      f"seq {seq:4d}: {r['examples_per_cpu_second']:>7,} masked examples/s per CPU core "
-      f"({r['examples_per_wall_second']:,}/s wall, batch {config.train.batch_size}, "
+      f"seq {seq:4d} {pairing:9s}: {r['examples_per_cpu_second']:>7,} masked examples/s per CPU "
+      f"core ({r['examples_per_wall_second']:,}/s wall, batch {config.train.batch_size}, "
+      f"layout {r['open_cpu_seconds']} CPU s, "
       f"{r['mean_example_tokens']} tokens/example); prepare {r['prepare_raw_text_mb']} MB: "
       f"{r['prepare_tokenize_pair_mb_per_s']} MB/s tokenize+pair, "
       f"{r['prepare_end_to_end_mb_per_s']} MB/s end to end "
@@ -142,7 +162,7 @@ def main(argv):
       flush=True,
     )
     if _DATA_DIR.value:
-      remote = str(albert_files.path(_DATA_DIR.value, f"seq{seq}"))
+      remote = str(albert_files.path(_DATA_DIR.value, name))
       if not albert_files.path(remote, dataset.PREPARED_FILE).exists():
         albert_files.upload(info["data_dir"], remote, last=(dataset.PREPARED_FILE,))
       config.data.data_dir = remote

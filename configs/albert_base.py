@@ -1,6 +1,7 @@
 """ALBERT base: H=768, L=12, 12 heads, E=128, all layers shared (11.8M parameters with heads).
 
-Pretrain with the paper's recipe (batch 4096, sequence 512, 125k steps, LAMB, lr 0.00176):
+Pretrain with the paper's recipe (batch 4096, sequence 512, 125k steps, LAMB, lr 0.00176) and the
+v2 setting of no dropout (`:dropout=0.1` is the paper's Table 2 setting, v1; docs/departures.md):
   python -m albert_jax.main --config=configs/albert_base.py --workdir=DIR
 Variants (the paper's ablations, Tables 3 and 4), e.g.:
   --config=configs/albert_base.py:sharing=none,embedding_size=768

@@ -1,6 +1,7 @@
 """ALBERT xxlarge: H=4096, L=12, 64 heads, E=128, all shared (223.2M parameters with heads).
 
-Pretrain with the paper's recipe (batch 4096, sequence 512, 125k steps, LAMB, lr 0.00176):
+Pretrain with the paper's recipe (batch 4096, sequence 512, 125k steps, LAMB, lr 0.00176) and no
+dropout (the v2 setting; the paper's Table 2 xxlarge, v1, used no dropout either):
   python -m albert_jax.main --config=configs/albert_xxlarge.py --workdir=DIR
 Variants (the paper's ablations, Tables 3 and 4), e.g.:
   --config=configs/albert_xxlarge.py:sharing=none,embedding_size=768

@@ -286,6 +286,7 @@ def _config(input_files, spm_model_path, **fields):
     max_predictions_per_seq=10,
     eval_fraction=0.1,
     num_prepare_workers=1,
+    pairing="static",  # the stored pairs are compared here; per-epoch pairing: test_pairing.py
   )
   c.data.update(**fields)
   return c

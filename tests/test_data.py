@@ -59,6 +59,7 @@ def _config(input_files, **data_fields):
     max_predictions_per_seq=P,
     eval_fraction=0.1,
     prefetch=0,
+    pairing="static",  # stored pairs, read back here; per-epoch pairing: tests/test_pairing.py
   )
   c.data.update(**data_fields)
   c.train.batch_size = BATCH
@@ -334,7 +335,7 @@ def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
     "  c = config_lib.base_config()\n"
     "  c.model.vocab_size = 1000\n"
     f"  c.data.update(input_files={config.data.input_files!r}, max_seq_length={SEQ}, "
-    f"max_predictions_per_seq={P}, eval_fraction=0.1)\n"
+    f"max_predictions_per_seq={P}, eval_fraction=0.1, pairing='static')\n"
     f"  c.train.batch_size = {BATCH}\n"
     "  return c\n"
   )

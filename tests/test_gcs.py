@@ -307,7 +307,13 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
   assert len(shards) == info["shards"] == 4
   for i, (remote, names, on_disk, shard_bytes) in enumerate(shards):
     assert remote.startswith(staging), remote
-    assert names == [f"eval-{i:05d}", f"summary-{i:05d}.json", f"train-{i:05d}"]
+    assert names == [
+      f"eval-{i:05d}",
+      f"eval-{i:05d}.lengths",  # data.pairing=per_epoch: the documents' sentence lengths
+      f"summary-{i:05d}.json",
+      f"train-{i:05d}",
+      f"train-{i:05d}.lengths",
+    ]
     assert on_disk == shard_bytes  # only this shard on the local disk
   records = _record_files(info["data_dir"])
   dataset_bytes = sum(
@@ -319,15 +325,24 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
   # Nothing of the killed build is left, nor of this one's staging folder.
   assert files.files_under(bucket)[0].startswith("data/")
   held = files.files_under(f"{bucket}/data")
+  lengths = [n for n in held if n.startswith("sentence_lengths/")]
+  assert len(lengths) == sum(1 for n in records if "-train." in n or "-eval." in n) >= 2
   assert old_shard not in held and sorted(held) == sorted(
     ["prepared.json", "spiece.model", "spiece.vocab"]
+    + lengths
     + [f"{dataset.DATASET_NAME}/{dataset.DATASET_VERSION}/{n}" for n in records]
     + [
       f"{dataset.DATASET_NAME}/{dataset.DATASET_VERSION}/{n}"
       for n in ("dataset_info.json", "features.json")
     ]
   )
-  assert len(dataset.open_source(info["data_dir"], "train")) == info["num_train_examples"] > 50
+  # A record per document; the loader pairs them (reading the sentence lengths from the bucket).
+  assert 5 < len(dataset.open_source(info["data_dir"], "train")) <= info["train_documents"]
+  assert info["num_train_examples"] > 50
+  from albert_jax.data import input_pipeline
+
+  it = input_pipeline.make_iterator(config, str(tmp_path / "work"), "train", 0, 1)
+  assert next(it)["input_ids"].shape == (config.train.batch_size, config.data.max_seq_length)
 
 
 def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):

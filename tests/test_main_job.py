@@ -11,6 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 400
+# Measured with per-epoch pairs (2026-11-24): 0.0883, 6.03 and 0.637; the bars stand unchanged.
 # Measured (2-core CPU, 2026-11-23, data in corpus order with a seeded eval sample), 400 steps (the
 # schedule decays to 0 at step 400): eval masked_lm_accuracy 0.1058, masked_lm_loss 5.96,
 # sentence_order_accuracy 0.602 over 256 eval examples (untrained: 1/4000, ln 4000 = 8.3, 0.5); on

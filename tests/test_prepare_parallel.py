@@ -53,6 +53,7 @@ def _config(setup, **fields):
     max_seq_length=64,
     max_predictions_per_seq=10,
     eval_fraction=0.1,
+    pairing="static",  # the stored pairs are compared here; per-epoch pairing: test_pairing.py
   )
   c.data.update(**fields)
   return c

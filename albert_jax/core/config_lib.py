@@ -85,6 +85,9 @@ def base_config() -> ml_collections.ConfigDict:
       # Bring your own SentencePiece model; "" trains one on the corpus during prepare.
       spm_model_path="",
       do_lower_case=True,
+      # preprocess_text turns `` and '' into " (XLNet's and Hugging Face's rule, which AlbertTokenizer
+      # applies); False: leave them, as the original's preprocess_text did (no Hugging Face export).
+      normalize_quotes=True,
       # Corpus, first that is set wins: files (globs or a comma-separated list; docs/data.md) ...
       input_files="",
       # ... read by extension (auto) or as text | jsonl | parquet | arrow; text as the original's
@@ -100,16 +103,18 @@ def base_config() -> ml_collections.ConfigDict:
       # ... or the built-in corpus that needs no download: "python_docs".
       builtin_corpus="python_docs",
       non_utf8="skip",  # skip (and count) | error
-      eval_fraction=0.02,  # of documents held out for the eval split
+      # Of documents held out for the eval split (a departure: the original trained on everything;
+      # it must stay above 0, e.g. 0.001 keeps one document in 1000 out of training).
+      eval_fraction=0.02,
       # prepare's worker processes (tokenizing and pairing): 0 = every core (os.cpu_count()).
       num_prepare_workers=0,
       # Run prepare as an Apache Beam pipeline (pip install -e ".[beam]"): "" (not), DirectRunner,
       # DataflowRunner, ...; beam_options: comma-separated pipeline flags passed through.
       beam_runner="",
       beam_options="",
-      # Vocabulary training: on a seeded sample of at most this many sentences (spm_train's
-      # input_sentence_size), so its memory does not grow with the corpus.
-      vocab_sample_sentences=1_000_000,
+      # Vocabulary training: on a seeded sample of at most this many sentences (the original's
+      # spm_train --input_sentence_size=10000000), so its memory does not grow with the corpus.
+      vocab_sample_sentences=10_000_000,
       spm_character_coverage=0.99995,
       # Examples (docs/data.md).
       max_seq_length=512,
@@ -129,6 +134,11 @@ def base_config() -> ml_collections.ConfigDict:
       # (seed, epoch, index). static_masking reproduces the original's dupe_factor fixed masks.
       static_masking=False,
       dupe_factor=40,
+      # Sentence pairs: per_epoch (prepare stores tokenized documents; chunking, short targets, A/B
+      # split, sentence order and NSP's random segment are redrawn every epoch from (seed, epoch,
+      # document), as each of the original's dupe_factor copies drew its own; docs/data.md) |
+      # static (made once at prepare time: every epoch shows a document the same pairs).
+      pairing="per_epoch",
       # Loader.
       shuffle=True,
       num_workers=0,
@@ -452,6 +462,10 @@ def validate_data(d, model) -> None:
   )
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
+  _check(
+    d.pairing in ("per_epoch", "static"),
+    f"data.pairing={d.pairing!r} is not 'per_epoch' or 'static'",
+  )
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
   _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
   _check(

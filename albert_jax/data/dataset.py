@@ -3,7 +3,9 @@
 prepare(config, workdir)
   vocabulary (trained on a seeded sample of the corpus, or config.data.spm_model_path) -> shards of
   documents (corpus.shards) -> per shard, unmasked sentence pairs (shard_examples:
-  examples.create_pairs, a pure function of config.seed and the shard) serialized as TFDS examples
+  examples.create_pairs, a pure function of config.seed and the shard; with data.pairing=per_epoch,
+  the tokenized documents and their sentence lengths instead, _write_documents, paired by the
+  loader every epoch) serialized as TFDS examples
   into one ArrayRecord file per split (write_shard), on data.num_prepare_workers processes or an
   Apache Beam pipeline with data.beam_runner -> the files put together as one TFDS dataset (TFDS's
   metadata written beside them; splits "train" and "eval") in config.data.data_dir or
@@ -118,10 +120,12 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "vocab": vocab,
     "vocab_size": config.model.vocab_size,
     "do_lower_case": d.do_lower_case,
+    "normalize_quotes": d.normalize_quotes,
     "max_seq_length": d.max_seq_length,
     "short_seq_prob": d.short_seq_prob,
     "task": config_lib.examples_task(d.task),
     "single_sentence_random_next": d.single_sentence_random_next,
+    "pairing": d.pairing,
     "seed": config.seed,
     "eval_fraction": d.eval_fraction,
     "corpus": corpus_lib.identity(d),
@@ -149,6 +153,8 @@ def config_for_prepared(data_dir: str, prepared: dict):
       max_documents=corpus["max_documents"],
       builtin_corpus="",
     )
+    for field, before in _FIELDS_SINCE.items():  # what data prepared before them was made with
+      d[field] = fp.get(field, before)
     if fp["vocab"]["source"] == "file":
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
     else:
@@ -178,11 +184,17 @@ def config_for_prepared(data_dir: str, prepared: dict):
 _READ_FIELDS = ("input_format", "text_format", "text_feature")
 
 
+# Fingerprint fields added since FORMAT_VERSION 3, with the value data prepared before had.
+_FIELDS_SINCE = {"normalize_quotes": True, "pairing": "static"}
+
+
 def _as_read_today(prepared: dict, config) -> dict:
   """prepared.json as if written today. Data prepared before data.input_format existed lacks the
   read fields: it read every input file as the original's format (one sentence a line). It stays
   valid, so runs prepared then keep resuming, while today's config reads the same files that way,
-  or when the files are gone (unknown, not compared); files now read otherwise are refused."""
+  or when the files are gone (unknown, not compared); files now read otherwise are refused. Fields
+  added since (_FIELDS_SINCE) take the value such data was made with."""
+  prepared = dict(prepared, fingerprint={**_FIELDS_SINCE, **prepared["fingerprint"]})
   corpus = prepared["fingerprint"].get("corpus")
   if not isinstance(corpus, dict) or corpus.get("source") != "files" or "input_format" in corpus:
     return prepared
@@ -379,16 +391,19 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
   GROUP_DOCUMENTS with a generator seeded by (seed, split, shard, group). Returns, per split,
   the examples as flat arrays (tokens, segments, lengths, labels), and the shard's statistics.
   """
-  key = (vocab_path, data.do_lower_case)
+  key = (vocab_path, data.do_lower_case, data.normalize_quotes)
   if key not in _TOKENIZERS:
     _TOKENIZERS.clear()
-    _TOKENIZERS[key] = tokenizer_lib.load(vocab_path, data.do_lower_case)
+    _TOKENIZERS[key] = tokenizer_lib.load(
+      vocab_path, data.do_lower_case, normalize_quotes=data.normalize_quotes
+    )
   tok = _TOKENIZERS[key]
   cstats = corpus_lib.CorpusStats()
   pair_stats: dict = {}
   docs: dict = {split: [] for split in SPLITS}
   doc_counts = {split: 0 for split in SPLITS}
   pairs: dict = {split: [] for split in SPLITS}
+  stored: dict = {split: [] for split in SPLITS}  # per_epoch: the documents themselves
   groups = {split: 0 for split in SPLITS}
 
   def flush(split: str):
@@ -399,6 +414,12 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
     for doc in docs[split]:
       tokenized.append(ids[i : i + len(doc)])
       i += len(doc)
+    if data.pairing == "per_epoch":
+      stored[split].extend(
+        _stored_documents(data, seed, shard["index"], tokenized, len(stored[split]))
+      )
+      docs[split] = []
+      return
     rng = np.random.default_rng([seed, SPLITS.index(split), shard["index"], groups[split]])
     pairs[split].extend(
       examples_lib.create_pairs(
@@ -426,6 +447,9 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
   out = {}
   for split in SPLITS:
     flush(split)
+    if data.pairing == "per_epoch":
+      out[split] = _documents_arrays(stored[split], doc_counts[split])
+      continue
     ps = pairs[split]
     out[split] = {
       "tokens": np.concatenate([p["input_ids"] for p in ps] or [np.zeros(0)]).astype("<i4"),
@@ -440,6 +464,7 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
     "splits": out,
     "corpus": dataclasses.asdict(cstats),
     "pairs": pair_stats,
+    "data": types.SimpleNamespace(**vars(data), seed=seed),
   }
 
 
@@ -470,6 +495,8 @@ def write_shard(
       shutil.rmtree(local, ignore_errors=True)
     return summary
   result = shard_examples(data, seed, vocab_path, shard, num_threads)
+  if data.pairing == "per_epoch":
+    return _write_documents(result, shard, staging_dir)
   features = _features()
   serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
   summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
@@ -509,6 +536,147 @@ def write_shard(
   with open(os.path.join(staging_dir, _summary_name(shard["index"])), "w") as f:
     json.dump(summary, f)
   return summary
+
+
+# ----------------------------------------------------------------------------------------------
+# data.pairing=per_epoch: the documents are stored and the loader pairs them every epoch.
+
+# A document's pairing key (examples.pair_rngs): its shard and its place among the shard's documents
+# of its split, which every worker knows alike (2**20 of each).
+_KEY_BITS = 20
+
+
+def _document_features():
+  """Per-epoch pairing's records: a document's tokens, its sentence lengths and its pairing key."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  bytes_enc = tfds.features.Encoding.BYTES
+  return tfds.features.FeaturesDict(
+    {
+      "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
+      "sentence_lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
+      "document_key": tfds.features.Scalar(dtype=np.int64),
+    }
+  )
+
+
+def _lengths_dir(out: str) -> str:
+  """Where per-epoch pairing keeps each split's sentence lengths, a file per shard: what the loader
+  counts an epoch's pairs from without reading a token."""
+  return os.path.join(out, "sentence_lengths")
+
+
+def _stored_documents(data, seed: int, shard_index: int, tokenized: list, first: int) -> list:
+  """(key, sentences as int32 arrays, none empty) of a group of tokenized documents; documents
+  left without a sentence are dropped."""
+  out = []
+  for doc in tokenized:
+    sentences = [np.asarray(x, np.int32) for x in doc if len(x)]
+    if not sentences:
+      continue
+    place = first + len(out)
+    if shard_index >> _KEY_BITS or place >> _KEY_BITS:
+      raise ConfigError(
+        f"data.pairing=per_epoch keys documents by shard and place (at most 2**{_KEY_BITS} "
+        f"each); shard {shard_index} has too many: use data.pairing=static"
+      )
+    out.append(((shard_index << _KEY_BITS) | place, sentences))
+  return out
+
+
+def _documents_arrays(stored: list, documents: int) -> dict:
+  return {"documents_kept": stored, "documents": documents}
+
+
+def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
+  """write_shard for data.pairing=per_epoch: a record per document (_document_features) and a
+  file of sentence lengths per split; the summary counts epoch 0's pairs as the split's examples."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  from tensorflow_datasets.core import example_serializer  # pylint: disable=g-import-not-at-top
+
+  data = result["data"]
+  features = _document_features()
+  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
+  for split in SPLITS:
+    stored = result["splits"][split]["documents_kept"]
+    path = os.path.join(staging_dir, f"{split}-{shard['index']:05d}")
+    nbytes = 0
+    counts = {"label_1": 0, "short_targets": 0, "tokens": 0}
+    counts.update(single_sentence_chunks=0, skipped_chunks=0)
+    pairs = 0
+    writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+    try:
+      for key, sentences in stored:
+        lengths = np.array([len(x) for x in sentences], np.int32)
+        record = serializer.get_tf_example(
+          features.encode_example(
+            {
+              "input_ids": np.concatenate(sentences).astype("<i4"),
+              "sentence_lengths": lengths.astype("<i4"),
+              "document_key": key,
+            }
+          )
+        ).SerializeToString(deterministic=True)
+        writer.write(record)
+        nbytes += len(record)
+        pairs += examples_lib.epoch_pair_count(
+          lengths.tolist(), epoch=0, key=key, summary=counts, **_pairing_settings(data)
+        )
+    finally:
+      writer.close()
+    _write_lengths(path + ".lengths", stored)
+    for name in ("single_sentence_chunks", "skipped_chunks"):
+      summary["pairs"][name] = summary["pairs"].get(name, 0) + counts[name]
+    summary[split] = {
+      "examples": pairs,  # epoch 0's pairs (the eval split's, always)
+      "records": len(stored),
+      "bytes": nbytes,
+      "tokens": counts["tokens"],  # epoch 0's examples', as for static pairs
+      "label_1": counts["label_1"],
+      "short_targets": counts["short_targets"],
+      "documents": result["splits"][split]["documents"],
+    }
+  with open(os.path.join(staging_dir, _summary_name(shard["index"])), "w") as f:
+    json.dump(summary, f)
+  return summary
+
+
+def _pairing_settings(data) -> dict:
+  """The examples.epoch_pair_count / epoch_pairs keywords of config.data (and the seed)."""
+  return dict(
+    seed=data.seed,
+    max_seq_length=data.max_seq_length,
+    short_seq_prob=data.short_seq_prob,
+    task=config_lib.examples_task(data.task),
+    single_sentence_random_next=data.single_sentence_random_next,
+  )
+
+
+def _write_lengths(path: str, stored: list) -> None:
+  """Little-endian: int64 documents and sentences, int64 keys, int32 sentences per document, int32
+  sentence lengths."""
+  keys = np.array([k for k, _ in stored], "<i8")
+  per_doc = np.array([len(s) for _, s in stored], "<i4")
+  lengths = np.array([len(x) for _, s in stored for x in s], "<i4")
+  with open(path, "wb") as f:
+    f.write(np.array([len(keys), len(lengths)], "<i8").tobytes())
+    f.write(keys.tobytes() + per_doc.tobytes() + lengths.tobytes())
+
+
+def read_sentence_lengths(
+  ddir: str, split: str
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  """(keys, sentences per document, sentence lengths) of a per-epoch split, a shard at a time in
+  record order: memory bounded by a shard."""
+  paths = sorted(str(p) for p in files.path(ddir, "sentence_lengths").glob(f"{split}-*"))
+  for path in paths:
+    raw = files.path(path).read_bytes()
+    n_docs, n_sent = np.frombuffer(raw[:16], "<i8").tolist()
+    keys = np.frombuffer(raw, "<i8", n_docs, 16)
+    per_doc = np.frombuffer(raw, "<i4", n_docs, 16 + 8 * n_docs)
+    lengths = np.frombuffer(raw, "<i4", n_sent, 16 + 12 * n_docs)
+    yield keys, per_doc, lengths
 
 
 def _summary_name(index: int) -> str:
@@ -621,6 +789,7 @@ def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> No
     os.path.join(out_dir, VOCAB_FILE),
     config.model.vocab_size,
     lower=d.do_lower_case,
+    normalize_quotes=d.normalize_quotes,
     character_coverage=d.spm_character_coverage,
     input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
     seed=config.seed,
@@ -720,9 +889,12 @@ def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
     dataset_name=DATASET_NAME,
     filetype_suffix="array_record",
   )
+  per_epoch = "records" in summaries[0][SPLITS[0]]
+  if per_epoch and not files.is_remote(out):
+    os.makedirs(_lengths_dir(out))
   split_infos, moves = [], []
   for split in SPLITS:
-    kept = [s for s in summaries if s[split]["examples"]]
+    kept = [s for s in summaries if s[split].get("records", s[split]["examples"])]
     for i, summary in enumerate(kept):
       moves.append(
         (
@@ -730,10 +902,17 @@ def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
           os.path.join(records, _final_name(split, i, len(kept))),
         )
       )
+      if per_epoch:
+        moves.append(
+          (
+            os.path.join(staging_dir, f"{split}-{summary['shard']:05d}.lengths"),
+            os.path.join(_lengths_dir(out), f"{split}-{i:05d}-of-{len(kept):05d}"),
+          )
+        )
     split_infos.append(
       tfds.core.SplitInfo(
         name=split,
-        shard_lengths=[s[split]["examples"] for s in kept],
+        shard_lengths=[s[split].get("records", s[split]["examples"]) for s in kept],
         num_bytes=sum(s[split]["bytes"] for s in kept),
         filename_template=template.replace(split=split),
       )
@@ -743,7 +922,7 @@ def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
   with cli.prints_to_log("tensorflow_datasets"):
     tfds.folder_dataset.write_metadata(
       data_dir=records,
-      features=_features(),
+      features=_document_features() if per_epoch else _features(),
       split_infos=split_infos,
       filename_template=template,
       check_data=False,
@@ -830,7 +1009,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
   shard_seconds = time.time() - t0
   if not d.spm_model_path:
     vocab_seconds = _train_vocab(config, shards, out)
-  tok = tokenizer_lib.load(vocab_path, d.do_lower_case)
+  tok = tokenizer_lib.load(vocab_path, d.do_lower_case, normalize_quotes=d.normalize_quotes)
   if tok.vocab_size != config.model.vocab_size:
     raise ConfigError(
       f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"

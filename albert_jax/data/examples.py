@@ -1,9 +1,13 @@
 """Pretraining examples (docs/data.md), pure NumPy.
 
 Two stages, split where the original has none:
-  1. `create_pairs` (at prepare time, once, deterministic from the seed): sentence chunks ->
-     `[CLS] A [SEP] B [SEP]` with segment ids and sentence_order_label, unmasked. This is the
-     original create_instances_from_document (google-research/albert create_pretraining_data.py).
+  1. Pairs: sentence chunks -> `[CLS] A [SEP] B [SEP]` with segment ids and sentence_order_label,
+     unmasked: the original create_instances_from_document (google-research/albert
+     create_pretraining_data.py), as a plan drawn from the sentence lengths (_plan_pairs) made into
+     tokens (_document_pairs). `epoch_pairs` draws a document's pairs from generators keyed by
+     (seed, epoch, document), in the loader every epoch (data.pairing=per_epoch), with
+     `epoch_pair_count` / `epoch_layout` / `locate` to index an epoch without reading tokens;
+     `create_pairs` draws them once at prepare time from one generator (data.pairing=static).
   2. `Masker` / `mask_example` (in the input pipeline, every epoch): whole-word n-gram masking,
      the original create_masked_lm_predictions, as a pure function of its random generator; the
      pipeline keys that generator by (seed, epoch, example index) (`example_rng`), so masks change
@@ -29,7 +33,7 @@ Where we depart from the original, and why:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -112,6 +116,170 @@ def _truncate(tokens: np.ndarray, remove: int, rng: np.random.Generator) -> np.n
   return tokens[front : len(tokens) - (remove - front)]
 
 
+def _plan_pairs(
+  lengths: Sequence[int],
+  rng: np.random.Generator,
+  *,
+  max_num_tokens: int,
+  short_seq_prob: float,
+  task: str,
+  single_sentence_random_next: bool,
+  stats: dict,
+) -> Iterator[tuple]:
+  """The pairs of one document from its sentence lengths alone (no token is read).
+
+  Yields (target, first, a_end, end, cut, random_next, swapped) per pair: sentences [first, a_end)
+  are A and [a_end, end) are B; cut (a single-sentence chunk split in two) is the token where B
+  starts in sentence `first`, else None; random_next: B comes from another document instead (its
+  own sentences start the next chunk, the original's rewind); swapped: SOP's swap. Every draw that
+  decides how many pairs a document gives is made here, from `rng`; the caller makes the rest (the
+  random segment, truncation) before the generator resumes, so with one generator for both the
+  draws come in the order of the original loop.
+  """
+
+  def draw_target() -> int:
+    if rng.random() < short_seq_prob:
+      return int(rng.integers(2, max_num_tokens + 1))
+    return max_num_tokens
+
+  num = len(lengths)
+  target = draw_target()
+  first, length, i = 0, 0, 0
+  while i < num:
+    length += lengths[i]
+    if i == num - 1 or length >= target:
+      end = i + 1
+      cut, has_b = None, True
+      if end - first >= 2:
+        a_end = first + int(rng.integers(1, end - first))
+        random_next = task == "nsp" and rng.random() < 0.5
+      else:
+        stats["single_sentence_chunks"] += 1
+        a_end = end
+        if single_sentence_random_next:
+          random_next = True
+        elif lengths[first] >= 2:
+          cut = int(rng.integers(1, lengths[first]))
+          random_next = task == "nsp" and rng.random() < 0.5
+        else:
+          has_b = random_next = False
+      swapped = not random_next and task == "sop" and has_b and rng.random() < 0.5
+      if has_b:
+        yield target, first, a_end, end, cut, random_next, swapped
+      else:
+        stats["skipped_chunks"] += 1
+      if random_next:
+        i = a_end - 1  # the unused sentences start the next chunk (the original)
+      first, length = i + 1, 0
+      target = draw_target()
+    i += 1
+
+
+def _random_segment(
+  rng: np.random.Generator,
+  num_documents: int,
+  get_document: Callable[[int], Sequence[np.ndarray]],
+  doc_index: int,
+  target_b_length: int,
+) -> np.ndarray | None:
+  """The original's random B: sentences of another document, from a random one on, up to the
+  target length (the original's ten tries to avoid the document itself)."""
+  for _ in range(10):
+    r = int(rng.integers(0, num_documents))
+    if r != doc_index:
+      break
+  rdoc = get_document(r)
+  if not rdoc:
+    return None
+  parts, n = [], 0
+  for j in range(int(rng.integers(0, len(rdoc))), len(rdoc)):
+    parts.append(rdoc[j])
+    n += len(rdoc[j])
+    if n >= target_b_length:
+      break
+  return np.concatenate(parts)
+
+
+def _document_pairs(
+  doc: Sequence[np.ndarray],
+  doc_index: int,
+  rng: np.random.Generator,
+  aux_rng: np.random.Generator,
+  num_documents: int,
+  get_document: Callable[[int], Sequence[np.ndarray]],
+  *,
+  max_seq_length: int,
+  short_seq_prob: float,
+  task: str,
+  single_sentence_random_next: bool,
+  stats: dict,
+) -> list[dict]:
+  """The pairs of one document (sentences of token ids, none empty): the plan (_plan_pairs, from
+  `rng`) made into tokens, the random segment and truncation drawn from `aux_rng`."""
+  max_num_tokens = max_seq_length - 3
+  out = []
+  plan = _plan_pairs(
+    [len(x) for x in doc],
+    rng,
+    max_num_tokens=max_num_tokens,
+    short_seq_prob=short_seq_prob,
+    task=task,
+    single_sentence_random_next=single_sentence_random_next,
+    stats=stats,
+  )
+  for target, first, a_end, end, cut, random_next, swapped in plan:
+    label = 0
+    if cut is not None:
+      tokens_a, tokens_b = doc[first][:cut], doc[first][cut:]
+    else:
+      tokens_a = np.concatenate(doc[first:a_end])
+      tokens_b = np.concatenate(doc[a_end:end]) if a_end < end else None
+    if random_next:
+      tokens_b = _random_segment(
+        aux_rng, num_documents, get_document, doc_index, target - len(tokens_a)
+      )
+      label = 1
+      stats["random_next"] += 1
+    elif swapped:
+      tokens_a, tokens_b = tokens_b, tokens_a
+      label = 1
+    if tokens_b is not None:
+      ra, rb = _truncate_counts(len(tokens_a), len(tokens_b), max_num_tokens)
+      if ra or rb:
+        stats["truncated"] += 1
+        tokens_a = _truncate(tokens_a, ra, aux_rng)
+        tokens_b = _truncate(tokens_b, rb, aux_rng)
+    if tokens_b is None or not len(tokens_a) or not len(tokens_b):
+      stats["skipped_chunks"] += 1
+      continue
+    la, lb = len(tokens_a), len(tokens_b)
+    input_ids = np.empty(la + lb + 3, np.int32)
+    input_ids[0] = CLS_ID
+    input_ids[1 : la + 1] = tokens_a
+    input_ids[la + 1] = SEP_ID
+    input_ids[la + 2 : la + lb + 2] = tokens_b
+    input_ids[-1] = SEP_ID
+    segment_ids = np.zeros(la + lb + 3, np.int8)
+    segment_ids[la + 2 :] = 1
+    out.append(
+      dict(
+        input_ids=input_ids,
+        segment_ids=segment_ids,
+        sentence_order_label=label,
+        target_length=target,
+      )
+    )
+  return out
+
+
+_PAIR_STATS = ("single_sentence_chunks", "skipped_chunks", "truncated", "random_next")
+
+
+def _check_task(task: str) -> None:
+  if task not in ("sop", "nsp"):
+    raise ValueError(f"task must be 'sop' or 'nsp', got {task!r}")
+
+
 def create_pairs(
   documents: Sequence[Sequence[Sequence[int]]],
   rng: np.random.Generator,
@@ -122,7 +290,8 @@ def create_pairs(
   single_sentence_random_next: bool = False,
   stats: dict | None = None,
 ) -> list[dict]:
-  """Unmasked examples from tokenized documents (lists of sentences of token ids).
+  """Unmasked examples from tokenized documents (lists of sentences of token ids), every draw from
+  one generator (static pairs: data.pairing=static).
 
   Returns dicts with `input_ids` (int32, unpadded: [CLS] A [SEP] B [SEP]), `segment_ids` (int8:
   0 for [CLS], A and the first [SEP], 1 for B and the last [SEP]), `sentence_order_label`
@@ -130,101 +299,156 @@ def create_pairs(
   Documents for a random B are drawn from `documents` (the original drew from the whole corpus;
   prepare passes shards of thousands of documents). `stats` (optional) counts what was skipped.
   """
-  if task not in ("sop", "nsp"):
-    raise ValueError(f"task must be 'sop' or 'nsp', got {task!r}")
+  _check_task(task)
   docs = [[np.asarray(s, dtype=np.int32) for s in doc if len(s)] for doc in documents]
   stats = stats if stats is not None else {}
-  for key in ("single_sentence_chunks", "skipped_chunks", "truncated", "random_next"):
+  for key in _PAIR_STATS:
     stats.setdefault(key, 0)
-  max_num_tokens = max_seq_length - 3
   out = []
-
-  def draw_target() -> int:
-    if rng.random() < short_seq_prob:
-      return int(rng.integers(2, max_num_tokens + 1))
-    return max_num_tokens
-
-  def random_b(doc_index: int, target_b_length: int) -> np.ndarray | None:
-    for _ in range(10):
-      r = int(rng.integers(0, len(docs)))
-      if r != doc_index:
-        break
-    rdoc = docs[r]
-    if not rdoc:
-      return None
-    parts, n = [], 0
-    for j in range(int(rng.integers(0, len(rdoc))), len(rdoc)):
-      parts.append(rdoc[j])
-      n += len(rdoc[j])
-      if n >= target_b_length:
-        break
-    return np.concatenate(parts)
-
   for doc_index, doc in enumerate(docs):
-    target = draw_target()
-    chunk: list[np.ndarray] = []
-    length = 0
-    i = 0
-    while i < len(doc):
-      chunk.append(doc[i])
-      length += len(doc[i])
-      if i == len(doc) - 1 or length >= target:
-        label = 0
-        if len(chunk) >= 2:
-          a_end = int(rng.integers(1, len(chunk)))
-          tokens_a = np.concatenate(chunk[:a_end])
-          tokens_b = np.concatenate(chunk[a_end:])
-          random_next = task == "nsp" and rng.random() < 0.5
-        else:
-          stats["single_sentence_chunks"] += 1
-          a_end = 1
-          if single_sentence_random_next:
-            tokens_a, tokens_b, random_next = chunk[0], None, True
-          elif len(chunk[0]) >= 2:
-            cut = int(rng.integers(1, len(chunk[0])))
-            tokens_a, tokens_b = chunk[0][:cut], chunk[0][cut:]
-            random_next = task == "nsp" and rng.random() < 0.5
-          else:
-            tokens_a = tokens_b = None
-            random_next = False
-        if random_next:
-          tokens_b = random_b(doc_index, target - len(tokens_a))
-          label = 1
-          stats["random_next"] += 1
-          i -= len(chunk) - a_end  # the unused sentences start the next chunk (the original)
-        elif task == "sop" and tokens_b is not None and rng.random() < 0.5:
-          tokens_a, tokens_b = tokens_b, tokens_a
-          label = 1
-        if tokens_a is not None and tokens_b is not None:
-          ra, rb = _truncate_counts(len(tokens_a), len(tokens_b), max_num_tokens)
-          if ra or rb:
-            stats["truncated"] += 1
-            tokens_a = _truncate(tokens_a, ra, rng)
-            tokens_b = _truncate(tokens_b, rb, rng)
-        if tokens_a is None or tokens_b is None or not len(tokens_a) or not len(tokens_b):
-          stats["skipped_chunks"] += 1
-        else:
-          la, lb = len(tokens_a), len(tokens_b)
-          input_ids = np.empty(la + lb + 3, np.int32)
-          input_ids[0] = CLS_ID
-          input_ids[1 : la + 1] = tokens_a
-          input_ids[la + 1] = SEP_ID
-          input_ids[la + 2 : la + lb + 2] = tokens_b
-          input_ids[-1] = SEP_ID
-          segment_ids = np.zeros(la + lb + 3, np.int8)
-          segment_ids[la + 2 :] = 1
-          out.append(
-            dict(
-              input_ids=input_ids,
-              segment_ids=segment_ids,
-              sentence_order_label=label,
-              target_length=target,
-            )
-          )
-        chunk, length = [], 0
-        target = draw_target()
-      i += 1
+    out.extend(
+      _document_pairs(
+        doc,
+        doc_index,
+        rng,
+        rng,
+        len(docs),
+        docs.__getitem__,
+        max_seq_length=max_seq_length,
+        short_seq_prob=short_seq_prob,
+        task=task,
+        single_sentence_random_next=single_sentence_random_next,
+        stats=stats,
+      )
+    )
   return out
+
+
+# Per-epoch pairs: each document's pairs are drawn from two generators keyed by (seed, epoch,
+# document): the plan's (how many pairs, which sentences, the swap) and the one for the random
+# segment and truncation, so that a document's number of pairs follows from its sentence lengths.
+_PLAN_STREAM, _AUX_STREAM = 0x504C414E, 0x415558
+
+
+def pair_rngs(
+  seed: int, epoch: int, doc_index: int
+) -> tuple[np.random.Generator, np.random.Generator]:
+  """The plan's and the auxiliary generator of document `doc_index` in `epoch` (Philox, keyed)."""
+  counter = ((epoch & 0xFFFFFF) << 40) | (doc_index & 0xFFFFFFFFFF)
+  return tuple(
+    np.random.Generator(
+      np.random.Philox(key=np.array([_splitmix64(_splitmix64(seed) ^ stream), counter], np.uint64))
+    )
+    for stream in (_PLAN_STREAM, _AUX_STREAM)
+  )
+
+
+def epoch_pair_count(
+  sentence_lengths: Sequence[int],
+  *,
+  seed: int,
+  epoch: int,
+  key: int,
+  max_seq_length: int,
+  short_seq_prob: float = 0.1,
+  task: str = "sop",
+  single_sentence_random_next: bool = False,
+  summary: dict | None = None,
+) -> int:
+  """How many pairs `epoch_pairs` makes in `epoch` of the document keyed `key`, from its sentence
+  lengths (none 0) alone: what an epoch's index (prefix sums over documents) is built from.
+  `summary` (optional) adds up "label_1" (swapped or random next), "short_targets", "tokens" (with
+  [CLS] and [SEP]; a random segment counted at its target length) and the plan's
+  "single_sentence_chunks" and "skipped_chunks"."""
+  _check_task(task)
+  rng, _ = pair_rngs(seed, epoch, key)
+  stats = dict.fromkeys(_PAIR_STATS, 0)
+  plan = _plan_pairs(
+    sentence_lengths,
+    rng,
+    max_num_tokens=max_seq_length - 3,
+    short_seq_prob=short_seq_prob,
+    task=task,
+    single_sentence_random_next=single_sentence_random_next,
+    stats=stats,
+  )
+  count = 0
+  for target, first, a_end, end, cut, random_next, swapped in plan:
+    count += 1
+    if summary is not None:
+      if random_next:
+        n = target if cut is not None else max(target, sum(sentence_lengths[first:a_end]) + 1)
+      else:
+        n = sum(sentence_lengths[first:end])
+      summary["label_1"] = summary.get("label_1", 0) + (random_next or swapped)
+      summary["short_targets"] = summary.get("short_targets", 0) + (target < max_seq_length - 3)
+      summary["tokens"] = summary.get("tokens", 0) + min(n, max_seq_length - 3) + 3
+  if summary is not None:
+    for name in ("single_sentence_chunks", "skipped_chunks"):
+      summary[name] = summary.get(name, 0) + stats[name]
+  return count
+
+
+def epoch_pairs(
+  doc: Sequence[np.ndarray],
+  doc_index: int,
+  num_documents: int,
+  get_document: Callable[[int], Sequence[np.ndarray]],
+  *,
+  seed: int,
+  epoch: int,
+  key: int | None = None,
+  max_seq_length: int,
+  short_seq_prob: float = 0.1,
+  task: str = "sop",
+  single_sentence_random_next: bool = False,
+  stats: dict | None = None,
+) -> list[dict]:
+  """The pairs of document `doc_index` (sentences of token ids, none empty) in `epoch`: create_pairs'
+  statistics with draws keyed by (seed, epoch, document), so every epoch chunks, splits, orders and
+  truncates the document anew, as each of the original's dupe_factor copies did. NSP's random
+  segment comes from `get_document(r)` for r drawn among `num_documents` (the split's documents; no
+  document may be empty). The generators are keyed by `key` (default doc_index): prepare keys a
+  document by its shard and place there, which any number of workers knows alike."""
+  _check_task(task)
+  stats = stats if stats is not None else {}
+  for name in _PAIR_STATS:
+    stats.setdefault(name, 0)
+  rng, aux = pair_rngs(seed, epoch, doc_index if key is None else key)
+  return _document_pairs(
+    doc,
+    doc_index,
+    rng,
+    aux,
+    num_documents,
+    get_document,
+    max_seq_length=max_seq_length,
+    short_seq_prob=short_seq_prob,
+    task=task,
+    single_sentence_random_next=single_sentence_random_next,
+    stats=stats,
+  )
+
+
+def epoch_layout(counts: np.ndarray, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+  """An epoch's examples: documents in a seeded order for (seed, epoch) and the prefix sums of their
+  pair counts (epoch_pair_count, in document order), so example k of the epoch is pair k -
+  offsets[p] of document order[p], p = locate's. 20 bytes a document (int64 order and offsets,
+  int32 counts): 20 MB per million documents, whatever their length."""
+  counts = np.asarray(counts, np.int64)
+  rng = np.random.default_rng([_splitmix64(seed) & 0xFFFFFFFF, 0x4F524452, epoch])
+  order = rng.permutation(len(counts))
+  offsets = np.zeros(len(counts) + 1, np.int64)
+  np.cumsum(counts[order], out=offsets[1:])
+  return order, offsets
+
+
+def locate(order: np.ndarray, offsets: np.ndarray, k: int) -> tuple[int, int]:
+  """(document, pair within it) of example k of the epoch laid out by epoch_layout."""
+  if not 0 <= k < offsets[-1]:
+    raise IndexError(f"example {k} is not in an epoch of {int(offsets[-1])}")
+  p = int(np.searchsorted(offsets, k, side="right")) - 1
+  return int(order[p]), int(k - offsets[p])
 
 
 # ----------------------------------------------------------------------------------------------

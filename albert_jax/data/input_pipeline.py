@@ -11,6 +11,11 @@ make_iterator(config, workdir, split) / batches(config, workdir, split)
   data order does not depend on the number of hosts. The iterator's state (get_state/set_state,
   JSON) is the number of batches read, so a resumed run continues at exactly the next batch.
 
+With data.pairing=per_epoch (the default) the records are documents and the pairs are made here too
+(_EpochPairs): epoch e's examples are every document's pairs for (seed, e, document), laid out from
+the stored sentence lengths; the train stream is the epochs laid end to end (they differ in size), and
+the eval split shows epoch 0's pairs.
+
 Why masks are not stored: the original wrote dupe_factor=40 statically masked copies of the corpus;
 drawing them in the pipeline is cheap (docs/performance.md, Input pipeline) and gives a fresh mask
 every epoch (RoBERTa's dynamic masking). data.static_masking=True reuses masks with period
@@ -33,7 +38,14 @@ from albert_jax.data import (
   examples as examples_lib,
   tokenizer as tokenizer_lib,
 )
-from albert_jax.data.dataset import SPLITS, VOCAB_FILE, check_prepared, open_source, prepare
+from albert_jax.data.dataset import (
+  SPLITS,
+  VOCAB_FILE,
+  check_prepared,
+  open_source,
+  prepare,
+  read_sentence_lengths,
+)
 
 # ----------------------------------------------------------------------------------------------
 # The grain pipeline.
@@ -101,6 +113,175 @@ class _Loader:
     keys[:, 0] = self.key0
     keys[:, 1] = ((np.asarray(epochs, np.uint64) & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
       np.asarray(indices, np.uint64) & np.uint64(0xFFFFFFFFFF)
+    )
+    return self.masker(ids, seg, mask, labels, keys=keys)
+
+
+class _EpochPairs:
+  """data.pairing=per_epoch: each epoch's examples, laid out from the stored sentence lengths.
+
+  Epoch e's examples are the pairs that examples.epoch_pairs makes of every document in e, counted
+  from the sentence lengths alone (examples.epoch_pair_count; the documents' tokens are not read),
+  in the documents' seeded order for e (examples.epoch_layout), then shuffled within windows of
+  WINDOW examples (a seeded permutation per window): example k of the epoch is pair j of
+  document d, a pure function of (seed, e, k). Per process: an epoch's layout is 20 bytes a
+  document and two epochs are kept; the pairs of recently read documents are cached up to
+  CACHE_TOKENS tokens, so a window's documents are paired once. Picklable (loader workers).
+  """
+
+  WINDOW = 1 << 14
+  CACHE_TOKENS = 1 << 22
+
+  def __init__(self, ddir: str, split: str, data, seed: int):
+    self.ddir, self.split, self.seed = ddir, split, seed
+    self.shuffle = bool(data.shuffle) or split != "train"
+    self.period = data.dupe_factor if data.static_masking else 0
+    self.settings = dict(
+      seed=seed,
+      max_seq_length=data.max_seq_length,
+      short_seq_prob=data.short_seq_prob,
+      task=config_lib.examples_task(data.task),
+      single_sentence_random_next=data.single_sentence_random_next,
+    )
+    self.__setstate__(self.__dict__)
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._layouts, self._starts, self._window = {}, [0], (None, None)
+    self._pairs, self._pair_tokens, self._source, self._parse = {}, 0, None, None
+
+  def pairing_epoch(self, epoch: int) -> int:
+    """The epoch whose pairs epoch `epoch` shows (data.static_masking: the original's copies)."""
+    return epoch % self.period if self.period else epoch
+
+  def layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    if epoch not in self._layouts:
+      counts = []  # an int32 array per shard of the split
+      for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split):
+        ends = np.cumsum(per_doc).tolist()
+        starts = [0] + ends[:-1]
+        counts.append(
+          np.fromiter(
+            (
+              examples_lib.epoch_pair_count(
+                lengths[a:b].tolist(), epoch=epoch, key=key, **self.settings
+              )
+              for key, a, b in zip(keys.tolist(), starts, ends)
+            ),
+            np.int32,
+            len(keys),
+          )
+        )
+      counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+      if self.shuffle:
+        layout = examples_lib.epoch_layout(counts, self.seed, epoch)
+      else:
+        offsets = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        layout = (np.arange(len(counts)), offsets)
+      while len(self._layouts) >= 2:
+        self._layouts.pop(next(iter(self._layouts)))
+      self._layouts[epoch] = layout
+    return self._layouts[epoch]
+
+  def size(self, epoch: int) -> int:
+    return int(self.layout(self.pairing_epoch(epoch))[1][-1])
+
+  def position(self, g: int) -> tuple[int, int]:
+    """Global position g of the train stream -> (epoch, example k of the epoch)."""
+    while self._starts[-1] <= g:
+      self._starts.append(self._starts[-1] + self.size(len(self._starts) - 1))
+    epoch = int(np.searchsorted(self._starts, g, side="right")) - 1
+    return epoch, g - self._starts[epoch]
+
+  def example(self, epoch: int, k: int) -> dict:
+    """Example k of `epoch` (an unmasked pair, examples.epoch_pairs)."""
+    pe = self.pairing_epoch(epoch)
+    order, offsets = self.layout(pe)
+    if self.shuffle:
+      w = k // self.WINDOW
+      if self._window[0] != (pe, w):
+        n = min(self.WINDOW, int(offsets[-1]) - w * self.WINDOW)
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x57494E44, pe, w])
+        self._window = ((pe, w), rng.permutation(n))
+      k = w * self.WINDOW + int(self._window[1][k - w * self.WINDOW])
+    doc, j = examples_lib.locate(order, offsets, k)
+    return self._document_pairs(pe, doc)[j]
+
+  def _document(self, index: int) -> tuple[list[np.ndarray], int]:
+    if self._source is None:
+      from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+
+      self._source = open_source(self.ddir, self.split)
+      self._parse = tf_example_pb2.Example.FromString
+    f = self._parse(self._source[index]).features.feature
+    ids = np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4")
+    lengths = np.frombuffer(f["sentence_lengths"].bytes_list.value[0], "<i4")
+    return np.split(ids, np.cumsum(lengths)[:-1]), int(f["document_key"].int64_list.value[0])
+
+  def _document_pairs(self, epoch: int, doc: int) -> list[dict]:
+    pairs = self._pairs.get((epoch, doc))
+    if pairs is None:
+      sentences, key = self._document(doc)
+      pairs = examples_lib.epoch_pairs(
+        sentences,
+        doc,
+        len(self._source),
+        lambda r: self._document(r)[0],
+        epoch=epoch,
+        key=key,
+        **self.settings,
+      )
+      self._pair_tokens += sum(len(p["input_ids"]) for p in pairs)
+      while self._pair_tokens > self.CACHE_TOKENS and self._pairs:
+        old = self._pairs.pop(next(iter(self._pairs)))
+        self._pair_tokens -= sum(len(p["input_ids"]) for p in old)
+      self._pairs[(epoch, doc)] = pairs
+    return pairs
+
+
+class _TrainPosition:
+  """Per-epoch pairing, train: global stream position -> (epoch, example k of the epoch)."""
+
+  def __init__(self, pairs: _EpochPairs):
+    self.pairs = pairs
+
+  def __call__(self, g: int):
+    return self.pairs.position(int(g))
+
+
+class _PairLoader:
+  """_Loader for data.pairing=per_epoch: (epochs, examples k) of a batch -> masked features, each
+  pair made from its document (_EpochPairs); the eval split always shows epoch 0's pairs."""
+
+  def __init__(self, pairs: _EpochPairs, max_seq_length: int, masker, seed: int, train: bool):
+    self.pairs, self.seq, self.masker, self.train = pairs, max_seq_length, masker, train
+    self.key0 = np.uint64(examples_lib.example_rng_key(seed, 0, 0)[0])
+
+  def __call__(self, batch) -> dict[str, np.ndarray]:
+    epochs, ks = batch
+    b = len(ks)
+    ids = np.zeros((b, self.seq), np.int32)
+    seg = np.zeros((b, self.seq), np.int32)
+    mask = np.zeros((b, self.seq), np.int32)
+    labels = np.empty(b, np.int32)
+    for r, (epoch, k) in enumerate(zip(np.asarray(epochs).tolist(), np.asarray(ks).tolist())):
+      p = self.pairs.example(epoch if self.train else 0, k)
+      n = len(p["input_ids"])
+      ids[r, :n] = p["input_ids"]
+      seg[r, :n] = p["segment_ids"]
+      mask[r, :n] = 1
+      labels[r] = p["sentence_order_label"]
+    keys = np.empty((b, 2), np.uint64)
+    keys[:, 0] = self.key0
+    mask_epochs = np.asarray(epochs, np.uint64)
+    if self.train and self.pairs.period:
+      mask_epochs = mask_epochs % np.uint64(self.pairs.period)
+    keys[:, 1] = ((mask_epochs & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
+      np.asarray(ks, np.uint64) & np.uint64(0xFFFFFFFFFF)
     )
     return self.masker(ids, seg, mask, labels, keys=keys)
 
@@ -201,7 +382,9 @@ def make_iterator(
   d = config.data
   source = open_source(ddir, split)
   n = len(source)
-  tok = tokenizer_lib.load(os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start)
+  tok = tokenizer_lib.load(
+    os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start, d.normalize_quotes
+  )
   masker = examples_lib.Masker(
     tok.word_start,
     tok.candidate,
@@ -210,18 +393,31 @@ def make_iterator(
     max_ngram=d.max_ngram,
   )
   train = split == "train"
-  ds = grain.MapDataset.range(n)
-  if d.shuffle or not train:
-    # Train: a global shuffle, reseeded every epoch by repeat(). Eval: the files hold the split in
-    # corpus order, so every evaluation reads the same seeded sample of the whole split.
-    ds = ds.shuffle(seed=config.seed)
-  ds = ds.repeat(None)
-  ds = ds[process_index::process_count]
-  ds = ds.map_with_index(
-    _EpochIndex(n, process_index, process_count, d.static_masking, d.dupe_factor)
-  )
+  pairs = None
+  if d.pairing == "per_epoch":
+    pairs = _EpochPairs(ddir, split, d, config.seed)
+    n = pairs.size(0)
+  if pairs is not None and train:
+    # Epochs differ in size: the stream is positions 0, 1, ... of the epochs laid end to end
+    # (_EpochPairs.position), shuffled within each epoch by _EpochPairs.
+    ds = grain.MapDataset.range(1 << 62)[process_index::process_count]
+    ds = ds.map(_TrainPosition(pairs))
+  else:
+    ds = grain.MapDataset.range(n)
+    if d.shuffle or not train:
+      # Train: a global shuffle, reseeded every epoch by repeat(). Eval: the files hold the split
+      # in corpus order, so every evaluation reads the same seeded sample of the whole split.
+      ds = ds.shuffle(seed=config.seed)
+    ds = ds.repeat(None)
+    ds = ds[process_index::process_count]
+    ds = ds.map_with_index(
+      _EpochIndex(n, process_index, process_count, d.static_masking, d.dupe_factor)
+    )
   ds = ds.batch(per_host, drop_remainder=True)
-  ds = ds.map(_Loader(source, d.max_seq_length, masker, config.seed))
+  if pairs is None:
+    ds = ds.map(_Loader(source, d.max_seq_length, masker, config.seed))
+  else:
+    ds = ds.map(_PairLoader(pairs, d.max_seq_length, masker, config.seed, train))
   prefetch = max(0, d.prefetch)
   it_ds = ds.to_iter_dataset(
     grain.ReadOptions(num_threads=1 if prefetch else 0, prefetch_buffer_size=prefetch)
@@ -317,7 +513,10 @@ def inspect(
   info = prepare(config, workdir)
   ddir = info["data_dir"]
   tok = tokenizer_lib.load(
-    os.path.join(ddir, VOCAB_FILE), config.data.do_lower_case, config.data.word_start
+    os.path.join(ddir, VOCAB_FILE),
+    config.data.do_lower_case,
+    config.data.word_start,
+    config.data.normalize_quotes,
   )
   config = config.copy_and_resolve_references()  # a small batch, without touching the caller's
   config.train.batch_size = min(config.train.batch_size, 256)

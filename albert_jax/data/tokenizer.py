@@ -3,8 +3,8 @@
 ALBERT uses a unigram SentencePiece model (paper section 4.1; google-research/albert README) with
 `pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4`, no bos/eos and character_coverage 0.99995
 (docs/data.md, Vocabulary). Text goes through `preprocess_text` (the original
-tokenization.preprocess_text) before both training and encoding, so the vocabulary sees exactly what
-the encoder will see.
+tokenization.preprocess_text, plus XLNet's quote rule unless data.normalize_quotes=False) before both
+training and encoding, so the vocabulary sees exactly what the encoder will see.
 
 Departure: the original FullTokenizer also splits a trailing comma off digit pieces such as "9,"
 ("▁9," -> "▁9", ","). That only matters for bit-exact compatibility with the released 30k-clean
@@ -65,14 +65,18 @@ def starts_word(piece: str, rule: str = "marker") -> bool:
   raise ValueError(f"word-start rule {rule!r} is not one of {WORD_START_RULES}")
 
 
-def preprocess_text(text: str, lower: bool = True) -> str:
-  """The original's preprocess_text: collapse whitespace, `` and '' -> ", strip accents, lowercase.
+def preprocess_text(text: str, lower: bool = True, normalize_quotes: bool = True) -> str:
+  """Collapse whitespace, `` and '' -> " (normalize_quotes), strip accents, lowercase.
 
-  Accents are always stripped (NFKD, drop combining marks), as in the original, cased or not.
-  ASCII text takes a fast path: NFKD is the identity on it and it has no combining marks.
+  The original's preprocess_text (google-research/albert tokenization.py) without the quote rule:
+  that rule is XLNet's, which Hugging Face's AlbertTokenizer applies; data.normalize_quotes=False
+  drops it as the original did. Accents are always stripped (NFKD, drop combining marks), as in
+  the original, cased or not. ASCII text takes a fast path: NFKD is the identity on it and it has
+  no combining marks.
   """
   out = " ".join(text.split())
-  out = out.replace("``", '"').replace("''", '"')
+  if normalize_quotes:
+    out = out.replace("``", '"').replace("''", '"')
   if not out.isascii():
     out = unicodedata.normalize("NFKD", out)
     out = "".join(c for c in out if not unicodedata.combining(c))
@@ -88,14 +92,16 @@ def train(
   *,
   lower: bool = True,
   character_coverage: float = 0.99995,
-  input_sentence_size: int = 1_000_000,
+  input_sentence_size: int = 10_000_000,
+  normalize_quotes: bool = True,
   num_threads: int = TRAIN_THREADS,
   seed: int = 0,
 ) -> str:
   """Trains an ALBERT unigram SentencePiece model on `sentences` (raw text, one sentence each).
 
   Writes `model_path` (and the matching .vocab next to it) and returns `model_path`. Sentences are
-  preprocessed here; SentencePiece samples `input_sentence_size` of them when there are more.
+  preprocessed here (normalize_quotes: see preprocess_text); SentencePiece samples
+  `input_sentence_size` of them when there are more (10,000,000: the original's spm_train flag).
   Raises ConfigError when the corpus cannot support `vocab_size` ("Vocabulary size too high").
   """
   # An error raised while SentencePiece pulls sentences (a bad file, a non-UTF-8 line) would come back
@@ -107,7 +113,7 @@ def train(
   def _sentences() -> Iterator[str]:
     try:
       for s in sentences:
-        s = preprocess_text(s, lower)
+        s = preprocess_text(s, lower, normalize_quotes)
         if s:
           nonempty[0] = True
           yield s
@@ -164,7 +170,7 @@ def train(
   os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
   with open(model_path, "wb") as f:
     f.write(model.getvalue())
-  tok = Tokenizer(model_path, lower=lower)
+  tok = Tokenizer(model_path, lower=lower, normalize_quotes=normalize_quotes)
   with open(os.path.splitext(model_path)[0] + ".vocab", "w", encoding="utf-8") as f:
     for i in range(tok.vocab_size):
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
@@ -180,7 +186,13 @@ class Tokenizer:
   `candidate[id]` is True for every id that masking may choose (all but pad, [CLS], [SEP], [MASK]).
   """
 
-  def __init__(self, model_path: str, lower: bool = True, word_start_rule: str = "marker"):
+  def __init__(
+    self,
+    model_path: str,
+    lower: bool = True,
+    word_start_rule: str = "marker",
+    normalize_quotes: bool = True,
+  ):
     if not files.path(model_path).is_file():
       raise ConfigError(f"SentencePiece model not found: {model_path}")
     self.sp = spm.SentencePieceProcessor()
@@ -192,6 +204,7 @@ class Tokenizer:
       ) from None
     self.model_path = model_path
     self.lower = lower
+    self.normalize_quotes = normalize_quotes
     self.vocab_size = self.sp.get_piece_size()
     expected = {PAD_ID: "pad", UNK_ID: "unk", CLS_ID: "[CLS]", SEP_ID: "[SEP]", MASK_ID: "[MASK]"}
     pieces = [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
@@ -214,12 +227,13 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     """Preprocesses one text (as the original) and returns its piece ids."""
-    return self.sp.encode(preprocess_text(text, self.lower))
+    return self.sp.encode(preprocess_text(text, self.lower, self.normalize_quotes))
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
     """`encode` for many texts at once (SentencePiece encodes the list in C++, on num_threads
     threads; -1: every core)."""
-    return self.sp.encode([preprocess_text(t, self.lower) for t in texts], num_threads=num_threads)
+    texts = [preprocess_text(t, self.lower, self.normalize_quotes) for t in texts]
+    return self.sp.encode(texts, num_threads=num_threads)
 
   def decode(self, ids: Iterable[int]) -> str:
     return self.sp.decode([int(i) for i in ids])
@@ -228,6 +242,13 @@ class Tokenizer:
     return self.sp.id_to_piece(int(i))
 
 
-def load(model_path: str, lower: bool = True, word_start_rule: str = "marker") -> Tokenizer:
+def load(
+  model_path: str,
+  lower: bool = True,
+  word_start_rule: str = "marker",
+  normalize_quotes: bool = True,
+) -> Tokenizer:
   """Loads an ALBERT SentencePiece model (ours or a released spiece.model)."""
-  return Tokenizer(model_path, lower=lower, word_start_rule=word_start_rule)
+  return Tokenizer(
+    model_path, lower=lower, word_start_rule=word_start_rule, normalize_quotes=normalize_quotes
+  )

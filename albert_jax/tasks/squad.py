@@ -173,7 +173,9 @@ def _example(
 # Pieces aligned to the original text.
 
 
-def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[int]]:
+def _preprocess_with_map(
+  text: str, lower: bool, normalize_quotes: bool = True
+) -> tuple[str, list[int], list[int]]:
   """tokenizer.preprocess_text one character at a time, with each output character's source."""
   out, source, source_end = [], [], []
   i, pending_space = 0, False
@@ -188,7 +190,7 @@ def _preprocess_with_map(text: str, lower: bool) -> tuple[str, list[int], list[i
       source.append(i - 1)
       source_end.append(i)
       pending_space = False
-    if text[i : i + 2] in ("``", "''"):
+    if normalize_quotes and text[i : i + 2] in ("``", "''"):
       out.append('"')
       source.append(i)
       source_end.append(i + 2)
@@ -232,7 +234,7 @@ def _align(joined: str, norm: str) -> np.ndarray:
 
 def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[int], np.ndarray]:
   """The piece ids of `text` and each piece's [start, end) in `text` (empty for a bare "▁")."""
-  norm, source, source_end = _preprocess_with_map(text, tok.lower)
+  norm, source, source_end = _preprocess_with_map(text, tok.lower, tok.normalize_quotes)
   ids = tok.sp.encode(norm)
   # An unknown piece's text ("<unk>") is not in the text: a character that matches nothing.
   pieces = [
