@@ -23,7 +23,7 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
     per-device memory the TPU would allocate, against the chip's HBM, and the step's collectives;
     --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
-Peaks and memory per device: albert_jax/planning/hardware.py. --devices counts devices as jax does: a TPU v3
+Peaks and memory per device: albert_jax/base/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
 in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 5 when the TPU
 compiler finds that the config as given does not fit the slice (2 for bad input).
@@ -43,10 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax.core import compiling, config_lib, model as M, sharding, state as state_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib, hardware
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples
-from albert_jax.planning import hardware, tpu_compile
+from albert_jax.engine import state as state_lib, train
+from albert_jax.model import albert as M, sharding
+from albert_jax.planning import tpu_compile
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
 # (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
@@ -414,10 +416,10 @@ def local_config(config, mesh: dict[str, int], sequences_per_device: int, local_
 
 
 def compiled_memory(config, devices=None) -> dict[str, Any]:
-  """Compiles the real train step (compiling.compile_train_step) for the local backend from abstract
+  """Compiles the real train step (train.compile_train_step) for the local backend from abstract
   shapes (nothing is allocated) and returns the compiler's per-device memory analysis, in bytes."""
   mesh = sharding.make_mesh(config.mesh, devices)
-  compiled = compiling.compile_train_step(config, mesh)
+  compiled = train.compile_train_step(config, mesh)
   if compiled.memory is None:
     return {"backend": jax.default_backend(), "available": False}
   return {
@@ -600,7 +602,7 @@ def roofline(est: Estimate) -> dict[str, float] | None:
     "step_seconds": step,
     "sequences_per_second": est.batch_size / step,
     "run_seconds": step * est.num_steps,
-    # Pallas kernels' share: their cost is what they declare, not a count (compiling.kernel_costs).
+    # Pallas kernels' share: their cost is what they declare, not a count (hlo.kernel_costs).
     "kernels": int(cost.get("kernels", 0)),
     "undeclared_kernels": int(cost.get("undeclared_kernels", 0)),
     "undeclared_io_bytes": cost.get("undeclared_io_bytes", 0.0),
@@ -834,9 +836,9 @@ def run() -> None:
         raise ConfigError(
           "--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256"
         )
-      from albert_jax.core import workdir as workdir_lib
+      from albert_jax.pretraining import init_from
 
-      workdir_lib.resolve_and_validate(config)
+      init_from.resolve_and_validate(config)
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])
       est = estimate(config, device, devices, mfu_flag.value, config_name=config_name)
       if tpu is not None and compile_ != "no":

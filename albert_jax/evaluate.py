@@ -28,8 +28,9 @@ import sys
 from absl import app, flags
 
 from albert_jax import cli
-from albert_jax.core import config_lib, files, workdir
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib, files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import workdir
 
 # Masking settings: not part of the prepared data (masks are drawn in the input pipeline).
 _MASKING = ("max_predictions_per_seq", "masked_lm_prob", "max_ngram", "word_start")
@@ -42,8 +43,8 @@ def load_model(path: str, step: str | int = "latest") -> dict:
   if found is workdir.Kind.HF:
     return _load_hf(path)
   if found is workdir.Kind.PRETRAINING:
-    from albert_jax.core import checkpoint
     from albert_jax.data import dataset
+    from albert_jax.engine import checkpoint
 
     params, config, step, _ = checkpoint.load_params(path, step)
     return dict(
@@ -76,8 +77,8 @@ def _load_hf(path: str) -> dict:
 
   import jax
 
-  from albert_jax.core import model as model_lib
   from albert_jax.interop import layout, pretrained
+  from albert_jax.model import albert as model_lib
 
   params, model = pretrained.load_pretrained(path)
   missing = []
@@ -167,7 +168,8 @@ def _eval_step(cfg):
   """The jitted pretraining sums of AlbertForPreTraining(cfg), compiled once per model and shape."""
   import jax
 
-  from albert_jax.core import model as model_lib, train
+  from albert_jax.engine import train
+  from albert_jax.model import albert as model_lib
 
   model = model_lib.AlbertForPreTraining(cfg)
   return jax.jit(lambda p, b: train.PRETRAINING.sums(model, p, b, None))
@@ -191,8 +193,9 @@ def score(
   checkpoint_path = hub.resolve(checkpoint_path, "--checkpoint", announce=_to_stderr)
   _checkpoint_kind(checkpoint_path)
   data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
-  from albert_jax.core import model as model_lib, sharding, train
   from albert_jax.data import input_pipeline
+  from albert_jax.engine import train
+  from albert_jax.model import albert as model_lib, sharding
 
   loaded = load_model(checkpoint_path, step)
   config, prepared = data_config(data, batch_size, loaded["run_config"])

@@ -26,8 +26,10 @@ from typing import Any
 from absl import app, flags
 
 from albert_jax import cli
-from albert_jax.core import files, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import workdir as workdir_lib
+from albert_jax.pretraining import init_from
 
 FORMATS = ("hf", "jax")
 
@@ -131,7 +133,7 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   else:
     lines += [
       "```python",
-      "from albert_jax.core import model",
+      "from albert_jax.model import albert as model",
       "from albert_jax.interop import jax_export",
       'params, config = jax_export.load_jax_export("PATH")',
       "out = model.AlbertForPreTraining(config).apply({'params': params}, input_ids, token_type_ids, "
@@ -289,13 +291,13 @@ def export(
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax.core import checkpoint
   from albert_jax.data import dataset
+  from albert_jax.engine import checkpoint
 
   chosen = ""
   if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
     # A fine-tuning run's directory: its best seed (eval_results.json), by default its best step.
-    seed_dir, seed = workdir_lib.best_seed_dir(workdir)
+    seed_dir, seed = init_from.best_seed_dir(workdir)
     chosen = f"{workdir}: best seed {seed} ({seed_dir})"
     workdir, step = seed_dir, "best" if step in ("", None) else step
   step = parse_step("latest" if step in ("", None) else step)

@@ -29,10 +29,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli, tasks
-from albert_jax.core import checkpoint, config_lib, files, sharding, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.metrics import log
+from albert_jax.base import config_lib, files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
+from albert_jax.engine import checkpoint, workdir as workdir_lib
 from albert_jax.interop import hub
+from albert_jax.model import sharding
+from albert_jax.pretraining import init_from
 
 # ----------------------------------------------------------------------------------------------------
 # Data: the task's splits as arrays, batched with an exactly resumable position.
@@ -136,7 +139,7 @@ SEED_RESULT, PREDICTIONS = "result.json", "predictions"
 
 def build(config, task):
   """(mesh, trainer, forward): built once and shared by every seed (one compilation)."""
-  from albert_jax.core import train
+  from albert_jax.engine import train
 
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batch(config.train, mesh)
@@ -156,7 +159,7 @@ def build(config, task):
 def run_seed(config, workdir: str, task, data: dict, built) -> dict:
   """Trains one seed in `workdir` (resuming), and returns its best checkpoint's step and metrics,
   with (under "outputs", kept out of the JSON files) its outputs on the task's predicted splits."""
-  from albert_jax.core import train
+  from albert_jax.engine import train
 
   t = config.train
   mesh, trainer, forward = built
@@ -166,7 +169,7 @@ def run_seed(config, workdir: str, task, data: dict, built) -> dict:
   workdir_lib.check_workdir(workdir, config, start)
 
   def init_params(fresh):
-    return workdir_lib.init_backbone(config, fresh, trainer.abstract.shardings.params)
+    return init_from.init_backbone(config, fresh, trainer.abstract.shardings.params)
 
   def evaluate(params):
     metrics = {}
@@ -338,7 +341,7 @@ def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if config.init_from:  # without it validate says it is required
     with config.unlocked():  # a Hub id: the local snapshot from here on
       config.init_from = hub.resolve(config.init_from, "init_from")
-    workdir_lib.resolve_init_from(config)
+    init_from.resolve_init_from(config)
   with config.unlocked():
     config_lib.resolve_sequence_length(config, log)
   config_lib.validate(config)
@@ -373,7 +376,7 @@ def run():
     with cli.guard():  # a bad value: one line before anything is written (no log file, no lock)
       config = resolved(config)
     with cli.guard():
-      from albert_jax.core import files
+      from albert_jax.base import files
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):

@@ -39,9 +39,10 @@ import numpy as np
 from absl import app, flags
 
 from albert_jax import cli, finetune, tasks as tasks_lib
-from albert_jax.core import files, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.metrics import log
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
+from albert_jax.engine import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where configs/ is
 TASK_CONFIG = os.path.join(ROOT, "configs", "finetune", "glue.py")

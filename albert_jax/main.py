@@ -34,17 +34,18 @@ def run():
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value, init_from's included: one line before anything is written
-      from albert_jax.core import workdir as workdir_lib
       from albert_jax.interop import hub
+      from albert_jax.pretraining import init_from
 
       config.init_from = hub.resolve(config.init_from, "init_from")  # an hf:// id: its snapshot
-      workdir_lib.resolve_and_validate(config)
+      init_from.resolve_and_validate(config)
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
-      from albert_jax.core import distributed
+      from albert_jax.base import distributed
 
       distributed.initialize(config)
     with cli.guard():
-      from albert_jax.core import files, train
+      from albert_jax.base import files
+      from albert_jax.pretraining import train
 
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):

@@ -46,9 +46,9 @@ def run() -> None:
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value: one line before anything is written (no log file either)
-      from albert_jax.core import workdir as workdir_lib
+      from albert_jax.pretraining import init_from
 
-      workdir_lib.resolve_and_validate(config)
+      init_from.resolve_and_validate(config)
     cli.setup_logging("prepare", workdir)
     with cli.guard():
       from albert_jax.data import dataset, input_pipeline

@@ -35,8 +35,8 @@ import re
 import sysconfig
 from collections.abc import Iterable, Iterator
 
-from albert_jax.core import files as files_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files as files_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import formats
 
 BUILTIN_CORPORA = ("python_docs",)

@@ -33,8 +33,8 @@ from collections.abc import Iterator
 
 from absl import logging
 
-from albert_jax.core import files as files_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files as files_lib
+from albert_jax.base.config_lib import ConfigError
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,

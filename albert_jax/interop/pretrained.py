@@ -1,5 +1,5 @@
 """Parameters from a Hugging Face ALBERT directory or one of our jax exports, laid out for a run
-(what init_from reads: workdir.py).
+(what init_from reads: pretraining/init_from.py).
 
 The checkpoint's architecture must match the run's; its layout (scan or not, groups, E == H) is
 converted to the run's; the pooler and heads it lacks keep their fresh initialisation.
@@ -14,8 +14,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax.core import files, model as model_lib, workdir
-from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.base import files, layout
+from albert_jax.base.config_lib import ARCHITECTURE_FIELDS, ConfigError
 from albert_jax.interop.hf import HF_WEIGHTS, load_hf
 from albert_jax.interop.jax_export import JAX_PARAMS, check_shapes, load_jax_export
 from albert_jax.interop.layout import (
@@ -26,6 +26,7 @@ from albert_jax.interop.layout import (
   get_path,
   put_path,
 )
+from albert_jax.model import albert as model_lib
 
 
 def load_pretrained(
@@ -48,7 +49,7 @@ def load_pretrained(
     )
   if files.path(path, JAX_PARAMS).is_file():
     params, src_config = load_jax_export(path)
-  elif workdir.kind(path) is workdir.Kind.HF:
+  elif layout.kind(path) is layout.Kind.HF:
     params, src_config = load_hf(path)
   else:
     raise ConfigError(

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from albert_jax.core import files
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
 
 # GLUE's file names inside data.glue_dir, for a task's splits; data.<split>_file overrides them.
 SPLIT_FILES = {"train": "train.tsv", "eval": "dev.tsv", "test": "test.tsv"}

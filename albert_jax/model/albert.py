@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = {
@@ -347,9 +347,9 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return kernel(q, k, v, segments)
-  from albert_jax.core import (
-    sharding,
-  )  # the model's mesh axes (sharding imports nothing of the model)
+  from albert_jax.model import (
+    sharding,  # the model's mesh axes (sharding imports nothing of the model)
+  )
 
   qkv = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None, "tensor", None)
   rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None)

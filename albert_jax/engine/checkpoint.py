@@ -22,9 +22,10 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
-from albert_jax.core import sharding, state as state_lib, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.files import DiskFull, is_disk_full
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.files import DiskFull, is_disk_full
+from albert_jax.engine import state as state_lib, workdir as workdir_lib
+from albert_jax.model import sharding
 
 BEST_METRIC = "masked_lm_accuracy"
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 from etils import epath
 
-from albert_jax.core import lease
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import lease
+from albert_jax.base.config_lib import ConfigError
 
 
 def is_remote(path) -> bool:

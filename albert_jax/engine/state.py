@@ -22,7 +22,8 @@ from flax import struct
 from jax.sharding import Mesh
 
 from albert_jax import tasks
-from albert_jax.core import model as model_lib, optim, sharding
+from albert_jax.engine import optim
+from albert_jax.model import albert as model_lib, sharding
 
 
 @struct.dataclass
