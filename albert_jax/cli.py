@@ -35,9 +35,11 @@ from collections.abc import Iterator
 
 from absl import flags, logging as absl_logging
 
+from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.hardware import quiet_libtpu  # noqa: F401  (the commands call it as cli.quiet_libtpu)
 from albert_jax.base.log import PRINTS_LOGGER, prints_to_log  # noqa: F401
+from albert_jax.engine import workdir as workdir_lib
 
 BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT, DOES_NOT_FIT = 2, 1, 3, 4, 5
 
@@ -229,9 +231,6 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   _log_file.clear()
   _remote_log.clear()
   if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
-    from albert_jax.base import files
-    from albert_jax.engine import workdir as workdir_lib
-
     name = f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
     try:
       if files.is_remote(workdir):  # written locally, uploaded whole when the process exits
@@ -258,7 +257,6 @@ _remote_log: list[str] = []
 
 
 def _upload_log() -> None:
-  from albert_jax.base import files
 
   if not _remote_log:
     return
@@ -272,7 +270,6 @@ def _upload_log() -> None:
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
   """Runs a command's work: any exception becomes one line and the exit status above."""
-  from albert_jax.base import files
 
   try:
     yield

@@ -41,14 +41,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 from jax.sharding import AbstractMesh, AxisType
+from ml_collections import config_flags
 
+from albert_jax import cli
 from albert_jax.base import config_lib, hardware
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples
-from albert_jax.engine import state as state_lib, train
 from albert_jax.model import albert as M, sharding
 from albert_jax.planning import tpu_compile
+from albert_jax.pretraining import init_from, train
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
 # (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
@@ -82,7 +85,7 @@ def state_bytes(config, mesh) -> dict[str, int]:
   """Per-device bytes of the parameters and of the optimizer state, sharded as the trainer shards them,
   and of the parameters of unshared layers stacked on an [L] axis (sharing="none", "attention", "ffn";
   part of "params")."""
-  abstract = state_lib.abstract_state(config, mesh)
+  abstract = train.abstract_state(config, mesh)
   shardings = abstract.shardings
   abstract = abstract.shapes
 
@@ -753,10 +756,6 @@ def format_report(est: Estimate) -> str:
 
 
 def run() -> None:
-  from absl import app, flags
-  from ml_collections import config_flags
-
-  from albert_jax import cli
 
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
@@ -836,7 +835,6 @@ def run() -> None:
         raise ConfigError(
           "--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256"
         )
-      from albert_jax.pretraining import init_from
 
       init_from.resolve_and_validate(config)
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])

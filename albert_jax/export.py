@@ -25,10 +25,12 @@ from typing import Any
 
 from absl import app, flags
 
-from albert_jax import cli
+from albert_jax import cli, tasks
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.engine import workdir as workdir_lib
+from albert_jax.data import dataset, tokenizer
+from albert_jax.engine import checkpoint, workdir as workdir_lib
+from albert_jax.interop import hf, jax_export
 from albert_jax.pretraining import init_from
 
 FORMATS = ("hf", "jax")
@@ -104,8 +106,6 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
     lines += ["No eval metrics were recorded for this checkpoint."]
   lines += ["", "## How to load", ""]
   if "task" in config:  # a fine-tuned model: its own head class
-    from albert_jax import tasks
-
     cls = tasks.of(config).hf_class
     lines[lines.index(f"{CARD_MARKER} (step {step})") + 2] = (
       f"ALBERT fine-tuned on {config.task.name} by albert_jax"
@@ -210,8 +210,6 @@ def write_export(
   source: str = "",
 ) -> str:
   """Writes an export of `params` (AlbertForPreTraining's) under the run config `config` to `output`."""
-  from albert_jax import tasks
-  from albert_jax.interop import hf, jax_export
 
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
@@ -291,8 +289,6 @@ def export(
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax.data import dataset
-  from albert_jax.engine import checkpoint
 
   chosen = ""
   if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
@@ -310,7 +306,6 @@ def export(
   )
   if not files.path(spm).is_file():
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
-  from albert_jax.data import tokenizer
 
   vocab = tokenizer.load(spm).vocab_size
   if vocab > config.model.vocab_size:

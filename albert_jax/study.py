@@ -37,10 +37,19 @@ import subprocess
 import sys
 import time
 
+import jax
 from absl import app, flags
+from ml_collections import config_flags
 
 from albert_jax import cli
+from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
+from albert_jax.data import dataset
+from albert_jax.engine import workdir
+from albert_jax.interop import jax_export
+from albert_jax.model import albert as model_lib
+from albert_jax.pretraining import evaluation as evaluate
 
 STUDIES = ("table5", "sharing", "embedding")
 TASKS = ("sop", "nsp")  # the sentence-pair data every model is scored on
@@ -165,8 +174,6 @@ def seed_config(config, workdir: str, seed: int, task: str):
 
 def prepare(config, workdir: str, seeds: list[int]) -> None:
   """Each seed's SOP data (training its vocabulary), then its NSP data with that vocabulary."""
-  from albert_jax.base.log import log
-  from albert_jax.data import dataset
 
   for seed in seeds:
     for task in TASKS:
@@ -200,7 +207,6 @@ class Settings:
 def wandb_settings(config, study: str, workdir: str) -> dict:
   """Settings' W&B fields: every run of the study in one group (train.wandb_group, default
   <study>-<the study directory's name>); nothing when train.trackers has no wandb."""
-  from albert_jax.base import config_lib
 
   t = config.train
   if "wandb" not in config_lib.trackers(t):
@@ -272,7 +278,6 @@ class StudyError(RuntimeError):
 
 
 def checkpoint_steps(rdir: str) -> list[int]:
-  from albert_jax.engine import workdir
 
   root = workdir.checkpoints_dir(rdir)
   return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
@@ -280,7 +285,6 @@ def checkpoint_steps(rdir: str) -> list[int]:
 
 def score_run(workdir: str, rdir: str, seed: int, steps: list[int]) -> dict:
   """{step: {task: evaluate.score(...)}} for every kept checkpoint step on both tasks' eval data."""
-  from albert_jax import evaluate
 
   return {
     str(step): {
@@ -292,7 +296,6 @@ def score_run(workdir: str, rdir: str, seed: int, steps: list[int]) -> dict:
 
 def finetune(settings: Settings, init_from: str, out: str, name: str = "") -> dict:
   """Fine-tunes init_from on the GLUE-format task in a subprocess; its eval_results.json summary."""
-  from albert_jax.base import files
 
   results = os.path.join(out, "eval_results.json")
   if not os.path.isfile(results):
@@ -318,9 +321,6 @@ def finetune(settings: Settings, init_from: str, out: str, name: str = "") -> di
 
 def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int) -> dict:
   """Trains, scores and fine-tunes one (variant, seed) unless its study_result.json exists."""
-  from albert_jax.base import files
-  from albert_jax.base.log import log
-  from albert_jax.model import albert as model_lib
 
   rdir = run_dir(workdir, variant, seed)
   result_path = os.path.join(rdir, RESULT_FILE)
@@ -370,7 +370,6 @@ def do_run(settings: Settings, config, workdir: str, variant: Variant, seed: int
 
 def _write_result(path: str, result: dict) -> None:
   """Written whole (a rename): with it, the run counts as finished."""
-  from albert_jax.base import files
 
   files.write_json(path + ".tmp", result)
   os.replace(path + ".tmp", path)
@@ -378,11 +377,6 @@ def _write_result(path: str, result: dict) -> None:
 
 def untrained_baseline(settings: Settings, config, workdir: str, seed: int) -> dict:
   """The "no pretraining" row: the config's model at initialisation (seed), fine-tuned alike."""
-  import jax
-
-  from albert_jax.base import files
-  from albert_jax.interop import jax_export
-  from albert_jax.model import albert as model_lib
 
   out = os.path.join(os.path.abspath(workdir), "untrained", f"seed_{seed}")
   result_path = os.path.join(out, RESULT_FILE)
@@ -594,7 +588,6 @@ def _sweep(rows: list[Row]) -> dict[str, dict[int, dict[str, tuple[float, float]
 
 def _eval_curves(rows: list[Row]) -> dict[str, dict[str, dict[int, float]]]:
   """variant -> metric -> step -> mean over seeds, from each run's metrics.jsonl eval/ lines."""
-  from albert_jax.model import albert as model_lib
 
   # The sentence-pair accuracy on a run's own task, under its task's name (an NSP run's is
   # next_sentence_accuracy): one "own task" curve per variant.
@@ -798,7 +791,6 @@ def report(study: str, rows: list[Row], workdir: str, command: str, baseline=Non
 
 
 def run():
-  from ml_collections import config_flags
 
   config_flag = config_flags.DEFINE_config_file(
     "config",
@@ -852,8 +844,6 @@ def run():
     if eval_every < 1 or eval_every > steps:
       cli.fail(f"--eval_every={eval_every} must be in [1, --steps={steps}]")
     with cli.guard():
-      from albert_jax.base import config_lib
-
       all_variants = variants(study_flag.value, config, sizes)
       for v in all_variants:  # every variant's config is checked before anything is written
         c = config.copy_and_resolve_references()
@@ -908,7 +898,6 @@ def _exit_as_the_run():
 
 
 def _study(settings, config, workdir, all_variants, seeds, parallel, study) -> None:
-  from albert_jax.base.log import log
 
   start = time.time()
   prepare(config, workdir, seeds)
@@ -935,7 +924,6 @@ def _study(settings, config, workdir, all_variants, seeds, parallel, study) -> N
 
 def _in_parallel(todo, parallel: int, workdir: str) -> None:
   """Each run in its own process of this command (--only=VARIANT:SEED), `parallel` at a time."""
-  from albert_jax.base.log import log
 
   argv, skip = [], False
   for a in sys.argv[1:]:  # this command's flags less --parallel and --only (either spelling)

@@ -67,6 +67,7 @@ from albert_jax.base import config_lib, hardware  # noqa: E402
 from albert_jax.data import examples  # noqa: E402
 from albert_jax.engine import train  # noqa: E402
 from albert_jax.model import albert as albert_model, sharding  # noqa: E402
+from albert_jax.pretraining import train as pretraining  # noqa: E402
 
 MODELS = ("albert_base", "albert_large")
 DTYPES = ("float32", "bfloat16")
@@ -145,7 +146,7 @@ def jax_contender(config, batch: dict[str, np.ndarray], device) -> Contender:
   """The trainer's own jitted, sharded, state-donating train step on a 1-device mesh."""
   start = time.perf_counter()
   mesh = sharding.make_mesh(config.mesh, [device])
-  trainer = train.build(config, mesh)
+  trainer = pretraining.build(config, mesh)
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(config.seed))
     global_batch = sharding.global_batch(batch, mesh)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from albert_jax.base import config_lib, files, layout
 from albert_jax.base.log import log
@@ -244,7 +245,6 @@ class Periodic:
       return time.monotonic() - self._since >= self.every_seconds
     if step % self.sync_every:
       return False
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
     up = np.int32(time.monotonic() - self._since >= self.every_seconds)
     return bool(multihost_utils.broadcast_one_to_all(up))

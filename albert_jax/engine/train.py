@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import signal
 from collections.abc import Callable
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -27,71 +27,30 @@ from albert_jax.data import examples
 from albert_jax.engine import checkpoint, compiling, workdir as workdir_lib
 from albert_jax.engine.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.engine.state import AbstractState, TrainState, abstract_state
-from albert_jax.model import albert as M, sharding
+from albert_jax.model import sharding
 
 # ----------------------------------------------------------------------------------------------------
 # What a step minimises.
 
 
-@dataclasses.dataclass(frozen=True)
-class Objective:
-  """A trainer's loss, as sums that add up exactly across micro-batches.
+class Objective(Protocol):
+  """What a trainer minimises, as sums that add up exactly across micro-batches.
 
   sums(model, params, batch, rng): per-batch sums (rng None: deterministic, for evaluation);
   loss(sums, batch): the loss of a micro-batch's sums, normalised by the whole step's `batch`;
-  metrics(sums): the logged metrics (with "loss") from sums over a step or an evaluation.
-  A fine-tuning task (tasks.Task) has the same three as methods and is passed in its place.
+  metrics(sums): the logged metrics (with "loss") from sums over a step or an evaluation;
+  frozen: parameter path prefixes whose updates are zero.
+  The pretraining objective (pretraining/objective.py) and every fine-tuning task (tasks.Task) are
+  such objects; the engine knows neither.
   """
 
-  sums: Callable[..., dict]
-  loss: Callable[[dict, dict], jax.Array]
-  metrics: Callable[[dict], dict]
+  frozen: tuple[str, ...]
 
+  def sums(self, model, params, batch, rng) -> dict: ...
 
-def _pretraining_sums(model, params, batch, rng):
-  out = model.apply(
-    {"params": params},
-    batch["input_ids"],
-    batch["segment_ids"],
-    batch["input_mask"],
-    batch["masked_lm_positions"],
-    deterministic=rng is None,
-    rngs=None if rng is None else {"dropout": rng},
-  )
-  return M.loss_sums(out, batch)
+  def loss(self, sums, batch) -> jax.Array: ...
 
-
-def _mlm_loss(sums, batch):
-  # The MLM loss normalises by the whole step's weight (the original's formula), so micro-batches
-  # add up to exactly one step.
-  total_weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-  return sums["mlm_nll"] / (total_weight + 1e-5)
-
-
-def _pretraining_loss(sums, batch):
-  return _mlm_loss(sums, batch) + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
-
-
-def _mlm_metrics(sums):
-  m = M.metrics_from_sums(sums)
-  return {
-    "loss": m["masked_lm_loss"],
-    "masked_lm_loss": m["masked_lm_loss"],
-    "masked_lm_accuracy": m["masked_lm_accuracy"],
-  }
-
-
-PRETRAINING = Objective(sums=_pretraining_sums, loss=_pretraining_loss, metrics=M.metrics_from_sums)
-# data.task=none (the paper's Table 5 "None"): MLM only; the sentence head is neither trained
-# (state.make_optimizer freezes it) nor reported.
-MLM_ONLY = Objective(sums=_pretraining_sums, loss=_mlm_loss, metrics=_mlm_metrics)
-
-
-def pretraining_objective(task: str) -> Objective:
-  """MLM_ONLY for task none, else PRETRAINING with the sentence-pair metrics named for the task."""
-  if task == "none":
-    return MLM_ONLY
-  return dataclasses.replace(PRETRAINING, metrics=functools.partial(M.metrics_from_sums, task=task))
+  def metrics(self, sums) -> dict: ...
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -106,11 +65,10 @@ class Trainer:
   eval_step: Callable  # (params, global batch) -> sums
 
 
-def build(config, mesh, model=None, inputs=None, objective: Objective | None = None) -> Trainer:
-  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings.
-  The objective defaults to pretraining's for config.data.task."""
-  objective = objective or pretraining_objective(config.data.task)
-  abstract = abstract_state(config, mesh, model, inputs)
+def build(config, mesh, model, inputs, objective: Objective) -> Trainer:
+  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings,
+  for the `model` (initialised from `inputs`) and the `objective` its caller trains."""
+  abstract = abstract_state(config, mesh, model, inputs, objective.frozen)
   shardings = abstract.shardings
   batch = sharding.batch_sharding(mesh)
   step = make_train_step(abstract, objective, config.train.micro_batches)
@@ -203,13 +161,12 @@ def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> 
   return {k: float(v) for k, v in metrics_fn(totals).items()}
 
 
-def compile_train_step(config, mesh, trainer=None, state=None, batch=None) -> compiling.Compiled:
-  """The trainer's step of `config` on `mesh` compiled: build's jitted step (or `trainer`'s),
-  for `state` and `batch` when given (the trainer's real ones), else for their abstract shapes with
-  the trainer's shardings (examples.batch_spec)."""
-  if trainer is None:
-    sharding.check_batch(config.train, mesh)
-    trainer = build(config, mesh)
+def compile_train_step(
+  config, mesh, trainer: Trainer, state=None, batch=None
+) -> compiling.Compiled:
+  """`trainer`'s step of `config` on `mesh` compiled, for `state` and `batch` when given (the
+  trainer's real ones), else for their abstract shapes with the trainer's shardings
+  (examples.batch_spec)."""
   if state is None:
     state = trainer.abstract.targets
   if batch is None:

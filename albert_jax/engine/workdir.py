@@ -12,6 +12,7 @@ import time
 import jax
 import ml_collections
 from etils import epath
+from jax.experimental import multihost_utils
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
@@ -93,8 +94,6 @@ def set_aside(workdir, step: int, problem: str) -> epath.Path:
   if jax.process_index() == 0:
     move(checkpoints_dir(workdir) / str(step), target)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
     multihost_utils.sync_global_devices(f"albert_jax set aside step {step}")
   log(f"checkpoint {step} is damaged ({problem}): moved to {target}; trying the previous step")
   return target

@@ -3,8 +3,8 @@ instruction's traffic) and the compiler's cost of one whole step.
 
 The cost analysis counts a while loop's body once, whatever its trip count; `count_config` gives the
 copy of a config whose step has no loops to undercount (layers unrolled, one micro-batch), so that
-its cost is the whole step's. Compiling itself is the engine's (engine/compiling.py,
-train.compile_train_step).
+its cost is the whole step's. Compiling itself is the engine's (engine/compiling.py;
+pretraining/train.py compile_train_step).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import jax
 
 from albert_jax.base import config_lib
-from albert_jax.engine import train
 from albert_jax.engine.compiling import Compiled
+from albert_jax.pretraining import train
 
 _BYTES = {
   "pred": 1,

@@ -18,12 +18,13 @@ import time
 from typing import Any
 
 import jax
+from jax.experimental import topologies
 
 from albert_jax.base import config_lib, hardware
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.engine import train
 from albert_jax.model import sharding
 from albert_jax.planning import hlo
+from albert_jax.pretraining import train
 
 
 def install_hint() -> str:
@@ -122,7 +123,6 @@ def topology_devices(tpu: Slice) -> list:
   if not available():
     raise ConfigError(install_hint())
   hardware.quiet_libtpu()
-  from jax.experimental import topologies
 
   kwargs = {"chip_config_name": tpu.chip_config_name} if tpu.chip_config_name else {}
   try:

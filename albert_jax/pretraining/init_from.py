@@ -99,7 +99,6 @@ def resolve_init_from(config) -> None:
   """Fine-tuning: takes init_from's architecture (model_from_init_from) or checks it, and its
   vocabulary. A fine-tuning run stands for its best seed (init_from is rewritten to that seed_<k>); a
   fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
-  from albert_jax.interop import pretrained
 
   p = config.init_from
   found = kind(p)
@@ -142,7 +141,6 @@ def resolve_init_from(config) -> None:
 def init_backbone(config, fresh: dict, param_shardings) -> dict:
   """Fine-tuning: the fresh head-model parameters with init_from's backbone (its pooler too, when it
   has one)."""
-  from albert_jax.interop import pretrained
 
   p = config.init_from
   if is_run(p):

@@ -15,12 +15,36 @@ import numpy as np
 from albert_jax.base import distributed, files, hardware
 from albert_jax.base.log import log
 from albert_jax.data import dataset, input_pipeline
-from albert_jax.engine import checkpoint, train, workdir as workdir_lib
+from albert_jax.engine import (
+  checkpoint,
+  compiling,
+  state as state_lib,
+  train,
+  workdir as workdir_lib,
+)
 from albert_jax.model import albert as M, sharding
-from albert_jax.pretraining import init_from
+from albert_jax.pretraining import init_from, objective as objective_lib
 
-# The engine's names a pretraining caller uses with train_and_evaluate.
-build = train.build
+
+def build(config, mesh) -> train.Trainer:
+  """The engine's trainer of a config (pretraining's model and objective; a fine-tuning config's
+  task)."""
+  objective = objective_lib.of(config)
+  model, inputs = objective.model(config)
+  return train.build(config, mesh, model, inputs, objective)
+
+
+def abstract_state(config, mesh) -> state_lib.AbstractState:
+  """The train state's shapes and shardings of a config on `mesh` (no allocation)."""
+  objective = objective_lib.of(config)
+  model, inputs = objective.model(config)
+  return state_lib.abstract_state(config, mesh, model, inputs, objective.frozen)
+
+
+def compile_train_step(config, mesh) -> compiling.Compiled:
+  """The config's train step on `mesh` compiled from abstract shapes (estimate, tpu_compile)."""
+  sharding.check_batch(config.train, mesh)
+  return train.compile_train_step(config, mesh, build(config, mesh))
 
 
 def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int = 3) -> list[str]:
@@ -98,8 +122,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None
   workdir_lib.check_vocabulary(workdir, info["spm_model_path"], start)
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
-  objective = train.pretraining_objective(config.data.task)
-  trainer = train.build(config, mesh, objective=objective)
+  objective = objective_lib.Pretraining.for_config(config)
+  model, inputs = objective.model(config)
+  trainer = train.build(config, mesh, model, inputs, objective)
   params = trainer.abstract.shapes.params
   log(
     f"model: {M.count_params(params):,} parameters ({M.count_params(params['albert']):,} backbone), "
