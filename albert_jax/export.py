@@ -30,8 +30,7 @@ from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import dataset, tokenizer
 from albert_jax.engine import checkpoint, workdir as workdir_lib
-from albert_jax.interop import hf, jax_export
-from albert_jax.pretraining import init_from
+from albert_jax.interop import hf, jax_export, model_dir
 
 FORMATS = ("hf", "jax")
 
@@ -293,7 +292,7 @@ def export(
   chosen = ""
   if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
     # A fine-tuning run's directory: its best seed (eval_results.json), by default its best step.
-    seed_dir, seed = init_from.best_seed_dir(workdir)
+    seed_dir, seed = model_dir.best_seed_dir(workdir)
     chosen = f"{workdir}: best seed {seed} ({seed_dir})"
     workdir, step = seed_dir, "best" if step in ("", None) else step
   step = parse_step("latest" if step in ("", None) else step)

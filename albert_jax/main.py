@@ -45,7 +45,7 @@ def run():
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
         cli.setup_logging("main", workdir)
-        train.train_and_evaluate(config, workdir)  # holds the same lock (re-entered)
+        train.run_resolved(config, workdir)  # resolved once, above; under this lock
 
   app.run(main, flags_parser=cli.parse_flags)
 

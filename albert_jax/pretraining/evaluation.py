@@ -27,8 +27,8 @@ from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import prints_to_log
 from albert_jax.data import dataset, input_pipeline
-from albert_jax.engine import checkpoint, train, workdir
-from albert_jax.interop import hub, jax_export, layout, pretrained
+from albert_jax.engine import train, workdir
+from albert_jax.interop import hub, layout, model_dir, pretrained
 from albert_jax.model import albert as model_lib, sharding
 from albert_jax.pretraining import objective
 
@@ -42,26 +42,15 @@ def load_model(path: str, step: str | int = "latest") -> dict:
   found = _checkpoint_kind(path)
   if found is workdir.Kind.HF:
     return _load_hf(path)
-  if found is workdir.Kind.PRETRAINING:
-    params, config, step, _ = checkpoint.load_params(path, step)
-    return dict(
-      params=params,
-      model=config.model,
-      task=config.data.task,
-      step=step,
-      vocab=dataset.spm_model_path(config, path),
-      run_config=config,
-    )
-
-  params, model = jax_export.load_jax_export(path)
-  meta = files.read_json(files.path(path, workdir.CONFIG_FILE))
+  d = model_dir.open_model_dir(path, "--checkpoint")  # config.json; the weights below
+  params, step = d.load(step)
   return dict(
     params=params,
-    model=model,
-    task=meta.get("task", "unknown"),
-    step=meta.get("step"),
-    vocab=str(files.path(path, workdir.VOCAB_FILE)),
-    run_config=None,
+    model=d.model,
+    task=d.run_config.data.task if d.run_config is not None else d.task,
+    step=step,
+    vocab=d.vocab,
+    run_config=d.run_config,
   )
 
 

@@ -10,32 +10,12 @@ import numpy as np
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.base.files import path, read_json, sha256
-from albert_jax.base.layout import RESULTS_FILE, VOCAB_FILE, Kind, is_run, kind
+from albert_jax.base.files import path, sha256
+from albert_jax.base.layout import VOCAB_FILE, Kind, is_run, kind
 from albert_jax.base.log import log
-from albert_jax.data import dataset
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
-from albert_jax.interop import pretrained
-
-
-def best_seed_dir(p) -> tuple[str, int]:
-  """(seed_<k> directory, seed) of a fine-tuning run's best seed, by its eval_results.json."""
-  results_path = path(p, RESULTS_FILE)
-  try:
-    results = read_json(results_path)
-    seeds = [s["seed"] for s in results["seeds"]]
-    best = results["summary"].get("best_seed")
-  except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
-    raise ConfigError(f"{results_path} is not a fine-tuning summary ({e})") from None
-  if best not in seeds:
-    raise ConfigError(
-      f"{results_path} names no best seed (the run had no eval file); use {p}/seed_<k>"
-    )
-  seed_dir = str(path(p, f"seed_{seeds.index(best)}"))
-  if not is_run(seed_dir):
-    raise ConfigError(f"{seed_dir}, the best seed of {p}, holds no checkpoints")
-  return seed_dir, best
+from albert_jax.interop import model_dir, pretrained
 
 
 def _take_vocabulary(config, theirs: str, where: str) -> None:
@@ -70,11 +50,12 @@ def use_its_vocabulary(config) -> None:
 def resolve_and_validate(config) -> None:
   """A pretraining config made complete and checked (config_lib.validate) before anything is
   prepared, written or traced: with init_from, its vocabulary becomes the run's (use_its_vocabulary)
-  and its architecture must be the config's (load_pretrained's check, on the weights it reads)."""
-
+  and its architecture must be the config's (read from its config.json: no weights are read)."""
   if config.init_from:
     use_its_vocabulary(config)
-    pretrained.load_pretrained(config.init_from, config.model)
+    pretrained.check_architecture(
+      pretrained.read_model_config(config.init_from), config.model, config.init_from
+    )
   config_lib.validate(config)
 
 
@@ -100,27 +81,17 @@ def resolve_init_from(config) -> None:
   vocabulary. A fine-tuning run stands for its best seed (init_from is rewritten to that seed_<k>); a
   fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
 
-  p = config.init_from
-  found = kind(p)
-  if found is None:
-    raise ConfigError(
-      f"init_from={p} is not a pretraining workdir, a fine-tuning run, a --format=jax export or a "
-      f"Hugging Face ALBERT directory"
-    )
-  if found is Kind.FINETUNING:
-    p, seed = best_seed_dir(p)
+  if kind(config.init_from) is Kind.FINETUNING:
+    p, seed = model_dir.best_seed_dir(config.init_from)
     log(f"init_from: {config.init_from}'s best seed {seed} ({p})")
     with config.unlocked():
       config.init_from = p
-  if is_run(p):
-    source = read_config(p)
-    theirs_model = source.model.to_dict()
-    # A fine-tuning run records the vocabulary it used (its init_from's); a pretraining run has its own.
-    spm = source.data.spm_model_path if "task" in source else dataset.spm_model_path(source, p)
+  p = config.init_from
+  source = model_dir.open_model_dir(p, "init_from")  # its config.json: no weights are read
+  theirs_model, spm = source.model, source.vocab
+  if source.run_config is not None:
     fields = taken = config_lib.ARCHITECTURE_FIELDS + config_lib.LAYOUT_FIELDS
   else:
-    _, theirs_model = pretrained.load_pretrained(p)
-    spm = str(path(p, VOCAB_FILE))
     fields = config_lib.ARCHITECTURE_FIELDS  # load_pretrained converts the layout
     taken = fields + tuple(k for k in config_lib.LAYOUT_FIELDS if k != "scan_layers")
   with config.unlocked():
