@@ -1,19 +1,8 @@
-"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and sentence-pair scores
-(python -m albert_jax.evaluate, and the study, call `score`).
---checkpoint is a run's workdir (its latest checkpoint, or --step), an `albert_jax.export` directory
-(--format=jax or hf), a Hugging Face ALBERT directory, or a Hub id hf://ORG/NAME[@REVISION] of one
-(interop/hub.py: huggingface_hub's cache, HF_HUB_OFFLINE, HF_TOKEN); --data is prepared data (a directory holding prepared.json) or a workdir
-whose prepared data to use. Any model scores any prepared split with the same vocabulary: a model
-pretrained with sentence-order prediction (data.task=sop) can be scored on data prepared for next
-sentence prediction (data.task=nsp) and vice versa, since both heads are the same binary classifier
-on the pooled output (a model trained with data.task=none has that head untrained: chance). Masks come from the input pipeline, a pure function of the data's seed, so
-the eval split is masked identically on every call. The masking settings (max_predictions_per_seq,
-masked_lm_prob, max_ngram, word_start) are those of the --data workdir's config, else of the
-checkpoint's run, else the defaults.
-
-Prints one JSON line: masked_lm_accuracy, masked_lm_loss, sentence_pair_accuracy,
-sentence_pair_loss, data_task, model_task, examples (and split, step). Bad input exits with one
-line `error: ...` and status 2.
+"""Intrinsic evaluation of a pretrained model (paper Table 5): masked-LM and sentence-pair scores of a
+run, an export or a Hugging Face directory on prepared data with the same vocabulary. `score` is what
+python -m albert_jax.evaluate (whose docstring describes the inputs and the result line) and the
+study call. Masks come from the input pipeline, a pure function of the data's seed: the eval split is
+masked identically on every call.
 """
 
 from __future__ import annotations
