@@ -25,7 +25,6 @@ go to the log file only, and to stderr too with --verbose.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import sys
@@ -36,7 +35,11 @@ from collections.abc import Iterator
 
 from absl import flags, logging as absl_logging
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.hardware import quiet_libtpu  # noqa: F401  (the commands call it as cli.quiet_libtpu)
+from albert_jax.base.log import PRINTS_LOGGER, prints_to_log  # noqa: F401
+from albert_jax.engine import workdir as workdir_lib
 
 BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT, DOES_NOT_FIT = 2, 1, 3, 4, 5
 
@@ -62,27 +65,6 @@ def one_line(e: BaseException) -> str:
     if "ConfigError: " in line:
       return line.split("ConfigError: ", 1)[1]
   return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
-
-
-def quiet_libtpu() -> None:
-  """Off a TPU VM, libtpu (installed for `estimate --slice`) looks for the VM's metadata and prints
-  warnings in every jax program when it finds none, and takes a lock file that lets one process at a
-  time compile. These settings (only where unset, and only on a host without TPU chips, where the
-  lock protects no chip) tell it there is nothing to find and no chip to share."""
-  import glob
-
-  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-    return
-  for key, value in (
-    ("TPU_SKIP_MDS_QUERY", "1"),
-    ("TPU_ACCELERATOR_TYPE", "v3-8"),
-    ("TPU_WORKER_HOSTNAMES", "localhost"),
-    ("TPU_WORKER_ID", "0"),
-    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
-  ):
-    os.environ.setdefault(key, value)
-  # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
 
 def parse_flags(argv):
@@ -223,36 +205,6 @@ class _ConsoleFormat(logging.Formatter):
     return self.absl.format(record)
 
 
-# A library's print()s are logged under this prefix: the log file keeps them, the console shows them
-# only with --verbose.
-PRINTS_LOGGER = "prints"
-
-
-class _Lines(io.TextIOBase):
-  def __init__(self, logger: logging.Logger):
-    self.logger, self.pending = logger, ""
-
-  def write(self, text: str) -> int:
-    self.pending += text
-    *lines, self.pending = self.pending.split("\n")
-    for line in lines:
-      if line.strip():
-        self.logger.info(line.strip())
-    return len(text)
-
-
-@contextlib.contextmanager
-def prints_to_log(library: str):
-  """Runs a block whose library prints to stdout (TFDS announces each build there) with those prints
-  as INFO lines of the logger prints.<library>, so stdout and the console stay ours."""
-  lines = _Lines(logging.getLogger(f"{PRINTS_LOGGER}.{library}"))
-  try:
-    with contextlib.redirect_stdout(lines):
-      yield
-  finally:  # a last line without its newline (the block may have failed mid-line) is logged too
-    lines.write("\n")
-
-
 _log_file: list[str] = []
 
 
@@ -279,8 +231,6 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   _log_file.clear()
   _remote_log.clear()
   if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
-    from albert_jax.core import files, workdir as workdir_lib
-
     name = f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
     try:
       if files.is_remote(workdir):  # written locally, uploaded whole when the process exits
@@ -307,7 +257,6 @@ _remote_log: list[str] = []
 
 
 def _upload_log() -> None:
-  from albert_jax.core import files
 
   if not _remote_log:
     return
@@ -321,7 +270,6 @@ def _upload_log() -> None:
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
   """Runs a command's work: any exception becomes one line and the exit status above."""
-  from albert_jax.core import files
 
   try:
     yield

@@ -25,9 +25,12 @@ from typing import Any
 
 from absl import app, flags
 
-from albert_jax import cli
-from albert_jax.core import files, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax import cli, tasks
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.data import dataset, tokenizer
+from albert_jax.engine import checkpoint, workdir as workdir_lib
+from albert_jax.interop import hf, jax_export, model_dir
 
 FORMATS = ("hf", "jax")
 
@@ -102,8 +105,6 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
     lines += ["No eval metrics were recorded for this checkpoint."]
   lines += ["", "## How to load", ""]
   if "task" in config:  # a fine-tuned model: its own head class
-    from albert_jax import tasks
-
     cls = tasks.of(config).hf_class
     lines[lines.index(f"{CARD_MARKER} (step {step})") + 2] = (
       f"ALBERT fine-tuned on {config.task.name} by albert_jax"
@@ -131,7 +132,7 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
   else:
     lines += [
       "```python",
-      "from albert_jax.core import model",
+      "from albert_jax.model import albert as model",
       "from albert_jax.interop import jax_export",
       'params, config = jax_export.load_jax_export("PATH")',
       "out = model.AlbertForPreTraining(config).apply({'params': params}, input_ids, token_type_ids, "
@@ -208,8 +209,6 @@ def write_export(
   source: str = "",
 ) -> str:
   """Writes an export of `params` (AlbertForPreTraining's) under the run config `config` to `output`."""
-  from albert_jax import tasks
-  from albert_jax.interop import hf, jax_export
 
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
@@ -294,13 +293,11 @@ def export(
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {FORMATS}, got {fmt!r}")
   check_output(output, overwrite)
-  from albert_jax.core import checkpoint
-  from albert_jax.data import dataset
 
   chosen = ""
   if workdir_lib.kind(workdir) is workdir_lib.Kind.FINETUNING:
     # A fine-tuning run's directory: its best seed (eval_results.json), by default its best step.
-    seed_dir, seed = workdir_lib.best_seed_dir(workdir)
+    seed_dir, seed = model_dir.best_seed_dir(workdir)
     chosen = f"{workdir}: best seed {seed} ({seed_dir})"
     workdir, step = seed_dir, "best" if step in ("", None) else step
   step = parse_step("latest" if step in ("", None) else step)
@@ -313,7 +310,6 @@ def export(
   )
   if not files.path(spm).is_file():
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
-  from albert_jax.data import tokenizer
 
   vocab = tokenizer.load(spm).vocab_size
   if vocab > config.model.vocab_size:

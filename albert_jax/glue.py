@@ -37,11 +37,14 @@ import traceback
 import jax
 import numpy as np
 from absl import app, flags
+from ml_collections import config_flags
 
-from albert_jax import cli, finetune, tasks as tasks_lib
-from albert_jax.core import files, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.metrics import log
+from albert_jax import cli, tasks as tasks_lib
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
+from albert_jax.engine import workdir as workdir_lib
+from albert_jax.tasks import finetuning as finetune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where configs/ is
 TASK_CONFIG = os.path.join(ROOT, "configs", "finetune", "glue.py")
@@ -348,7 +351,6 @@ def write_summary(workdir: str, summary: dict) -> None:
 
 def run():
   """Defines the flags (here, not at import) and runs the benchmark."""
-  from ml_collections import config_flags
 
   config_flag = config_flags.DEFINE_config_file(
     "config",

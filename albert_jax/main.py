@@ -11,13 +11,16 @@ latest sound checkpoint in --workdir. Errors are one line `error: ...`; exit sta
 from __future__ import annotations
 
 from absl import app, flags
+from ml_collections import config_flags
+
+from albert_jax import cli
+from albert_jax.base import distributed, files
+from albert_jax.interop import hub
+from albert_jax.pretraining import init_from, train
 
 
 def run():
   """Defines the flags (here, not at import) and runs the job."""
-  from ml_collections import config_flags
-
-  from albert_jax import cli
 
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
@@ -34,22 +37,15 @@ def run():
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value, init_from's included: one line before anything is written
-      from albert_jax.core import workdir as workdir_lib
-      from albert_jax.interop import hub
-
       config.init_from = hub.resolve(config.init_from, "init_from")  # an hf:// id: its snapshot
-      workdir_lib.resolve_and_validate(config)
+      init_from.resolve_and_validate(config)
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
-      from albert_jax.core import distributed
-
       distributed.initialize(config)
     with cli.guard():
-      from albert_jax.core import files, train
-
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
         cli.setup_logging("main", workdir)
-        train.train_and_evaluate(config, workdir)  # holds the same lock (re-entered)
+        train.run_resolved(config, workdir)  # resolved once, above; under this lock
 
   app.run(main, flags_parser=cli.parse_flags)
 

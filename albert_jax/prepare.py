@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 
 from absl import app, flags
+from ml_collections import config_flags
 
 from albert_jax import cli
+from albert_jax.data import dataset, input_pipeline
+from albert_jax.pretraining import init_from
 
 
 def run() -> None:
   """Defines the flags (here, not at import) and prepares or inspects the data."""
-  from ml_collections import config_flags
 
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
@@ -46,13 +48,9 @@ def run() -> None:
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value: one line before anything is written (no log file either)
-      from albert_jax.core import workdir as workdir_lib
-
-      workdir_lib.resolve_and_validate(config)
+      init_from.resolve_and_validate(config)
     cli.setup_logging("prepare", workdir)
     with cli.guard():
-      from albert_jax.data import dataset, input_pipeline
-
       if inspect_flag.value:
         lines, stats = input_pipeline.inspect(config, workdir, num_examples=num_examples_flag.value)
         print("\n".join(lines))

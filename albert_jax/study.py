@@ -36,7 +36,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.planning.study.runner import (
   Settings,
   StudyError,

@@ -42,8 +42,10 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
-from albert_jax.core import compiling, config_lib, model as albert_model  # noqa: E402
+from albert_jax.base import config_lib
 from albert_jax.data import examples  # noqa: E402
+from albert_jax.engine import compiling
+from albert_jax.model import albert as albert_model  # noqa: E402
 
 MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
 

@@ -1,6 +1,6 @@
 """Classification fine-tuning step speed: ours against Hugging Face's PyTorch ALBERT, in one run.
 
-Ours: `albert_jax.core.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
+Ours: `albert_jax.engine.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
 classifier dropout 0.1) and objective of the generic classification task (albert_jax/tasks/glue.py), the original's
 AdamWeightDecay (Adam without bias correction, decoupled decay: the same work per step as torch's
 AdamW), clipping and the non-finite guard, on a 1-device mesh. Theirs:
@@ -39,7 +39,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from albert_jax import tasks  # noqa: E402
-from albert_jax.core import compiling, config_lib, model as albert_model, sharding, train  # noqa: E402
+from albert_jax.base import config_lib  # noqa: E402
+from albert_jax.engine import train  # noqa: E402
+from albert_jax.model import albert as albert_model, sharding  # noqa: E402
 
 TINY = dict(
   vocab_size=100,
@@ -93,7 +95,7 @@ def ours(config, batch):
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(0))
     global_batch = sharding.global_batch(batch, mesh)
-  compiled = compiling.compile_train_step(config, mesh, trainer, state, global_batch).executable
+  compiled = train.compile_train_step(config, mesh, trainer, state, global_batch).executable
   holder = {"state": state}
 
   def step():

@@ -33,7 +33,7 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from albert_jax.core import config_lib, files as albert_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.base import config_lib, files as albert_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 from albert_jax.data import dataset, input_pipeline, python_docs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")

@@ -42,7 +42,7 @@ _VOCAB = 8000
 
 _CHILD = """
 import json, resource, sys, time
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 from albert_jax.data import dataset
 c = config_lib.base_config()
 c.model.vocab_size = int(sys.argv[4])

@@ -49,8 +49,9 @@ from albert_jax import cli  # noqa: E402
 
 cli.quiet_libtpu()
 
-from albert_jax.core import compiling, config_lib  # noqa: E402
-from albert_jax.core.config_lib import ConfigError  # noqa: E402
+from albert_jax.base import config_lib  # noqa: E402
+from albert_jax.base.config_lib import ConfigError  # noqa: E402
+from albert_jax.engine import compiling  # noqa: E402
 from albert_jax.planning import estimate_report, memory as E, tpu_compile  # noqa: E402
 
 CONFIGS = (
@@ -138,7 +139,7 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from albert_jax.core import model as M
+  from albert_jax.model import albert as M
 
   config = load(spec)
   config_lib.validate(config)

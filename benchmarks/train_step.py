@@ -21,7 +21,7 @@ every figure alike:
     MFU against torch's own matmul rate (`mfu_own_matmul`, our FLOP count as the useful work), which
     separates how fast each matmul library is from how much of it each step uses.
 
-What is timed: `albert_jax.core.train.build(config, mesh)`'s `train_step` (the real trainer step: LAMB,
+What is timed: `albert_jax.engine.train.build(config, mesh)`'s `train_step` (the real trainer step: LAMB,
 clipping, the non-finite guard, donated state) on a 1-device mesh, called as the loop calls it, with
 `jax.block_until_ready` on its metrics; compile and two warm-up steps are excluded. Each round runs
 one step of every contender then both matmul rates (A B A B ...); the figures are medians over the
@@ -63,9 +63,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
-from albert_jax.core import compiling, config_lib, model as albert_model, sharding, train  # noqa: E402
+from albert_jax.base import config_lib, hardware  # noqa: E402
 from albert_jax.data import examples  # noqa: E402
-from albert_jax.planning import hardware  # noqa: E402
+from albert_jax.engine import train  # noqa: E402
+from albert_jax.model import albert as albert_model, sharding  # noqa: E402
+from albert_jax.pretraining import train as pretraining  # noqa: E402
 
 MODELS = ("albert_base", "albert_large")
 DTYPES = ("float32", "bfloat16")
@@ -144,11 +146,11 @@ def jax_contender(config, batch: dict[str, np.ndarray], device) -> Contender:
   """The trainer's own jitted, sharded, state-donating train step on a 1-device mesh."""
   start = time.perf_counter()
   mesh = sharding.make_mesh(config.mesh, [device])
-  trainer = train.build(config, mesh)
+  trainer = pretraining.build(config, mesh)
   with sharding.with_mesh(mesh):
     state = trainer.init(jax.random.PRNGKey(config.seed))
     global_batch = sharding.global_batch(batch, mesh)
-  compiled = compiling.compile_train_step(config, mesh, trainer, state, global_batch).executable
+  compiled = train.compile_train_step(config, mesh, trainer, state, global_batch).executable
   setup_s = time.perf_counter() - start
   holder = {"state": state}
 

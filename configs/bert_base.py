@@ -8,7 +8,7 @@ Variant arguments: sharing, embedding_size, num_hidden_groups, inner_group_num, 
 attention_impl, dropout. Any field can be overridden: --config.train.batch_size=512.
 """
 
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 
 
 def get_config(arg=None):

@@ -7,7 +7,7 @@ the documents are held out and eval scores 8 batches (256 examples), so that sen
 noise at chance is +-0.031.
 """
 
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 
 
 def get_config(arg=None):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "compile_time.py")

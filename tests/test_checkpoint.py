@@ -6,8 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax.core import checkpoint, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError, base_config
+from albert_jax.base.config_lib import ConfigError, base_config
+from albert_jax.engine import checkpoint, workdir as workdir_lib
 
 
 def save_steps(workdir, accuracies, keep=2):

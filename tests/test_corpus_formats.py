@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import corpus, dataset
 
 _WORDS = (

@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import (
   corpus,
   dataset,
@@ -330,7 +330,7 @@ def test_prepare_cli_inspect_and_errors(prepared, tmp_path):
   config, workdir, _ = prepared
   cfg = tmp_path / "cfg.py"
   cfg.write_text(
-    "from albert_jax.core import config_lib\n"
+    "from albert_jax.base import config_lib\n"
     "def get_config(arg=None):\n"
     "  c = config_lib.base_config()\n"
     "  c.model.vocab_size = 1000\n"

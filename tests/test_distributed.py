@@ -21,9 +21,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax.core import checkpoint, distributed
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import distributed
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import dataset
+from albert_jax.engine import checkpoint
 from tests.conftest import DATA as SMALL_DATA, MODEL, ROOT, load_config
 
 # conftest's small model on fewer documents: this module prepares its own data, once.

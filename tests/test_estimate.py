@@ -8,9 +8,10 @@ import sys
 import jax
 import pytest
 
-from albert_jax.core import model as M
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.planning import fit, hardware, memory as E
+from albert_jax.base import hardware
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.model import albert as M
+from albert_jax.planning import fit, memory as E
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from albert_jax import evaluate, export
-from albert_jax.core import train
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import dataset, tokenizer
+from albert_jax.pretraining import train
 from tests.conftest import ROOT, built_once, small_config
 
 # Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.
@@ -174,7 +174,7 @@ def _initial_params(config):
   """The parameters a run of `config` starts from (the trainer's own init, same seed)."""
   import jax
 
-  from albert_jax.core import sharding
+  from albert_jax.model import sharding
 
   mesh = sharding.make_mesh(config.mesh)
   with sharding.with_mesh(mesh):
@@ -190,7 +190,7 @@ def _changed(before, after) -> dict[str, bool]:
   import jax
   import numpy as np
 
-  from albert_jax.core import optim
+  from albert_jax.engine import optim
 
   flat = jax.tree_util.tree_flatten_with_path(before)[0]
   after_leaves = jax.tree_util.tree_leaves(after)
@@ -206,7 +206,7 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path, capsys):
   and NSP data, its sentence-pair accuracy is at chance and its loss ln 2."""
   import math
 
-  from albert_jax.core import checkpoint
+  from albert_jax.engine import checkpoint
 
   sop, nsp = runs
   sop_data = os.path.join(sop, "data")
@@ -237,7 +237,7 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path, capsys):
   # The freeze keeps the optimizer state's layout: a none checkpoint resumes as sop and back.
   import jax
 
-  from albert_jax.core import sharding
+  from albert_jax.model import sharding
 
   mesh = sharding.make_mesh(config.mesh)
   shapes = [train.build(c, mesh).abstract.shapes for c in (config, sop_config)]

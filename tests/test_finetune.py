@@ -18,10 +18,13 @@ import torch
 import transformers
 
 from albert_jax import finetune, tasks
-from albert_jax.core import checkpoint, config_lib, model as M, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.engine import checkpoint, workdir as workdir_lib
 from albert_jax.interop import hf
+from albert_jax.model import albert as M
+from albert_jax.pretraining import init_from
 from albert_jax.tasks import glue, squad
 from tests.conftest import built_once
 
@@ -197,7 +200,7 @@ def test_mrpc_with_a_byte_order_mark_is_read(tmp_path):
 def _resolved(config):
   with config.unlocked():
     finetune.resolve_task(config)
-  workdir_lib.resolve_init_from(config)
+  init_from.resolve_init_from(config)
   return config
 
 
@@ -370,7 +373,7 @@ def test_init_from_a_finetuned_run(env, run, tmp_path):
     np.asarray, nn.unbox(model.init(jax.random.key(0), **inputs)["params"])
   )
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  got = workdir_lib.init_backbone(recorded, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
+  got = init_from.init_backbone(recorded, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
   for a, b in zip(
     jax.tree_util.tree_leaves(want["albert"]), jax.tree_util.tree_leaves(got["albert"])
   ):

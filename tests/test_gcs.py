@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from albert_jax.core import files, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import workdir as workdir_lib
 
 
 def test_file_layer_on_a_bucket(bucket, tmp_path):

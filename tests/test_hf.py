@@ -22,10 +22,12 @@ import transformers
 from safetensors.numpy import load_file
 
 from albert_jax import export
-from albert_jax.core import config_lib, model as M, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
 from albert_jax.interop import hf, jax_export, pretrained
+from albert_jax.model import albert as M
+from albert_jax.pretraining import init_from
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -334,8 +336,8 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   """A tiny model trained a few steps by the trainer, exported from its checkpoint by the CLI: no
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
   exported tokenizer gives our ids (special tokens included) on the run's own vocabulary."""
-  from albert_jax.core import train
   from albert_jax.data import dataset
+  from albert_jax.pretraining import train
   from tests.conftest import load_config
 
   sentences = write_corpus(tmp_path / "corpus.txt")
@@ -473,7 +475,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
 
 
 def checkpoint_params(workdir):
-  from albert_jax.core import checkpoint
+  from albert_jax.engine import checkpoint
 
   params, config, step, metrics = checkpoint.load_params(workdir)
   return jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params))), config, step, metrics
@@ -492,15 +494,15 @@ def test_init_from_brings_its_vocabulary(tmp_path):
   other = tokenizer_lib.train(sentences[::2], str(tmp_path / "other" / "spiece.model"), 300)
   config = config_lib.base_config()
   config.init_from = str(tmp_path / "ours")
-  workdir_lib.use_its_vocabulary(config)  # none set: init_from's own is used
+  init_from.use_its_vocabulary(config)  # none set: init_from's own is used
   assert config.data.spm_model_path == ours
-  workdir_lib.use_its_vocabulary(config)  # the same one given: fine
+  init_from.use_its_vocabulary(config)  # the same one given: fine
   config.data.spm_model_path = other
   with pytest.raises(ConfigError, match="is not the vocabulary of init_from"):
-    workdir_lib.use_its_vocabulary(config)
+    init_from.use_its_vocabulary(config)
   config.init_from, config.data.spm_model_path = str(tmp_path), ""
   with pytest.raises(ConfigError, match="holds no spiece.model: set data.spm_model_path"):
-    workdir_lib.use_its_vocabulary(config)
+    init_from.use_its_vocabulary(config)
 
 
 def test_load_pretrained_lays_out_for_the_run_and_fills_missing_heads(tmp_path):

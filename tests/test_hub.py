@@ -13,9 +13,9 @@ import time
 import pytest
 
 from albert_jax import evaluate, export, finetune
-from albert_jax.core import train
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.interop import hub
+from albert_jax.pretraining import train
 from tests.conftest import ROOT, built_once, main_cmd, small_config
 
 MAIN = hashlib.sha1(b"the hf export").hexdigest()  # commits are 40 hex digits
@@ -203,7 +203,7 @@ def test_evaluate_reads_a_hugging_face_masked_lm_with_fresh_heads(tmp_path, capl
   import numpy as np
   import transformers
 
-  from albert_jax.core import model as M
+  from albert_jax.model import albert as M
 
   sizes = dict(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
   hf_config = transformers.AlbertConfig(

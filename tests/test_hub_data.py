@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from albert_jax import tasks
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.tasks import glue, race, squad
 
 # GLUE's download: folder names and the headers of its files (None: no header, CoLA's train/dev).
@@ -357,7 +357,7 @@ def test_race_reads_the_same_examples_from_the_hub(tmp_path):
 
 def test_hub_files_in_a_bucket(bucket, tmp_path):
   """A Hub download copied to gs://: the folder is found, the shards listed and read there."""
-  from albert_jax.core import files
+  from albert_jax.base import files
 
   write_task("rte", np.random.default_rng(3), tmp_path / "glue_data", tmp_path / "glue")
   for local in sorted((tmp_path / "glue" / "rte").iterdir()):

@@ -1,4 +1,4 @@
-"""The lease that locks a gs:// workdir (core/lease.py), against the Cloud Storage emulator on loopback
+"""The lease that locks a gs:// workdir (base/lease.py), against the Cloud Storage emulator on loopback
 (conftest.gcs_url, bucket): the generation preconditions it rests on, acquire, refusal, takeover,
 renewal, theft, an unreachable bucket, and trainers racing for one bucket workdir."""
 
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from google.api_core import exceptions
 
-from albert_jax.core import checkpoint, files, lease
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files, lease
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import checkpoint
 
 
 def _blob(gs_path: str):
@@ -170,7 +171,7 @@ def test_an_unreachable_bucket_asks_for_a_save_then_loses_the_lease(bucket):
 
 
 def test_workdir_lease_seconds_is_validated():
-  from albert_jax.core import config_lib
+  from albert_jax.base import config_lib
   from tests.conftest import load_config
 
   config = load_config("tiny")

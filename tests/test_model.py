@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from albert_jax.core import config_lib, model as M
+from albert_jax.base import config_lib
+from albert_jax.model import albert as M
 from tests.conftest import load_config
 
 

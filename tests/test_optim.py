@@ -1,4 +1,4 @@
-"""albert_jax.core.optim against a NumPy transcription of the original's equations (lamb_optimizer.py and
+"""albert_jax.engine.optim against a NumPy transcription of the original's equations (lamb_optimizer.py and
 optimization.py in google-research/albert), written here independently of the module."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from albert_jax.core import config_lib, optim
+from albert_jax.base import config_lib
+from albert_jax.engine import optim
 
 B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 # Flattened paths of the small tree; the excluded ones by the original's rule (LayerNorm / bias).

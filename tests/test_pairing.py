@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples as E, tokenizer
 from tests.conftest import load_config
 
@@ -360,7 +360,7 @@ def test_per_epoch_masking_statistics(per_epoch):
 def test_per_epoch_prepare_is_the_same_on_one_and_two_workers(tmp_path, monkeypatch):
   """Documents keyed by shard and place: 1 and 2 prepare workers write the same records, sentence
   lengths and statistics."""
-  from albert_jax.core import files
+  from albert_jax.base import files
   from albert_jax.data import dataset
   from tests.test_data import _config, _topic_documents, _write_corpus
 

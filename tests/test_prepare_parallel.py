@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax.core import config_lib, files
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib, files
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import corpus, dataset, sentence_split, tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,7 +218,7 @@ def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypa
 
 _RSS = """
 import json, resource, sys
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 from albert_jax.data import dataset
 c = config_lib.base_config()
 c.model.vocab_size = 1000

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from albert_jax.core import checkpoint, files
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import checkpoint
 from tests.conftest import ROOT, main_cmd
 
 TRAIN = ml_collections.ConfigDict(dict(keep_checkpoints=5, keep_best=True))
@@ -291,7 +292,7 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
     [
       sys.executable,
       "-c",
-      "import sys, time; from albert_jax.core import files\n"
+      "import sys, time; from albert_jax.base import files\n"
       f"with files.workdir_lock({str(tmp_path)!r}):\n"
       "  print('held', flush=True); time.sleep(600)",
     ],
@@ -433,7 +434,7 @@ def test_a_full_disk_on_closing_does_not_replace_a_halt(tmp_path, capsys, caplog
   ],
 )
 def test_bad_config_values_are_refused(field, value, message):
-  from albert_jax.core import config_lib
+  from albert_jax.base import config_lib
 
   config = config_lib.base_config()
   section, _, key = field.rpartition(".")
@@ -612,8 +613,9 @@ def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, ca
 def other_model(tmp_path_factory, spm_model_path):
   """A Hugging Face ALBERT directory of the tests' shrunken model (H=64), which configs/tiny.py is
   not."""
-  from albert_jax.core import config_lib, model as M
+  from albert_jax.base import config_lib
   from albert_jax.interop import hf
+  from albert_jax.model import albert as M
   from tests.conftest import MODEL
 
   c = config_lib.base_config().model

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer
 from albert_jax.tasks import squad
 

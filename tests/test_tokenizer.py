@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer
 from albert_jax.interop import hf_tokenizer
 from tests.conftest import pydoc_sentences

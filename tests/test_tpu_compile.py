@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.planning import estimate_report as R, fit, hardware, memory as E, tpu_compile as T
+from albert_jax.base import hardware
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.planning import estimate_report as R, fit, memory as E, tpu_compile as T
 from tests.conftest import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +153,7 @@ def test_pallas_kernels_cost_what_they_declare():
   XLA's own ops; the two backward kernels declare nothing and count as 0."""
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
-  from albert_jax.core import compiling
+  from albert_jax.engine import compiling
 
   device = T.topology_devices(T.parse_slice("v4-8"))[0]
   on = jax.sharding.SingleDeviceSharding(device)
@@ -314,7 +315,7 @@ def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
   assert candidates[3] == {"model.remat": "full", "train.micro_batches": 2}
   # A policy added to the model's menu is tried where its savings put it: one that keeps only the
   # FFN's first matmul output saves less than full, more than the dots policies.
-  from albert_jax.core import model as M
+  from albert_jax.model import albert as M
 
   ffn = config.model.intermediate_size
 

@@ -1,4 +1,4 @@
-"""train.trackers: Weights & Biases beside TensorBoard and metrics.jsonl (core/metrics.py).
+"""train.trackers: Weights & Biases beside TensorBoard and metrics.jsonl (engine/metrics.py).
 
 W&B runs offline here (WANDB_MODE=offline: its local service, no network); what it recorded is read
 back from the run's .wandb file (a LevelDB-style log of wandb's protobuf Records). A W&B that cannot
@@ -17,9 +17,11 @@ import time
 import pytest
 
 from albert_jax import finetune
-from albert_jax.core import config_lib, train, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.metrics import MetricWriter
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import workdir as workdir_lib
+from albert_jax.engine.metrics import MetricWriter
+from albert_jax.pretraining import train
 from tests.conftest import ROOT, main_cmd, small_config
 from tests.test_finetune import env, ft_config  # noqa: F401 (env: the fine-tuning fixture)
 

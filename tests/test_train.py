@@ -13,9 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax.core import checkpoint, optim, sharding, train, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import input_pipeline
+from albert_jax.engine import checkpoint, optim, workdir as workdir_lib
+from albert_jax.model import sharding
+from albert_jax.pretraining import train
 from tests.conftest import ROOT, main_cmd, small_config
 
 
@@ -464,7 +466,7 @@ def test_no_worker_process_left_after_evaluation(tmp_path, data_dir):
 
 
 def _reporter(tmp_path, num_steps, log_every, halt, max_skips):
-  from albert_jax.core.metrics import MetricWriter, Reporter
+  from albert_jax.engine.metrics import MetricWriter, Reporter
 
   writer = MetricWriter(str(tmp_path / f"tb-{halt}-{max_skips}"))
   reporter = Reporter(

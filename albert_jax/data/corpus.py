@@ -32,8 +32,8 @@ import hashlib
 import os
 from collections.abc import Iterable, Iterator
 
-from albert_jax.core import files as files_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files as files_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import formats, python_docs, tfds_corpus
 from albert_jax.data.corpus_stats import CorpusStats
 from albert_jax.data.sentence_split import split_sentences

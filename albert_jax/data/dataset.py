@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from albert_jax import cli
-from albert_jax.core import config_lib, files
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.workdir import VOCAB_FILE
+from albert_jax.base import config_lib, files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.layout import VOCAB_FILE
+from albert_jax.base.log import prints_to_log
 from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,
@@ -919,7 +919,7 @@ def _assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
     )
   with concurrent.futures.ThreadPoolExecutor(ASSEMBLE_THREADS) as pool:
     list(pool.map(lambda move: files.move(*move), moves))
-  with cli.prints_to_log("tensorflow_datasets"):
+  with prints_to_log("tensorflow_datasets"):
     tfds.folder_dataset.write_metadata(
       data_dir=records,
       features=_document_features() if per_epoch else _features(),

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+import jax
 import numpy as np
 
 from albert_jax.data.tokenizer import CLS_ID, MASK_ID, SEP_ID
@@ -68,7 +69,6 @@ def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
 
 def batch_shapes(batch: int, seq: int, predictions: int, sharding=None) -> dict:
   """FEATURES as jax.ShapeDtypeStructs for `batch` sequences of `seq` tokens, `predictions` masked."""
-  import jax  # pylint: disable=g-import-not-at-top  (examples.py stays importable without jax)
 
   dims = {"B": batch, "S": seq, "P": predictions}
   return {

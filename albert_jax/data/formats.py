@@ -31,10 +31,11 @@ import statistics
 import zlib
 from collections.abc import Iterator
 
+import zstandard
 from absl import logging
 
-from albert_jax.core import files as files_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files as files_lib
+from albert_jax.base.config_lib import ConfigError
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -45,8 +46,6 @@ LINE_FORMATS = ("sentences", "documents", "jsonl")  # read by line: shards are b
 
 def _zstd_error() -> tuple:
   try:
-    import zstandard  # pylint: disable=g-import-not-at-top
-
     return (zstandard.ZstdError,)
   except ImportError:
     return ()
@@ -94,8 +93,6 @@ def decompressed(path: str, raw):
   if c == "xz":
     return lzma.LZMAFile(raw, mode="rb")
   if c == "zstd":
-    import zstandard  # pylint: disable=g-import-not-at-top
-
     reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     return io.BufferedReader(reader, 1 << 20)
   return raw

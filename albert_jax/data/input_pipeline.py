@@ -28,11 +28,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 import numpy as np
-from absl import logging
+from absl import flags, logging
 
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,
@@ -372,8 +373,6 @@ def make_iterator(
     raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
   ddir, prepared = check_prepared(config, workdir)
   if process_index is None or process_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
-
     process_index, process_count = jax.process_index(), jax.process_count()
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} is not in [0, {process_count})")
@@ -425,7 +424,6 @@ def make_iterator(
   if d.num_workers > 0:
     # grain's workers read absl flags; outside an absl app (tests, notebooks) use their defaults.
     # Worker processes also need the caller's `if __name__ == "__main__":` guard.
-    from absl import flags  # pylint: disable=g-import-not-at-top
 
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()

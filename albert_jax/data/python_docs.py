@@ -10,7 +10,7 @@ import os
 import sysconfig
 from collections.abc import Iterator
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.corpus_stats import CorpusStats
 from albert_jax.data.sentence_split import paragraph_sentences
 

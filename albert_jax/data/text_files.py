@@ -9,8 +9,8 @@ import io
 import os
 from collections.abc import Iterator
 
-from albert_jax.core import files as files_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files as files_lib
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import formats
 from albert_jax.data.corpus_stats import CorpusStats
 from albert_jax.data.sentence_split import split_sentences

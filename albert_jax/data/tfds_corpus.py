@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import formats
 from albert_jax.data.corpus_stats import CorpusStats
 from albert_jax.data.sentence_split import split_sentences

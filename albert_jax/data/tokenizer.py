@@ -23,8 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from albert_jax.core import files
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")

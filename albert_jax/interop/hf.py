@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from albert_jax.core import files, model as model_lib
-from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
-from albert_jax.core.workdir import CONFIG_FILE
+from albert_jax.base import files
+from albert_jax.base.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.base.layout import CONFIG_FILE
 from albert_jax.interop import hf_tokenizer
 from albert_jax.interop.layout import (
   HEADS,
@@ -48,6 +48,7 @@ from albert_jax.interop.layout import (
   plain_params,
   put_path,
 )
+from albert_jax.model import albert as model_lib
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -477,7 +478,7 @@ def load_hf(path: str) -> tuple[dict, dict]:
   albert-base-v2).
 
   params is our AlbertForPreTraining tree as float32 NumPy (heads the checkpoint lacks are absent);
-  model_config is a dict with every ModelConfig field, accepted by albert_jax.core.model.model_config.
+  model_config is a dict with every ModelConfig field, accepted by albert_jax.model.albert.model_config.
   """
   if not files.path(path).is_dir():
     raise ConfigError(f"Hugging Face model directory not found: {path}")

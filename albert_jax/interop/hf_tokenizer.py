@@ -12,9 +12,9 @@ import json
 import os
 import struct
 
-from albert_jax.core import files
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.workdir import VOCAB_FILE
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import tokenizer as tokenizer_lib
 
 # ----------------------------------------------------------------------------------------------------

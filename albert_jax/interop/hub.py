@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.metrics import log
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
 
 PREFIX = "hf://"
 # What a Hugging Face ALBERT directory or one of our exports holds (a repository's other files, such

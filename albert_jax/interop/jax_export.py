@@ -2,7 +2,7 @@
 
 OUT/params.safetensors ('/'-joined names, float32), OUT/config.json ({"format": "albert_jax", "model":
 every ModelConfig field, ...}) and OUT/spiece.model. `load_jax_export(OUT)` reads it back; `init_from`
-accepts it (workdir.py, through pretrained.py).
+accepts it (pretraining/init_from.py, through pretrained.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax.core import files, model as model_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.workdir import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.layout import CONFIG_FILE, JAX_FORMAT, VOCAB_FILE
 from albert_jax.interop.layout import HEADS, OPTIONAL_MODULES, config_dict, plain_params, put_path
+from albert_jax.model import albert as model_lib
 
 JAX_PARAMS = "params.safetensors"
 JAX_FORMAT_VERSION = 1

@@ -21,8 +21,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax.core import model as model_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.model import albert as model_lib
 
 HEADS = ("predictions", "sop_classifier")
 # Modules a pretrained checkpoint may lack (our paths): AlbertForMaskedLM has no pooler and no SOP

@@ -1,5 +1,5 @@
 """Parameters from a Hugging Face ALBERT directory or one of our jax exports, laid out for a run
-(what init_from reads: workdir.py).
+(what init_from reads: pretraining/init_from.py).
 
 The checkpoint's architecture must match the run's; its layout (scan or not, groups, E == H) is
 converted to the run's; the pooler and heads it lacks keep their fresh initialisation.
@@ -14,9 +14,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax.core import files, model as model_lib, workdir
-from albert_jax.core.config_lib import ARCHITECTURE_FIELDS, ConfigError
-from albert_jax.interop.hf import HF_WEIGHTS, load_hf
+from albert_jax.base import files, layout
+from albert_jax.base.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.interop.hf import HF_WEIGHTS, from_hf_config, load_hf
 from albert_jax.interop.jax_export import JAX_PARAMS, check_shapes, load_jax_export
 from albert_jax.interop.layout import (
   OPTIONAL_MODULES,
@@ -26,6 +26,54 @@ from albert_jax.interop.layout import (
   get_path,
   put_path,
 )
+from albert_jax.model import albert as model_lib
+
+
+def read_model_config(path: str) -> dict:
+  """The model config (every ModelConfig field) of a Hugging Face ALBERT directory or one of our jax
+  exports, from its config.json alone (no weights read)."""
+  source = _source(path)
+  meta = files.read_json(files.path(path, layout.CONFIG_FILE))
+  if source == "jax":
+    return config_dict(model_lib.model_config(meta["model"]))
+  return from_hf_config(meta, f"{path}/config.json")
+
+
+def _source(path: str) -> str:
+  """ "jax" (one of our exports) or "hf" (a Hugging Face ALBERT directory), else a ConfigError."""
+  if not files.path(path).is_dir():
+    raise ConfigError(
+      f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
+      f"--format=jax export)"
+    )
+  if files.path(path, JAX_PARAMS).is_file():
+    return "jax"
+  if layout.kind(path) is layout.Kind.HF:
+    return "hf"
+  raise ConfigError(
+    f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
+    f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})"
+  )
+
+
+def check_architecture(src_config: Any, model_config: Any, path: str):
+  """(source ModelConfig, run ModelConfig) when a checkpoint of `src_config` can initialise a run of
+  `model_config`: the same architecture (ARCHITECTURE_FIELDS), and a shared-attention/FFN source only
+  into the same sharing mode; else a one-line ConfigError. Reads configs only."""
+  src = model_lib.model_config(src_config)
+  cfg = model_lib.model_config(model_config)
+  diffs = [
+    f"model.{k}: checkpoint {getattr(src, k)!r} != config {getattr(cfg, k)!r}"
+    for k in ARCHITECTURE_FIELDS
+    if getattr(src, k) != getattr(cfg, k)
+  ]
+  if diffs:
+    raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
+  if src.sharing in ("attention", "ffn") and src.sharing != cfg.sharing:
+    raise ConfigError(
+      f"init_from={path} has model.sharing={src.sharing!r}, the config {cfg.sharing!r}"
+    )
+  return src, cfg
 
 
 def load_pretrained(
@@ -41,38 +89,13 @@ def load_pretrained(
   and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
   from them as they are, and the tree is checked leaf by leaf against them (shapes).
   """
-  if not files.path(path).is_dir():
-    raise ConfigError(
-      f"init_from: {path} is not a directory (a Hugging Face ALBERT model or an albert_jax "
-      f"--format=jax export)"
-    )
-  if files.path(path, JAX_PARAMS).is_file():
-    params, src_config = load_jax_export(path)
-  elif workdir.kind(path) is workdir.Kind.HF:
-    params, src_config = load_hf(path)
-  else:
-    raise ConfigError(
-      f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
-      f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})"
-    )
+  params, src_config = load_jax_export(path) if _source(path) == "jax" else load_hf(path)
   if model_config is None:
     return params, src_config
-  src = model_lib.model_config(src_config)
-  cfg = model_lib.model_config(model_config)
-  diffs = [
-    f"model.{k}: checkpoint {getattr(src, k)!r} != config {getattr(cfg, k)!r}"
-    for k in ARCHITECTURE_FIELDS
-    if getattr(src, k) != getattr(cfg, k)
-  ]
-  if diffs:
-    raise ConfigError(f"init_from={path} is another model ({'; '.join(diffs)})")
+  src, cfg = check_architecture(src_config, model_config, path)
   encoder = params["albert"]["encoder"]
   mapping_in = encoder.pop("embedding_hidden_mapping_in", None)
   if src.sharing in ("attention", "ffn"):  # one of our jax exports: only the same mode can hold it
-    if src.sharing != cfg.sharing:
-      raise ConfigError(
-        f"init_from={path} has model.sharing={src.sharing!r}, the config {cfg.sharing!r}"
-      )
     new_encoder = encoder
   else:  # a layout change; a shared-attention/FFN config accepts layers whose shared part is identical
     groups, mapping = encoder_groups(encoder, src)

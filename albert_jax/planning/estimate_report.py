@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from albert_jax.planning import hardware
+from albert_jax.base import hardware
 from albert_jax.planning.fit import command_line
 from albert_jax.planning.memory import USABLE_MEMORY_FRACTION, Estimate
 
@@ -85,7 +85,7 @@ def roofline(est: Estimate) -> dict[str, float] | None:
     "step_seconds": step,
     "sequences_per_second": est.batch_size / step,
     "run_seconds": step * est.num_steps,
-    # Pallas kernels' share: their cost is what they declare, not a count (compiling.kernel_costs).
+    # Pallas kernels' share: their cost is what they declare, not a count (hlo.kernel_costs).
     "kernels": int(cost.get("kernels", 0)),
     "undeclared_kernels": int(cost.get("undeclared_kernels", 0)),
     "undeclared_io_bytes": cost.get("undeclared_io_bytes", 0.0),

@@ -11,9 +11,10 @@ from typing import Any
 
 import jax
 
-from albert_jax.core import compiling, model as M, sharding, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.planning import hardware, tpu_compile
+from albert_jax.base import hardware
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.model import albert as M, sharding
+from albert_jax.planning import tpu_compile
 from albert_jax.planning.memory import (
   DEFAULT_MFU,
   Estimate,
@@ -22,6 +23,7 @@ from albert_jax.planning.memory import (
   layer_bytes_per_token,
   memory_per_device,
 )
+from albert_jax.pretraining import init_from, train
 
 # ----------------------------------------------------------------------------------------------------
 # The compiler's view.
@@ -42,10 +44,10 @@ def local_config(config, mesh: dict[str, int], sequences_per_device: int, local_
 
 
 def compiled_memory(config, devices=None) -> dict[str, Any]:
-  """Compiles the real train step (compiling.compile_train_step) for the local backend from abstract
+  """Compiles the real train step (train.compile_train_step) for the local backend from abstract
   shapes (nothing is allocated) and returns the compiler's per-device memory analysis, in bytes."""
   mesh = sharding.make_mesh(config.mesh, devices)
-  compiled = compiling.compile_train_step(config, mesh)
+  compiled = train.compile_train_step(config, mesh)
   if compiled.memory is None:
     return {"backend": jax.default_backend(), "available": False}
   return {
@@ -179,7 +181,7 @@ def estimate_and_compile(
       tpu = tpu_compile.slice_for(device, devices)
   if fit_ and tpu is None:
     raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
-  workdir_lib.resolve_and_validate(config)
+  init_from.resolve_and_validate(config)
   est = estimate(config, device, devices, mfu, config_name=config_name)
   if tpu is not None and compile_ != "no":
     est.tpu = tpu_compile.compile_step(config, tpu, count=True)

@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax.core import config_lib, model as M, sharding, state as state_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib, hardware
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples
-from albert_jax.planning import hardware
+from albert_jax.model import albert as M, sharding
+from albert_jax.pretraining import train
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
 # (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
@@ -56,7 +57,7 @@ def state_bytes(config, mesh) -> dict[str, int]:
   """Per-device bytes of the parameters and of the optimizer state, sharded as the trainer shards them,
   and of the parameters of unshared layers stacked on an [L] axis (sharing="none", "attention", "ffn";
   part of "params")."""
-  abstract = state_lib.abstract_state(config, mesh)
+  abstract = train.abstract_state(config, mesh)
   shardings = abstract.shardings
   abstract = abstract.shapes
 

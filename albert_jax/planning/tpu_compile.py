@@ -18,11 +18,13 @@ import time
 from typing import Any
 
 import jax
+from jax.experimental import topologies
 
-from albert_jax import cli
-from albert_jax.core import compiling, config_lib, sharding
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.planning import hardware
+from albert_jax.base import config_lib, hardware
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.model import sharding
+from albert_jax.planning import hlo
+from albert_jax.pretraining import train
 
 
 def install_hint() -> str:
@@ -120,8 +122,7 @@ def topology_devices(tpu: Slice) -> list:
   """The slice's devices from its topology (no TPU needed; libtpu compiles for them)."""
   if not available():
     raise ConfigError(install_hint())
-  cli.quiet_libtpu()
-  from jax.experimental import topologies
+  hardware.quiet_libtpu()
 
   kwargs = {"chip_config_name": tpu.chip_config_name} if tpu.chip_config_name else {}
   try:
@@ -205,7 +206,7 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
       kind = op[: -len("-done")] if op.endswith("-done") else op
       if kind in found and not op.endswith("-start"):
         found[kind]["count"] += times
-        found[kind]["bytes"] += times * compiling.shape_bytes(shape)
+        found[kind]["bytes"] += times * hlo.shape_bytes(shape)
   return found
 
 
@@ -246,7 +247,7 @@ def _figure(match) -> float | None:
 
 def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
   """Compiles the trainer's step for `tpu` and returns the compiler's per-device memory (bytes),
-  compile seconds and collectives, and with `count` its cost per whole step (compiling.count_train_step:
+  compile seconds and collectives, and with `count` its cost per whole step (hlo.count_train_step:
   FLOPs, bytes accessed, roofline seconds); {"fits": False, "needed", "available", "message"} when
   the compiler finds that the step does not fit the chip's memory."""
   config_lib.validate(config)
@@ -255,7 +256,7 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
   mesh_shape = {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}
   start = time.perf_counter()
   try:
-    compiled = compiling.compile_train_step(config, mesh)
+    compiled = train.compile_train_step(config, mesh)
   except Exception as e:  # XlaRuntimeError (jaxlib's type moves between versions)
     failed = _does_not_fit(e)
     if failed is None:
@@ -282,7 +283,7 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
   result["collective_seconds"] = collective_seconds(result["collectives"], tpu)
   if count:
     try:
-      result["cost"] = compiling.count_train_step(config, mesh, compiled)
+      result["cost"] = hlo.count_train_step(config, mesh, compiled)
     except Exception as e:  # the unrolled copy may not fit where the scanned step does
       failed = _does_not_fit(e)
       if failed is None:

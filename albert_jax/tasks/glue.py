@@ -21,10 +21,11 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import tasks
-from albert_jax.core import files, model as M
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.tokenizer import CLS_ID, SEP_ID
+from albert_jax.model import albert as M
+from albert_jax.tasks import task as tasks
 
 BINARY = ("0", "1")
 _NLI = {"text_a": "sentence1", "text_b": "sentence2"}

@@ -24,10 +24,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from albert_jax import tasks
-from albert_jax.core import files, model as M
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.model import albert as M
+from albert_jax.tasks import task as tasks
 
 NUM_CHOICES = 4
 _LETTERS = "ABCD"

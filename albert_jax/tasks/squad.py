@@ -42,10 +42,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import tasks
-from albert_jax.core import files, model as M
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.model import albert as M
+from albert_jax.tasks import task as tasks
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ architecture, which init_from must then have; by default it is init_from's.
 import importlib.util
 import os
 
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
 
 # task: (learning rate, batch size, train steps, warmup steps, max sequence length, model dropout)
 TABLE_14 = {

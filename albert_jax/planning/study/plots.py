@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from albert_jax.core import model as model_lib
+from albert_jax.model import albert as model_lib
 from albert_jax.planning.study.findings import CHANCE, Row, budget_sweep
 
 

@@ -13,14 +13,17 @@ import time
 
 import jax
 
-from albert_jax.core import config_lib, files, model as model_lib, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.metrics import log
+from albert_jax.base import config_lib, files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
 from albert_jax.data import dataset
+from albert_jax.engine import workdir as workdir_lib
 from albert_jax.interop import jax_export
+from albert_jax.model import albert as model_lib
 from albert_jax.planning.study.findings import Row
 from albert_jax.planning.study.report import report
 from albert_jax.planning.study.variants import TASKS, Variant
+from albert_jax.pretraining import evaluation as evaluate
 
 RESULT_FILE = "study_result.json"
 # The repository's root, where configs/ is.
@@ -167,7 +170,6 @@ def checkpoint_steps(rdir: str) -> list[int]:
 
 def score_run(workdir: str, rdir: str, seed: int, steps: list[int]) -> dict:
   """{step: {task: evaluate.score(...)}} for every kept checkpoint step on both tasks' eval data."""
-  from albert_jax import evaluate
 
   return {
     str(step): {

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from albert_jax.core import config_lib
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import config_lib
+from albert_jax.base.config_lib import ConfigError
 
 STUDIES = ("table5", "sharing", "embedding")
 TASKS = ("sop", "nsp")  # the sentence-pair data every model is scored on

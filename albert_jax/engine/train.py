@@ -1,9 +1,9 @@
-"""The trainer: one jitted, sharded train step, evaluation, the loop, and the pretraining job.
+"""The trainer: one jitted, sharded train step, evaluation, the loop, and compiling the step.
 
 Read top to bottom: `build` makes everything that depends only on the config and the mesh (the
 abstract state from state.py, the jitted init, train and eval steps); `run` is the one loop
 (restore or initialise, compile, steps, evaluations, checkpoints, a save on SIGTERM) that both
-pretraining (`train_and_evaluate`: config, mesh, data, model, hooks) and every fine-tuning seed
+pretraining (pretraining/train.py: config, mesh, data, model, hooks) and every fine-tuning seed
 (finetune.py, with its task's model and objective) call with their own `Hooks`, as big_vision serves
 fine-tuning from its one trainer.
 """
@@ -12,95 +12,45 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import signal
 from collections.abc import Callable
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
-from albert_jax.core import (
-  checkpoint,
-  compiling,
-  distributed,
-  files,
-  lease,
-  model as M,
-  sharding,
-  workdir as workdir_lib,
-)
-from albert_jax.core.metrics import MetricWriter, Periodic, Reporter, log
-from albert_jax.core.state import AbstractState, TrainState, abstract_state
-from albert_jax.data import dataset, input_pipeline
-from albert_jax.planning import hardware
+from albert_jax.base import distributed, lease
+from albert_jax.data import examples
+from albert_jax.engine import checkpoint, compiling, workdir as workdir_lib
+from albert_jax.engine.metrics import MetricWriter, Periodic, Reporter, log
+from albert_jax.engine.state import AbstractState, TrainState, abstract_state
+from albert_jax.model import sharding
 
 # ----------------------------------------------------------------------------------------------------
 # What a step minimises.
 
 
-@dataclasses.dataclass(frozen=True)
-class Objective:
-  """A trainer's loss, as sums that add up exactly across micro-batches.
+class Objective(Protocol):
+  """What a trainer minimises, as sums that add up exactly across micro-batches.
 
   sums(model, params, batch, rng): per-batch sums (rng None: deterministic, for evaluation);
   loss(sums, batch): the loss of a micro-batch's sums, normalised by the whole step's `batch`;
-  metrics(sums): the logged metrics (with "loss") from sums over a step or an evaluation.
-  A fine-tuning task (tasks.Task) has the same three as methods and is passed in its place.
+  metrics(sums): the logged metrics (with "loss") from sums over a step or an evaluation;
+  frozen: parameter path prefixes whose updates are zero.
+  The pretraining objective (pretraining/objective.py) and every fine-tuning task (tasks.Task) are
+  such objects; the engine knows neither.
   """
 
-  sums: Callable[..., dict]
-  loss: Callable[[dict, dict], jax.Array]
-  metrics: Callable[[dict], dict]
+  frozen: tuple[str, ...]
 
+  def sums(self, model, params, batch, rng) -> dict: ...
 
-def _pretraining_sums(model, params, batch, rng):
-  out = model.apply(
-    {"params": params},
-    batch["input_ids"],
-    batch["segment_ids"],
-    batch["input_mask"],
-    batch["masked_lm_positions"],
-    deterministic=rng is None,
-    rngs=None if rng is None else {"dropout": rng},
-  )
-  return M.loss_sums(out, batch)
+  def loss(self, sums, batch) -> jax.Array: ...
 
-
-def _mlm_loss(sums, batch):
-  # The MLM loss normalises by the whole step's weight (the original's formula), so micro-batches
-  # add up to exactly one step.
-  total_weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-  return sums["mlm_nll"] / (total_weight + 1e-5)
-
-
-def _pretraining_loss(sums, batch):
-  return _mlm_loss(sums, batch) + sums["sop_nll"] / batch["sentence_order_label"].shape[0]
-
-
-def _mlm_metrics(sums):
-  m = M.metrics_from_sums(sums)
-  return {
-    "loss": m["masked_lm_loss"],
-    "masked_lm_loss": m["masked_lm_loss"],
-    "masked_lm_accuracy": m["masked_lm_accuracy"],
-  }
-
-
-PRETRAINING = Objective(sums=_pretraining_sums, loss=_pretraining_loss, metrics=M.metrics_from_sums)
-# data.task=none (the paper's Table 5 "None"): MLM only; the sentence head is neither trained
-# (state.make_optimizer freezes it) nor reported.
-MLM_ONLY = Objective(sums=_pretraining_sums, loss=_mlm_loss, metrics=_mlm_metrics)
-
-
-def pretraining_objective(task: str) -> Objective:
-  """MLM_ONLY for task none, else PRETRAINING with the sentence-pair metrics named for the task."""
-  if task == "none":
-    return MLM_ONLY
-  return dataclasses.replace(PRETRAINING, metrics=functools.partial(M.metrics_from_sums, task=task))
+  def metrics(self, sums) -> dict: ...
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -115,11 +65,10 @@ class Trainer:
   eval_step: Callable  # (params, global batch) -> sums
 
 
-def build(config, mesh, model=None, inputs=None, objective: Objective | None = None) -> Trainer:
-  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings.
-  The objective defaults to pretraining's for config.data.task."""
-  objective = objective or pretraining_objective(config.data.task)
-  abstract = abstract_state(config, mesh, model, inputs)
+def build(config, mesh, model, inputs, objective: Objective) -> Trainer:
+  """Shapes first: abstract state -> shardings -> jitted init/step with explicit in/out shardings,
+  for the `model` (initialised from `inputs`) and the `objective` its caller trains."""
+  abstract = abstract_state(config, mesh, model, inputs, objective.frozen)
   shardings = abstract.shardings
   batch = sharding.batch_sharding(mesh)
   step = make_train_step(abstract, objective, config.train.micro_batches)
@@ -212,46 +161,17 @@ def evaluate(eval_step, params, batches, num_batches: int, mesh, metrics_fn) -> 
   return {k: float(v) for k, v in metrics_fn(totals).items()}
 
 
-def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int = 3) -> list[str]:
-  """The model's top prediction for each masked word of a few held-out examples, as text.
-
-  Example lines use input_pipeline.render_example's marks ([MASK](original), ...); the line below
-  each lists original->predicted per target. Single-process runs only (the logits are read back on
-  this host); [] otherwise.
-  """
-  if jax.process_count() > 1:
-    return []
-  tok = input_pipeline.tokenizer_lib.load(
-    dataset.spm_model_path(config, workdir),
-    config.data.do_lower_case,
-    config.data.word_start,
-    config.data.normalize_quotes,
-  )
-  with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
-    batch = next(batches)
-  with sharding.with_mesh(mesh):
-    out = jax.jit(
-      lambda p, b: model.apply(
-        {"params": p},
-        b["input_ids"],
-        b["segment_ids"],
-        b["input_mask"],
-        b["masked_lm_positions"],
-        deterministic=True,
-      )["mlm_logits"]
-    )(params, sharding.global_batch(batch, mesh))
-  predicted = np.asarray(jnp.argmax(out, -1))
-  piece = lambda i: input_pipeline.tokenizer_lib.piece_text(tok.id_to_piece(int(i)))  # noqa: E731
-  lines = []
-  for row in range(min(num_examples, len(batch["input_ids"]))):
-    k = int(batch["masked_lm_weights"][row].sum())
-    text = input_pipeline.render_example(tok, batch, row)
-    lines.append(f"  {text[:300]}{' ...' if len(text) > 300 else ''}")
-    pairs = [
-      f"{piece(t)}->{piece(p)}" for t, p in zip(batch["masked_lm_ids"][row, :k], predicted[row, :k])
-    ]
-    lines.append(f"    predicted: {' '.join(pairs)}")
-  return lines
+def compile_train_step(
+  config, mesh, trainer: Trainer, state=None, batch=None
+) -> compiling.Compiled:
+  """`trainer`'s step of `config` on `mesh` compiled, for `state` and `batch` when given (the
+  trainer's real ones), else for their abstract shapes with the trainer's shardings
+  (examples.batch_spec)."""
+  if state is None:
+    state = trainer.abstract.targets
+  if batch is None:
+    batch = examples.batch_spec(config, sharding=sharding.batch_sharding(mesh))
+  return compiling.compile_jitted(trainer.train_step, state, batch, mesh=mesh)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -425,7 +345,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
 
     # --- Compile --------------------------------------------------------------------------------
     batch = sharding.global_batch(next(batches), mesh)
-    step_compiled = compiling.compile_train_step(config, mesh, trainer, state, batch)
+    step_compiled = compile_train_step(config, mesh, trainer, state, batch)
     compiled, memory = step_compiled.executable, step_compiled.memory
     compile_seconds = step_compiled.lower_seconds + step_compiled.compile_seconds
     log(
@@ -497,98 +417,3 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
       }
     )
     return step, False, result
-
-
-# ----------------------------------------------------------------------------------------------------
-# Pretraining.
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Trains config.train.num_steps steps in workdir, resuming from its latest sound checkpoint.
-
-  One run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
-  """
-  workdir_lib.resolve_and_validate(config)
-  with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
-    return _train_and_evaluate(config, workdir)
-
-
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
-  # --- Config -----------------------------------------------------------------------------------
-  t = config.train
-
-  # --- Mesh -------------------------------------------------------------------------------------
-  mesh = sharding.make_mesh(config.mesh)
-  sharding.check_batch(t, mesh)
-  log(f"mesh: {sharding.describe(mesh)}; processes: {jax.process_count()}")
-  # Before anything is written: every host agrees on the config and the step to resume from (a
-  # read-only look), and another model's checkpoints are refused.
-  start = checkpoint.latest_step(workdir)
-  distributed.check_same_run(
-    config, start
-  )  # same config and step on every host, or one clear error
-  workdir_lib.check_workdir(workdir, config, start)
-
-  # --- Data -------------------------------------------------------------------------------------
-  # Process 0 prepares (once); the others then open what it built.
-  info = distributed.primary_first("prepare the data", lambda: dataset.prepare(config, workdir))
-  log(
-    f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
-    f"vocabulary {info.get('spm_model_path')}"
-  )
-  workdir_lib.check_vocabulary(workdir, info["spm_model_path"], start)
-
-  # --- Model, optimizer, shapes and shardings -------------------------------------------------
-  objective = pretraining_objective(config.data.task)
-  trainer = build(config, mesh, objective=objective)
-  params = trainer.abstract.shapes.params
-  log(
-    f"model: {M.count_params(params):,} parameters ({M.count_params(params['albert']):,} backbone), "
-    f"sharing={config.model.sharing}, L={config.model.num_hidden_layers}, H={config.model.hidden_size}, "
-    f"E={config.model.embedding_size}"
-  )
-
-  # --- Hooks: init_from, evaluation, what the model learned -----------------------------------
-  def init_params(fresh):
-    return workdir_lib.init_params(config, fresh, trainer.abstract.shardings.params)
-
-  def evaluate_params(params):
-    split = input_pipeline.make_iterator(config, workdir, split="eval")
-    with contextlib.closing(split) as eval_batches:
-      return evaluate(
-        trainer.eval_step, params, eval_batches, t.eval_steps, mesh, objective.metrics
-      )
-
-  def fill_mask(step, state, ckpt):
-    if step == t.num_steps and t.eval_steps:  # what the model learned, in words
-      lines = fill_mask_lines(config, workdir, trainer.abstract.model, state.params, mesh)
-      if lines:
-        log(
-          f"fill-mask on held-out examples at step {step} (original->predicted):\n"
-          + "\n".join(lines)
-        )
-
-  peak, peak_source = hardware.peak_flops_per_device()
-  # A datasheet peak is per accelerator; a measured CPU rate is the whole host's (XLA runs every
-  # CPU "device" of a process on the same cores).
-  total_peak = peak * (jax.device_count() if hardware.device_name() else jax.process_count())
-  hooks = Hooks(
-    init_params=init_params if config.init_from else None,
-    evaluate=evaluate_params if t.eval_steps else None,
-    finish=fill_mask,
-    vocabulary=info["spm_model_path"],
-    flops_per_step=t.batch_size
-    * M.flops_per_example(
-      config.model, config.data.max_seq_length, config.data.max_predictions_per_seq
-    ),
-    peak_flops=total_peak,
-  )
-
-  # --- Restore or initialise, compile, loop -------------------------------------------------------
-  train_iter = input_pipeline.make_iterator(config, workdir, split="train")
-  with contextlib.closing(train_iter):
-    step, _, _ = run(config, workdir, mesh, trainer, train_iter, start, hooks)
-  log(
-    f"done at step {step}: checkpoints in {workdir}/checkpoints, TensorBoard logs in "
-    f"{workdir}/tensorboard (MFU against a peak of {total_peak / 1e9:.0f} GFLOP/s in all: {peak_source})"
-  )

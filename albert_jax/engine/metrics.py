@@ -6,12 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Mapping
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+
+from albert_jax.base import config_lib, files, layout
+from albert_jax.base.log import log
 
 
 class MetricWriter:
@@ -25,7 +28,6 @@ class MetricWriter:
   UPLOAD_SECONDS = 30.0
 
   def __init__(self, logdir: str, tensorboard: bool = True, wandb: WandbRun | None = None):
-    from albert_jax.core import files, workdir  # pylint: disable=g-import-not-at-top
 
     self.enabled = jax.process_index() == 0
     self._tb = None
@@ -33,7 +35,7 @@ class MetricWriter:
     self._remote = None  # gs://: (path, the lines so far, when they were last uploaded)
     self._wandb = wandb if self.enabled else None
     if self.enabled:
-      path = files.path(logdir, workdir.METRICS_FILE)
+      path = files.path(logdir, layout.METRICS_FILE)
       if files.is_remote(logdir):
         lines = path.read_text().splitlines(keepends=True) if path.exists() else []
         self._remote = [path, lines, time.monotonic()]
@@ -49,13 +51,12 @@ class MetricWriter:
   def for_run(cls, config, workdir: str) -> MetricWriter:
     """The writer of a training run in `workdir`: <workdir>/tensorboard, and the trackers that
     config.train.trackers names (a W&B run continued across resumes: WandbRun)."""
-    from albert_jax.core import config_lib, files, workdir as workdir_lib
 
     names = config_lib.trackers(config.train)
     wandb = None
     if "wandb" in names and jax.process_index() == 0:
       wandb = WandbRun.open(config, workdir)
-    logdir = str(files.path(workdir, workdir_lib.TENSORBOARD))
+    logdir = str(files.path(workdir, layout.TENSORBOARD))
     return cls(logdir, tensorboard="tensorboard" in names, wandb=wandb)
 
   def __enter__(self) -> MetricWriter:
@@ -118,10 +119,9 @@ class WandbRun:
   @classmethod
   def open(cls, config, workdir: str) -> WandbRun | None:
     """The run for `workdir` with the resolved `config`, or None (and one line) when W&B fails."""
-    from albert_jax.core import files, workdir as workdir_lib
 
     t = config.train
-    id_file = files.path(workdir, workdir_lib.WANDB_RUN_ID)
+    id_file = files.path(workdir, layout.WANDB_RUN_ID)
     try:
       import wandb
     except ImportError:
@@ -219,12 +219,6 @@ def _duration(seconds: float) -> str:
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def log(message: str) -> None:
-  """Console output from process 0 only."""
-  if jax.process_index() == 0:
-    print(message, flush=True, file=sys.stdout)
-
-
 class Periodic:
   """Due every `every_steps` steps, or once `every_seconds` have passed since it was last due (0: off;
   a time policy for preemptible machines), and always at `last_step`.
@@ -251,7 +245,6 @@ class Periodic:
       return time.monotonic() - self._since >= self.every_seconds
     if step % self.sync_every:
       return False
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
     up = np.int32(time.monotonic() - self._since >= self.every_seconds)
     return bool(multihost_utils.broadcast_one_to_all(up))

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
 
 ENV_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"

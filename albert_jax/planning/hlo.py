@@ -1,84 +1,24 @@
-"""The one compile path: a jitted step lowered and compiled, with the compiler's memory and cost.
+"""Reading a compiled train step: its HLO text (bytes of shapes, what Pallas kernels declare, each
+instruction's traffic) and the compiler's cost of one whole step.
 
-The trainer compiles its step before the loop, `estimate` compiles it from abstract shapes for the
-local backend, `tpu_compile` for a TPU slice's devices, the benchmarks for timing: all through
-`compile_jitted` (lower, compile, memory_analysis, cost_analysis, timed) and, for the trainer's own
-step of a config on a mesh, `compile_train_step` (train.build, examples.batch_spec, then the same).
-
-Figures are per device, as XLA reports them for an SPMD program. The cost analysis counts a while
-loop's body once, whatever its trip count; `count_config` gives the copy of a config whose step has no
-loops to undercount (layers unrolled, one micro-batch), so that its cost is the whole step's.
+The cost analysis counts a while loop's body once, whatever its trip count; `count_config` gives the
+copy of a config whose step has no loops to undercount (layers unrolled, one micro-batch), so that
+its cost is the whole step's. Compiling itself is the engine's (engine/compiling.py;
+pretraining/train.py compile_train_step).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import re
-import time
 from typing import Any
 
 import jax
 
-from albert_jax.core import config_lib, sharding
-from albert_jax.data import examples
-
-
-@dataclasses.dataclass
-class Compiled:
-  executable: Any  # jax.stages.Compiled: call it with the arguments it was compiled for
-  lower_seconds: float  # tracing and lowering
-  compile_seconds: float  # XLA's compile alone
-  memory: dict[str, int] | None  # arguments, outputs, aliased, temp, total (bytes per device)
-  cost: dict[str, float] | None  # flops, bytes, transcendentals, optimal_seconds (per device)
-
-  @property
-  def text(self) -> str:
-    """The optimised HLO (for counting collectives and instructions)."""
-    return self.executable.as_text()
-
-
-def memory_of(executable) -> dict[str, int] | None:
-  """The compiler's per-device memory: arguments + outputs - aliased + temporaries = total."""
-  m = executable.memory_analysis()
-  if m is None:
-    return None
-  args, out, alias, temp = (
-    int(m.argument_size_in_bytes),
-    int(m.output_size_in_bytes),
-    int(m.alias_size_in_bytes),
-    int(m.temp_size_in_bytes),
-  )
-  return {
-    "arguments": args,
-    "outputs": out,
-    "aliased": alias,
-    "temp": temp,
-    "total": args + out - alias + temp,
-  }
-
-
-def cost_of(executable) -> dict[str, float] | None:
-  """The compiler's cost analysis per device: FLOPs, bytes accessed (HBM traffic), transcendentals
-  and its roofline time `optimal_seconds` (each op bound by its FLOPs or its bytes on the target
-  chip, summed); None where the backend gives none."""
-  try:
-    cost = executable.cost_analysis()
-  except Exception:  # noqa: BLE001  (backends without a cost model raise various errors)
-    return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  if not cost or "flops" not in cost:
-    return None
-  return {
-    "flops": float(cost.get("flops", 0.0)),
-    "bytes": float(cost.get("bytes accessed", 0.0)),
-    "transcendentals": float(cost.get("transcendentals", 0.0)),
-    "optimal_seconds": float(cost.get("optimal_seconds", 0.0)),
-  }
-
+from albert_jax.base import config_lib
+from albert_jax.engine.compiling import Compiled
+from albert_jax.pretraining import train
 
 _BYTES = {
   "pred": 1,
@@ -202,40 +142,6 @@ def traffic(hlo_text: str) -> list[dict[str, Any]]:
   return sorted(rows, key=lambda r: -(r["read"] + r["written"]))
 
 
-def compile_jitted(jitted, *args, mesh=None) -> Compiled:
-  """jitted.lower(*args).compile() (under `mesh`, for logical shardings), timed, with its analyses.
-  args may be arrays or jax.ShapeDtypeStructs (nothing is allocated for those)."""
-  start = time.perf_counter()
-  with sharding.with_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-    lowered = jitted.lower(*args)
-    lowered_at = time.perf_counter()
-    executable = lowered.compile()
-  end = time.perf_counter()
-  return Compiled(
-    executable=executable,
-    lower_seconds=lowered_at - start,
-    compile_seconds=end - lowered_at,
-    memory=memory_of(executable),
-    cost=cost_of(executable),
-  )
-
-
-def compile_train_step(config, mesh, trainer=None, state=None, batch=None) -> Compiled:
-  """The trainer's step of `config` on `mesh` compiled: train.build's jitted step (or `trainer`'s),
-  for `state` and `batch` when given (the trainer's real ones), else for their abstract shapes with
-  the trainer's shardings (examples.batch_spec)."""
-  from albert_jax.core import train  # train imports this module to compile its step
-
-  if trainer is None:
-    sharding.check_batch(config.train, mesh)
-    trainer = train.build(config, mesh)
-  if state is None:
-    state = trainer.abstract.targets
-  if batch is None:
-    batch = examples.batch_spec(config, sharding=sharding.batch_sharding(mesh))
-  return compile_jitted(trainer.train_step, state, batch, mesh=mesh)
-
-
 def count_config(config):
   """(the copy of `config` whose compiled step the cost analysis counts whole, the factor to scale
   its cost by), or (None, reason) where no such copy exists.
@@ -266,7 +172,7 @@ def count_train_step(config, mesh, compiled: Compiled | None = None) -> dict[str
     return {"error": factor}
   seconds = None  # no compile of its own: the step as compiled has no loop to undercount
   if compiled is None or config.model.scan_layers or factor != 1:
-    compiled = compile_train_step(copy, mesh)
+    compiled = train.compile_train_step(copy, mesh)
     seconds = compiled.compile_seconds + compiled.lower_seconds
   if compiled.cost is None:
     return {"error": f"the {jax.default_backend()} compiler gives no cost analysis"}

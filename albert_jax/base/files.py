@@ -14,13 +14,14 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 
 from etils import epath
 
-from albert_jax.core import lease
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base import lease
+from albert_jax.base.config_lib import ConfigError
 
 
 def is_remote(path) -> bool:
@@ -202,9 +203,9 @@ def primary_workdir_lock(
   workdir: str, lease_seconds: float = lease.DEFAULT_SECONDS
 ) -> Iterator[None]:
   """workdir_lock on process 0 (the one writer of a multi-host run); the other processes hold none."""
-  import jax  # pylint: disable=g-import-not-at-top  (files.py stays importable without jax)
-
-  if jax.process_index() != 0:
+  # files.py stays importable without jax: a process that never imported it is a process of its own.
+  jax = sys.modules.get("jax")
+  if jax is not None and jax.process_index() != 0:
     yield
     return
   with workdir_lock(workdir, lease_seconds):

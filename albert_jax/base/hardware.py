@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 import jax
@@ -92,3 +94,24 @@ def peak_flops_per_device(measure_cpu: bool = True) -> tuple[float, str]:
   if measure_cpu:
     return measured_matmul_flops(), "measured f32 matmul on this CPU"
   return 0.0, "unknown"
+
+
+def quiet_libtpu() -> None:
+  """Off a TPU VM, libtpu (installed for `estimate --slice`) looks for the VM's metadata and prints
+  warnings in every jax program when it finds none, and takes a lock file that lets one process at a
+  time compile. These settings (only where unset, and only on a host without TPU chips, where the
+  lock protects no chip) tell it there is nothing to find and no chip to share."""
+  import glob
+
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  for key, value in (
+    ("TPU_SKIP_MDS_QUERY", "1"),
+    ("TPU_ACCELERATOR_TYPE", "v3-8"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ("TPU_WORKER_ID", "0"),
+    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+  ):
+    os.environ.setdefault(key, value)
+  # jax tries the TPU backend first when libtpu is installed, and logs its failure at INFO.
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)

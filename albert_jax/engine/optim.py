@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import flax.linen as nn  # only here: the optimizer itself works on plain arrays
 import jax
 import jax.numpy as jnp
 import optax
@@ -92,7 +93,6 @@ def stacked_axes_from_boxes(boxed_params: PyTree, axis_name: str = "layers") -> 
   tree (before stripping boxes); the result has the stripped tree's structure and is `lamb`'s
   `stacked_axes`, so each layer keeps its own trust ratio, as each TF variable did in the original.
   """
-  import flax.linen as nn  # only here: the optimizer itself works on plain arrays
 
   def count(leaf):
     names = tuple(getattr(leaf, "names", ()) or ())

@@ -1,11 +1,12 @@
 """The train state and its abstract form, built once for every consumer.
 
-`abstract_state(config, mesh)` is the one place where the state's shapes and shardings come from
+`abstract_state(config, mesh, model, inputs, frozen)` is the one place where the state's shapes and shardings come from
 (MaxText's get_abstract_state): `jax.eval_shape(init)` gives the shapes, the parameters' logical axis
 names (model.py boxes every parameter) give their shardings through sharding.LOGICAL_RULES, and the
 optimizer moments follow their parameters. The trainer jits `init` with those shardings, the
 checkpointer restores onto them, the estimate counts their bytes, and export reads parameters
-through them. Nothing here allocates a parameter.
+through them. Nothing here allocates a parameter, and nothing here knows which objective the model
+serves: the caller gives the model, its dummy inputs and the parameters it keeps frozen.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from albert_jax import tasks
-from albert_jax.core import model as model_lib, optim, sharding
+from albert_jax.engine import optim
+from albert_jax.model import albert as model_lib, sharding
 
 
 @struct.dataclass
@@ -34,21 +35,14 @@ class TrainState:
   skipped: jax.Array  # int32 scalar: updates skipped because the loss or gradients were not finite
 
 
-def model_and_inputs(config) -> tuple[nn.Module, dict]:
-  """The Flax module a config trains and the dummy inputs that initialise it."""
-  if "task" in config:  # a fine-tuning config (config_lib.finetune_base_config): its task's head
-    return tasks.of(config).model(config)
-  return model_lib.AlbertForPreTraining(config.model), model_lib.dummy_inputs()
-
-
-def make_optimizer(config, boxed_params, schedule) -> optax.GradientTransformation:
+def make_optimizer(config, boxed_params, schedule, frozen=()) -> optax.GradientTransformation:
   # Layers stacked by nn.scan (sharing none/attention/ffn) get one trust ratio per layer, as the
   # original's separate variables did.
   tx = optim.make_optimizer(
     config.train, stacked_axes=optim.stacked_axes_from_boxes(boxed_params), schedule=schedule
   )
-  if "task" not in config and config.data.task == "none":  # MLM only: the sentence head stays as is
-    tx = optim.freeze(tx, optim.SENTENCE_HEAD)
+  if frozen:  # e.g. pretraining's MLM only: the sentence head stays as is
+    tx = optim.freeze(tx, frozen)
   return tx
 
 
@@ -85,18 +79,15 @@ class AbstractState:
     return with_shardings(self.shapes, self.shardings)
 
 
-def abstract_state(
-  config, mesh: Mesh, model: nn.Module | None = None, inputs: dict | None = None
-) -> AbstractState:
-  """Shapes first: eval_shape(init) -> logical names -> shardings on `mesh`. `model` and `inputs`
-  default to the config's (pretraining); fine-tuning passes its own."""
-  if model is None:
-    model, inputs = model_and_inputs(config)
+def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()) -> AbstractState:
+  """Shapes first: eval_shape(init) -> logical names -> shardings on `mesh`, for the `model` its
+  caller trains (initialised from `inputs`), with the updates of the parameters under the `frozen`
+  path prefixes set to zero."""
   if isinstance(mesh, Mesh):  # real devices (estimate's AbstractMesh has none to check)
     model_lib.check_attention_impl(model_lib.model_config(config.model), mesh.devices.flat[0])
   boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs))["params"]
   schedule = optim.make_schedule(config.train)
-  tx = make_optimizer(config, boxed, schedule)
+  tx = make_optimizer(config, boxed, schedule, frozen)
 
   def init(rng: jax.Array) -> TrainState:
     params_rng, rng = jax.random.split(rng)

@@ -16,15 +16,17 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers
 
-from albert_jax.core import sharding, state as state_lib, workdir as workdir_lib
-from albert_jax.core.config_lib import ConfigError
-from albert_jax.core.files import DiskFull, is_disk_full
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.files import DiskFull, is_disk_full
+from albert_jax.engine import workdir as workdir_lib
+from albert_jax.model import albert as model_lib
 
 BEST_METRIC = "masked_lm_accuracy"
 
@@ -285,22 +287,50 @@ def load_params(workdir: str, step: str | int = "latest"):
   step = resolve_step(workdir, step, best_metric(config))
   # Onto this process's first device, whatever mesh (or pod) wrote the checkpoint: without a target
   # sharding Orbax refuses a checkpoint saved with another topology.
-  # The parameters alone (a partial restore): the optimizer state is never read.
-  item = {"params": state_lib.abstract_state(config, sharding.single_device_mesh()).targets.params}
-  restore_args = jax.tree_util.tree_map(
-    lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item
-  )
+  # The parameters alone (a partial restore): the optimizer state is never read. Their tree is the
+  # checkpoint's own (whatever head its objective has); its backbone must be config.json's model.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   with _manager(workdir, read_only=True) as mngr:
     metrics = dict(mngr.metrics(step) or {})
+  state_dir = workdir_lib.checkpoints_dir(workdir) / str(step) / "state"
   try:
     with ocp.PyTreeCheckpointer() as reader:
+      saved = _item_tree(reader.metadata(state_dir))["params"]
+      item = {
+        "params": jax.tree_util.tree_map(
+          lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device), saved
+        )
+      }
+      _check_backbone(config, item["params"])
+      restore_args = jax.tree_util.tree_map(
+        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype),
+        item,
+      )
       restored = reader.restore(
-        workdir_lib.checkpoints_dir(workdir) / str(step) / "state",
+        state_dir,
         args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
       )
   except (ValueError, KeyError) as e:
     raise ConfigError(_does_not_fit(step, workdir, e)) from None
   return restored["params"], config, step, metrics
+
+
+def _item_tree(metadata):
+  """The saved tree of array metadata (Orbax wraps it in its metadata objects by version)."""
+  tree = getattr(metadata, "item_metadata", metadata)
+  return getattr(tree, "tree", tree)
+
+
+def _check_backbone(config, params) -> None:
+  """Raises ValueError when the checkpoint's backbone is not config.model's (shapes and tree)."""
+  want = jax.tree_util.tree_map(
+    lambda x: tuple(x.shape), nn.unbox(model_lib.init_shapes(config.model))["albert"]
+  )
+  got = jax.tree_util.tree_map(lambda x: tuple(x.shape), params["albert"])
+  if "pooler" not in got:  # a backbone without its pooler (AlbertForMaskedLM's tree)
+    want = {k: v for k, v in want.items() if k != "pooler"}
+  if got != want:
+    raise ValueError(f"its backbone's parameters are not those of model {dict(config.model)}"[:300])
 
 
 def _does_not_fit(step: int, workdir: str, e: BaseException) -> str:

@@ -25,8 +25,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config
+from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
-from albert_jax.core import config_lib
+from albert_jax.base import config_lib
+from albert_jax.model import (
+  sharding,  # the model's mesh axes (sharding imports nothing of the model)
+)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = {
@@ -333,7 +338,6 @@ def flash_attention(q, k, v, attention_mask, scale: float):
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
   if q.shape[1] % 128:  # the kernel's key blocks are multiples of 128 (init traces 8 tokens)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
-  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
   def kernel(q, k, v, segments):
     heads_first = lambda t: t.transpose(0, 2, 1, 3)  # noqa: E731  [B, S, n, d] <-> [B, n, S, d]
@@ -347,9 +351,6 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return kernel(q, k, v, segments)
-  from albert_jax.core import (
-    sharding,
-  )  # the model's mesh axes (sharding imports nothing of the model)
 
   qkv = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None, "tensor", None)
   rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None)
@@ -380,7 +381,6 @@ def check_attention_impl(cfg: ModelConfig, device) -> None:
 def _pallas_interpreting() -> bool:
   """Whether Pallas TPU kernels run in interpret mode (jax.experimental.pallas.tpu's
   force_tpu_interpret_mode; jax keeps the switch in its private config)."""
-  from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
 
   return jax_config.pallas_tpu_interpret_mode_context_manager.value is not None
 

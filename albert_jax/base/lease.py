@@ -32,7 +32,8 @@ import threading
 import time
 import uuid
 
-from albert_jax.core.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
 
 LOCK_NAME = ".lock"
 DEFAULT_SECONDS = 300.0
@@ -172,8 +173,6 @@ class Lease:
       except self._exceptions.PreconditionFailed:
         continue
       if record is not None:
-        from albert_jax.core.metrics import log  # pylint: disable=g-import-not-at-top (no jax here)
-
         log(
           f"took over the expired lease on {self.directory} of {_describe(record)} (it ended "
           f"{time.time() - record.get('expires_unix', 0):.0f}s ago)"

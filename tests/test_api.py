@@ -1,0 +1,111 @@
+"""The public Python API (albert_jax.load, get_config, batches, fill_mask) on a tiny run, its jax
+export and its Hugging Face export: the same parameters, vocabulary and predictions whichever
+directory is opened."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import albert_jax
+from albert_jax import export
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.engine import checkpoint
+from tests.conftest import ROOT
+from tests.test_evaluate import runs  # noqa: F401  (the tiny runs, trained once per session)
+
+# Every test here reads the tiny runs test_evaluate trains once per session.
+pytestmark = pytest.mark.slow
+
+
+def _leaves(tree):
+  return {
+    "/".join(str(k.key) for k in path): np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(tree)
+  }
+
+
+def test_importing_albert_jax_is_cheap():
+  code = "import sys, albert_jax; print(sorted(m for m in sys.modules if m.startswith(('jax', 'albert_jax.'))))"
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+  )
+  assert out.stdout.strip() == "[]"
+
+
+def test_load_a_run_its_jax_and_its_hf_export(runs, tmp_path):  # noqa: F811
+  sop, _ = runs
+  run = albert_jax.load(sop)
+  assert run.kind == "pretraining" and run.path == sop
+  want, config, _, _ = checkpoint.load_params(sop, "latest")
+  assert run.config.model.to_dict() == config.model.to_dict()
+  assert run.tokenizer.vocab_size == config.model.vocab_size
+  run_leaves = _leaves(run.params)
+  for k, v in _leaves(want).items():
+    np.testing.assert_array_equal(run_leaves[k], v)
+
+  jax_dir = export.export(sop, str(tmp_path / "jax"), fmt="jax")
+  hf_dir = export.export(sop, str(tmp_path / "hf"), fmt="hf")
+  text = "the [MASK] of the [MASK]"
+  predicted = albert_jax.fill_mask(run, text, top_k=3)
+  assert len(predicted) == 2 and all(len(p) == 3 for p in predicted)
+  for path, kind in ((jax_dir, "export"), (hf_dir, "hf")):
+    loaded = albert_jax.load(path)
+    assert loaded.kind == kind
+    assert loaded.config.model.hidden_size == config.model.hidden_size
+    assert loaded.tokenizer.encode("the end") == run.tokenizer.encode("the end")
+    leaves = _leaves(loaded.params)
+    for k, v in run_leaves.items():  # the run's every parameter, as exported
+      np.testing.assert_allclose(leaves[k], v, atol=1e-6, err_msg=f"{path}: {k}")
+    assert albert_jax.fill_mask(loaded, text, top_k=3) == predicted
+
+
+def test_get_config_resolves_and_batches_are_the_loaders(runs, tmp_path):  # noqa: F811
+  sop, _ = runs
+  data_dir = os.path.join(sop, "data")
+  jax_dir = export.export(sop, str(tmp_path / "jax"), fmt="jax")
+  run_config = albert_jax.load(sop).config
+  # The run's model and data settings (its prepared data's fingerprint) as --config.KEY=VALUE.
+  same = {
+    f"{section}.{k}": v
+    for section in ("model", "data")
+    for k, v in run_config[section].to_dict().items()
+    if isinstance(v, (bool, int, float, str)) and v != "" and k != "spm_model_path"
+  }
+  same.update(
+    (f"data.{k}.{kk}", vv)
+    for k, v in run_config.data.to_dict().items()
+    if isinstance(v, dict)
+    for kk, vv in v.items()
+    if isinstance(vv, (bool, int, float, str)) and vv != ""
+  )
+  config = albert_jax.get_config(
+    os.path.join(ROOT, "configs", "tiny.py"),
+    {
+      **same,
+      "data.data_dir": data_dir,
+      "train.batch_size": 4,
+      "init_from": jax_dir,
+    },
+  )
+  assert config.train.batch_size == 4 and config.data.data_dir == data_dir
+  # Resolved as the commands resolve it: init_from's vocabulary becomes the run's.
+  assert config.data.spm_model_path == os.path.join(jax_dir, "spiece.model")
+  first = [next(albert_jax.batches(config, sop, "eval")) for _ in range(2)]
+  assert first[0]["input_ids"].shape == (4, run_config.data.max_seq_length)
+  assert first[0]["masked_lm_weights"].sum() > 0
+  for k in first[0]:  # masks are a pure function of the data's seed: the same batch every time
+    np.testing.assert_array_equal(first[0][k], first[1][k])
+  with pytest.raises(ConfigError):
+    albert_jax.get_config(os.path.join(ROOT, "configs", "tiny.py"), ["train.batch_size=0"])
+
+
+def test_load_refuses_what_is_not_a_model_directory(tmp_path):
+  with pytest.raises(ConfigError, match="is not a pretraining workdir"):
+    albert_jax.load(str(tmp_path))
