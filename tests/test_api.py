@@ -109,3 +109,17 @@ def test_get_config_resolves_and_batches_are_the_loaders(runs, tmp_path):  # noq
 def test_load_refuses_what_is_not_a_model_directory(tmp_path):
   with pytest.raises(ConfigError, match="is not a pretraining workdir"):
     albert_jax.load(str(tmp_path))
+
+
+def test_a_config_file_with_the_old_import_path_still_loads(tmp_path):
+  """Config files written before the layers import `from albert_jax.core import config_lib`."""
+  old = tmp_path / "old_config.py"
+  old.write_text(
+    "from albert_jax.core import config_lib\n\n\n"
+    "def get_config(arg=None):\n"
+    "  c = config_lib.base_config()\n"
+    "  c.model.update(hidden_size=128, num_attention_heads=2, intermediate_size=256)\n"
+    "  return c\n"
+  )
+  config = albert_jax.get_config(str(old), {"train.batch_size": 8})
+  assert (config.model.hidden_size, config.train.batch_size) == (128, 8)
