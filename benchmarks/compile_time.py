@@ -46,6 +46,7 @@ from albert_jax.base import config_lib
 from albert_jax.data import examples  # noqa: E402
 from albert_jax.engine import compiling
 from albert_jax.model import albert as albert_model  # noqa: E402
+from albert_jax.pretraining import objective  # noqa: E402
 
 MODES = {"scanned": True, "unrolled": False}  # name -> model.scan_layers
 
@@ -94,7 +95,7 @@ def train_style_step(cfg: albert_model.ModelConfig):
       deterministic=False,
       rngs={"dropout": dropout_rng},
     )
-    return albert_model.pretraining_losses(outputs, batch)["loss"]
+    return objective.pretraining_losses(outputs, batch)["loss"]
 
   inputs = albert_model.dummy_inputs()
   params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), **inputs)["params"]))

@@ -12,7 +12,7 @@ all-reduce (parameters x 4 bytes).
 With --cost, the compiler's cost model instead, per config x slice at --per_device sequences per
 device: the FLOPs it counts per device and step beside the model's analytic FLOPs, the bytes it
 accesses (HBM traffic), its roofline time and the roofline MFU (analytic FLOPs / (peak x roofline
-time)). Only the counting copy is compiled (layers unrolled, one micro-batch: compiling.count_config),
+time)). Only the counting copy is compiled (layers unrolled, one micro-batch: hlo.count_config),
 so every layer is counted.
 
   python benchmarks/tpu_compile.py --cost --configs=albert_base:dtype=bfloat16 --slices=v3-8,v4-8,v5p-8
@@ -22,7 +22,7 @@ so every layer is counted.
 --configs: specs NAME or NAME:ARG=VALUE,ARG=VALUE separated by ';' or ',' (a comma-separated
 ARG=VALUE continues the spec before it). With Pallas kernels in the step (attention_impl=flash),
 "declared B/F" is the share of the bytes and of the FLOPs that the kernels declare rather than the
-compiler counts (compiling.kernel_costs); a kernel that declares nothing counts as 0 and is flagged.
+compiler counts (hlo.kernel_costs); a kernel that declares nothing counts as 0 and is flagged.
 
 With --block, where one transformer block's traffic goes: the block's forward and backward alone
 (AlbertLayer at --per_device sequences of the config's length, one core of the slice) compiled, its
@@ -52,7 +52,8 @@ cli.quiet_libtpu()
 from albert_jax.base import config_lib  # noqa: E402
 from albert_jax.base.config_lib import ConfigError  # noqa: E402
 from albert_jax.engine import compiling  # noqa: E402
-from albert_jax.planning import estimate_report, memory as E, tpu_compile  # noqa: E402
+from albert_jax.model import attention  # noqa: E402
+from albert_jax.planning import estimate_report, hlo, memory as E, tpu_compile  # noqa: E402
 
 CONFIGS = (
   "albert_base",
@@ -124,7 +125,7 @@ def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
   config = load(spec)
   tpu = tpu_compile.parse_slice(slice_name)
   config.train.batch_size = per_device * tpu.devices * config.train.micro_batches
-  counted, _ = compiling.count_config(config)
+  counted, _ = hlo.count_config(config)
   est = E.estimate(config, tpu.device, tpu.devices)
   est.tpu = tpu_compile.compile_step(counted, tpu, count=True)
   row = {"config": spec, "slice": slice_name, "batch": config.train.batch_size}
@@ -135,7 +136,7 @@ def measure_cost(spec: str, slice_name: str, per_device: int) -> dict:
 
 def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   """One block's forward and backward compiled for one core of `slice_name`: its cost and
-  compiling.traffic's rows."""
+  hlo.traffic's rows."""
   import jax
   import jax.numpy as jnp
 
@@ -145,7 +146,7 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   config_lib.validate(config)
   device = tpu_compile.topology_devices(tpu_compile.parse_slice(slice_name))[0]
   cfg = M.model_config(config.model)
-  M.check_attention_impl(cfg, device)
+  attention.check_attention_impl(cfg, device)
   layer, params = E.abstract_layer(cfg, config.data.max_seq_length)
   on = jax.sharding.SingleDeviceSharding(device)
   shape = (per_device, config.data.max_seq_length)
@@ -166,7 +167,7 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
     "slice": slice_name,
     "tokens": shape,
     **compiled.cost,
-    "traffic": compiling.traffic(compiled.text),
+    "traffic": hlo.traffic(compiled.text),
   }
 
 

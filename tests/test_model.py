@@ -8,7 +8,8 @@ import optax
 import pytest
 
 from albert_jax.base import config_lib
-from albert_jax.model import albert as M
+from albert_jax.model import albert as M, attention
+from albert_jax.pretraining import objective
 from tests.conftest import load_config
 
 
@@ -285,20 +286,20 @@ def test_flash_attention_is_refused_where_it_cannot_run():
   cfg = M.model_config(small("all", attention_impl="flash"))
   v3 = type("Device", (), {"platform": "tpu", "device_kind": "TPU v3"})()
   with pytest.raises(config_lib.ConfigError, match="needs a TPU v4 or newer") as e:
-    M.check_attention_impl(cfg, v3)
+    attention.check_attention_impl(cfg, v3)
   assert str(e.value).endswith("use one of: einsum, dot_product_attention")
   with pytest.raises(config_lib.ConfigError, match="on CPU use one of: einsum"):
-    M.check_attention_impl(cfg, jax.devices("cpu")[0])
+    attention.check_attention_impl(cfg, jax.devices("cpu")[0])
   v4 = type("Device", (), {"platform": "tpu", "device_kind": "TPU v4"})()
-  M.check_attention_impl(cfg, v4)  # no error
-  M.check_attention_impl(M.model_config(small("all")), v3)  # einsum runs everywhere
+  attention.check_attention_impl(cfg, v4)  # no error
+  attention.check_attention_impl(M.model_config(small("all")), v3)  # einsum runs everywhere
 
 
 def _reference_attention(q, k, v, mask, keep=None, rate=0.0):
   """softmax(q k^T / sqrt(d), padded keys masked) v in float32 from the same inputs, op by op."""
   q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
   scores = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
-  scores = scores + (1.0 - mask[:, None, None, :]) * M.MASK_ADDER
+  scores = scores + (1.0 - mask[:, None, None, :]) * attention.MASK_ADDER
   probs = jax.nn.softmax(scores, axis=-1)
   if keep is not None:
     probs = jnp.where(keep, probs / (1.0 - rate), 0.0)
@@ -317,7 +318,7 @@ def test_bfloat16_attention_core_matches_float32_attention(rate):
   mask = jnp.ones((b, s), jnp.int32).at[1, 17:].set(0)
   rng = keys[4] if rate else None
   keep = jax.random.bernoulli(rng, 1.0 - rate, (b, n, s, s)) if rate else None
-  ours = lambda q, k, v: M.attention_core(q, k, v, mask, rng, 1.0 / np.sqrt(d), rate)  # noqa: E731
+  ours = lambda q, k, v: attention.attention_core(q, k, v, mask, rng, 1.0 / np.sqrt(d), rate)  # noqa: E731
   ref = lambda q, k, v: _reference_attention(q, k, v, mask, keep, rate)  # noqa: E731
   out, vjp = jax.vjp(ours, q, k, v)
   expected, ref_vjp = jax.vjp(ref, q, k, v)
@@ -406,7 +407,7 @@ def test_loss_matches_the_original_formula():
   ids = rng.integers(0, 11, (3, 4)).astype(np.int32)
   w = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
   label = np.array([0, 1, 1], np.int32)
-  out = M.pretraining_losses(
+  out = objective.pretraining_losses(
     {"mlm_logits": logits, "sop_logits": sop},
     {"masked_lm_ids": ids, "masked_lm_weights": w, "sentence_order_label": label},
   )
@@ -441,7 +442,9 @@ def test_tiny_config_overfits_one_batch():
 
   @jax.jit
   def step(params, opt):
-    loss_fn = lambda p: M.pretraining_losses(model.apply({"params": p}, **inputs), labels)["loss"]
+    loss_fn = lambda p: objective.pretraining_losses(model.apply({"params": p}, **inputs), labels)[
+      "loss"
+    ]
     loss, g = jax.value_and_grad(loss_fn)(params)
     updates, opt = tx.update(g, opt, params)
     return optax.apply_updates(params, updates), opt, loss

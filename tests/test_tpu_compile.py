@@ -154,6 +154,7 @@ def test_pallas_kernels_cost_what_they_declare():
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
   from albert_jax.engine import compiling
+  from albert_jax.planning import hlo
 
   device = T.topology_devices(T.parse_slice("v4-8"))[0]
   on = jax.sharding.SingleDeviceSharding(device)
@@ -167,7 +168,7 @@ def test_pallas_kernels_cost_what_they_declare():
     return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
   compiled = compiling.compile_jitted(jax.jit(grads), qkv, qkv, qkv, segments)
-  kernels = compiling.kernel_costs(compiled.text)
+  kernels = hlo.kernel_costs(compiled.text)
   assert (kernels["kernels"], kernels["undeclared_kernels"]) == (3, 2)
   # The forward's declared FLOPs: QK^T and PV, 2 x 2 x b n s^2 d, and the softmax (+1%); the
   # backward's (about twice as many) are not counted.
@@ -332,7 +333,7 @@ def test_fit_tries_the_models_remat_policies_in_order_of_savings(monkeypatch):
 
 def test_the_roofline_reports_the_share_its_pallas_kernels_declare():
   """estimate's roofline and report from a counted cost with Pallas kernels in it (the figures
-  compiling.kernel_costs adds): the declared shares of bytes and FLOPs, and the kernels that declare
+  hlo.kernel_costs adds): the declared shares of bytes and FLOPs, and the kernels that declare
   nothing with their operands' and results' bytes; none of it without kernels."""
   config = load_config("albert_base", "dtype=bfloat16,attention_impl=flash")
   config.train.batch_size = 64
@@ -362,7 +363,7 @@ def test_the_roofline_reports_the_share_its_pallas_kernels_declare():
 @pytest.mark.slow
 def test_one_blocks_traffic_by_instruction_adds_up_to_the_compilers_bytes():
   """benchmarks/tpu_compile.py --block: one block compiled for a v3 core, its instructions' bytes
-  (compiling.traffic) sum to the compiler's count; under bfloat16 the attention core moves its
+  (hlo.traffic) sum to the compiler's count; under bfloat16 the attention core moves its
   [B, heads, S, S] tensors 7 times (forward: the scores written, read once by the second matmul,
   which also gives the row sums; backward: read for dV, read and the scores' gradient written once,
   which dQ and dK read), all in bfloat16. jax's softmax differentiated by autodiff took 10 passes."""

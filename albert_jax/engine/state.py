@@ -23,7 +23,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from albert_jax.engine import optim
-from albert_jax.model import albert as model_lib, sharding
+from albert_jax.model import albert as model_lib, attention, sharding
 
 
 @struct.dataclass
@@ -84,7 +84,7 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
   caller trains (initialised from `inputs`), with the updates of the parameters under the `frozen`
   path prefixes set to zero."""
   if isinstance(mesh, Mesh):  # real devices (estimate's AbstractMesh has none to check)
-    model_lib.check_attention_impl(model_lib.model_config(config.model), mesh.devices.flat[0])
+    attention.check_attention_impl(model_lib.model_config(config.model), mesh.devices.flat[0])
   boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs))["params"]
   schedule = optim.make_schedule(config.train)
   tx = make_optimizer(config, boxed, schedule, frozen)

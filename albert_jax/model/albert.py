@@ -17,7 +17,6 @@ Parameter tree (Hugging Face Flax ALBERT names where a name exists; `albert_jax/
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -25,12 +24,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import config as jax_config
-from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
 from albert_jax.base import config_lib
 from albert_jax.model import (
-  sharding,  # the model's mesh axes (sharding imports nothing of the model)
+  attention,  # the attention core, its derivative and the flash kernels
 )
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -40,8 +37,6 @@ REMAT_POLICIES = {
   "dots_saveable": jax.checkpoint_policies.dots_saveable,
   "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-# The original's additive attention mask (modeling.py: adder = (1 - mask) * -10000).
-MASK_ADDER = -10000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +152,7 @@ def _gelu_tanh_jvp(primals, tangents):
   return y, derivative * t
 
 
-def _dense(cfg: ModelConfig, features: int, names: tuple[str, str], name: str) -> nn.Dense:
+def dense(cfg: ModelConfig, features: int, names: tuple[str, str], name: str) -> nn.Dense:
   return nn.Dense(
     features,
     dtype=cfg.compute_dtype,
@@ -251,140 +246,6 @@ class AlbertEmbeddings(nn.Module):
     return self.word_embeddings.attend(x)
 
 
-def _attention_scores(raw, attention_mask, scale):
-  """float32 softmax inputs: the first matmul's output x scale + the mask adder on padded keys."""
-  scores = raw.astype(jnp.float32) * scale
-  return scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
-
-
-def _keep(rng, rate: float, shape):
-  """The attention dropout's keep mask (None without dropout), the same draw in both passes."""
-  return None if rng is None else jax.random.bernoulli(rng, 1.0 - rate, shape)
-
-
-def _drop(x, keep, rate: float):
-  """x with the attention dropout's keep mask applied (kept values scaled by 1 / (1 - rate))."""
-  return x if keep is None else jnp.where(keep, x / (1.0 - rate), 0.0)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def attention_core(q, k, v, attention_mask, rng, scale: float, rate: float):
-  """dropout(softmax(q k^T x scale + mask adder)) v for q, k, v [B, S, heads, d] in a 16-bit compute
-  dtype: the scores leave their matmul in that dtype, softmax runs in float32, the probabilities
-  enter the second matmul in that dtype; `rng` None: no dropout (else rate `rate`).
-
-  Why its own derivative: the [B, heads, S, S] tensors are most of a 16-bit step's memory traffic,
-  and autodiff reads them more often than it must. This rule keeps the scores as the first matmul
-  wrote them plus two float32 numbers a row (the probabilities are recomputed where they are read),
-  takes sum_k p dP over a row as dO . O (a [B, S, heads] product instead of a pass over the
-  [S, S] tensors), and writes the scores' gradient once for both matmuls that read it."""
-  return _attention_fwd(q, k, v, attention_mask, rng, scale, rate)[0]
-
-
-def _attention_fwd(q, k, v, attention_mask, rng, scale, rate):
-  raw = jnp.einsum("bqnd,bknd->bnqk", q, k)
-  scores = _attention_scores(raw, attention_mask, scale)
-  top = jnp.max(scores, axis=-1, keepdims=True)
-  exp = jnp.exp(scores - top)
-  keep = _keep(rng, rate, exp.shape)
-  if keep is None:
-    # The row sums come out of the second matmul as a last column of ones appended to v: one pass
-    # over the [S, S] tensor fewer than a separate sum.
-    ones = jnp.ones(v.shape[:-1] + (1,), v.dtype)
-    both = jnp.einsum(
-      "bnqk,bknd->bqnd",
-      exp.astype(v.dtype),
-      jnp.concatenate([v, ones], axis=-1),
-      preferred_element_type=jnp.float32,
-    )
-    total = both[..., -1:]
-    out = (both[..., :-1] / total).astype(v.dtype)
-    total = total[..., 0].transpose(0, 2, 1)[..., None]  # [B, heads, S, 1] like `top`
-  else:
-    total = jnp.sum(exp, axis=-1, keepdims=True)
-    out = jnp.einsum("bnqk,bknd->bqnd", _drop(exp / total, keep, rate).astype(v.dtype), v)
-  return out, (q, k, v, attention_mask, rng, raw, (top, total), out)
-
-
-def _attention_bwd(scale, rate, residuals, d_out):
-  q, k, v, attention_mask, rng, raw, (top, total), out = residuals
-  probs = jnp.exp(_attention_scores(raw, attention_mask, scale) - top) / total
-  keep = _keep(rng, rate, probs.shape)
-  d_v = jnp.einsum("bnqk,bqnd->bknd", _drop(probs, keep, rate).astype(v.dtype), d_out)
-  d_dropped = jnp.einsum("bqnd,bknd->bnqk", d_out, v, preferred_element_type=jnp.float32)
-  d_probs = _drop(d_dropped, keep, rate)
-  # sum_k p_qk dP_qk = dO_q . O_q (O = dropped probs @ v): the softmax derivative's row term.
-  row = jnp.einsum("bqnd,bqnd->bnq", d_out.astype(jnp.float32), out.astype(jnp.float32))
-  d_raw = (probs * (d_probs - row[..., None]) * scale).astype(q.dtype)
-  d_q = jnp.einsum("bnqk,bknd->bqnd", d_raw, k)
-  d_k = jnp.einsum("bnqk,bqnd->bknd", d_raw, q)
-  return d_q, d_k, d_v, None, None
-
-
-attention_core.defvjp(_attention_fwd, _attention_bwd)
-
-
-def flash_attention(q, k, v, attention_mask, scale: float):
-  """softmax(q k^T x scale, keys masked) v for q, k, v [B, S, heads, d] without the [heads, S, S]
-  scores in memory: cuDNN's fused kernel on a GPU (jax.nn.dot_product_attention), else jax's Pallas
-  TPU flash attention kernel (TPU v4 and newer; on CPU only in Pallas's TPU interpret mode, for
-  tests). Padding is a segment: real queries attend to real keys only, as the einsum path's additive
-  mask does (exp(-10000) is 0 in float32); padded positions attend to each other instead of to the
-  real keys, which changes their (unused) outputs only. The kernel is split over the batch (and the
-  heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler. Sequences
-  that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths)."""
-  mask = attention_mask[:, None, None, :].astype(bool)
-  if jax.default_backend() == "gpu":
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
-  if q.shape[1] % 128:  # the kernel's key blocks are multiples of 128 (init traces 8 tokens)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
-
-  def kernel(q, k, v, segments):
-    heads_first = lambda t: t.transpose(0, 2, 1, 3)  # noqa: E731  [B, S, n, d] <-> [B, n, S, d]
-    ids = pallas_flash.SegmentIds(q=segments, kv=segments)
-    out = pallas_flash.flash_attention(
-      heads_first(q), heads_first(k), heads_first(v), segment_ids=ids, sm_scale=scale
-    )
-    return heads_first(out)
-
-  segments = attention_mask.astype(jnp.int32)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return kernel(q, k, v, segments)
-
-  qkv = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None, "tensor", None)
-  rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES, None)
-  return jax.shard_map(
-    kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, rows), out_specs=qkv, check_vma=False
-  )(q, k, v, segments)
-
-
-def check_attention_impl(cfg: ModelConfig, device) -> None:
-  """A one-line ConfigError when model.attention_impl cannot run on `device` (a jax device): the
-  Pallas flash kernel needs a TPU v4 or newer (Mosaic cannot compile it for v3), or a GPU (cuDNN),
-  or Pallas's TPU interpret mode on CPU."""
-  if cfg.attention_impl != "flash":
-    return
-  kind = device.device_kind.lower()
-  others = ", ".join(i for i in config_lib.ATTENTION_IMPLS if i != "flash")
-  if device.platform == "tpu" and ("v2" in kind or "v3" in kind):
-    raise config_lib.ConfigError(
-      f"model.attention_impl='flash' needs a TPU v4 or newer or a GPU; on {device.device_kind} "
-      f"use one of: {others}"
-    )
-  if device.platform == "cpu" and not _pallas_interpreting():
-    raise config_lib.ConfigError(
-      f"model.attention_impl='flash' runs on TPU v4 or newer or a GPU; on CPU use one of: {others}"
-    )
-
-
-def _pallas_interpreting() -> bool:
-  """Whether Pallas TPU kernels run in interpret mode (jax.experimental.pallas.tpu's
-  force_tpu_interpret_mode; jax keeps the switch in its private config)."""
-
-  return jax_config.pallas_tpu_interpret_mode_context_manager.value is not None
-
-
 class Attention(nn.Module):
   """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block."""
 
@@ -409,7 +270,7 @@ class Attention(nn.Module):
     q, k, v = project("query"), project("key"), project("value")
     scale = 1.0 / math.sqrt(d)
     if cfg.attention_impl == "flash":
-      context = flash_attention(q, k, v, attention_mask, scale)
+      context = attention.flash_attention(q, k, v, attention_mask, scale)
     elif cfg.attention_impl == "dot_product_attention":
       # No attention-probability dropout here (validated); the mask is on keys only.
       mask = attention_mask[:, None, None, :].astype(bool)
@@ -417,14 +278,16 @@ class Attention(nn.Module):
     elif jnp.dtype(v.dtype).itemsize < 4:  # einsum under a 16-bit compute dtype
       rate = cfg.attention_probs_dropout_prob
       rng = None if self.deterministic or rate == 0 else self.make_rng("dropout")
-      context = attention_core(q, k, v, attention_mask, rng, scale, rate)
+      context = attention.attention_core(q, k, v, attention_mask, rng, scale, rate)
     else:  # einsum in float32: jax's softmax and derivative (the memory estimate's calibration)
       scores = jnp.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d)
-      scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
+      scores = (
+        scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * attention.MASK_ADDER
+      )
       probs = jax.nn.softmax(scores, axis=-1)
       probs = nn.Dropout(cfg.attention_probs_dropout_prob, deterministic=self.deterministic)(probs)
       context = jnp.einsum("bnqk,bknd->bqnd", probs, v)
-    out = _dense(cfg, h, ("heads", "hidden"), "dense")(context.reshape(b, s, h))
+    out = dense(cfg, h, ("heads", "hidden"), "dense")(context.reshape(b, s, h))
     out = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)(out)
     return _layer_norm(cfg, "hidden", "LayerNorm")(x + out).astype(cfg.compute_dtype)
 
@@ -438,9 +301,9 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, a):
     cfg = self.cfg
-    y = _dense(cfg, cfg.intermediate_size, ("hidden", "mlp"), "ffn")(a)
+    y = dense(cfg, cfg.intermediate_size, ("hidden", "mlp"), "ffn")(a)
     y = gelu_tanh(y)  # the original's "gelu" is the tanh form (HF gelu_new)
-    y = _dense(cfg, cfg.hidden_size, ("mlp", "hidden"), "ffn_output")(y)
+    y = dense(cfg, cfg.hidden_size, ("mlp", "hidden"), "ffn_output")(y)
     y = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)(y)
     y = _layer_norm(cfg, "hidden", "full_layer_layer_norm")(a + y).astype(cfg.compute_dtype)
     return _constrain(y, ("act_batch", "act_length", "act_hidden"))
@@ -534,7 +397,7 @@ class AlbertTransformer(nn.Module):
   def __call__(self, x, attention_mask):
     cfg = self.cfg
     if cfg.has_embedding_projection:
-      x = _dense(cfg, cfg.hidden_size, ("embed", "hidden"), "embedding_hidden_mapping_in")(x)
+      x = dense(cfg, cfg.hidden_size, ("embed", "hidden"), "embedding_hidden_mapping_in")(x)
     x = _constrain(x, ("act_batch", "act_length", "act_hidden"))
     L = cfg.num_hidden_layers
     body = _remat(cfg, AlbertLayerGroup)
@@ -594,7 +457,7 @@ class AlbertModel(nn.Module):
     cfg = model_config(self.config)
     self.embeddings = AlbertEmbeddings(cfg, self.deterministic)
     self.encoder = AlbertTransformer(cfg, self.deterministic)
-    self.pooler = _dense(cfg, cfg.hidden_size, ("hidden", None), "pooler")
+    self.pooler = dense(cfg, cfg.hidden_size, ("hidden", None), "pooler")
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
     if token_type_ids is None:
@@ -618,7 +481,7 @@ class AlbertMLMHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, attend):
     cfg = self.cfg
-    x = _dense(cfg, cfg.embedding_size, ("hidden", "embed"), "dense")(hidden)
+    x = dense(cfg, cfg.embedding_size, ("hidden", "embed"), "dense")(hidden)
     x = _layer_norm(cfg, "embed", "LayerNorm")(gelu_tanh(x))
     bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
     return attend(x.astype(cfg.compute_dtype)).astype(jnp.float32) + bias.astype(jnp.float32)
@@ -653,114 +516,7 @@ class _SopHead(nn.Module):
 
   @nn.compact
   def __call__(self, pooled):
-    return _dense(self.cfg, 2, ("hidden", "classes"), "classifier")(pooled).astype(jnp.float32)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Fine-tuning heads (the original's run_classifier / run_squad / run_race; Hugging Face's names).
-
-
-class AlbertForSequenceClassification(nn.Module):
-  """Backbone + dropout(classifier_dropout) + dense H->num_labels on the pooled output.
-
-  num_labels=1 is regression (STS-B). Returns {'logits': [B, num_labels] float32, ...backbone outputs}.
-  """
-
-  config: Any
-  num_labels: int
-  classifier_dropout: float = 0.1
-
-  @nn.compact
-  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
-    cfg = model_config(self.config)
-    out = AlbertModel(cfg, deterministic, name="albert")(input_ids, token_type_ids, attention_mask)
-    pooled = nn.Dropout(self.classifier_dropout)(out["pooled_output"], deterministic=deterministic)
-    logits = _dense(cfg, self.num_labels, ("hidden", "classes"), "classifier")(pooled)
-    return {**out, "logits": logits.astype(jnp.float32)}
-
-
-class AlbertForQuestionAnswering(nn.Module):
-  """Backbone + dense H->2 on every token: start and end logits [B, S] float32."""
-
-  config: Any
-
-  @nn.compact
-  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
-    cfg = model_config(self.config)
-    out = AlbertModel(cfg, deterministic, name="albert")(input_ids, token_type_ids, attention_mask)
-    logits = _dense(cfg, 2, ("hidden", "classes"), "qa_outputs")(out["sequence_output"])
-    logits = logits.astype(jnp.float32)
-    return {**out, "start_logits": logits[..., 0], "end_logits": logits[..., 1]}
-
-
-class AlbertForMultipleChoice(nn.Module):
-  """Inputs [B, C, S]: one score per (question, option) pair from its pooled output (dropout, dense
-  H->1); logits [B, C] float32, a softmax over the options."""
-
-  config: Any
-  classifier_dropout: float = 0.1
-
-  @nn.compact
-  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
-    cfg = model_config(self.config)
-    batch, choices, seq = input_ids.shape
-    flat = lambda x: x.reshape(batch * choices, seq)  # noqa: E731
-    out = AlbertModel(cfg, deterministic, name="albert")(
-      flat(input_ids), flat(token_type_ids), flat(attention_mask)
-    )
-    pooled = nn.Dropout(self.classifier_dropout)(out["pooled_output"], deterministic=deterministic)
-    scores = _dense(cfg, 1, ("hidden", "classes"), "classifier")(pooled).astype(jnp.float32)
-    return {**out, "logits": scores.reshape(batch, choices)}
-
-
-# ----------------------------------------------------------------------------------------------------
-# Losses and metrics, computed as the original does (run_pretraining.py).
-
-
-def loss_sums(outputs, batch) -> dict[str, jax.Array]:
-  """Per-batch sums from which losses and metrics follow; sums add up exactly across micro-batches."""
-  mlm_logp = jax.nn.log_softmax(outputs["mlm_logits"].astype(jnp.float32), axis=-1)
-  ids = batch["masked_lm_ids"]
-  w = batch["masked_lm_weights"].astype(jnp.float32)
-  nll = -jnp.take_along_axis(mlm_logp, ids[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(mlm_logp, axis=-1) == ids).astype(jnp.float32)
-  sop_logp = jax.nn.log_softmax(outputs["sop_logits"].astype(jnp.float32), axis=-1)
-  label = batch["sentence_order_label"]
-  sop_nll = -jnp.take_along_axis(sop_logp, label[:, None], axis=-1)[:, 0]
-  sop_correct = (jnp.argmax(sop_logp, axis=-1) == label).astype(jnp.float32)
-  return {
-    "mlm_nll": jnp.sum(w * nll),
-    "mlm_weight": jnp.sum(w),
-    "mlm_correct": jnp.sum(w * correct),
-    "sop_nll": jnp.sum(sop_nll),
-    "sop_correct": jnp.sum(sop_correct),
-    "examples": jnp.asarray(label.shape[0], jnp.float32),
-  }
-
-
-# The sentence-pair head's metrics are named after the task it learns, as the originals name them:
-# sentence_order_* (ALBERT's run_pretraining) for sop, next_sentence_* (BERT's) for nsp.
-SENTENCE_METRICS = {"sop": "sentence_order", "nsp": "next_sentence"}
-
-
-def metrics_from_sums(sums, task: str = "sop") -> dict[str, jax.Array]:
-  """loss = MLM + sentence pair (equal weights); MLM loss = sum(w * nll) / (sum(w) + 1e-5) as the
-  original. The sentence-pair metrics are named for `task` (SENTENCE_METRICS)."""
-  mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
-  sop_loss = sums["sop_nll"] / sums["examples"]
-  name = SENTENCE_METRICS[task]
-  return {
-    "loss": mlm_loss + sop_loss,
-    "masked_lm_loss": mlm_loss,
-    "masked_lm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1e-5),
-    f"{name}_loss": sop_loss,
-    f"{name}_accuracy": sums["sop_correct"] / sums["examples"],
-  }
-
-
-def pretraining_losses(outputs, batch) -> dict[str, jax.Array]:
-  """masked_lm_loss, masked_lm_accuracy, sentence_order_loss, sentence_order_accuracy and their sum."""
-  return metrics_from_sums(loss_sums(outputs, batch))
+    return dense(self.cfg, 2, ("hidden", "classes"), "classifier")(pooled).astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from albert_jax.base import config_lib, hardware
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples
 from albert_jax.model import albert as M, sharding
-from albert_jax.pretraining import train
+from albert_jax.pretraining import objective, train
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
 # (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
@@ -159,7 +159,7 @@ def model_bytes_per_sequence(config) -> float:
       deterministic=False,
       rngs={"dropout": jax.random.key(0)},
     )
-    sums = M.loss_sums(out, bt)
+    sums = objective.loss_sums(out, bt)
     return sums["mlm_nll"] + sums["sop_nll"]
 
   return _per_sequence(lambda b: _residual_bytes(loss, params, batch(b)))

@@ -5,8 +5,7 @@ The trainer (engine/train.py's build and run) and `evaluate` take it where fine-
 
 MLM: sum(w * nll) / (sum(w) + 1e-5) over the whole step's weights, as the original; the sentence-pair
 loss is added with equal weight. data.task=none (the paper's Table 5 "None"): MLM only; the sentence
-head is neither trained (frozen) nor reported. The per-batch arithmetic is the model's (model/albert.py
-loss_sums, metrics_from_sums).
+head is neither trained (frozen) nor reported. The per-batch arithmetic is loss_sums and metrics_from_sums below.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class Pretraining:
   def metric_names(self) -> tuple[str, ...]:
     if self.task == "none":
       return ("loss", "masked_lm_loss", "masked_lm_accuracy")
-    name = M.SENTENCE_METRICS[self.task]
+    name = SENTENCE_METRICS[self.task]
     return ("loss", "masked_lm_loss", "masked_lm_accuracy", f"{name}_loss", f"{name}_accuracy")
 
   def model(self, config) -> tuple[Any, dict]:
@@ -57,7 +56,7 @@ class Pretraining:
       deterministic=rng is None,
       rngs=None if rng is None else {"dropout": rng},
     )
-    return M.loss_sums(out, batch)
+    return loss_sums(out, batch)
 
   def loss(self, sums, batch) -> jax.Array:
     # The MLM loss normalises by the whole step's weight (the original's formula), so micro-batches
@@ -70,13 +69,13 @@ class Pretraining:
 
   def metrics(self, sums) -> dict:
     if self.task == "none":
-      m = M.metrics_from_sums(sums)
+      m = metrics_from_sums(sums)
       return {
         "loss": m["masked_lm_loss"],
         "masked_lm_loss": m["masked_lm_loss"],
         "masked_lm_accuracy": m["masked_lm_accuracy"],
       }
-    return M.metrics_from_sums(sums, task=self.task)
+    return metrics_from_sums(sums, task=self.task)
 
 
 def of(config):
@@ -89,3 +88,52 @@ def of(config):
 def model_and_inputs(config) -> tuple[Any, dict]:
   """The Flax module a config trains and the dummy inputs that initialise it."""
   return of(config).model(config)
+
+
+# Losses and metrics, computed as the original does (run_pretraining.py).
+
+
+def loss_sums(outputs, batch) -> dict[str, jax.Array]:
+  """Per-batch sums from which losses and metrics follow; sums add up exactly across micro-batches."""
+  mlm_logp = jax.nn.log_softmax(outputs["mlm_logits"].astype(jnp.float32), axis=-1)
+  ids = batch["masked_lm_ids"]
+  w = batch["masked_lm_weights"].astype(jnp.float32)
+  nll = -jnp.take_along_axis(mlm_logp, ids[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(mlm_logp, axis=-1) == ids).astype(jnp.float32)
+  sop_logp = jax.nn.log_softmax(outputs["sop_logits"].astype(jnp.float32), axis=-1)
+  label = batch["sentence_order_label"]
+  sop_nll = -jnp.take_along_axis(sop_logp, label[:, None], axis=-1)[:, 0]
+  sop_correct = (jnp.argmax(sop_logp, axis=-1) == label).astype(jnp.float32)
+  return {
+    "mlm_nll": jnp.sum(w * nll),
+    "mlm_weight": jnp.sum(w),
+    "mlm_correct": jnp.sum(w * correct),
+    "sop_nll": jnp.sum(sop_nll),
+    "sop_correct": jnp.sum(sop_correct),
+    "examples": jnp.asarray(label.shape[0], jnp.float32),
+  }
+
+
+# The sentence-pair head's metrics are named after the task it learns, as the originals name them:
+# sentence_order_* (ALBERT's run_pretraining) for sop, next_sentence_* (BERT's) for nsp.
+SENTENCE_METRICS = {"sop": "sentence_order", "nsp": "next_sentence"}
+
+
+def metrics_from_sums(sums, task: str = "sop") -> dict[str, jax.Array]:
+  """loss = MLM + sentence pair (equal weights); MLM loss = sum(w * nll) / (sum(w) + 1e-5) as the
+  original. The sentence-pair metrics are named for `task` (SENTENCE_METRICS)."""
+  mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
+  sop_loss = sums["sop_nll"] / sums["examples"]
+  name = SENTENCE_METRICS[task]
+  return {
+    "loss": mlm_loss + sop_loss,
+    "masked_lm_loss": mlm_loss,
+    "masked_lm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1e-5),
+    f"{name}_loss": sop_loss,
+    f"{name}_accuracy": sums["sop_correct"] / sums["examples"],
+  }
+
+
+def pretraining_losses(outputs, batch) -> dict[str, jax.Array]:
+  """masked_lm_loss, masked_lm_accuracy, sentence_order_loss, sentence_order_accuracy and their sum."""
+  return metrics_from_sums(loss_sums(outputs, batch))

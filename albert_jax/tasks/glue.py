@@ -24,7 +24,7 @@ import numpy as np
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.tokenizer import CLS_ID, SEP_ID
-from albert_jax.model import albert as M
+from albert_jax.model import albert as M, heads
 from albert_jax.tasks import task as tasks
 
 BINARY = ("0", "1")
@@ -114,7 +114,7 @@ class GlueTask(tasks.Task):
 
   def model(self, config):
     num_labels = 1 if self.regression else len(self.labels)
-    module = M.AlbertForSequenceClassification(
+    module = heads.AlbertForSequenceClassification(
       M.model_config(config.model), num_labels, config.task.classifier_dropout
     )
     return module, tasks.head_inputs((1, 8))

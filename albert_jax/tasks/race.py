@@ -27,7 +27,7 @@ import numpy as np
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
-from albert_jax.model import albert as M
+from albert_jax.model import albert as M, heads
 from albert_jax.tasks import task as tasks
 
 NUM_CHOICES = 4
@@ -195,7 +195,9 @@ class RaceTask(tasks.Task):
   hub_folder = "all"
 
   def model(self, config):
-    module = M.AlbertForMultipleChoice(M.model_config(config.model), config.task.classifier_dropout)
+    module = heads.AlbertForMultipleChoice(
+      M.model_config(config.model), config.task.classifier_dropout
+    )
     return module, tasks.head_inputs((1, NUM_CHOICES, 8))
 
   def sums(self, model, params, batch, rng):

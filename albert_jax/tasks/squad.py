@@ -45,7 +45,7 @@ import numpy as np
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
-from albert_jax.model import albert as M
+from albert_jax.model import albert as M, heads
 from albert_jax.tasks import task as tasks
 
 
@@ -526,7 +526,7 @@ class SquadTask(tasks.Task):
       config.task.metric = "f1"
 
   def model(self, config):
-    return M.AlbertForQuestionAnswering(M.model_config(config.model)), tasks.head_inputs((1, 8))
+    return heads.AlbertForQuestionAnswering(M.model_config(config.model)), tasks.head_inputs((1, 8))
 
   def sums(self, model, params, batch, rng):
     out = tasks.apply(model, params, batch, rng)

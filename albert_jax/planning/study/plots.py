@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from albert_jax.model import albert as model_lib
 from albert_jax.planning.study.findings import CHANCE, Row, budget_sweep
+from albert_jax.pretraining import objective
 
 
 def _eval_curves(rows: list[Row]) -> dict[str, dict[str, dict[int, float]]]:
@@ -15,7 +15,7 @@ def _eval_curves(rows: list[Row]) -> dict[str, dict[str, dict[int, float]]]:
   # The sentence-pair accuracy on a run's own task, under its task's name (an NSP run's is
   # next_sentence_accuracy): one "own task" curve per variant.
   pair = {
-    f"eval/{n}_accuracy": "eval/sentence_pair_accuracy" for n in model_lib.SENTENCE_METRICS.values()
+    f"eval/{n}_accuracy": "eval/sentence_pair_accuracy" for n in objective.SENTENCE_METRICS.values()
   }
   out = {}
   for row in rows:
