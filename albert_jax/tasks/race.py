@@ -100,23 +100,25 @@ def read_race(path_or_dir: str) -> list[RaceExample]:
       ) + (f":{n + 1}" if n else "")
       base = str(article.get("id", default_id))
       for i, (q, opts, a) in enumerate(zip(questions, options, answers)):
-        if not isinstance(opts, list) or len(opts) != NUM_CHOICES:
-          count = len(opts) if isinstance(opts, list) else "no"
-          raise ConfigError(f"{where}: question {i + 1} has {count} options, not {NUM_CHOICES}")
-        if a not in tuple(_LETTERS):
-          raise ConfigError(f"{where}: question {i + 1} has answer {a!r}, not one of A, B, C, D")
         examples.append(
-          RaceExample(
-            f"{base}-{i}",
-            str(article["article"]),
-            str(q),
-            [str(o) for o in opts],
-            _LETTERS.index(a),
-          )
+          _example(f"{where}: question {i + 1}", f"{base}-{i}", article["article"], q, opts, a)
         )
   if not examples:
     raise ConfigError(f"no RACE questions in {path_or_dir}")
   return examples
+
+
+def _example(where: str, example_id: str, article, question, options, answer) -> RaceExample:
+  """One question as a RaceExample, checked: four options and an answer letter A-D, else a
+  one-line ConfigError naming `where` (the file and its question or row)."""
+  if not isinstance(options, list) or len(options) != NUM_CHOICES:
+    count = len(options) if isinstance(options, list) else "no"
+    raise ConfigError(f"{where} has {count} options, not {NUM_CHOICES}")
+  if answer not in tuple(_LETTERS):
+    raise ConfigError(f"{where} has answer {answer!r}, not one of A, B, C, D")
+  return RaceExample(
+    example_id, str(article), str(question), [str(o) for o in options], _LETTERS.index(answer)
+  )
 
 
 def _read_race_parquet(path: str) -> list[RaceExample]:
@@ -129,19 +131,8 @@ def _read_race_parquet(path: str) -> list[RaceExample]:
   for n, (article_id, article, question, options, answer) in enumerate(zip(*values), 1):
     i = i + 1 if article_id == previous else 0
     previous = article_id
-    if not isinstance(options, list) or len(options) != NUM_CHOICES:
-      count = len(options) if isinstance(options, list) else "no"
-      raise ConfigError(f"{path}: row {n} has {count} options, not {NUM_CHOICES}")
-    if answer not in tuple(_LETTERS):
-      raise ConfigError(f"{path}: row {n} has answer {answer!r}, not one of A, B, C, D")
     examples.append(
-      RaceExample(
-        f"{article_id}-{i}",
-        str(article),
-        str(question),
-        [str(o) for o in options],
-        _LETTERS.index(answer),
-      )
+      _example(f"{path}: row {n}", f"{article_id}-{i}", article, question, options, answer)
     )
   if not examples:
     raise ConfigError(f"no RACE questions in {path}")
