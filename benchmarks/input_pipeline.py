@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax.base import config_lib, files as albert_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 from albert_jax.data import dataset, input_pipeline, python_docs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data.prepare.layout import PREPARED_FILE  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpus to prepare.")
@@ -163,8 +164,8 @@ def main(argv):
     )
     if _DATA_DIR.value:
       remote = str(albert_files.path(_DATA_DIR.value, name))
-      if not albert_files.path(remote, dataset.PREPARED_FILE).exists():
-        albert_files.upload(info["data_dir"], remote, last=(dataset.PREPARED_FILE,))
+      if not albert_files.path(remote, PREPARED_FILE).exists():
+        albert_files.upload(info["data_dir"], remote, last=(PREPARED_FILE,))
       config.data.data_dir = remote
       there = _pipeline_rate(config, workdir, _BATCHES.value)
       r.update({f"{k}_from_data_dir": v for k, v in there.items()})

@@ -18,6 +18,9 @@ import pytest
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import corpus, dataset
+from albert_jax.data.prepare.fingerprint import config_for_prepared
+from albert_jax.data.prepare.layout import PREPARED_FILE, SPLITS
+from albert_jax.data.prepare.vocab import vocab_sample_caps
 
 _WORDS = (
   "river stone garden window paper market silver number answer letter winter summer forest "
@@ -173,7 +176,7 @@ def _shards_digest(data) -> str:
   for s in shards:
     h.update(repr((s["index"], s["first_doc"], s["docs"], s["start"], s["end"])).encode())
     h.update(repr(list(corpus.shard_documents(data, s))).encode())
-  h.update(repr(dataset.vocab_sample_caps(shards, 1000)).encode())
+  h.update(repr(vocab_sample_caps(shards, 1000)).encode())
   return h.hexdigest()
 
 
@@ -307,7 +310,7 @@ def test_a_refused_prepare_writes_nothing(tmp_path, spm_model_path):
 
 def _records(ddir):
   out = {}
-  for split in dataset.SPLITS:
+  for split in SPLITS:
     source = dataset.open_source(ddir, split, raw=True)
     out[split] = [bytes(source[i]) for i in range(len(source))]
   return out
@@ -394,9 +397,9 @@ def test_the_read_format_is_part_of_the_fingerprint(tmp_path, spm_model_path):
   info = dataset.prepare(_config(path, spm_model_path), str(tmp_path / "work"))
   with pytest.raises(ConfigError, match=r"corpus \(.*'text_format': 'auto'.* here\)"):
     dataset.prepare(_config(path, spm_model_path, text_format="sentences"), str(tmp_path / "work"))
-  prepared = json.loads(open(os.path.join(info["data_dir"], dataset.PREPARED_FILE)).read())
+  prepared = json.loads(open(os.path.join(info["data_dir"], PREPARED_FILE)).read())
   assert prepared["fingerprint"]["corpus"]["text_format"] == "auto"
-  again = dataset.config_for_prepared(info["data_dir"], prepared)
+  again = config_for_prepared(info["data_dir"], prepared)
   ddir, _ = dataset.check_prepared(again, str(tmp_path / "elsewhere"))
   assert ddir == info["data_dir"]
 
@@ -410,7 +413,7 @@ def test_data_prepared_before_the_read_formats_still_resumes(tmp_path, spm_model
     config = _config(write(root, name), spm_model_path)
     workdir = str(tmp_path / name)
     info = dataset.prepare(config, workdir)
-    path = os.path.join(info["data_dir"], dataset.PREPARED_FILE)
+    path = os.path.join(info["data_dir"], PREPARED_FILE)
     prepared = json.loads(open(path).read())
     for field in ("input_format", "text_format", "text_feature"):
       del prepared["fingerprint"]["corpus"][field]

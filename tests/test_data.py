@@ -27,6 +27,7 @@ from albert_jax.data import (
   sentence_split,
   tfds_corpus,
 )
+from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE
 from tests.conftest import build_tiny_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,9 +93,7 @@ def _take(it, n):
 def _split_contents(info, split):
   import tensorflow_datasets as tfds
 
-  source = tfds.data_source(
-    dataset.DATASET_NAME, split=split, data_dir=info["data_dir"], download=False
-  )
+  source = tfds.data_source(DATASET_NAME, split=split, data_dir=info["data_dir"], download=False)
   return [tuple(source[i]["input_ids"].tolist()) for i in range(len(source))]
 
 
@@ -104,15 +103,13 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
 
   ddir = info["data_dir"]
   assert ddir == os.path.join(workdir, "data")
-  version_dir = os.path.join(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
-  assert any(
-    f.startswith(f"{dataset.DATASET_NAME}-train.array_record") for f in os.listdir(version_dir)
-  )
+  version_dir = os.path.join(ddir, DATASET_NAME, DATASET_VERSION)
+  assert any(f.startswith(f"{DATASET_NAME}-train.array_record") for f in os.listdir(version_dir))
   builder = tfds.builder_from_directory(version_dir)
   assert builder.info.splits["train"].num_examples == info["num_train_examples"] > 1000
   assert builder.info.splits["eval"].num_examples == info["num_eval_examples"] > 20
   # Read back through tfds.data_source with TFDS's own decoding; the loader's fast decoding agrees.
-  source = tfds.data_source(dataset.DATASET_NAME, split="train", data_dir=ddir, download=False)
+  source = tfds.data_source(DATASET_NAME, split="train", data_dir=ddir, download=False)
   assert len(source) == info["num_train_examples"]
   raw = dataset.open_source(ddir, "train")
   loader = input_pipeline._Loader(raw, SEQ, _NoMask(), seed=0)
@@ -144,7 +141,7 @@ class _NoMask:
 
 def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   config, workdir, info = prepared
-  stamp = os.path.getmtime(os.path.join(info["data_dir"], dataset.PREPARED_FILE))
+  stamp = os.path.getmtime(os.path.join(info["data_dir"], PREPARED_FILE))
   assert dataset.prepare(config, workdir) == info
   for field, value, name in [
     ("max_seq_length", 128, "max_seq_length"),
@@ -162,11 +159,11 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   # Bringing the very vocabulary the data was built with is accepted.
   same_vocab = _config(config.data.input_files, spm_model_path=info["spm_model_path"])
   assert dataset.prepare(same_vocab, workdir)["num_train_examples"] == info["num_train_examples"]
-  assert os.path.getmtime(os.path.join(info["data_dir"], dataset.PREPARED_FILE)) == stamp
+  assert os.path.getmtime(os.path.join(info["data_dir"], PREPARED_FILE)) == stamp
   # Data of an earlier format is refused, naming how to keep its vocabulary for a rebuild.
   old = os.path.join(os.path.dirname(workdir), "old-format")
   shutil.copytree(info["data_dir"], os.path.join(old, "data"))
-  path = os.path.join(old, "data", dataset.PREPARED_FILE)
+  path = os.path.join(old, "data", PREPARED_FILE)
   stored = json.load(open(path))
   stored["fingerprint"]["format"] = 2
   json.dump(stored, open(path, "w"))

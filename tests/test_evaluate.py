@@ -11,7 +11,8 @@ import pytest
 
 from albert_jax import evaluate, export
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset, tokenizer
+from albert_jax.data import tokenizer
+from albert_jax.data.prepare.layout import PREPARED_FILE
 from albert_jax.pretraining import train
 from tests.conftest import ROOT, built_once, small_config
 
@@ -167,7 +168,7 @@ def test_bad_arguments(runs, tmp_path):
     evaluate.score(sop, sop, step=5)
   with pytest.raises(ConfigError, match="batch_size must be positive"):
     evaluate.score(sop, sop, batch_size=0)
-  assert dataset.PREPARED_FILE in os.listdir(os.path.join(sop, "data"))
+  assert PREPARED_FILE in os.listdir(os.path.join(sop, "data"))
 
 
 def _initial_params(config):
@@ -210,7 +211,7 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path, capsys):
 
   sop, nsp = runs
   sop_data = os.path.join(sop, "data")
-  prepared = open(os.path.join(sop_data, dataset.PREPARED_FILE), "rb").read()
+  prepared = open(os.path.join(sop_data, PREPARED_FILE), "rb").read()
   workdir = str(tmp_path / "none")
   config = small_config(sop_data, num_steps=8, checkpoint_every=8, eval_every=4)
   config.train.learning_rate = 0.005
@@ -219,7 +220,7 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path, capsys):
   console = capsys.readouterr().out
   assert " mlm_acc " in console and "sop_acc" not in console and "nsp_acc" not in console
   # The SOP run's data served as is: nothing was prepared again.
-  assert open(os.path.join(sop_data, dataset.PREPARED_FILE), "rb").read() == prepared
+  assert open(os.path.join(sop_data, PREPARED_FILE), "rb").read() == prepared
   assert not os.path.exists(os.path.join(workdir, "data"))
 
   final, _, step, _ = checkpoint.load_params(workdir, "latest")

@@ -10,7 +10,7 @@ import collections
 import numpy as np
 import pytest
 
-from albert_jax.data import examples as E
+from albert_jax.data import examples as E, masking as M
 from albert_jax.data.tokenizer import CLS_ID, MASK_ID, SEP_ID
 
 VOCAB = 4000
@@ -55,13 +55,13 @@ def masked(pairs):
   """All pairs masked through the batched pipeline path (keys = (seed 0, epoch 0, index))."""
   examples, _ = pairs
   word_start, candidate = _tables()
-  masker = E.Masker(word_start, candidate, max_predictions_per_seq=P)
-  padded = [E.pad_example(p, SEQ) for p in examples]
+  masker = M.Masker(word_start, candidate, max_predictions_per_seq=P)
+  padded = [M.pad_example(p, SEQ) for p in examples]
   ids = np.stack([x[0] for x in padded])
   seg = np.stack([x[1] for x in padded])
   mask = np.stack([x[2] for x in padded])
   labels = np.array([p["sentence_order_label"] for p in examples])
-  keys = np.array([E.example_rng_key(0, 0, i) for i in range(len(examples))], np.uint64)
+  keys = np.array([M.example_rng_key(0, 0, i) for i in range(len(examples))], np.uint64)
   spans, outs = [], []
   for lo in range(0, len(examples), 64):
     outs.append(
@@ -103,7 +103,7 @@ def test_layout_segments_and_lengths(pairs):
     assert ids[0] == CLS_ID and len(seps) == 2 and seps[1] == len(ids) - 1
     assert seps[0] >= 2 and seps[1] - seps[0] >= 2  # A and B are never empty
     assert (seg[: seps[0] + 1] == 0).all() and (seg[seps[0] + 1 :] == 1).all()
-    ids_p, seg_p, mask_p = E.pad_example(p, SEQ)
+    ids_p, seg_p, mask_p = M.pad_example(p, SEQ)
     n = len(ids)
     assert (mask_p[:n] == 1).all() and (mask_p[n:] == 0).all()
     assert (ids_p[n:] == 0).all() and (seg_p[n:] == 0).all()
@@ -224,7 +224,7 @@ def test_replacement_80_10_10(masked):
   assert abs((shown == MASK_ID).mean() - 0.8) < 0.03
   assert abs((shown == target).mean() - 0.1) < 0.03  # a random id equal to the target is rare
   assert abs(((shown != MASK_ID) & (shown != target)).mean() - 0.1) < 0.03
-  assert (shown >= E.NUM_CONTROL_IDS)[shown != MASK_ID].all()
+  assert (shown >= M.NUM_CONTROL_IDS)[shown != MASK_ID].all()
 
 
 def test_span_lengths_follow_one_over_n(masked):
@@ -267,10 +267,10 @@ def test_masks_are_a_pure_function_of_seed_epoch_index(pairs, masked):
     word_start=word_start, candidate=candidate, max_seq_length=SEQ, max_predictions_per_seq=P
   )
   for i in (0, 5, 1234):
-    again = E.mask_example(examples[i], E.example_rng(0, 0, i), **kwargs)
+    again = M.mask_example(examples[i], M.example_rng(0, 0, i), **kwargs)
     for key in again:
       np.testing.assert_array_equal(again[key], features[key][i])
-    other_epoch = E.mask_example(examples[i], E.example_rng(0, 1, i), **kwargs)
+    other_epoch = M.mask_example(examples[i], M.example_rng(0, 1, i), **kwargs)
     assert not np.array_equal(other_epoch["masked_lm_positions"], again["masked_lm_positions"])
 
 
@@ -283,14 +283,14 @@ def test_sequence_512_with_the_original_cap():
     stats=stats,
   )
   word_start, candidate = _tables()
-  masker = E.Masker(word_start, candidate, max_predictions_per_seq=20)
-  padded = [E.pad_example(p, 512) for p in examples[:256]]
+  masker = M.Masker(word_start, candidate, max_predictions_per_seq=20)
+  padded = [M.pad_example(p, 512) for p in examples[:256]]
   out = masker(
     np.stack([x[0] for x in padded]),
     np.stack([x[1] for x in padded]),
     np.stack([x[2] for x in padded]),
     np.array([p["sentence_order_label"] for p in examples[:256]]),
-    keys=np.array([E.example_rng_key(0, 0, i) for i in range(256)], np.uint64),
+    keys=np.array([M.example_rng_key(0, 0, i) for i in range(256)], np.uint64),
   )
   n_tokens = out["input_mask"].sum(1)
   full = n_tokens == 512

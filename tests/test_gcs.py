@@ -13,6 +13,7 @@ import pytest
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
+from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION
 from albert_jax.engine import workdir as workdir_lib
 
 
@@ -221,9 +222,8 @@ def test_bad_gs_paths_are_one_line_within_seconds(bucket, tmp_path):
 
 def _record_files(ddir: str) -> dict:
   """The dataset's record files under ddir (local or gs://): name -> sha256."""
-  from albert_jax.data import dataset
 
-  records = files.path(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
+  records = files.path(ddir, DATASET_NAME, DATASET_VERSION)
   return {n: files.sha256(records / n) for n in files.files_under(records) if ".array_record-" in n}
 
 
@@ -318,8 +318,7 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
     assert on_disk == shard_bytes  # only this shard on the local disk
   records = _record_files(info["data_dir"])
   dataset_bytes = sum(
-    files.path(info["data_dir"], dataset.DATASET_NAME, dataset.DATASET_VERSION, n).stat().length
-    for n in records
+    files.path(info["data_dir"], DATASET_NAME, DATASET_VERSION, n).stat().length for n in records
   )
   assert max(s[3] for s in shards) < dataset_bytes / 2
   assert not list(local_tmp.iterdir())  # every local copy deleted
@@ -331,11 +330,8 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
   assert old_shard not in held and sorted(held) == sorted(
     ["prepared.json", "spiece.model", "spiece.vocab"]
     + lengths
-    + [f"{dataset.DATASET_NAME}/{dataset.DATASET_VERSION}/{n}" for n in records]
-    + [
-      f"{dataset.DATASET_NAME}/{dataset.DATASET_VERSION}/{n}"
-      for n in ("dataset_info.json", "features.json")
-    ]
+    + [f"{DATASET_NAME}/{DATASET_VERSION}/{n}" for n in records]
+    + [f"{DATASET_NAME}/{DATASET_VERSION}/{n}" for n in ("dataset_info.json", "features.json")]
   )
   # A record per document; the loader pairs them (reading the sentence lengths from the bucket).
   assert 5 < len(dataset.open_source(info["data_dir"], "train")) <= info["train_documents"]

@@ -141,6 +141,22 @@ def test_every_module_is_in_a_layer():
   assert set(layer(m) for m in MODULES) <= set(LAYERS)
   assert "albert_jax.engine.train" in MODULES and layer("albert_jax.engine.train") == "engine"
   assert layer("albert_jax.main") == "commands" and layer("albert_jax") == "commands"
+  assert "albert_jax.data.prepare.shards" in MODULES
+  assert layer("albert_jax.data.prepare.shards") == layer("albert_jax.data.dataset") == "model"
+
+
+# Modules by job, none over MAX_LINES lines.
+MAX_LINES = 600
+# base/config_lib.py is being split on another branch; the exemption goes when that lands.
+OVER_MAX_LINES = {"albert_jax.base.config_lib"}
+
+
+def test_no_module_is_over_600_lines():
+  sizes = {m: sum(1 for _ in open(p)) for m, p in MODULES.items()}
+  over = sorted(
+    f"{m}: {n} lines" for m, n in sizes.items() if n > MAX_LINES and m not in OVER_MAX_LINES
+  )
+  assert not over, "\n".join(over)
 
 
 def test_no_import_climbs_a_layer():
@@ -247,6 +263,7 @@ def test_importing_the_engine_loads_no_application(module):
     m
     for m in loaded
     if m.startswith(("albert_jax.tasks", "albert_jax.pretraining", "albert_jax.interop"))
+    or m.startswith("albert_jax.data.prepare.")
     or m in ("albert_jax.data.dataset", "albert_jax.prepare", "albert_jax.cli")
     or layer(m) in ("apps", "interop", "planning", "commands")
     and m != "albert_jax"

@@ -12,7 +12,8 @@ import pytest
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import examples as E, tokenizer
+from albert_jax.data import examples as E, masking as M, tokenizer
+from albert_jax.data.prepare.fingerprint import config_for_prepared
 from tests.conftest import load_config
 
 # sha256 of create_pairs' output on _hash_documents for the settings of _STATIC_CASES, computed with
@@ -351,7 +352,7 @@ def test_per_epoch_masking_statistics(per_epoch):
   target = np.concatenate([b["masked_lm_ids"] for b in batches])
   shown = np.take_along_axis(ids, pos, 1)[w]
   lengths = np.concatenate([b["input_mask"].sum(1) for b in batches])
-  assert (w.sum(1) == E.masking_budget(lengths, P)).all()  # every example gets its budget
+  assert (w.sum(1) == M.masking_budget(lengths, P)).all()  # every example gets its budget
   assert abs((shown == MASK_ID).mean() - 0.8) < 0.04
   assert abs((shown == target[w]).mean() - 0.1) < 0.03
 
@@ -396,12 +397,12 @@ def test_prepared_static_data_is_refused_for_per_epoch(per_epoch, tmp_path):
   with pytest.raises(ConfigError, match="pairing"):
     dataset.check_prepared(static, workdir)
   ddir, prepared = dataset.check_prepared(config, workdir)
-  assert dataset.config_for_prepared(ddir, prepared).data.pairing == "per_epoch"
+  assert config_for_prepared(ddir, prepared).data.pairing == "per_epoch"
   # Data prepared before data.pairing existed holds static pairs.
   old = dict(
     prepared, fingerprint={k: v for k, v in prepared["fingerprint"].items() if k != "pairing"}
   )
-  assert dataset.config_for_prepared(ddir, old).data.pairing == "static"
+  assert config_for_prepared(ddir, old).data.pairing == "static"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,7 +16,10 @@ import pytest
 
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus, dataset, sentence_split, tokenizer as tokenizer_lib
+from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, SPLITS
+from albert_jax.data.prepare.vocab import vocab_sample, vocab_sample_caps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +65,7 @@ def _config(setup, **fields):
 def _records(ddir):
   """The serialized records of both splits, in order."""
   out = {}
-  for split in dataset.SPLITS:
+  for split in SPLITS:
     source = dataset.open_source(ddir, split, raw=True)
     out[split] = [bytes(source[i]) for i in range(len(source))]
   return out
@@ -70,7 +73,7 @@ def _records(ddir):
 
 def _files(ddir):
   """The dataset's record files: name -> sha256."""
-  records = os.path.join(ddir, dataset.DATASET_NAME, dataset.DATASET_VERSION)
+  records = os.path.join(ddir, DATASET_NAME, DATASET_VERSION)
   names = sorted(n for n in os.listdir(records) if ".array_record-" in n)
   return {n: files.sha256(os.path.join(records, n)) for n in names}
 
@@ -78,7 +81,7 @@ def _files(ddir):
 def _examples(ddir):
   """The decoded examples of both splits, in order."""
   out = {}
-  for split in dataset.SPLITS:
+  for split in SPLITS:
     source = dataset.open_source(ddir, split, raw=False)
     out[split] = [
       (
@@ -167,11 +170,11 @@ def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_p
     c.data.num_prepare_workers = workers
     info = dataset.prepare(c, str(tmp_path / f"cores-{cores}"))
     assert info["shards"] > 3 and info["sentences"] > 2 * c.data.vocab_sample_sentences
-    vocabs.append(files.sha256(os.path.join(info["data_dir"], dataset.VOCAB_FILE)))
+    vocabs.append(files.sha256(os.path.join(info["data_dir"], VOCAB_FILE)))
   assert vocabs[0] == vocabs[1]
   c.seed = 1  # another seed, another sample
   other = dataset.prepare(c, str(tmp_path / "seed-1"))["data_dir"]
-  assert files.sha256(os.path.join(other, dataset.VOCAB_FILE)) != vocabs[0]
+  assert files.sha256(os.path.join(other, VOCAB_FILE)) != vocabs[0]
 
 
 def test_the_vocabulary_sample_is_uniform_and_seeded():
@@ -187,22 +190,22 @@ def test_the_vocabulary_sample_is_uniform_and_seeded():
     }
     for k in range(4)
   ]
-  merged = sorted(kv for s in shards for kv in dataset.vocab_sample(data, 0, s, 1000)["sample"])
+  merged = sorted(kv for s in shards for kv in vocab_sample(data, 0, s, 1000)["sample"])
   sample = [sentence for _, sentence in merged[:1000]]
-  whole = dataset.vocab_sample(data, 0, {**shards[0], "docs": 2000, "documents": docs}, 1000)
+  whole = vocab_sample(data, 0, {**shards[0], "docs": 2000, "documents": docs}, 1000)
   assert sample == [sentence for _, sentence in whole["sample"]]  # shards merge to the whole's
   # uniform: each quarter of the corpus and each sentence position holds about its share
   quarters = np.bincount([int(s.split()[0][1:]) // 500 for s in sample], minlength=4)
   positions = np.bincount([int(s.split()[1][1:]) for s in sample], minlength=5)
   assert quarters.min() > 200 and positions.min() > 160, (quarters, positions)
   # each shard sends only a few times its share, and the merge is still the whole corpus's sample
-  caps = dataset.vocab_sample_caps(shards, 1000)
+  caps = vocab_sample_caps(shards, 1000)
   assert caps == [814] * 4
   capped = sorted(
-    kv for s, cap in zip(shards, caps) for kv in dataset.vocab_sample(data, 0, s, cap)["sample"]
+    kv for s, cap in zip(shards, caps) for kv in vocab_sample(data, 0, s, cap)["sample"]
   )
   assert [sentence for _, sentence in capped[:1000]] == sample
-  other = dataset.vocab_sample(data, 1, {**shards[0], "docs": 2000, "documents": docs}, 1000)
+  other = vocab_sample(data, 1, {**shards[0], "docs": 2000, "documents": docs}, 1000)
   assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
 
 

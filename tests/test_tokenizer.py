@@ -128,10 +128,10 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
   """The fill-mask and --inspect lines show each masked target as [MASK](text): for every piece of a
   real vocabulary the text is not empty, and a bare word marker (SentencePiece emits "▁" alone before
   a piece that cannot begin a word) shows as "▁", not as [MASK]()."""
-  from albert_jax.data import examples, input_pipeline
+  from albert_jax.data import input_pipeline, masking
 
   tok = tokenizer.load(spm_model_path)
-  ids = list(range(examples.NUM_CONTROL_IDS, tok.vocab_size))
+  ids = list(range(masking.NUM_CONTROL_IDS, tok.vocab_size))
   bare = [i for i in ids if set(tok.id_to_piece(i)) == {tokenizer.WORD_MARKER}]
   assert bare, "the vocabulary has a bare word-marker piece"
 

@@ -1,20 +1,18 @@
-"""Pretraining examples (docs/data.md), pure NumPy.
+"""Pretraining examples (docs/data.md), pure NumPy: sentence pairs, and the batch they become.
 
 Two stages, split where the original has none:
-  1. Pairs: sentence chunks -> `[CLS] A [SEP] B [SEP]` with segment ids and sentence_order_label,
-     unmasked: the original create_instances_from_document (google-research/albert
-     create_pretraining_data.py), as a plan drawn from the sentence lengths (_plan_pairs) made into
-     tokens (_document_pairs). `epoch_pairs` draws a document's pairs from generators keyed by
-     (seed, epoch, document), in the loader every epoch (data.pairing=per_epoch), with
-     `epoch_pair_count` / `epoch_layout` / `locate` to index an epoch without reading tokens;
-     `create_pairs` draws them once at prepare time from one generator (data.pairing=static).
-  2. `Masker` / `mask_example` (in the input pipeline, every epoch): whole-word n-gram masking,
-     the original create_masked_lm_predictions, as a pure function of its random generator; the
-     pipeline keys that generator by (seed, epoch, example index) (`example_rng`), so masks change
-     every epoch yet a run is reproducible and resumable. The original fixed masks at prepare time
-     (dupe_factor copies); data.static_masking reproduces that.
+  1. Pairs (here): sentence chunks -> `[CLS] A [SEP] B [SEP]` with segment ids and
+     sentence_order_label, unmasked: the original create_instances_from_document
+     (google-research/albert create_pretraining_data.py), as a plan drawn from the sentence lengths
+     (_plan_pairs) made into tokens (_document_pairs). `epoch_pairs` draws a document's pairs from
+     generators keyed by (seed, epoch, document), in the loader every epoch
+     (data.pairing=per_epoch), with `epoch_pair_count` / `epoch_layout` / `locate` to index an
+     epoch without reading tokens; `create_pairs` draws them once at prepare time from one
+     generator (data.pairing=static).
+  2. Masking (masking.py, in the input pipeline, every epoch): whole-word n-gram masking into the
+     batch's FEATURES (here: the one batch layout, `batch_spec` / `batch_shapes`).
 
-Where we depart from the original, and why:
+Where we depart from the original, and why (masking's departures: masking.py):
   * The short target length (probability short_seq_prob) is drawn per chunk, not once per
     document, so that 10% of examples are short whatever the document lengths.
   * A chunk holding a single sentence is split in two at a random token (SOP semantics kept).
@@ -22,13 +20,6 @@ Where we depart from the original, and why:
     `single_sentence_random_next=True` restores that.
   * The first piece of segment B always begins a word (the original could glue it to A's last
     word across [SEP] when it lacked the "▁" marker).
-  * n-gram spans are placed uniformly among the starts where n free words fit, so span lengths
-    follow p(n) ~ 1/n (the original skipped spans that touched masked words, which favours short
-    spans). Every example gets exactly `budget` predictions (the original sometimes fell short):
-    spans are drawn until the budget is reached, and the overshoot is cut from a span chosen at
-    random (see select_masked_positions); a cut span may end inside a word.
-  * Random replacements (the 10%) are drawn from the non-control ids (the original drew from the
-    whole vocabulary, [CLS] and [MASK] included).
 """
 
 from __future__ import annotations
@@ -38,9 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
-from albert_jax.data.tokenizer import CLS_ID, MASK_ID, SEP_ID
-
-NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start above these
+from albert_jax.data.tokenizer import CLS_ID, SEP_ID
 
 # The model's features of one batch: name -> (shape in terms of B, S = max_seq_length and
 # P = max_predictions_per_seq, dtype). The original's feature names; the one batch layout that the
@@ -75,18 +64,6 @@ def batch_shapes(batch: int, seq: int, predictions: int, sharding=None) -> dict:
     k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
     for k, (shape, dtype) in FEATURES.items()
   }
-
-
-def masking_budget(num_tokens, max_predictions_per_seq: int, masked_lm_prob: float = 0.15):
-  """min(max_predictions_per_seq, max(1, round(masked_lm_prob * num_tokens))) (the original's).
-
-  num_tokens counts [CLS] and [SEP] as the original did (len(tokens)); round is half-to-even as in
-  Python 3. Works on ints and arrays.
-  """
-  return np.minimum(
-    max_predictions_per_seq,
-    np.maximum(1, np.round(np.asarray(num_tokens) * masked_lm_prob).astype(np.int64)),
-  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,7 +314,7 @@ def pair_rngs(
   counter = ((epoch & 0xFFFFFF) << 40) | (doc_index & 0xFFFFFFFFFF)
   return tuple(
     np.random.Generator(
-      np.random.Philox(key=np.array([_splitmix64(_splitmix64(seed) ^ stream), counter], np.uint64))
+      np.random.Philox(key=np.array([splitmix64(splitmix64(seed) ^ stream), counter], np.uint64))
     )
     for stream in (_PLAN_STREAM, _AUX_STREAM)
   )
@@ -436,7 +413,7 @@ def epoch_layout(counts: np.ndarray, seed: int, epoch: int) -> tuple[np.ndarray,
   offsets[p] of document order[p], p = locate's. 20 bytes a document (int64 order and offsets,
   int32 counts): 20 MB per million documents, whatever their length."""
   counts = np.asarray(counts, np.int64)
-  rng = np.random.default_rng([_splitmix64(seed) & 0xFFFFFFFF, 0x4F524452, epoch])
+  rng = np.random.default_rng([splitmix64(seed) & 0xFFFFFFFF, 0x4F524452, epoch])
   order = rng.permutation(len(counts))
   offsets = np.zeros(len(counts) + 1, np.int64)
   np.cumsum(counts[order], out=offsets[1:])
@@ -451,274 +428,9 @@ def locate(order: np.ndarray, offsets: np.ndarray, k: int) -> tuple[int, int]:
   return int(order[p]), int(k - offsets[p])
 
 
-# ----------------------------------------------------------------------------------------------
-# Stage 2: masking.
-
-
-def ngram_cdf(max_ngram: int) -> list[float]:
-  """Cumulative p(n) ~ 1/n for n = 1..max_ngram (paper section 4.1: 6/11, 3/11, 2/11 for 3)."""
-  p = 1.0 / np.arange(1, max_ngram + 1)
-  return np.cumsum(p / p.sum()).tolist()
-
-
-def select_masked_positions(
-  starts: Sequence[int],
-  ends: Sequence[int],
-  budget: int,
-  rng: np.random.Generator,
-  cdf: Sequence[float],
-  spans: list | None = None,
-) -> list[int]:
-  """Token positions to predict: whole-word n-gram spans, exactly `budget` tokens.
-
-  Word w covers tokens [starts[w], ends[w]). Each span draws n from `cdf` (p(n) ~ 1/n) and a start
-  uniformly among the words where n unmasked words follow (rejection sampling; when no such start
-  exists n is lowered: reason "placement"). Spans are drawn until the budget is reached or passed;
-  the overshoot is then cut from spans chosen uniformly at random (from their ends; reason
-  "budget"). Cutting a random span rather than the last one keeps the cut independent of span
-  length, so uncut spans follow p(n) (cutting the last span, or trying shorter n-grams as the
-  original did, favours short spans by ~0.03 at the default budget of 20). If `spans` is a list,
-  (n drawn, n used, reason) is appended per span. Returns unsorted positions (the caller sorts).
-  """
-  num_words = len(starts)
-  covered = bytearray(num_words)
-  u = rng.random(2 * budget + 16).tolist()
-  k = 0
-  chosen = []  # [first word, n words, n drawn, reason, tokens kept]
-  total = 0
-  max_n = len(cdf)
-  while total < budget:
-    if k + 12 >= len(u):
-      u.extend(rng.random(64).tolist())
-    x = u[k]
-    k += 1
-    n = 1
-    while n < max_n and x >= cdf[n - 1]:
-      n += 1
-    drawn = n
-    start = -1
-    while n >= 1 and start < 0:
-      hi = num_words - n + 1
-      if hi > 0:
-        for _ in range(10):
-          if k >= len(u):
-            u.extend(rng.random(64).tolist())
-          j = int(u[k] * hi)
-          k += 1
-          if not (covered[j] if n == 1 else any(covered[j : j + n])):
-            start = j
-            break
-      if start < 0:
-        n -= 1
-    if start < 0:  # dense: choose among the free words directly
-      free = [w for w in range(num_words) if not covered[w]]
-      if not free:
-        break
-      if k >= len(u):
-        u.extend(rng.random(64).tolist())
-      start, n = free[int(u[k] * len(free))], 1
-      k += 1
-    count = 0
-    for w in range(start, start + n):
-      covered[w] = 1
-      count += ends[w] - starts[w]
-    chosen.append([start, n, drawn, "" if n == drawn else "placement", count])
-    total += count
-  over = total - budget
-  while over > 0:
-    if k >= len(u):
-      u.extend(rng.random(64).tolist())
-    span = chosen[int(u[k] * len(chosen))]
-    k += 1
-    if span[4]:
-      cut = min(span[4], over)
-      span[4] -= cut
-      over -= cut
-      span[3] = "budget"
-  positions: list[int] = []
-  for start, n, drawn, reason, keep in chosen:
-    for w in range(start, start + n):
-      if keep <= 0:
-        break
-      e = min(ends[w], starts[w] + keep)
-      positions.extend(range(starts[w], e))
-      keep -= e - starts[w]
-    if spans is not None:
-      spans.append((drawn, n, reason))
-  return positions
-
-
-class Masker:
-  """Masks batches of unmasked examples: whole-word n-gram MLM targets, 80/10/10 replacement.
-
-  Vectorised over the batch except the span choice, which is a short Python loop per example.
-  `word_start[id]` (pieces starting with "▁") and `candidate[id]` (ids that may be masked: all but
-  pad, [CLS], [SEP], [MASK]) come from tokenizer.Tokenizer.
-  """
-
-  def __init__(
-    self,
-    word_start: np.ndarray,
-    candidate: np.ndarray,
-    *,
-    max_predictions_per_seq: int,
-    masked_lm_prob: float = 0.15,
-    max_ngram: int = 3,
-  ):
-    self.word_start = np.asarray(word_start, bool)
-    self.candidate = np.asarray(candidate, bool)
-    self.vocab_size = len(self.word_start)
-    self.max_predictions = max_predictions_per_seq
-    self.masked_lm_prob = masked_lm_prob
-    self.cdf = ngram_cdf(max_ngram)
-    self._gen = np.random.Generator(np.random.Philox(key=0))
-    self._gen_state = self._gen.bit_generator.state
-
-  def _keyed(self, key) -> np.random.Generator:
-    """The shared Philox generator reset to `key` (cheaper than a new generator per example)."""
-    state = self._gen_state
-    state["state"]["key"][:] = key
-    state["state"]["counter"][:] = 0
-    state["buffer"][:] = 0
-    state["buffer_pos"] = 4
-    state["has_uint32"] = 0
-    self._gen.bit_generator.state = state
-    return self._gen
-
-  def __call__(
-    self,
-    input_ids: np.ndarray,
-    segment_ids: np.ndarray,
-    input_mask: np.ndarray,
-    sentence_order_label: np.ndarray,
-    rngs=None,
-    keys: np.ndarray | None = None,
-    spans: list | None = None,
-  ) -> dict[str, np.ndarray]:
-    """Masks a padded batch ([b, S] arrays). One generator per example: `rngs[i]` or the Philox
-    generator keyed by `keys[i]` (two uint64, see example_rng). Returns the model's features."""
-    input_ids = np.asarray(input_ids, np.int32)
-    b, seq = input_ids.shape
-    num_p = self.max_predictions
-    cand = self.candidate[input_ids] & (np.asarray(input_mask) > 0)
-    prev = np.zeros_like(cand)
-    prev[:, 1:] = cand[:, :-1]
-    start = cand & (self.word_start[input_ids] | ~prev)
-    flat_start = np.flatnonzero(start)
-    flat_bound = np.flatnonzero(start | ~cand)
-    flat_end = flat_bound[np.searchsorted(flat_bound, flat_start, side="right")]
-    rows = flat_start // seq
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=b))]).tolist()
-    starts = (flat_start - rows * seq).tolist()
-    ends = (flat_end - rows * seq).tolist()
-    lengths = np.asarray(input_mask).sum(axis=1)
-    budgets = masking_budget(lengths, num_p, self.masked_lm_prob).tolist()
-
-    positions = np.zeros((b, num_p), np.int32)
-    weights = np.zeros((b, num_p), np.float32)
-    uniforms = np.zeros((b, 2 * num_p))
-    for r in range(b):
-      rng = rngs[r] if keys is None else self._keyed(keys[r])
-      lo, hi = offsets[r], offsets[r + 1]
-      row_spans = [] if spans is not None else None
-      pos = select_masked_positions(
-        starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
-      )
-      pos.sort()
-      count = len(pos)
-      positions[r, :count] = pos
-      weights[r, :count] = 1.0
-      uniforms[r, : 2 * count] = rng.random(2 * count)
-      if spans is not None:
-        spans.append(row_spans)
-    counts = (weights > 0).sum(axis=1)
-    # The per-example uniforms are laid out [replace draws | random-id draws].
-    cols = np.arange(num_p)
-    replace_u = uniforms[:, :num_p]
-    id_u = np.take_along_axis(
-      uniforms, np.minimum(cols[None, :] + counts[:, None], 2 * num_p - 1), 1
-    )
-    labels = np.take_along_axis(input_ids, positions, axis=1)
-    random_ids = NUM_CONTROL_IDS + (id_u * (self.vocab_size - NUM_CONTROL_IDS)).astype(np.int32)
-    # 80% [MASK], 10% unchanged, 10% a random id (the original's two draws, as one uniform).
-    shown = np.where(replace_u < 0.8, MASK_ID, np.where(replace_u < 0.9, labels, random_ids))
-    valid = weights > 0
-    rr, cc = np.nonzero(valid)
-    masked_ids = input_ids.copy()
-    masked_ids[rr, positions[rr, cc]] = shown[rr, cc]
-    return dict(
-      input_ids=masked_ids,
-      input_mask=np.asarray(input_mask, np.int32),
-      segment_ids=np.asarray(segment_ids, np.int32),
-      masked_lm_positions=positions,
-      masked_lm_ids=np.where(valid, labels, 0).astype(np.int32),
-      masked_lm_weights=weights,
-      sentence_order_label=np.asarray(sentence_order_label, np.int32).reshape(b),
-    )
-
-
-def pad_example(example: dict, max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(input_ids, segment_ids, input_mask) of one unmasked example, padded to max_seq_length."""
-  n = len(example["input_ids"])
-  if n > max_seq_length:
-    raise ValueError(f"example of {n} tokens exceeds max_seq_length={max_seq_length}")
-  ids = np.zeros(max_seq_length, np.int32)
-  seg = np.zeros(max_seq_length, np.int32)
-  mask = np.zeros(max_seq_length, np.int32)
-  ids[:n] = example["input_ids"]
-  seg[:n] = example["segment_ids"]
-  mask[:n] = 1
-  return ids, seg, mask
-
-
-def mask_example(
-  example: dict,
-  rng: np.random.Generator,
-  *,
-  word_start: np.ndarray,
-  candidate: np.ndarray,
-  max_seq_length: int,
-  max_predictions_per_seq: int,
-  masked_lm_prob: float = 0.15,
-  max_ngram: int = 3,
-  spans: list | None = None,
-) -> dict[str, np.ndarray]:
-  """Masks one unmasked example (from create_pairs) into padded model features (unbatched)."""
-  masker = Masker(
-    word_start,
-    candidate,
-    max_predictions_per_seq=max_predictions_per_seq,
-    masked_lm_prob=masked_lm_prob,
-    max_ngram=max_ngram,
-  )
-  ids, seg, mask = pad_example(example, max_seq_length)
-  out = masker(
-    ids[None],
-    seg[None],
-    mask[None],
-    np.array([example["sentence_order_label"]]),
-    rngs=[rng],
-    spans=spans,
-  )
-  if spans is not None:
-    spans[:] = spans[0]
-  return {k: v[0] for k, v in out.items()}
-
-
-def example_rng_key(seed: int, epoch: int, index: int) -> tuple[int, int]:
-  """The Philox key of an example's masking generator: a pure function of (seed, epoch, index)."""
-  return _splitmix64(seed), ((epoch & 0xFFFFFF) << 40) | (index & 0xFFFFFFFFFF)
-
-
-def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-  """A generator for masking example `index` in `epoch`: the same triple gives the same masks."""
-  return np.random.Generator(
-    np.random.Philox(key=np.array(example_rng_key(seed, epoch, index), np.uint64))
-  )
-
-
-def _splitmix64(x: int) -> int:
-  """SplitMix64 finaliser: spreads small seeds over the 64-bit key space."""
+def splitmix64(x: int) -> int:
+  """SplitMix64 finaliser: spreads small seeds over the 64-bit key space (the keys of the pairs' and
+  masks' generators and of the vocabulary sample)."""
   x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
   x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
   x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF

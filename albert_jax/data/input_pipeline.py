@@ -2,9 +2,9 @@
 
 make_iterator(config, workdir, split) / batches(config, workdir, split)
   a grain pipeline over tfds.data_source: global shuffle per epoch -> this host's share ->
-  (epoch, index) -> per-host batch -> read, pad and mask (examples.Masker) -> prefetch (threads,
+  (epoch, index) -> per-host batch -> read, pad and mask (masking.Masker) -> prefetch (threads,
   optionally worker processes). Masks are drawn here, as a pure function of
-  (config.seed, epoch, example index) (examples.example_rng_key): new masks every epoch,
+  (config.seed, epoch, example index) (masking.example_rng_key): new masks every epoch,
   identical on a rerun, independent of worker count. The order is defined globally: global batch k
   holds positions [k*B, (k+1)*B) of the epoch-concatenated shuffled stream, and host h takes every
   process_count-th of them, so hosts read disjoint examples that together cover each epoch, and the
@@ -34,19 +34,16 @@ from absl import flags, logging
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,
+  masking as masking_lib,
   tokenizer as tokenizer_lib,
 )
-from albert_jax.data.dataset import (
-  SPLITS,
-  VOCAB_FILE,
-  check_prepared,
-  open_source,
-  prepare,
-  read_sentence_lengths,
-)
+from albert_jax.data.dataset import check_prepared, open_source, prepare
+from albert_jax.data.prepare.layout import SPLITS
+from albert_jax.data.prepare.shards import read_sentence_lengths
 
 # ----------------------------------------------------------------------------------------------
 # The grain pipeline.
@@ -78,9 +75,9 @@ class _EpochIndex:
 class _Loader:
   """(epochs, indices) of one batch -> the model's features: read, decode, pad, mask."""
 
-  def __init__(self, source, max_seq_length: int, masker: examples_lib.Masker, seed: int):
+  def __init__(self, source, max_seq_length: int, masker: masking_lib.Masker, seed: int):
     self.source, self.seq, self.masker = source, max_seq_length, masker
-    self.key0 = np.uint64(examples_lib.example_rng_key(seed, 0, 0)[0])
+    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
     self._example_cls = None
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
@@ -260,7 +257,7 @@ class _PairLoader:
 
   def __init__(self, pairs: _EpochPairs, max_seq_length: int, masker, seed: int, train: bool):
     self.pairs, self.seq, self.masker, self.train = pairs, max_seq_length, masker, train
-    self.key0 = np.uint64(examples_lib.example_rng_key(seed, 0, 0)[0])
+    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
     epochs, ks = batch
@@ -384,7 +381,7 @@ def make_iterator(
   tok = tokenizer_lib.load(
     os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start, d.normalize_quotes
   )
-  masker = examples_lib.Masker(
+  masker = masking_lib.Masker(
     tok.word_start,
     tok.candidate,
     max_predictions_per_seq=d.max_predictions_per_seq,
@@ -471,7 +468,7 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   for pos, i in enumerate(features["input_ids"][row, :n].tolist()):
     original = targets.get(pos, i)
     piece = tok.id_to_piece(original)
-    new_word = piece.startswith(marker) or original < examples_lib.NUM_CONTROL_IDS or not out
+    new_word = piece.startswith(marker) or original < masking_lib.NUM_CONTROL_IDS or not out
     text = piece.replace(marker, "")
     if pos in targets:
       text = shown(original)

@@ -16,6 +16,8 @@ from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import prints_to_log
 from albert_jax.data import dataset, input_pipeline
+from albert_jax.data.prepare.fingerprint import config_for_prepared
+from albert_jax.data.prepare.layout import PREPARED_FILE
 from albert_jax.engine import train, workdir
 from albert_jax.interop import hub, layout, model_dir, pretrained
 from albert_jax.model import albert as model_lib, sharding
@@ -103,19 +105,18 @@ def data_config(data: str, batch_size: int, masking_from=None):
 
   if not data or not files.path(data).is_dir():
     raise ConfigError(f"--data {data!r} is not a directory")
-  if not files.path(data, dataset.PREPARED_FILE).exists():
+  if not files.path(data, PREPARED_FILE).exists():
     if not files.path(data, workdir.CONFIG_FILE).exists():
       raise ConfigError(
-        f"--data {data} holds neither prepared data ({dataset.PREPARED_FILE}) "
-        f"nor a run's config.json"
+        f"--data {data} holds neither prepared data ({PREPARED_FILE}) nor a run's config.json"
       )
     masking_from = workdir.read_config(data)
     data = dataset.data_dir(masking_from, data)
   ddir = str(files.path(data))
-  if not files.path(ddir, dataset.PREPARED_FILE).exists():
+  if not files.path(ddir, PREPARED_FILE).exists():
     raise ConfigError(f"no prepared data in {ddir}")
-  prepared = files.read_json(files.path(ddir, dataset.PREPARED_FILE))
-  c = dataset.config_for_prepared(ddir, prepared)
+  prepared = files.read_json(files.path(ddir, PREPARED_FILE))
+  c = config_for_prepared(ddir, prepared)
   d = c.data
   if masking_from is not None:
     for key in _MASKING:

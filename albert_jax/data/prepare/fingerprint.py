@@ -1,0 +1,188 @@
+"""prepared.json's fingerprint: everything the stored examples depend on, read back and compared.
+
+`fingerprint(config)` is what a prepare with `config` would write; `read_prepared` reads a data
+directory's prepared.json; `as_read_today` fills in the fields that data prepared by an earlier
+version lacks; `differences` lists, in words, what makes stored data unfit for a config (the
+check itself is dataset.check_prepared); `config_for_prepared` is the inverse of `fingerprint`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from albert_jax.base import config_lib, files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.layout import VOCAB_FILE
+from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from albert_jax.data.prepare.layout import PREPARED_FILE
+
+FORMAT_VERSION = 3  # of prepared.json and the example layout (3: a file per shard, in shard order)
+
+
+def fingerprint(config, must_exist: bool = True) -> dict:
+  """Everything the stored examples depend on (masking settings are not: masks are drawn later).
+
+  Cheap: no corpus reading. Also checks a brought vocabulary against model.vocab_size. With
+  must_exist=False (checking data already prepared), a brought vocabulary or corpus files that
+  are gone are recorded as unknown (None) and not compared: training needs only the prepared data.
+  """
+  d = config.data
+  if d.spm_model_path:
+    path = str(files.path(d.spm_model_path))
+    if not files.path(path).is_file():
+      if not must_exist:  # prepared data keeps its own copy of the vocabulary
+        vocab = {"source": "file", "sha256": None}
+      else:
+        raise ConfigError(f"data.spm_model_path: no such file {path}")
+    else:
+      size = tokenizer_lib.load(path, d.do_lower_case).vocab_size
+      if size != config.model.vocab_size:
+        raise ConfigError(
+          f"data.spm_model_path has {size} pieces but model.vocab_size="
+          f"{config.model.vocab_size}; set model.vocab_size={size}"
+        )
+      vocab = {"source": "file", "sha256": files.sha256(path)}
+  else:
+    vocab = {
+      "source": "trained",
+      "character_coverage": d.spm_character_coverage,
+      "sample_sentences": d.vocab_sample_sentences,
+    }
+  return {
+    "format": FORMAT_VERSION,
+    "vocab": vocab,
+    "vocab_size": config.model.vocab_size,
+    "do_lower_case": d.do_lower_case,
+    "normalize_quotes": d.normalize_quotes,
+    "max_seq_length": d.max_seq_length,
+    "short_seq_prob": d.short_seq_prob,
+    "task": config_lib.examples_task(d.task),
+    "single_sentence_random_next": d.single_sentence_random_next,
+    "pairing": d.pairing,
+    "seed": config.seed,
+    "eval_fraction": d.eval_fraction,
+    "corpus": corpus_lib.identity(d),
+  }
+
+
+def config_for_prepared(data_dir: str, prepared: dict):
+  """The inverse of `fingerprint`: a base config whose data side opens the prepared `data_dir`
+  (prepared.json's contents `prepared`), whichever run prepared it (e.g. to score any checkpoint on
+  it). Corpus files that are not known here are recorded as unknown, and not compared."""
+  try:
+    fp, corpus = prepared["fingerprint"], prepared["fingerprint"]["corpus"]
+    c = config_lib.base_config()
+    d = c.data
+    c.seed = fp["seed"]
+    c.model.vocab_size = fp["vocab_size"]
+    d.update(
+      data_dir=data_dir,
+      do_lower_case=fp["do_lower_case"],
+      max_seq_length=fp["max_seq_length"],
+      short_seq_prob=fp["short_seq_prob"],
+      task=fp["task"],
+      eval_fraction=fp["eval_fraction"],
+      single_sentence_random_next=fp["single_sentence_random_next"],
+      max_documents=corpus["max_documents"],
+      builtin_corpus="",
+    )
+    for field, before in _FIELDS_SINCE.items():  # what data prepared before them was made with
+      d[field] = fp.get(field, before)
+    if fp["vocab"]["source"] == "file":
+      d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
+    else:
+      d.spm_character_coverage = fp["vocab"]["character_coverage"]
+      d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
+    if corpus["source"] == "files":
+      d.input_files = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
+      for field in ("input_format", "text_format", "text_feature"):
+        d[field] = corpus.get(field, d[field])
+    elif corpus["source"] == "tfds":
+      d.update(
+        tfds_name=corpus["name"],
+        tfds_split=corpus["split"],
+        text_feature=corpus["text_feature"],
+        tfds_data_dir=corpus["data_dir"],
+      )
+    else:
+      d.builtin_corpus = corpus["name"]
+  except (KeyError, TypeError) as e:
+    raise ConfigError(
+      f"{data_dir}/{PREPARED_FILE} lacks {e}: prepared by another version?"
+    ) from None
+  return c
+
+
+# How input files are read: fields of the corpus fingerprint since data.input_format existed.
+_READ_FIELDS = ("input_format", "text_format", "text_feature")
+
+
+# Fingerprint fields added since FORMAT_VERSION 3, with the value data prepared before had.
+_FIELDS_SINCE = {"normalize_quotes": True, "pairing": "static"}
+
+
+def as_read_today(prepared: dict, config) -> dict:
+  """prepared.json as if written today. Data prepared before data.input_format existed lacks the
+  read fields: it read every input file as the original's format (one sentence a line). It stays
+  valid, so runs prepared then keep resuming, while today's config reads the same files that way,
+  or when the files are gone (unknown, not compared); files now read otherwise are refused. Fields
+  added since (_FIELDS_SINCE) take the value such data was made with."""
+  prepared = dict(prepared, fingerprint={**_FIELDS_SINCE, **prepared["fingerprint"]})
+  corpus = prepared["fingerprint"].get("corpus")
+  if not isinstance(corpus, dict) or corpus.get("source") != "files" or "input_format" in corpus:
+    return prepared
+  if corpus_lib.identity(config.data).get("files_sha256") is not None:
+    plan = corpus_lib.file_plan(config.data)
+    if not plan or any(fmt != "sentences" for _, fmt in plan):
+      return prepared
+  corpus = dict(corpus, **{k: config.data[k] for k in _READ_FIELDS})
+  return dict(prepared, fingerprint=dict(prepared["fingerprint"], corpus=corpus))
+
+
+def differences(stored: dict, current: dict) -> list[str]:
+  """Human-readable differences between a stored and a wanted fingerprint (None: unknown, skipped)."""
+  diffs = []
+  for key in sorted(set(stored["fingerprint"]) | set(current)):
+    there, here = stored["fingerprint"].get(key), current.get(key)
+    if key == "vocab":
+      if here["source"] == "file":  # the very file the data was built with is fine
+        same = here["sha256"] in (None, stored.get("vocab_sha256"))
+      else:
+        same = there == here
+      if not same:
+        diffs.append(f"vocabulary ({_describe_vocab(there)} there, {_describe_vocab(here)} here)")
+    elif key == "corpus":
+      same = (
+        isinstance(there, dict)
+        and set(there) == set(here)
+        and all(there[k] == v for k, v in here.items() if v is not None)
+      )
+      if not same:
+        diffs.append(f"corpus ({there} there, {here} here)")
+    elif there != here:
+      diffs.append(f"{key} ({there!r} there, {here!r} here)")
+  return diffs
+
+
+def _describe_vocab(v) -> str:
+  if not v:
+    return "none"
+  if v["source"] == "file":
+    return f"file sha256 {(v['sha256'] or 'unknown')[:12]}"
+  return "trained on the corpus"
+
+
+def read_prepared(ddir: str) -> dict | None:
+  path = files.path(ddir, PREPARED_FILE)
+  if not path.is_file():
+    return None
+  try:
+    prepared = json.loads(path.read_text())
+  except (ValueError, UnicodeDecodeError):
+    prepared = None
+  if not (isinstance(prepared, dict) and isinstance(prepared.get("fingerprint"), dict)):
+    raise ConfigError(
+      f"{path} is damaged (not what prepare writes); remove {ddir} to prepare the data again"
+    )
+  return prepared

@@ -1,0 +1,114 @@
+"""The vocabulary prepare trains when data.spm_model_path is not set: a seeded sample of the corpus,
+the same whatever the number of workers (`vocab_sample` per shard, bottom-k; `vocab_sample_caps`
+says how many sentences each shard sends), and a SentencePiece unigram model trained on it
+(`train_vocab`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import os
+import tempfile
+import time
+
+from absl import logging
+
+from albert_jax.base import files
+from albert_jax.base.layout import VOCAB_FILE
+from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from albert_jax.data.examples import splitmix64
+from albert_jax.data.prepare.parallel import job_data, map_shards
+
+
+def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:
+  """The `size` sentences of a shard with the smallest keys, a key being a hash of (seed, document
+  index, sentence index): the shards' samples merged the same way are a uniform, seeded sample of
+  the whole corpus (bottom-k sampling), whatever the number of workers. Returns them as sorted
+  (key, sentence) pairs, with the shard's corpus statistics. (train_vocab asks each shard for a
+  few times its share of the corpus's sample, not the whole sample: what crosses to the main
+  process stays near the sample's size.)"""
+  stats = corpus_lib.CorpusStats()
+  heap: list[tuple[int, str]] = []  # the largest kept key on top (keys negated)
+  for index, doc in corpus_lib.shard_documents(data, shard, stats):
+    base = splitmix64((seed << 40) ^ index)
+    for j, sentence in enumerate(doc):
+      key = splitmix64(base + j)
+      if len(heap) < size:
+        heapq.heappush(heap, (-key, sentence))
+      elif key < -heap[0][0]:
+        heapq.heapreplace(heap, (-key, sentence))
+  return {
+    "shard": shard["index"],
+    "sample": sorted((-k, s) for k, s in heap),
+    "corpus": dataclasses.asdict(stats),
+  }
+
+
+def vocab_sample_caps(shards: list[dict], size: int) -> list[int]:
+  """How many sentences each shard sends towards a sample of `size`. A shard's sentences in the
+  corpus's sample number about size * its share of the corpus: asking each for 3x that (and 64
+  more) keeps the merge exact unless a shard is three times as dense in sentences as the corpus,
+  and keeps what the workers send near the sample's size."""
+  weights = [_shard_weight(shard) for shard in shards]
+  total = sum(weights)
+  return [min(size, math.ceil(3 * size * w / total) + 64) for w in weights]
+
+
+def _shard_weight(shard: dict) -> int:
+  """A shard's share of the corpus: its bytes for files (corpus.shards), its documents otherwise."""
+  if shard["kind"] == "files":
+    return max(shard["weight"], 1)
+  return max(shard["docs"], 1)
+
+
+def _vocab_sample_job(job) -> dict:
+  return vocab_sample(*job)
+
+
+def train_vocab(config, shards: list[dict], out_dir: str) -> float:
+  """Trains the vocabulary on a seeded sample of data.vocab_sample_sentences sentences (what
+  spm_train's input_sentence_size does), drawn from the shards on every worker."""
+  d = config.data
+  t0 = time.time()
+  size = d.vocab_sample_sentences
+  caps = vocab_sample_caps(shards, size)
+  jobs = [(job_data(d), config.seed, shard, cap) for shard, cap in zip(shards, caps)]
+  heap: list[tuple[int, str]] = []
+  for result in map_shards(config, _vocab_sample_job, jobs, "vocabulary: sampling sentences"):
+    for key, sentence in result["sample"]:
+      if len(heap) < size:
+        heapq.heappush(heap, (-key, sentence))
+      elif key < -heap[0][0]:
+        heapq.heapreplace(heap, (-key, sentence))
+      else:
+        break  # the rest of this sorted sample has larger keys
+  sentences = [s for _, s in sorted((-k, s) for k, s in heap)]
+  del heap
+  logging.info(
+    "training a %d-piece SentencePiece unigram model on %s sampled sentences",
+    config.model.vocab_size,
+    f"{len(sentences):,}",
+  )
+  if files.is_remote(out_dir):  # SentencePiece writes local files: trained here, then uploaded
+    with tempfile.TemporaryDirectory(prefix="albert_jax_vocab_") as local:
+      _train_vocab_on(config, sentences, size, local)
+      files.upload(local, out_dir)
+  else:
+    _train_vocab_on(config, sentences, size, out_dir)
+  return time.time() - t0
+
+
+def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> None:
+  d = config.data
+  tokenizer_lib.train(
+    sentences,
+    os.path.join(out_dir, VOCAB_FILE),
+    config.model.vocab_size,
+    lower=d.do_lower_case,
+    normalize_quotes=d.normalize_quotes,
+    character_coverage=d.spm_character_coverage,
+    input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
+    seed=config.seed,
+  )
