@@ -17,7 +17,7 @@ import pytest
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import corpus, dataset
+from albert_jax.data import corpus, dataset, formats
 
 _WORDS = (
   "river stone garden window paper market silver number answer letter winter summer forest "
@@ -157,6 +157,19 @@ def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt)
     assert read == list(enumerate(DOCS))
   compressed = fmt.endswith((".gz", ".zst", ".bz2", ".xz"))
   assert all(("text" in s) == compressed for s in streamed)
+  # Cut for a build: a compressed file's shards are spilled as they are cut, the same cut, the
+  # spills holding the very bytes streamed; with_shard_text passes them on unread.
+  os.makedirs(tmp_path / "spill")
+  spilled = corpus.shards(data, 512, 8, str(tmp_path / "spill"))
+  assert [dict(s, spill=None) for s in spilled] == [dict(s, spill=None) for s in shards]
+  assert all(("spill" in s) == compressed for s in spilled)
+  assert len(os.listdir(tmp_path / "spill")) == (len(shards) if compressed else 0)
+  for s, t in zip(spilled, streamed):
+    if compressed:
+      assert formats.read_spill(s["spill"]) == t["text"]
+  assert [s for (s,) in corpus.with_shard_text((s,) for s in spilled)] == spilled
+  read = [(i, doc) for s in spilled for i, doc in corpus.shard_documents(data, s)]
+  assert read == list(enumerate(DOCS))
   if fmt == "parquet":
     assert [s["row_group"] for s in shards] == [0, 1, 2, 3, 4]
   # max_documents cuts every format at the same document.

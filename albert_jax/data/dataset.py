@@ -986,7 +986,7 @@ def _format_stats(shards: list[dict], summaries: list[dict]) -> dict:
   return {k: dict(v) for k, v in out.items()}
 
 
-def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
+def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir=None) -> dict:
   """Builds everything prepare() promises inside `out` (a fresh temporary directory, or on gs://
   the data directory itself), the shards' files written first to `staging_dir` (<out>/staging by
   default), and prepared.json last."""
@@ -1003,7 +1003,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
   # written as files of its own (in worker processes, or a Beam pipeline); the files are then put
   # together as one TFDS dataset.
   t0 = time.time()
-  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS)
+  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS, spill_dir)
   if not shards:
     raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
   shard_seconds = time.time() - t0
@@ -1092,6 +1092,7 @@ def _build_prefix(ddir: str) -> str:
 
 
 def _remove_interrupted_builds(ddir: str) -> None:
+  corpus_lib.remove_interrupted_spills()
   parent = os.path.dirname(ddir)
   prefix = os.path.join(parent, _build_prefix(ddir))
   if files.is_remote(ddir):
@@ -1123,7 +1124,8 @@ def _remove_build(path: str) -> None:
 
 def _build_or_disk_full(config, out: str, fp: dict, ddir: str, **kw) -> None:
   try:
-    _build(config, out, fp, **kw)
+    with corpus_lib.spill_directory(out) as spill_dir:  # compressed files, decompressed once
+      _build(config, out, fp, spill_dir=spill_dir, **kw)
   except Exception as e:
     if files.is_disk_full(e):
       raise files.DiskFull(
