@@ -18,8 +18,9 @@ The readers: text_files.py (the original's text format, and input_files resolved
 
 shards() cuts a corpus into pieces that shard_documents() reads on their own (prepare's worker
 processes, a Beam pipeline), the same pieces whatever the number of readers: byte ranges of text
-and JSON Lines (of the uncompressed text for a compressed file, streamed), Parquet row groups,
-runs of Arrow record batches.
+and JSON Lines (of the uncompressed text for a compressed file: in a build, each shard's text is
+spilled to local disk as the file is cut, so it is decompressed once), Parquet row groups, runs of
+Arrow record batches.
 
 Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip") or is a one-line
 error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
