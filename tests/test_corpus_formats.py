@@ -176,6 +176,11 @@ def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt)
   data.max_documents = 13
   shards = corpus.shards(data, 512, 8)
   assert [d for s in shards for _, d in corpus.shard_documents(data, s)] == DOCS[:13]
+  spilled = corpus.shards(data, 512, 8, str(tmp_path / "spill"))
+  assert [d for s in spilled for _, d in corpus.shard_documents(data, s)] == DOCS[:13]
+  if compressed:  # the last spill ends where its shard does
+    last = spilled[-1]
+    assert len(formats.read_spill(last["spill"])) == last["end"] - last["start"]
 
 
 def _shards_digest(data) -> str:

@@ -379,7 +379,7 @@ def line_pieces(
   checked for the text field here, before any work.
 
   `spill` (a local path prefix; prepare's build): a compressed file's pieces are also written, as
-  they are cut, to files <spill><piece number>.zst (their uncompressed bytes [start, end),
+  they are cut, to files <spill><first line>.zst (their uncompressed bytes [start, end),
   write_spill), named in the piece as `spill`: the file is decompressed once per prepare, its
   shards then read from their spills (read_spill)."""
   raw = open_file(path)
