@@ -17,7 +17,7 @@ import pytest
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import corpus, dataset
+from albert_jax.data import corpus, dataset, formats
 from albert_jax.data.prepare.fingerprint import config_for_prepared
 from albert_jax.data.prepare.layout import PREPARED_FILE, SPLITS
 from albert_jax.data.prepare.vocab import vocab_sample_caps
@@ -160,12 +160,30 @@ def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt)
     assert read == list(enumerate(DOCS))
   compressed = fmt.endswith((".gz", ".zst", ".bz2", ".xz"))
   assert all(("text" in s) == compressed for s in streamed)
+  # Cut for a build: a compressed file's shards are spilled as they are cut, the same cut, the
+  # spills holding the very bytes streamed; with_shard_text passes them on unread.
+  os.makedirs(tmp_path / "spill")
+  spilled = corpus.shards(data, 512, 8, str(tmp_path / "spill"))
+  assert [dict(s, spill=None) for s in spilled] == [dict(s, spill=None) for s in shards]
+  assert all(("spill" in s) == compressed for s in spilled)
+  assert len(os.listdir(tmp_path / "spill")) == (len(shards) if compressed else 0)
+  for s, t in zip(spilled, streamed):
+    if compressed:
+      assert formats.read_spill(s["spill"]) == t["text"]
+  assert [s for (s,) in corpus.with_shard_text((s,) for s in spilled)] == spilled
+  read = [(i, doc) for s in spilled for i, doc in corpus.shard_documents(data, s)]
+  assert read == list(enumerate(DOCS))
   if fmt == "parquet":
     assert [s["row_group"] for s in shards] == [0, 1, 2, 3, 4]
   # max_documents cuts every format at the same document.
   data.max_documents = 13
   shards = corpus.shards(data, 512, 8)
   assert [d for s in shards for _, d in corpus.shard_documents(data, s)] == DOCS[:13]
+  spilled = corpus.shards(data, 512, 8, str(tmp_path / "spill"))
+  assert [d for s in spilled for _, d in corpus.shard_documents(data, s)] == DOCS[:13]
+  if compressed:  # the last spill ends where its shard does
+    last = spilled[-1]
+    assert len(formats.read_spill(last["spill"])) == last["end"] - last["start"]
 
 
 def _shards_digest(data) -> str:

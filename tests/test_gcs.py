@@ -367,10 +367,11 @@ def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
 
 
 @pytest.mark.slow
-def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_path):
+def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_path, monkeypatch):
   """A Parquet file and a compressed JSON Lines file read from gs://: the same documents and
-  prepared records as from a local copy; a save_to_disk directory read from the bucket."""
-  from albert_jax.data import corpus, dataset
+  prepared records as from a local copy, prepared locally or into the bucket (the compressed file's
+  spills on local disk, removed); a save_to_disk directory read from the bucket."""
+  from albert_jax.data import corpus, dataset, formats
   from tests import test_corpus_formats as formats_test
 
   local = tmp_path / "corpus"
@@ -379,14 +380,25 @@ def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_
   for name in os.listdir(local):
     files.path(local / name).copy(files.path(bucket, "corpus", name))
   built = {}
-  for where, root in (("local", str(local)), ("bucket", f"{bucket}/corpus")):
-    config = formats_test._config(f"{root}/*.parquet,{root}/*.zst", spm_model_path)
+  # Prepared into the bucket too: the .zst file's shards spilled to a local temporary folder.
+  local_tmp = tmp_path / "tmp"
+  local_tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(local_tmp))
+  spills, write_spill = [], formats.write_spill
+  monkeypatch.setattr(formats, "write_spill", lambda p, t: (spills.append(p), write_spill(p, t)))
+  for where, root, ddir in (
+    ("local", str(local), ""),
+    ("bucket", f"{bucket}/corpus", ""),
+    ("bucket_data", f"{bucket}/corpus", f"{bucket}/data"),
+  ):
+    config = formats_test._config(f"{root}/*.parquet,{root}/*.zst", spm_model_path, data_dir=ddir)
     docs = list(corpus.documents(config.data))
     assert len(docs) == 60
     info = dataset.prepare(config, str(tmp_path / where))
     assert info["documents"] == 60 and set(info["formats"]) == {"parquet", "jsonl, zstd"}
     built[where] = (docs, formats_test._records(info["data_dir"]))
-  assert built["bucket"] == built["local"]
+  assert built["bucket"] == built["local"] == built["bucket_data"]
+  assert spills[-1].startswith(str(local_tmp)) and not list(local_tmp.iterdir())
   # A datasets.save_to_disk directory in the bucket, named by its folder.
   saved = formats_test.write(tmp_path / "saved", "save_to_disk")
   for name in files.files_under(saved):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus, dataset, sentence_split, tokenizer as tokenizer_lib
+from albert_jax.data import corpus, dataset, formats, sentence_split, tokenizer as tokenizer_lib
 from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, SPLITS
 from albert_jax.data.prepare.vocab import vocab_sample, vocab_sample_caps
 
@@ -323,3 +325,70 @@ def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path, 
     with pytest.raises(ConfigError, match=rf"a\{suffix}:4502: not valid UTF-8"):
       for s in jobs:
         list(corpus.shard_documents(data, s))
+
+
+@pytest.mark.slow
+def test_a_compressed_file_is_decompressed_once_per_prepare(setup, tmp_path, monkeypatch):
+  """The cut spills a compressed file's shards (its one decompression); the vocabulary's sample and
+  the examples are read from the spills, which go with the build; the data is the plain file's."""
+  import bz2
+
+  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  root, _ = setup
+  text = b"".join((root / "corpus" / f"part-{i}.txt").read_bytes() + b"\n" for i in range(3))
+  (tmp_path / "one.txt").write_bytes(text)
+  (tmp_path / "one.txt.bz2").write_bytes(bz2.compress(text))
+  opened, spills = [], []
+  real_decompressed, real_write_spill = formats.decompressed, formats.write_spill
+
+  def decompressed(path, raw):  # observes the real reader's opens
+    opened.append(path)
+    return real_decompressed(path, raw)
+
+  def write_spill(path, data):
+    spills.append(path)
+    return real_write_spill(path, data)
+
+  monkeypatch.setattr(formats, "decompressed", decompressed)
+  monkeypatch.setattr(formats, "write_spill", write_spill)
+  built = {}
+  for name, pattern, workers in [("plain", "one.txt", 1), ("bz2", "one.txt.bz2", 1)]:
+    # The vocabulary is trained too (its sampling pass reads every shard); the format given:
+    # auto's sample would read the file's first 1,000 lines.
+    c = _config(setup, input_files=str(tmp_path / pattern), spm_model_path="")
+    c.model.vocab_size = 500
+    c.data.update(num_prepare_workers=workers, input_format="text", text_format="sentences")
+    del opened[:]
+    info = dataset.prepare(c, str(tmp_path / name))
+    assert info["shards"] > 5
+    built[name] = info["data_dir"]
+    assert os.listdir(tmp_path / name) == ["data"]  # the build and its spills are gone
+  assert opened == [str(tmp_path / "one.txt.bz2")]  # once, by the cut: both passes read spills
+  assert len(spills) == info["shards"] and not any(os.path.exists(p) for p in spills)
+  assert _records(built["bz2"]) == _records(built["plain"])
+  vocab = [files.sha256(os.path.join(built[n], VOCAB_FILE)) for n in ("plain", "bz2")]
+  assert vocab[0] == vocab[1]
+
+
+def test_spills_of_a_bucket_build_are_local_and_removed_also_when_interrupted(
+  tmp_path, monkeypatch
+):
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  with corpus.spill_directory("gs://bucket/.data.tmp-x") as spill:
+    assert os.path.dirname(spill) == str(tmp_path) and os.path.isdir(spill)
+    assert f"-{os.getpid()}-" in os.path.basename(spill)
+  assert not os.path.exists(spill)
+  with corpus.spill_directory(str(tmp_path / "build")) as spill:  # a local build: inside it
+    assert spill == str(tmp_path / "build" / "spill") and os.path.isdir(spill)
+  assert not os.path.exists(spill)
+  # A killed prepare's folder (its process gone) is removed by the next prepare; a running one's stays.
+  host = socket.gethostname()
+  dead = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+  )
+  gone = tmp_path / f"albert_jax_spill-{host}-{int(dead.stdout)}-abc"
+  alive = tmp_path / f"albert_jax_spill-{host}-{os.getpid()}-def"
+  for d in (gone, alive):
+    os.makedirs(d / "x")
+  dataset._remove_interrupted_builds(str(tmp_path / "elsewhere" / "data"))
+  assert not gone.exists() and alive.exists()

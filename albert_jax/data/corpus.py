@@ -18,8 +18,9 @@ The readers: text_files.py (the original's text format, and input_files resolved
 
 shards() cuts a corpus into pieces that shard_documents() reads on their own (prepare's worker
 processes, a Beam pipeline), the same pieces whatever the number of readers: byte ranges of text
-and JSON Lines (of the uncompressed text for a compressed file, streamed), Parquet row groups,
-runs of Arrow record batches.
+and JSON Lines (of the uncompressed text for a compressed file: in a build, each shard's text is
+spilled to local disk as the file is cut, so it is decompressed once), Parquet row groups, runs of
+Arrow record batches.
 
 Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip") or is a one-line
 error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
@@ -28,8 +29,13 @@ unprepared TFDS datasets are ConfigErrors with one-line messages.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import os
+import shutil
+import socket
+import tempfile
 from collections.abc import Iterable, Iterator
 
 from albert_jax.base import files as files_lib
@@ -176,7 +182,9 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
 SHARD_ROWS = 2_000  # rows of a run of Arrow record batches read whole (file_documents)
 
 
-def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
+def shards(
+  data, shard_bytes: int, shard_documents: int, spill_dir: str | None = None
+) -> list[dict]:
   """Cuts the corpus into shards, each read on its own by shard_documents().
 
   The cut depends only on the corpus and the two sizes, never on how many workers read it, so
@@ -190,6 +198,10 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
   the global index of its first document (which decides the eval split), how many documents it
   holds (data.max_documents is applied here) and its weight (bytes of text, for the vocabulary's
   sample).
+
+  spill_dir (a local folder, prepare's build: spill_directory): a compressed file's shards are
+  written there as they are cut (formats.line_pieces), so that each compressed file is decompressed
+  once per prepare; without it (prepare --inspect, tests) the cut only streams.
   """
   kind = source_kind(data)
   limit = data.max_documents or float("inf")
@@ -200,11 +212,12 @@ def shards(data, shard_bytes: int, shard_documents: int) -> list[dict]:
     out.append(dict(fields, index=len(out), first_doc=total))
 
   if kind == "files":
-    for path, fmt in file_plan(data):
+    for file_index, (path, fmt) in enumerate(file_plan(data)):
       if total >= limit:
         break
       if fmt in formats.LINE_FORMATS:
-        for piece in formats.line_pieces(path, fmt, data, shard_bytes, limit - total):
+        spill = spill_dir and os.path.join(spill_dir, f"{file_index:06d}-")
+        for piece in formats.line_pieces(path, fmt, data, shard_bytes, limit - total, spill):
           add(kind=kind, path=path, format=fmt, **piece)
           total += piece["docs"]
         continue
@@ -255,6 +268,9 @@ def shard_documents(
     stats.files += count_file
     fmt = shard.get("format", "sentences")
     path, non_utf8 = shard["path"], data.non_utf8
+    text = shard.get("text")
+    if text is None and shard.get("spill"):  # a compressed file's shard, decompressed by the cut
+      text = formats.read_spill(shard["spill"])
     if fmt == "parquet":
       values = formats.parquet_values(path, shard["row_group"], data.text_feature)
       it = formats.column_documents(
@@ -274,7 +290,7 @@ def shard_documents(
         shard["docs"],
         non_utf8,
         stats,
-        text=shard.get("text"),
+        text=text,
         fmt=fmt,
         field=data.text_feature,
       )
@@ -292,12 +308,14 @@ def shard_documents(
 
 
 def _is_streamed_shard(x) -> bool:
-  """A shard of a compressed text or JSON Lines file (read through one stream by with_shard_text)."""
+  """A shard of a compressed text or JSON Lines file with no spill (read through one stream by
+  with_shard_text)."""
   return (
     isinstance(x, dict)
     and x.get("kind") == "files"
     and x.get("format", "sentences") in formats.LINE_FORMATS
     and formats.codec(x["path"]) is not None
+    and not x.get("spill")
   )
 
 
@@ -305,7 +323,8 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
   """The jobs in order, each compressed file's shard in them given its text: one stream through
   each compressed file reads its shards' byte ranges in turn, so no worker streams through the
   shards before its own (a compressed stream cannot be entered in the middle). The caller keeps
-  few jobs in flight: memory is a few shards' text, whatever the size of the file."""
+  few jobs in flight: memory is a few shards' text, whatever the size of the file. A shard with a
+  spill (shards(spill_dir=...)) passes as it is: its worker reads the spill."""
   raw = stream = path = None
   pos = lineno = 0
 
@@ -341,3 +360,47 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
       yield tuple(text if x is shard else x for x in job)
   finally:
     close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Spills: a prepare's compressed files, decompressed once by the cut, a shard a file.
+
+_SPILL_PREFIX = "albert_jax_spill-"
+
+
+def _spill_prefix() -> str:
+  """Spill folders outside a build: <tempdir>/albert_jax_spill-<host>-<pid>-*, so that a later
+  prepare on this host can tell one whose process is gone (killed) from one still in use."""
+  return os.path.join(tempfile.gettempdir(), f"{_SPILL_PREFIX}{socket.gethostname()}-")
+
+
+@contextlib.contextmanager
+def spill_directory(out: str) -> Iterator[str]:
+  """A local folder for a build's spills (shards(spill_dir=...)), removed when the build ends, however
+  it ends: <out>/spill for a local build `out` (a killed build's folder goes with the build), a
+  temporary folder on this machine for one in a bucket (removed by remove_interrupted_spills)."""
+  if files_lib.is_remote(out):
+    path = tempfile.mkdtemp(prefix=f"{_spill_prefix()}{os.getpid()}-")
+  else:
+    path = os.path.join(out, "spill")
+    os.makedirs(path)
+  try:
+    yield path
+  finally:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_interrupted_spills() -> None:
+  """Removes the spill folders of this host's prepares whose process is gone (spill_directory)."""
+  prefix = _spill_prefix()
+  for path in glob.glob(glob.escape(prefix) + "*"):
+    pid = path[len(prefix) :].split("-", 1)[0]
+    if not pid.isdigit():
+      continue
+    try:
+      os.kill(int(pid), 0)
+      continue  # still running (or not ours to signal): leave it
+    except ProcessLookupError:
+      shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+      continue

@@ -135,7 +135,7 @@ def open_source(ddir: str, split: str, raw: bool = True):
 # prepare.
 
 
-def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
+def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir=None) -> dict:
   """Builds everything prepare() promises inside `out` (a fresh temporary directory, or on gs://
   the data directory itself), the shards' files written first to `staging_dir` (<out>/staging by
   default), and prepared.json last."""
@@ -152,7 +152,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None) -> dict:
   # written as files of its own (in worker processes, or a Beam pipeline); the files are then put
   # together as one TFDS dataset.
   t0 = time.time()
-  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS)
+  shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS, spill_dir)
   if not shards:
     raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
   shard_seconds = time.time() - t0
@@ -241,6 +241,7 @@ def _build_prefix(ddir: str) -> str:
 
 
 def _remove_interrupted_builds(ddir: str) -> None:
+  corpus_lib.remove_interrupted_spills()
   parent = os.path.dirname(ddir)
   prefix = os.path.join(parent, _build_prefix(ddir))
   if files.is_remote(ddir):
@@ -272,7 +273,8 @@ def _remove_build(path: str) -> None:
 
 def _build_or_disk_full(config, out: str, fp: dict, ddir: str, **kw) -> None:
   try:
-    _build(config, out, fp, **kw)
+    with corpus_lib.spill_directory(out) as spill_dir:  # compressed files, decompressed once
+      _build(config, out, fp, spill_dir=spill_dir, **kw)
   except Exception as e:
     if files.is_disk_full(e):
       raise files.DiskFull(

@@ -371,18 +371,32 @@ def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8:
     yield doc
 
 
-def line_pieces(path: str, fmt: str, data, shard_bytes: int, limit) -> Iterator[dict]:
+def line_pieces(
+  path: str, fmt: str, data, shard_bytes: int, limit, spill: str | None = None
+) -> Iterator[dict]:
   """A text or JSON Lines file cut at document boundaries every ~shard_bytes (corpus.shards), at most
   `limit` documents: {start, end, first_line, docs, weight}. A JSON Lines file's first record is
-  checked for the text field here, before any work."""
+  checked for the text field here, before any work.
+
+  `spill` (a local path prefix; prepare's build): a compressed file's pieces are also written, as
+  they are cut, to files <spill><first line>.zst (their uncompressed bytes [start, end),
+  write_spill), named in the piece as `spill`: the file is decompressed once per prepare, its
+  shards then read from their spills (read_spill)."""
   raw = open_file(path)
+  spilled = spill is not None and codec(path) is not None
+  chunks: list[bytes] = []  # the current piece's lines, when spilled
   with raw:
     stream = decompressed(path, raw)
     start, start_line, pos, lineno, docs, in_doc, total = 0, 0, 0, 0, 0, False, 0
     checked = fmt != "jsonl"
 
     def piece(end):
-      return dict(start=start, end=end, first_line=start_line, docs=docs, weight=end - start)
+      out = dict(start=start, end=end, first_line=start_line, docs=docs, weight=end - start)
+      if spilled:
+        out["spill"] = f"{spill}{start_line:012d}.zst"
+        write_spill(out["spill"], b"".join(chunks))
+        chunks.clear()
+      return out
 
     try:
       if fmt == "sentences":  # a document: a run of lines that are not blank
@@ -400,11 +414,15 @@ def line_pieces(path: str, fmt: str, data, shard_bytes: int, limit) -> Iterator[
           in_doc = in_doc or not blank
           pos += len(line)
           lineno += 1
+          if spilled:
+            chunks.append(line)
         docs += in_doc
       else:  # a document a line
         for line in stream:
           pos += len(line)
           lineno += 1
+          if spilled:
+            chunks.append(line)
           if not line.strip():
             continue
           if not checked:
@@ -421,6 +439,26 @@ def line_pieces(path: str, fmt: str, data, shard_bytes: int, limit) -> Iterator[
       raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
     if docs:
       yield piece(pos)
+
+
+SPILL_LEVEL = 1  # zstd level of the spills: about a third of the text, ~300 MB/s to write
+
+
+def write_spill(path: str, text: bytes) -> None:
+  """A compressed file's piece, decompressed by line_pieces, kept on local disk for its readers."""
+  with open(path, "wb") as f:
+    f.write(zstandard.ZstdCompressor(level=SPILL_LEVEL).compress(text))
+
+
+def read_spill(path: str) -> bytes | None:
+  """A piece's text from its spill (write_spill); None where the spill is not on this machine (a
+  remote Beam worker's), whose reader then streams the compressed file itself."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    return None
+  return zstandard.ZstdDecompressor().decompress(data)
 
 
 # ----------------------------------------------------------------------------------------------
