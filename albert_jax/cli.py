@@ -24,9 +24,11 @@ go to the log file only, and to stderr too with --verbose.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -235,6 +237,8 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
     try:
       if files.is_remote(workdir):  # written locally, uploaded whole when the process exits
         path = os.path.join(tempfile.mkdtemp(prefix="albert_jax_log_"), name)
+        if not _remote_log:
+          atexit.register(_last_upload)
         _remote_log[:] = [path, str(files.path(workdir, workdir_lib.LOGS, name))]
       else:
         logs = os.path.join(workdir, workdir_lib.LOGS)
@@ -256,15 +260,24 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
 _remote_log: list[str] = []
 
 
-def _upload_log() -> None:
-
+def _upload_log() -> bool:
+  """A gs:// workdir's log file (written locally) copied to its object; False if that failed."""
   if not _remote_log:
-    return
+    return False
   local, remote = _remote_log
   try:
     files.path(local).copy(files.path(remote), overwrite=True)
   except Exception as e:  # noqa: BLE001 (at exit: a log that cannot be uploaded must not hide the result)
     print(f"warning: could not upload the log file {local} to {remote}: {e}", file=sys.stderr)
+    return False
+  return True
+
+
+def _last_upload() -> None:
+  """At exit: the gs:// workdir's log uploaded a last time, and its local copy removed (kept, and
+  named, when the upload fails)."""
+  if _remote_log and _upload_log():
+    shutil.rmtree(os.path.dirname(_remote_log[0]), ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -317,7 +330,7 @@ def _record(e: BaseException) -> str:
     try:
       with open(_log_file[0], "a", encoding="utf-8") as f:
         f.write(text)
-      return f" (traceback in {_log_file[0]})"
+      return f" (traceback in {_remote_log[1] if _remote_log else _log_file[0]})"
     except OSError:
       pass
   verbose = "verbose" in flags.FLAGS and flags.FLAGS["verbose"].value

@@ -29,6 +29,7 @@ import importlib.util
 import io
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -212,6 +213,7 @@ def task_log(path: str):
     handler.close()
     if local != path:
       files.path(local).copy(files.path(path), overwrite=True)
+      shutil.rmtree(os.path.dirname(local), ignore_errors=True)
 
 
 def run_benchmark(configs: dict, workdir: str, seeds: int) -> dict:

@@ -74,7 +74,7 @@ def _corpus(bucket: str) -> str:
   return f"{bucket}/corpus/*.txt"
 
 
-def _run(args, **kw):
+def _run(args, tmpdir=None, **kw):
   from tests.conftest import ROOT
 
   env = dict(
@@ -83,20 +83,24 @@ def _run(args, **kw):
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
   )
+  if tmpdir:  # the process's temporary files, to see what it leaves behind
+    env["TMPDIR"] = str(tmpdir)
   return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kw)
 
 
 @pytest.mark.slow
-def test_main_job_export_and_evaluate_on_gs_only(bucket):
+def test_main_job_export_and_evaluate_on_gs_only(bucket, tmp_path):
   """Corpus, prepared data and workdir in the bucket: train, resume, a damaged newest step set
   aside in the bucket, SIGTERM's save and resume, an export to the bucket and evaluate on it."""
   from tests.conftest import ROOT, main_cmd
 
   corpus, run, data = _corpus(bucket), f"{bucket}/run", f"{bucket}/data"
   cmd = lambda **t: main_cmd(run, data, f"--config.data.input_files={corpus}", **t)  # noqa: E731
-  r = _run(cmd(num_steps=4, checkpoint_every=2))
+  r = _run(cmd(num_steps=4, checkpoint_every=2), tmpdir=tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "saved step 4 to gs://" in r.stdout
+  # The log is written locally and uploaded; its local copy does not outlive the process.
+  assert not [n for n in os.listdir(tmp_path) if n.startswith("albert_jax_log_")]
   held = files.files_under(run)
   assert {"config.json", "spiece.model", "tensorboard/metrics.jsonl"} <= set(held)
   assert any(n.startswith("logs/main-") for n in held) and any(
