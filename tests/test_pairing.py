@@ -173,24 +173,24 @@ def test_epoch_statistics_within_the_originals_bounds():
 
 
 def test_raw_draws_are_numpys_generators():
-  """_philox4x64 and _PlanDraws read numpy's Philox and Generator exactly (epoch_pair_counts)."""
+  """_philox4x64 and _plan_draws read numpy's Philox and Generator exactly (epoch_pair_counts)."""
   rng = np.random.default_rng(5)
   key0 = E._splitmix64(E._splitmix64(7) ^ E._PLAN_STREAM)
   key1 = rng.integers(0, 2**63, 50, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-  raw = E._philox4x64(key0, key1, 2)
-  draws = E._PlanDraws(key0)
+  raw = E._philox4x64(key0, key1, E._PLAN_BLOCKS)
+  start, random, integers = E._plan_draws(key0)
   for i in range(len(key1)):
     gen = np.random.Generator(np.random.Philox(key=np.array([key0, key1[i]], np.uint64)))
-    np.testing.assert_array_equal(raw[i], gen.bit_generator.random_raw(8))
+    np.testing.assert_array_equal(raw[i], gen.bit_generator.random_raw(4 * E._PLAN_BLOCKS))
     gen = np.random.Generator(np.random.Philox(key=np.array([key0, key1[i]], np.uint64)))
-    draws.start(raw[i].tolist(), int(key1[i]))
+    start(raw.ravel().tolist(), i * 4 * E._PLAN_BLOCKS, int(key1[i]))
     for _ in range(40):  # past the precomputed outputs, into the generator's own
       high = int(rng.choice([2, 3, 7, 126, 1000, 2**31 + 5, 2**32]))
       low = int(rng.integers(0, 2))
       if rng.random() < 0.5:
-        assert draws.random() == gen.random()
+        assert random() == gen.random()
       else:
-        assert draws.integers(low, high) == int(gen.integers(low, high))
+        assert integers(low, high) == int(gen.integers(low, high))
 
 
 @pytest.mark.parametrize("task", ["sop", "nsp"])

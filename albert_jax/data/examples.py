@@ -33,6 +33,7 @@ Where we depart from the original, and why:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
@@ -408,59 +409,58 @@ def epoch_pair_counts(
   The same draws as epoch_pair_count, several times faster (docs/data.md, Per-epoch pairs at
   scale): instead of two new generators per document and a method call per draw, the plan
   generators' first raw outputs are computed for all documents at once (_philox4x64, NumPy), and
-  the plan's draws are read off them as numpy's Generator makes them (_PlanDraws).
+  the plan's draws are read off them as numpy's Generator makes them (_plan_draws).
   """
   _check_task(task)
   per_doc = np.asarray(sentences_per_document, np.int64)
   keys = np.asarray(keys, np.int64)
   out = np.zeros(len(per_doc), np.int32)
-  lengths = np.asarray(sentence_lengths).tolist()
+  lengths = np.asarray(sentence_lengths, np.int64)
+  cum = np.zeros(len(lengths) + 1, np.int64)  # prefix sums: sentences [a, b) hold cum[b] - cum[a]
+  np.cumsum(lengths, out=cum[1:])
+  lengths, cum = lengths.tolist(), cum.tolist()
   bounds = np.zeros(len(per_doc) + 1, np.int64)
   np.cumsum(per_doc, out=bounds[1:])
   bounds = bounds.tolist()
   key0 = _splitmix64(_splitmix64(seed) ^ _PLAN_STREAM)
   # pair_rngs' plan generator of (seed, epoch, key) is keyed (key0, key1).
   key1s = np.uint64((epoch & 0xFFFFFF) << 40) | (keys.astype(np.uint64) & np.uint64(0xFFFFFFFFFF))
-  draws = _PlanDraws(key0)
+  start, random, integers = _plan_draws(key0)
   max_num_tokens = max_seq_length - 3
   nsp, sop = task == "nsp", task == "sop"
-  random, integers = draws.random, draws.integers
-  chunk = 1 << 16  # documents whose first raw outputs are held at once (64 bytes each)
+  chunk = 1 << 15  # documents whose first raw outputs are held at once (16 Python ints each)
   for c in range(0, len(per_doc), chunk):
-    raws = _philox4x64(key0, key1s[c : c + chunk], _PlanDraws.BLOCKS).tolist()
+    raw = _philox4x64(key0, key1s[c : c + chunk], _PLAN_BLOCKS).ravel().tolist()
     for d in range(c, min(c + chunk, len(per_doc))):
-      draws.start(raws[d - c], int(key1s[d]))
-      # _plan_pairs' draws, counting its pairs.
-      lo, num = bounds[d], bounds[d + 1] - bounds[d]
+      start(raw, (d - c) * 4 * _PLAN_BLOCKS, int(key1s[d]))
+      # _plan_pairs' draws, counting its pairs: a chunk ends at the first sentence where the
+      # chunk's length reaches the target (a bisection of the prefix sums), or the document's end.
+      first, last = bounds[d], bounds[d + 1] - 1  # sentences, indexed in the shard
       count = 0
-      target = integers(2, max_num_tokens + 1) if random() < short_seq_prob else max_num_tokens
-      first, length, i = 0, 0, 0
-      while i < num:
-        length += lengths[lo + i]
-        if i == num - 1 or length >= target:
-          end = i + 1
-          has_b = True
-          if end - first >= 2:
-            a_end = first + integers(1, end - first)
+      while first <= last:
+        if random() < short_seq_prob:
+          target = integers(2, max_num_tokens + 1)
+        else:
+          target = max_num_tokens
+        i = min(bisect.bisect_left(cum, cum[first] + target, first + 1, last + 2) - 1, last)
+        has_b = True
+        if i > first:
+          a_end = first + integers(1, i + 1 - first)
+          random_next = nsp and random() < 0.5
+        else:
+          a_end = i + 1
+          if single_sentence_random_next:
+            random_next = True
+          elif lengths[first] >= 2:
+            integers(1, lengths[first])
             random_next = nsp and random() < 0.5
           else:
-            a_end = end
-            if single_sentence_random_next:
-              random_next = True
-            elif lengths[lo + first] >= 2:
-              integers(1, lengths[lo + first])
-              random_next = nsp and random() < 0.5
-            else:
-              has_b = random_next = False
-          if has_b:
-            count += 1
-            if sop and not random_next:
-              random()  # the swap
-          if random_next:
-            i = a_end - 1
-          first, length = i + 1, 0
-          target = integers(2, max_num_tokens + 1) if random() < short_seq_prob else max_num_tokens
-        i += 1
+            has_b = random_next = False
+        if has_b:
+          count += 1
+          if sop and not random_next:
+            random()  # the swap
+        first = a_end if random_next else i + 1  # random next: the original's rewind
       out[d] = count
   return out
 
@@ -500,61 +500,71 @@ def _philox4x64(key0: int, key1: np.ndarray, blocks: int) -> np.ndarray:
   return out
 
 
-class _PlanDraws:
-  """numpy Generator's random() and integers(low, high) (int64, scalar) of the Philox generator
-  keyed (key0, key1), read off its raw outputs: random() is one raw output >> 11 times 2**-53;
-  integers uses 32-bit halves (low half first, the high half kept for the next one, as Philox's
-  next_uint32) with Lemire's rejection, and draws nothing when high - low == 1. start() takes the
-  first BLOCKS * 4 raw outputs (_philox4x64); a document that needs more continues from a real
-  Philox generator at counter BLOCKS. Exact (tests/test_pairing.py compares with the Generator)."""
+_PLAN_BLOCKS = 4  # Philox blocks (4 raw outputs each) precomputed per document
 
-  BLOCKS = 2
 
-  def __init__(self, key0: int):
-    self.gen = np.random.Philox(key=np.array([key0, 0], np.uint64))
-    self.state = self.gen.state
+def _plan_draws(key0: int):
+  """(start, random, integers): numpy Generator's random() and integers(low, high) (int64, scalar)
+  of the Philox generator keyed (key0, key1), read off its raw outputs. start(raw, at, key1) takes
+  the generator's first _PLAN_BLOCKS * 4 outputs, raw[at:at + 16] (a list, from _philox4x64); a
+  document that needs more continues from a real Philox generator at counter _PLAN_BLOCKS.
+  random() is (raw >> 11) * 2**-53; integers uses 32-bit halves (low half first, the high half
+  kept for the next one, as Philox's next_uint32) with Lemire's rejection, and draws nothing when
+  high - low == 1. Closures over a plain list: a draw is one Python call (tests/test_pairing.py
+  compares them with the Generator)."""
+  gen = np.random.Philox(key=np.array([key0, 0], np.uint64))
+  state = gen.state
+  raws, pos, stop, half, key = [], 0, 0, None, None
 
-  def start(self, raw: list, key1: int) -> None:
-    self.raw, self.pos, self.half, self.key1 = raw, 0, None, key1
+  def start(raw: list, at: int, key1: int) -> None:
+    nonlocal raws, pos, stop, half, key
+    raws, pos, stop, half, key = raw, at, at + 4 * _PLAN_BLOCKS, None, key1
 
-  def _next64(self) -> int:
-    if self.pos == len(self.raw):
-      if self.key1 is not None:  # past the precomputed blocks: the generator continues
-        state = self.state
-        state["state"]["key"][1] = self.key1
-        state["state"]["counter"][:] = [self.BLOCKS, 0, 0, 0]
-        state["buffer_pos"] = 4
-        state["has_uint32"] = 0
-        self.gen.state = state
-        self.key1 = None
-      self.raw, self.pos = self.gen.random_raw(16).tolist(), 0
-    self.pos += 1
-    return self.raw[self.pos - 1]
+  def more() -> None:
+    nonlocal raws, pos, stop, key
+    if key is not None:  # past the precomputed outputs: the generator continues
+      state["state"]["key"][1] = key
+      state["state"]["counter"][:] = [_PLAN_BLOCKS, 0, 0, 0]
+      state["buffer_pos"] = 4
+      state["has_uint32"] = 0
+      gen.state = state
+      key = None
+    raws, pos, stop = gen.random_raw(16).tolist(), 0, 16
 
-  def _next32(self) -> int:
-    if self.half is not None:
-      x, self.half = self.half, None
+  def random() -> float:
+    nonlocal pos
+    if pos == stop:
+      more()
+    pos += 1
+    return (raws[pos - 1] >> 11) * (1.0 / 9007199254740992.0)
+
+  def next32() -> int:
+    nonlocal pos, half
+    if half is not None:
+      x, half = half, None
       return x
-    x = self._next64()
-    self.half = x >> 32
+    if pos == stop:
+      more()
+    x = raws[pos]
+    pos += 1
+    half = x >> 32
     return x & 0xFFFFFFFF
 
-  def random(self) -> float:
-    return (self._next64() >> 11) * (1.0 / 9007199254740992.0)
-
-  def integers(self, low: int, high: int) -> int:
+  def integers(low: int, high: int) -> int:
     r = high - 1 - low
     if r == 0:
       return low
     if r == 0xFFFFFFFF:
-      return low + self._next32()
+      return low + next32()
     excl = r + 1
-    m = self._next32() * excl
+    m = next32() * excl
     if (m & 0xFFFFFFFF) < excl:
       threshold = (0xFFFFFFFF - r) % excl
       while (m & 0xFFFFFFFF) < threshold:
-        m = self._next32() * excl
+        m = next32() * excl
     return low + (m >> 32)
+
+  return start, random, integers
 
 
 def epoch_pairs(
