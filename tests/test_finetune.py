@@ -884,46 +884,16 @@ def test_a_split_given_explicitly_reads_nothing_of_its_own_from_glue_dir(env, tm
   assert glue.GLUE_TASKS["mnli"].missing_split(config, f"{given}_mm") == ""
 
 
-@pytest.mark.slow
-def test_text_is_read_as_init_from_was_pretrained(env, spm_model_path, tmp_path, capsys):
-  """A real tiny run pretrained cased and with data.normalize_quotes=False: fine-tuning from it
-  reads the task's text the same way; a Hugging Face directory lowercases as its tokenizer config
-  says and normalizes quotes; a value set explicitly wins, and is said."""
-  from albert_jax.pretraining import train as pretraining
-  from tests.conftest import small_config
-
-  pre = tmp_path / "pre"
-  config = small_config(str(pre / "data"), num_steps=1, checkpoint_every=1, eval_steps=1)
-  config.data.update(
-    normalize_quotes=False, do_lower_case=False, spm_model_path=spm_model_path, max_documents=60
-  )
-  pretraining.train_and_evaluate(config, str(pre))
-  text = "He said ``Yes'' to the Module"
-  glue_dir = tmp_path / "glue"
-  glue_dir.mkdir()
-  for name in ("train.tsv", "dev.tsv"):
-    (glue_dir / name).write_text(f"sentence\tlabel\n{text}\t1\nplain words\t0\n")
-
-  def first_ids(**data):
-    ft = _glue_config("task=sst2")
-    ft.init_from = str(pre)
-    ft.data.update(glue_dir=str(glue_dir), max_seq_length=32, **data)
-    ft = finetune.resolved(ft)
-    ids = finetune.load_data(ft, glue.GLUE_TASKS["sst2"])["train"][0]["input_ids"][0]
-    return ft, ids[1 : int(np.argmax(ids == tokenizer_lib.SEP_ID))].tolist()
-
-  ft, ids = first_ids()
-  assert (ft.data.do_lower_case, ft.data.normalize_quotes) == (False, False)
-  as_pretrained = tokenizer_lib.load(spm_model_path, lower=False, normalize_quotes=False)
-  assert ids == as_pretrained.encode(text)
-  assert ids != tokenizer_lib.load(spm_model_path).encode(
-    text
-  )  # the old default reads it otherwise
-  ft, ids = first_ids(normalize_quotes=True)
+def test_text_is_read_as_a_hugging_face_init_from_says(env, tmp_path):
+  """A Hugging Face directory: lowercased as its tokenizer_config.json says, quotes normalized (as
+  AlbertTokenizer does); a pretraining run's settings: tests/test_evaluate.py."""
+  ft = finetune.resolved(ft_config(env))
+  assert (ft.data.do_lower_case, ft.data.normalize_quotes) == (True, True)
+  cased = tmp_path / "cased"
+  shutil.copytree(env / "init", cased)
+  tok = json.loads((cased / "tokenizer_config.json").read_text())
+  (cased / "tokenizer_config.json").write_text(json.dumps(dict(tok, do_lower_case=False)))
+  config = ft_config(env)
+  config.init_from = str(cased)
+  ft = finetune.resolved(config)
   assert (ft.data.do_lower_case, ft.data.normalize_quotes) == (False, True)
-  assert ids == tokenizer_lib.load(spm_model_path, lower=False).encode(text)
-  assert f"data.normalize_quotes=True: init_from={pre} was trained with False" in (
-    capsys.readouterr().out
-  )
-  hf_dir = finetune.resolved(ft_config(env))
-  assert (hf_dir.data.do_lower_case, hf_dir.data.normalize_quotes) == (True, True)
