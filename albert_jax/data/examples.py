@@ -408,8 +408,13 @@ def epoch_pair_counts(
 
   The same draws as epoch_pair_count, several times faster (docs/data.md, Per-epoch pairs at
   scale): instead of two new generators per document and a method call per draw, the plan
-  generators' first raw outputs are computed for all documents at once (_philox4x64, NumPy), and
-  the plan's draws are read off them as numpy's Generator makes them (_plan_draws).
+  generators' first _PLAN_BLOCKS * 4 raw outputs are computed for all documents at once
+  (_philox4x64, NumPy) and the plan's draws are read off them as numpy's Generator makes them:
+  random() is (raw >> 11) * 2**-53 (so random() < p is (raw >> 11) < p * 2**53, exactly);
+  integers(low, high) uses 32-bit halves (low half first, the high half kept for the next one, as
+  Philox's next_uint32) with Lemire's rejection, and draws nothing when high - low == 1. A document
+  that needs more outputs continues from a real Philox generator at counter _PLAN_BLOCKS. Chunk
+  ends are found by bisecting prefix sums of the sentence lengths.
   """
   _check_task(task)
   per_doc = np.asarray(sentences_per_document, np.int64)
@@ -425,41 +430,90 @@ def epoch_pair_counts(
   key0 = _splitmix64(_splitmix64(seed) ^ _PLAN_STREAM)
   # pair_rngs' plan generator of (seed, epoch, key) is keyed (key0, key1).
   key1s = np.uint64((epoch & 0xFFFFFF) << 40) | (keys.astype(np.uint64) & np.uint64(0xFFFFFFFFFF))
-  start, random, integers = _plan_draws(key0)
   max_num_tokens = max_seq_length - 3
   nsp, sop = task == "nsp", task == "sop"
+  short = short_seq_prob * 9007199254740992.0  # random() < short_seq_prob: raw >> 11 < short
+  half_way = 1 << 63  # random() < 0.5: raw < 2**63
+  gen = np.random.Philox(key=np.array([key0, 0], np.uint64))
+  gen_state = gen.state
+  raws, pos, stop, half, key = [], 0, 0, None, None  # the draws of the current document
+
+  def more() -> None:  # past the precomputed outputs: the generator continues
+    nonlocal raws, pos, stop, key
+    if key is not None:
+      gen_state["state"]["key"][1] = key
+      gen_state["state"]["counter"][:] = [_PLAN_BLOCKS, 0, 0, 0]
+      gen_state["buffer_pos"] = 4
+      gen_state["has_uint32"] = 0
+      gen.state = gen_state
+      key = None
+    raws, pos, stop = gen.random_raw(16).tolist(), 0, 16
+
+  def next32() -> int:
+    nonlocal pos, half
+    if half is not None:
+      x, half = half, None
+      return x
+    if pos == stop:
+      more()
+    x = raws[pos]
+    pos += 1
+    half = x >> 32
+    return x & 0xFFFFFFFF
+
+  def integers(low: int, high: int) -> int:  # high - low >= 2
+    excl = high - low
+    m = next32() * excl
+    if (m & 0xFFFFFFFF) < excl:
+      threshold = (0x100000000 - excl) % excl
+      while (m & 0xFFFFFFFF) < threshold:
+        m = next32() * excl
+    return low + (m >> 32)
+
   chunk = 1 << 15  # documents whose first raw outputs are held at once (16 Python ints each)
   for c in range(0, len(per_doc), chunk):
     raw = _philox4x64(key0, key1s[c : c + chunk], _PLAN_BLOCKS).ravel().tolist()
     for d in range(c, min(c + chunk, len(per_doc))):
-      start(raw, (d - c) * 4 * _PLAN_BLOCKS, int(key1s[d]))
+      raws, pos, half, key = raw, (d - c) * 4 * _PLAN_BLOCKS, None, int(key1s[d])
+      stop = pos + 4 * _PLAN_BLOCKS
       # _plan_pairs' draws, counting its pairs: a chunk ends at the first sentence where the
       # chunk's length reaches the target (a bisection of the prefix sums), or the document's end.
       first, last = bounds[d], bounds[d + 1] - 1  # sentences, indexed in the shard
       count = 0
       while first <= last:
-        if random() < short_seq_prob:
+        if pos == stop:
+          more()
+        pos += 1
+        if raws[pos - 1] >> 11 < short and max_num_tokens > 2:
           target = integers(2, max_num_tokens + 1)
         else:
           target = max_num_tokens
-        i = min(bisect.bisect_left(cum, cum[first] + target, first + 1, last + 2) - 1, last)
-        has_b = True
+        i = bisect.bisect_left(cum, cum[first] + target, first + 1, last + 2) - 1
+        if i > last:
+          i = last
+        has_b, random_next, draw_next = True, False, nsp
         if i > first:
-          a_end = first + integers(1, i + 1 - first)
-          random_next = nsp and random() < 0.5
-        else:
+          a_end = first + 1 if i == first + 1 else first + integers(1, i + 1 - first)
+        else:  # a single sentence: cut in two (or a random next)
           a_end = i + 1
           if single_sentence_random_next:
-            random_next = True
+            random_next, draw_next = True, False
           elif lengths[first] >= 2:
-            integers(1, lengths[first])
-            random_next = nsp and random() < 0.5
+            if lengths[first] > 2:
+              integers(1, lengths[first])  # the cut
           else:
-            has_b = random_next = False
+            has_b = draw_next = False
+        if draw_next:
+          if pos == stop:
+            more()
+          pos += 1
+          random_next = raws[pos - 1] < half_way
         if has_b:
           count += 1
           if sop and not random_next:
-            random()  # the swap
+            if pos == stop:
+              more()
+            pos += 1  # the swap
         first = a_end if random_next else i + 1  # random next: the original's rewind
       out[d] = count
   return out
@@ -501,70 +555,6 @@ def _philox4x64(key0: int, key1: np.ndarray, blocks: int) -> np.ndarray:
 
 
 _PLAN_BLOCKS = 4  # Philox blocks (4 raw outputs each) precomputed per document
-
-
-def _plan_draws(key0: int):
-  """(start, random, integers): numpy Generator's random() and integers(low, high) (int64, scalar)
-  of the Philox generator keyed (key0, key1), read off its raw outputs. start(raw, at, key1) takes
-  the generator's first _PLAN_BLOCKS * 4 outputs, raw[at:at + 16] (a list, from _philox4x64); a
-  document that needs more continues from a real Philox generator at counter _PLAN_BLOCKS.
-  random() is (raw >> 11) * 2**-53; integers uses 32-bit halves (low half first, the high half
-  kept for the next one, as Philox's next_uint32) with Lemire's rejection, and draws nothing when
-  high - low == 1. Closures over a plain list: a draw is one Python call (tests/test_pairing.py
-  compares them with the Generator)."""
-  gen = np.random.Philox(key=np.array([key0, 0], np.uint64))
-  state = gen.state
-  raws, pos, stop, half, key = [], 0, 0, None, None
-
-  def start(raw: list, at: int, key1: int) -> None:
-    nonlocal raws, pos, stop, half, key
-    raws, pos, stop, half, key = raw, at, at + 4 * _PLAN_BLOCKS, None, key1
-
-  def more() -> None:
-    nonlocal raws, pos, stop, key
-    if key is not None:  # past the precomputed outputs: the generator continues
-      state["state"]["key"][1] = key
-      state["state"]["counter"][:] = [_PLAN_BLOCKS, 0, 0, 0]
-      state["buffer_pos"] = 4
-      state["has_uint32"] = 0
-      gen.state = state
-      key = None
-    raws, pos, stop = gen.random_raw(16).tolist(), 0, 16
-
-  def random() -> float:
-    nonlocal pos
-    if pos == stop:
-      more()
-    pos += 1
-    return (raws[pos - 1] >> 11) * (1.0 / 9007199254740992.0)
-
-  def next32() -> int:
-    nonlocal pos, half
-    if half is not None:
-      x, half = half, None
-      return x
-    if pos == stop:
-      more()
-    x = raws[pos]
-    pos += 1
-    half = x >> 32
-    return x & 0xFFFFFFFF
-
-  def integers(low: int, high: int) -> int:
-    r = high - 1 - low
-    if r == 0:
-      return low
-    if r == 0xFFFFFFFF:
-      return low + next32()
-    excl = r + 1
-    m = next32() * excl
-    if (m & 0xFFFFFFFF) < excl:
-      threshold = (0xFFFFFFFF - r) % excl
-      while (m & 0xFFFFFFFF) < threshold:
-        m = next32() * excl
-    return low + (m >> 32)
-
-  return start, random, integers
 
 
 def epoch_pairs(
