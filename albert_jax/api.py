@@ -17,8 +17,7 @@ from ml_collections import config_flags
 
 from albert_jax import tasks
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.base.files import path as fpath, read_json
-from albert_jax.base.layout import CONFIG_FILE, Kind
+from albert_jax.base.layout import Kind
 from albert_jax.data import input_pipeline, tokenizer as tokenizer_lib
 from albert_jax.interop import hub, model_dir
 from albert_jax.model import albert as model_lib
@@ -52,11 +51,10 @@ def load(path: str, step: str | int = "latest") -> Loaded:
     params, _ = d.load(step)
   if d.run_config is not None:
     config = d.run_config
-    lower, rule = bool(config.data.do_lower_case), str(config.data.word_start)
+    rule = str(config.data.get("word_start", "marker"))
   else:
-    meta = read_json(fpath(d.path, CONFIG_FILE))
     config = ml_collections.ConfigDict({"model": d.model})
-    lower, rule = bool(meta.get("do_lower_case", True)), "marker"
+    rule = "marker"
   names = {Kind.PRETRAINING: "pretraining", Kind.FINETUNING: "finetuning", Kind.EXPORT: "export"}
   if "task" in config:  # a fine-tuned seed: its task's head model
     module = tasks.of(config).model(config)[0]
@@ -65,7 +63,9 @@ def load(path: str, step: str | int = "latest") -> Loaded:
   return Loaded(
     model=module,
     params=params,
-    tokenizer=tokenizer_lib.load(d.vocab, lower, rule),
+    tokenizer=tokenizer_lib.load(
+      d.vocab, d.tokenizer["do_lower_case"], rule, d.tokenizer["normalize_quotes"]
+    ),
     config=config,
     kind=names.get(d.kind, "hf"),
     path=d.path,

@@ -251,6 +251,7 @@ def write_export(
       if "data" in config:
         extra["max_seq_length"] = int(config.data.max_seq_length)
         extra["task"] = str(config.data.task)  # which sentence-pair task the head learned
+        extra["normalize_quotes"] = bool(config.data.get("normalize_quotes", True))
       jax_export.save_jax(
         params,
         config.model,

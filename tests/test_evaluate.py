@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from albert_jax import evaluate, export
@@ -30,10 +31,10 @@ KEYS = {
 }
 
 
-def _run(workdir, data_dir, task, spm=""):
+def _run(workdir, data_dir, task, spm="", normalize_quotes=True):
   """Prepares `task` data in data_dir (with the vocabulary spm if given) and pretrains 8 steps."""
   config = small_config(data_dir, num_steps=8, checkpoint_every=8, learning_rate=0.005)
-  config.data.update(task=task, spm_model_path=spm)
+  config.data.update(task=task, spm_model_path=spm, normalize_quotes=normalize_quotes)
   train.train_and_evaluate(config, workdir)
   return config
 
@@ -41,14 +42,15 @@ def _run(workdir, data_dir, task, spm=""):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """The two runs' workdirs, trained once per session (read-only); each run's console output is
-  kept beside it (<workdir>.out)."""
+  kept beside it (<workdir>.out). The NSP run leaves quotes as they are (data.normalize_quotes=False),
+  for fine-tuning from it."""
 
   def train_both(root):
     sop = os.path.join(root, "sop")
     for task, spm in (("sop", ""), ("nsp", os.path.join(sop, "data", "spiece.model"))):
       workdir = os.path.join(root, task)
       with open(f"{workdir}.out", "w") as out, contextlib.redirect_stdout(out):
-        _run(workdir, os.path.join(workdir, "data"), task, spm=spm)
+        _run(workdir, os.path.join(workdir, "data"), task, spm=spm, normalize_quotes=task == "sop")
 
   root = built_once(tmp_path_factory, "evaluate_runs", train_both)
   return os.path.join(root, "sop"), os.path.join(root, "nsp")
@@ -261,3 +263,37 @@ def test_task_none_trains_mlm_only_and_scores_at_chance(runs, tmp_path, capsys):
     assert abs(result["sentence_pair_accuracy"] - 0.5) < 3 * sd, result
     assert abs(result["sentence_pair_loss"] - math.log(2)) < 0.02, result
     assert result["masked_lm_accuracy"] > 0.01  # the MLM learned
+
+
+def test_finetuning_reads_text_as_the_pretrained_run_did(runs, tmp_path, capsys):
+  """Fine-tuning from the NSP run (pretrained with data.normalize_quotes=False) reads the task's
+  text that way too; the SOP run's (True) normalizes; a value set explicitly wins, and is said."""
+  from albert_jax import finetune
+  from albert_jax.tasks import glue
+  from tests.conftest import load_config
+
+  sop, nsp = runs
+  text = "He said ``yes'' and ''no'' to the module"
+  glue_dir = tmp_path / "glue"
+  glue_dir.mkdir()
+  for name in ("train.tsv", "dev.tsv"):
+    (glue_dir / name).write_text(f"sentence\tlabel\n{text}\t1\nplain words\t0\n")
+
+  def read(init, **data):
+    config = load_config("finetune/glue", "task=sst2")
+    config.init_from = init
+    config.data.update(glue_dir=str(glue_dir), max_seq_length=32, **data)
+    config = finetune.resolved(config)
+    ids = finetune.load_data(config, glue.GLUE_TASKS["sst2"])["train"][0]["input_ids"][0]
+    ids = ids[1 : int(np.argmax(ids == tokenizer.SEP_ID))].tolist()
+    return (config.data.do_lower_case, config.data.normalize_quotes), ids
+
+  spm = os.path.join(sop, "data", "spiece.model")
+  kept, normalized = (tokenizer.load(spm, normalize_quotes=q).encode(text) for q in (False, True))
+  assert kept != normalized
+  assert read(nsp) == ((True, False), kept)
+  assert read(sop) == ((True, True), normalized)
+  assert read(nsp, normalize_quotes=True) == ((True, True), normalized)
+  assert f"data.normalize_quotes=True: init_from={nsp} was trained with False" in (
+    capsys.readouterr().out
+  )

@@ -882,3 +882,18 @@ def test_a_split_given_explicitly_reads_nothing_of_its_own_from_glue_dir(env, tm
   assert len(data[given][0]["input_ids"]) == 3
   assert len(data[f"{other}_mm"][0]["input_ids"]) == (5 if other == "test" else 7)
   assert glue.GLUE_TASKS["mnli"].missing_split(config, f"{given}_mm") == ""
+
+
+def test_text_is_read_as_a_hugging_face_init_from_says(env, tmp_path):
+  """A Hugging Face directory: lowercased as its tokenizer_config.json says, quotes normalized (as
+  AlbertTokenizer does); a pretraining run's settings: tests/test_evaluate.py."""
+  ft = finetune.resolved(ft_config(env))
+  assert (ft.data.do_lower_case, ft.data.normalize_quotes) == (True, True)
+  cased = tmp_path / "cased"
+  shutil.copytree(env / "init", cased)
+  tok = json.loads((cased / "tokenizer_config.json").read_text())
+  (cased / "tokenizer_config.json").write_text(json.dumps(dict(tok, do_lower_case=False)))
+  config = ft_config(env)
+  config.init_from = str(cased)
+  ft = finetune.resolved(config)
+  assert (ft.data.do_lower_case, ft.data.normalize_quotes) == (False, True)

@@ -173,6 +173,40 @@ def test_epoch_statistics_within_the_originals_bounds():
   assert stats["random_next"] == labels.sum()
 
 
+def test_bulk_philox_outputs_are_numpys():
+  """_philox4x64 (epoch_pair_counts' precomputed draws) gives numpy's Philox outputs exactly."""
+  rng = np.random.default_rng(5)
+  key0 = E._splitmix64(E._splitmix64(7) ^ E._PLAN_STREAM)
+  key1 = rng.integers(0, 2**63, 50, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+  raw = E._philox4x64(key0, key1, 3)
+  for i in range(len(key1)):
+    gen = np.random.Philox(key=np.array([key0, key1[i]], np.uint64))
+    np.testing.assert_array_equal(raw[i], gen.random_raw(12))
+
+
+@pytest.mark.parametrize("task", ["sop", "nsp"])
+@pytest.mark.parametrize("seq,ssrn", [(16, False), (128, True), (512, False)])
+def test_epoch_pair_counts_equal_epoch_pair_count(task, seq, ssrn):
+  """The loader's count per shard gives exactly epoch_pair_count's numbers, edge documents too."""
+  docs = [[len(s) for s in doc] for doc in DOCS[:300]]
+  # Edge documents; long ones need more than the precomputed draws (the generator continues).
+  docs += [[1], [1, 1], [2], [3], [2, 1, 2], [700, 3, 900], [1] * 40, [5] * 200, [2, 3] * 150]
+  keys = np.arange(len(docs), dtype=np.int64) * 977 + (1 << 39)
+  kw = dict(seed=11, max_seq_length=seq, short_seq_prob=0.2, task=task)
+  kw.update(single_sentence_random_next=ssrn)
+  for epoch in (0, 5):
+    counts = E.epoch_pair_counts(
+      np.concatenate([np.array(d, np.int32) for d in docs]),
+      np.array([len(d) for d in docs]),
+      keys,
+      epoch=epoch,
+      **kw,
+    )
+    expected = [E.epoch_pair_count(d, key=int(k), epoch=epoch, **kw) for d, k in zip(docs, keys)]
+    assert counts.dtype == np.int32 and counts.tolist() == expected
+  assert E.epoch_pair_counts([], [], [], epoch=0, **kw).tolist() == []
+
+
 def test_epoch_layout_maps_every_example_once_and_resumes_anywhere():
   counts = np.array(
     [
@@ -307,6 +341,54 @@ def test_per_epoch_batches_are_deterministic_and_resume_mid_epoch(per_epoch):
   for a, b in zip(reference[stop:], [next(resumed) for _ in range(8)]):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_per_epoch_resume_in_epoch_2_counts_epoch_2_only(per_epoch, monkeypatch):
+  """The loader state holds the epochs' starts: a resume in epoch 2 counts epoch 2 alone and
+  continues as the uninterrupted run; a state without them (saved before) recounts and still
+  continues exactly; loader workers get the starts with their pickled copy."""
+  import pickle
+
+  from albert_jax.data import examples as examples_lib, input_pipeline
+
+  config, workdir, _ = per_epoch
+  config = config.copy_and_resolve_references()
+  config.train.batch_size = batch = 64
+  ddir = input_pipeline.check_prepared(config, workdir)[0]
+  pairs = input_pipeline._EpochPairs(ddir, "train", config.data, config.seed)
+  s0, s1, s2 = (pairs.size(e) for e in range(3))
+  stop = (s0 + s1) // batch + 2
+  assert s0 + s1 <= stop * batch and (stop + 4) * batch < s0 + s1 + s2  # resumed inside epoch 2
+  reference = _batches(config, workdir, stop + 4)
+  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  _ = [next(it) for _ in range(stop)]
+  state = json.loads(json.dumps(it.get_state()))
+  it.close()
+  assert state["pairing"]["epoch_starts"] == [0, s0, s0 + s1, s0 + s1 + s2]
+
+  real, epochs = examples_lib.epoch_pair_counts, []
+
+  def counted(*args, **kwargs):
+    epochs.append(kwargs["epoch"])
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(examples_lib, "epoch_pair_counts", counted)
+  old = {k: v for k, v in state.items() if k not in ("pairing", "batches")}
+  for saved, counted_epochs in ((state, {2}), (old, {0, 1, 2})):
+    epochs.clear()
+    resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+    resumed.set_state(saved)
+    got = [next(resumed) for _ in range(4)]
+    assert set(epochs) == counted_epochs and epochs, epochs
+    for a, b in zip(reference[stop:], got):
+      for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    resumed.close()
+  # Loader workers unpickle their copy when the first batch is asked for, after set_state.
+  pairs.restore(state["pairing"])
+  assert pickle.loads(pickle.dumps(pairs)).starts == state["pairing"]["epoch_starts"]
+  other = input_pipeline._EpochPairs(ddir, "train", config.data, config.seed + 1)
+  assert not other.restore(state["pairing"]) and other.starts == [0]
 
 
 def test_per_epoch_two_hosts_share_the_global_stream(per_epoch):

@@ -268,7 +268,10 @@ def finetune_base_config() -> ml_collections.ConfigDict:
       index_column="",
       labels="",  # classification: the label set, comma-separated ("" for GLUE tasks)
       spm_model_path="",  # "" takes init_from's vocabulary
-      do_lower_case=True,
+      # The text preprocessing; None (the default) takes the one init_from's model was trained with
+      # (a Hugging Face directory: its tokenizer_config.json's lowercasing, quotes normalized).
+      do_lower_case=ml_collections.FieldReference(None, field_type=bool),
+      normalize_quotes=ml_collections.FieldReference(None, field_type=bool),
       # 0: the task's (task.max_seq_length, capped to the model's positions); a value set here must
       # fit in the model's positions.
       max_seq_length=0,

@@ -24,6 +24,7 @@ Where we depart from the original, and why (masking's departures: masking.py):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
@@ -364,6 +365,173 @@ def epoch_pair_count(
     for name in ("single_sentence_chunks", "skipped_chunks"):
       summary[name] = summary.get(name, 0) + stats[name]
   return count
+
+
+def epoch_pair_counts(
+  sentence_lengths: np.ndarray,
+  sentences_per_document: np.ndarray,
+  keys: np.ndarray,
+  *,
+  seed: int,
+  epoch: int,
+  max_seq_length: int,
+  short_seq_prob: float = 0.1,
+  task: str = "sop",
+  single_sentence_random_next: bool = False,
+) -> np.ndarray:
+  """epoch_pair_count of many documents at once (int32, one per document): document i has the
+  sentences_per_document[i] lengths that follow the previous document's in `sentence_lengths` and
+  is keyed keys[i] (a shard's stored lengths, dataset.read_sentence_lengths).
+
+  The same draws as epoch_pair_count, several times faster (docs/data.md, Per-epoch pairs at
+  scale): instead of two new generators per document and a method call per draw, the plan
+  generators' first _PLAN_BLOCKS * 4 raw outputs are computed for all documents at once
+  (_philox4x64, NumPy) and the plan's draws are read off them as numpy's Generator makes them:
+  random() is (raw >> 11) * 2**-53 (so random() < p is (raw >> 11) < p * 2**53, exactly);
+  integers(low, high) uses 32-bit halves (low half first, the high half kept for the next one, as
+  Philox's next_uint32) with Lemire's rejection, and draws nothing when high - low == 1. A document
+  that needs more outputs continues from a real Philox generator at counter _PLAN_BLOCKS. Chunk
+  ends are found by bisecting prefix sums of the sentence lengths.
+  """
+  _check_task(task)
+  per_doc = np.asarray(sentences_per_document, np.int64)
+  keys = np.asarray(keys, np.int64)
+  out = np.zeros(len(per_doc), np.int32)
+  lengths = np.asarray(sentence_lengths, np.int64)
+  cum = np.zeros(len(lengths) + 1, np.int64)  # prefix sums: sentences [a, b) hold cum[b] - cum[a]
+  np.cumsum(lengths, out=cum[1:])
+  lengths, cum = lengths.tolist(), cum.tolist()
+  bounds = np.zeros(len(per_doc) + 1, np.int64)
+  np.cumsum(per_doc, out=bounds[1:])
+  bounds = bounds.tolist()
+  key0 = _splitmix64(_splitmix64(seed) ^ _PLAN_STREAM)
+  # pair_rngs' plan generator of (seed, epoch, key) is keyed (key0, key1).
+  key1s = np.uint64((epoch & 0xFFFFFF) << 40) | (keys.astype(np.uint64) & np.uint64(0xFFFFFFFFFF))
+  max_num_tokens = max_seq_length - 3
+  nsp, sop = task == "nsp", task == "sop"
+  short = short_seq_prob * 9007199254740992.0  # random() < short_seq_prob: raw >> 11 < short
+  half_way = 1 << 63  # random() < 0.5: raw < 2**63
+  gen = np.random.Philox(key=np.array([key0, 0], np.uint64))
+  gen_state = gen.state
+  raws, pos, stop, half, key = [], 0, 0, None, None  # the draws of the current document
+
+  def more() -> None:  # past the precomputed outputs: the generator continues
+    nonlocal raws, pos, stop, key
+    if key is not None:
+      gen_state["state"]["key"][1] = key
+      gen_state["state"]["counter"][:] = [_PLAN_BLOCKS, 0, 0, 0]
+      gen_state["buffer_pos"] = 4
+      gen_state["has_uint32"] = 0
+      gen.state = gen_state
+      key = None
+    raws, pos, stop = gen.random_raw(16).tolist(), 0, 16
+
+  def next32() -> int:
+    nonlocal pos, half
+    if half is not None:
+      x, half = half, None
+      return x
+    if pos == stop:
+      more()
+    x = raws[pos]
+    pos += 1
+    half = x >> 32
+    return x & 0xFFFFFFFF
+
+  def integers(low: int, high: int) -> int:  # high - low >= 2
+    excl = high - low
+    m = next32() * excl
+    if (m & 0xFFFFFFFF) < excl:
+      threshold = (0x100000000 - excl) % excl
+      while (m & 0xFFFFFFFF) < threshold:
+        m = next32() * excl
+    return low + (m >> 32)
+
+  chunk = 1 << 15  # documents whose first raw outputs are held at once (16 Python ints each)
+  for c in range(0, len(per_doc), chunk):
+    raw = _philox4x64(key0, key1s[c : c + chunk], _PLAN_BLOCKS).ravel().tolist()
+    for d in range(c, min(c + chunk, len(per_doc))):
+      raws, pos, half, key = raw, (d - c) * 4 * _PLAN_BLOCKS, None, int(key1s[d])
+      stop = pos + 4 * _PLAN_BLOCKS
+      # _plan_pairs' draws, counting its pairs: a chunk ends at the first sentence where the
+      # chunk's length reaches the target (a bisection of the prefix sums), or the document's end.
+      first, last = bounds[d], bounds[d + 1] - 1  # sentences, indexed in the shard
+      count = 0
+      while first <= last:
+        if pos == stop:
+          more()
+        pos += 1
+        if raws[pos - 1] >> 11 < short and max_num_tokens > 2:
+          target = integers(2, max_num_tokens + 1)
+        else:
+          target = max_num_tokens
+        i = bisect.bisect_left(cum, cum[first] + target, first + 1, last + 2) - 1
+        if i > last:
+          i = last
+        has_b, random_next, draw_next = True, False, nsp
+        if i > first:
+          a_end = first + 1 if i == first + 1 else first + integers(1, i + 1 - first)
+        else:  # a single sentence: cut in two (or a random next)
+          a_end = i + 1
+          if single_sentence_random_next:
+            random_next, draw_next = True, False
+          elif lengths[first] >= 2:
+            if lengths[first] > 2:
+              integers(1, lengths[first])  # the cut
+          else:
+            has_b = draw_next = False
+        if draw_next:
+          if pos == stop:
+            more()
+          pos += 1
+          random_next = raws[pos - 1] < half_way
+        if has_b:
+          count += 1
+          if sop and not random_next:
+            if pos == stop:
+              more()
+            pos += 1  # the swap
+        first = a_end if random_next else i + 1  # random next: the original's rewind
+      out[d] = count
+  return out
+
+
+_PHILOX_M = (0xD2E7470EE14C6C93, 0xCA5A826395121157)
+_PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
+
+
+def _mulhilo(a: int, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The high and low 64 bits of the 128-bit products a * b (uint64), from 32-bit halves."""
+  m32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+  a_lo, a_hi = np.uint64(a & 0xFFFFFFFF), np.uint64(a >> 32)
+  b_lo, b_hi = b & m32, b >> s32
+  t = a_lo * b_lo
+  u = a_hi * b_lo + (t >> s32)
+  v = a_lo * b_hi + (u & m32)
+  return a_hi * b_hi + (u >> s32) + (v >> s32), np.uint64(a) * b
+
+
+def _philox4x64(key0: int, key1: np.ndarray, blocks: int) -> np.ndarray:
+  """The first 4 * blocks raw outputs (random_raw) of np.random.Philox(key=[key0, key1[i]]) for
+  every i: Philox4x64-10 of the counters 1..blocks, as numpy's (tests compare the two)."""
+  n = len(key1)
+  out = np.empty((n, 4 * blocks), np.uint64)
+  with np.errstate(over="ignore"):
+    for c in range(blocks):
+      x0 = np.full(n, c + 1, np.uint64)
+      x1, x2, x3 = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+      k0, k1 = np.uint64(key0), np.asarray(key1, np.uint64)
+      for r in range(10):
+        if r:
+          k0, k1 = k0 + np.uint64(_PHILOX_W[0]), k1 + np.uint64(_PHILOX_W[1])
+        hi0, lo0 = _mulhilo(_PHILOX_M[0], x0)
+        hi1, lo1 = _mulhilo(_PHILOX_M[1], x2)
+        x0, x1, x2, x3 = hi1 ^ x1 ^ k0, lo1, hi0 ^ x3 ^ k1, lo0
+      out[:, 4 * c : 4 * c + 4] = np.stack([x0, x1, x2, x3], 1)
+  return out
+
+
+_PLAN_BLOCKS = 4  # Philox blocks (4 raw outputs each) precomputed per document
 
 
 def epoch_pairs(

@@ -25,6 +25,7 @@ dupe_factor (epoch % dupe_factor), which reproduces the original's regime.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,12 +120,17 @@ class _EpochPairs:
   """data.pairing=per_epoch: each epoch's examples, laid out from the stored sentence lengths.
 
   Epoch e's examples are the pairs that examples.epoch_pairs makes of every document in e, counted
-  from the sentence lengths alone (examples.epoch_pair_count; the documents' tokens are not read),
+  from the sentence lengths alone (examples.epoch_pair_counts, a shard at a time; the documents'
+  tokens are not read),
   in the documents' seeded order for e (examples.epoch_layout), then shuffled within windows of
   WINDOW examples (a seeded permutation per window): example k of the epoch is pair j of
   document d, a pure function of (seed, e, k). Per process: an epoch's layout is 20 bytes a
   document and two epochs are kept; the pairs of recently read documents are cached up to
   CACHE_TOKENS tokens, so a window's documents are paired once. Picklable (loader workers).
+
+  `starts` are the stream positions where epochs 0, 1, ... begin, as far as they are known; they go
+  into the loader's state (BatchIterator.get_state) and travel with the pickled object to loader
+  workers, so a resume in epoch e counts epoch e only, not epochs 0..e again.
   """
 
   WINDOW = 1 << 14
@@ -141,6 +147,7 @@ class _EpochPairs:
       task=config_lib.examples_task(data.task),
       single_sentence_random_next=data.single_sentence_random_next,
     )
+    self.starts = [0]
     self.__setstate__(self.__dict__)
 
   def __getstate__(self):
@@ -148,7 +155,7 @@ class _EpochPairs:
 
   def __setstate__(self, state):
     self.__dict__.update(state)
-    self._layouts, self._starts, self._window = {}, [0], (None, None)
+    self._layouts, self._window, self._lock = {}, (None, None), threading.RLock()
     self._pairs, self._pair_tokens, self._source, self._parse = {}, 0, None, None
 
   def pairing_epoch(self, epoch: int) -> int:
@@ -156,44 +163,64 @@ class _EpochPairs:
     return epoch % self.period if self.period else epoch
 
   def layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    if epoch not in self._layouts:
-      counts = []  # an int32 array per shard of the split
-      for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split):
-        ends = np.cumsum(per_doc).tolist()
-        starts = [0] + ends[:-1]
-        counts.append(
-          np.fromiter(
-            (
-              examples_lib.epoch_pair_count(
-                lengths[a:b].tolist(), epoch=epoch, key=key, **self.settings
-              )
-              for key, a, b in zip(keys.tolist(), starts, ends)
-            ),
-            np.int32,
-            len(keys),
-          )
-        )
-      counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
-      if self.shuffle:
-        layout = examples_lib.epoch_layout(counts, self.seed, epoch)
-      else:
-        offsets = np.zeros(len(counts) + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        layout = (np.arange(len(counts)), offsets)
-      while len(self._layouts) >= 2:
-        self._layouts.pop(next(iter(self._layouts)))
-      self._layouts[epoch] = layout
-    return self._layouts[epoch]
+    layout = self._layouts.get(epoch)
+    if layout is None:
+      with self._lock:
+        layout = self._layouts.get(epoch)
+        if layout is None:
+          layout = self._count(epoch)
+    return layout
+
+  def _count(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    counts = [  # an int32 array per shard of the split
+      examples_lib.epoch_pair_counts(lengths, per_doc, keys, epoch=epoch, **self.settings)
+      for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split)
+    ]
+    counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+    if self.shuffle:
+      layout = examples_lib.epoch_layout(counts, self.seed, epoch)
+    else:
+      offsets = np.zeros(len(counts) + 1, np.int64)
+      np.cumsum(counts, out=offsets[1:])
+      layout = (np.arange(len(counts)), offsets)
+    while len(self._layouts) >= 2:
+      self._layouts.pop(next(iter(self._layouts)))
+    self._layouts[epoch] = layout
+    return layout
 
   def size(self, epoch: int) -> int:
     return int(self.layout(self.pairing_epoch(epoch))[1][-1])
 
   def position(self, g: int) -> tuple[int, int]:
     """Global position g of the train stream -> (epoch, example k of the epoch)."""
-    while self._starts[-1] <= g:
-      self._starts.append(self._starts[-1] + self.size(len(self._starts) - 1))
-    epoch = int(np.searchsorted(self._starts, g, side="right")) - 1
-    return epoch, g - self._starts[epoch]
+    starts = self.starts
+    if starts[-1] <= g:
+      with self._lock:  # the prefetch thread and get_state may both extend it
+        while starts[-1] <= g:
+          starts.append(starts[-1] + self.size(len(starts) - 1))
+    epoch = int(np.searchsorted(starts, g, side="right")) - 1
+    return epoch, g - starts[epoch]
+
+  def pairing_state(self) -> dict:
+    """What a saved loader state needs to skip recounting passed epochs: their starts, and the
+    settings they were counted with."""
+    return {
+      "settings": dict(self.settings, period=self.period, shuffle=self.shuffle),
+      "epoch_starts": list(self.starts),
+    }
+
+  def restore(self, state: dict | None) -> bool:
+    """Takes the epoch starts of a pairing_state() made with the same settings (True), else keeps
+    counting from epoch 0 (a state saved before epoch starts were saved, or other settings)."""
+    starts = (state or {}).get("epoch_starts")
+    if state is None or state.get("settings") != self.pairing_state()["settings"]:
+      return False
+    if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+      return False
+    with self._lock:
+      if len(starts) > len(self.starts):
+        self.starts[:] = [int(x) for x in starts]
+    return True
 
   def example(self, epoch: int, k: int) -> dict:
     """Example k of `epoch` (an unmasked pair, examples.epoch_pairs)."""
@@ -297,8 +324,11 @@ class BatchIterator:
     process_index: int,
     process_count: int,
     num_workers: int = 0,
+    pairs: _EpochPairs | None = None,
   ):
     self._it = grain_iterator
+    self._pairs = pairs  # per-epoch pairing, train: its epoch starts go into the state
+    self._batches = 0  # read since the start, None when restored from a state without it
     self._copy = num_workers > 0
     self.num_workers = num_workers
     self.split, self.num_examples, self.per_host_batch = split, num_examples, per_host_batch
@@ -309,19 +339,29 @@ class BatchIterator:
 
   def __next__(self) -> dict[str, np.ndarray]:
     batch = next(self._it)
+    if self._batches is not None:
+      self._batches += 1
     if self._copy:  # worker outputs live in shared memory: hand out plain arrays, free it now
       batch = {k: np.array(v) for k, v in batch.items()}
     return batch
 
   def get_state(self) -> dict:
-    """JSON-serialisable; restore with set_state to continue at exactly the next batch."""
-    return {
+    """JSON-serialisable; restore with set_state to continue at exactly the next batch. With
+    per-epoch pairing it holds the epochs' starts up to the next batch's epoch (counted here if the
+    loader workers counted them), so that a resume does not count the passed epochs again."""
+    state = {
       "split": self.split,
       "num_examples": self.num_examples,
       "global_batch_size": self.per_host_batch * self.process_count,
       "num_workers": self.num_workers,
       "grain": self._it.get_state(),
     }
+    if self._pairs is not None:
+      state["batches"] = self._batches
+      if self._batches is not None:
+        self._pairs.position(self._batches * self.per_host_batch * self.process_count)
+      state["pairing"] = self._pairs.pairing_state()
+    return state
 
   def set_state(self, state: dict) -> None:
     if state.get("num_examples") != self.num_examples:
@@ -341,6 +381,11 @@ class BatchIterator:
         state.get("global_batch_size"),
         self.per_host_batch * self.process_count,
       )
+    if self._pairs is not None:
+      # Before the first batch: loader workers start then, with the starts in their pickled copy.
+      if not self._pairs.restore(state.get("pairing")):
+        logging.info("the iterator state has no epoch starts for this pairing: counting from 0")
+      self._batches = state.get("batches")
     self._it.set_state(state["grain"])
 
   def close(self) -> None:
@@ -392,7 +437,9 @@ def make_iterator(
   pairs = None
   if d.pairing == "per_epoch":
     pairs = _EpochPairs(ddir, split, d, config.seed)
-    n = pairs.size(0)
+    # Epoch 0's pairs, counted by prepare for these settings (check_prepared), else here.
+    n = prepared.get("stats", {}).get(f"{split}_examples")
+    n = pairs.size(0) if n is None else int(n)
   if pairs is not None and train:
     # Epochs differ in size: the stream is positions 0, 1, ... of the epochs laid end to end
     # (_EpochPairs.position), shuffled within each epoch by _EpochPairs.
@@ -437,6 +484,7 @@ def make_iterator(
     process_index=process_index,
     process_count=process_count,
     num_workers=d.num_workers,
+    pairs=pairs if train else None,
   )
 
 

@@ -2,8 +2,9 @@
 a fine-tuning run (its best seed), one of our --format=jax exports or a Hugging Face ALBERT directory.
 
 `open_model_dir(path)` reads only small files (config.json, eval_results.json): it gives the
-directory's kind, its model config (every ModelConfig field), its vocabulary, the run's whole config
-where it has one, and `params(step)`, which reads the weights when called. init_from, evaluate, export,
+directory's kind, its model config (every ModelConfig field), its vocabulary and the text
+preprocessing its model was trained with (`tokenizer`), the run's whole config where it has one, and
+`params(step)`, which reads the weights when called. init_from, evaluate, export,
 fine-tuning and albert_jax.load all open directories through it.
 """
 
@@ -32,6 +33,9 @@ class ModelDir:
   vocab: str  # its spiece.model
   task: str  # a run's data.task or task.name, an export's recorded task, else "unknown"
   run_config: ml_collections.ConfigDict | None  # a run's whole config.json (None for exports)
+  # {"do_lower_case": bool, "normalize_quotes": bool}: the text preprocessing the model was trained
+  # with (tokenizer_settings).
+  tokenizer: dict
   load: Callable[..., tuple[Any, Any]]  # load(step="latest") -> (params, step or None)
 
   def params(self, step: str | int = "latest"):
@@ -63,6 +67,28 @@ def run_vocabulary(config, workdir: str) -> str:
   return config.data.spm_model_path if "task" in config else dataset.spm_model_path(config, workdir)
 
 
+def tokenizer_settings(found: Kind, d: str, run_config=None) -> dict:
+  """The text preprocessing a model directory's model was trained with: a run's data settings; an
+  export's recorded ones; a Hugging Face directory lowercases as its tokenizer_config.json says and
+  always turns `` and '' into " (AlbertTokenizer does). Written before data.normalize_quotes
+  existed: quotes normalized (what every model was trained with then)."""
+  if run_config is not None:
+    data = run_config.get("data", {})
+    return {
+      "do_lower_case": bool(data.get("do_lower_case", True)),
+      "normalize_quotes": bool(data.get("normalize_quotes", True)),
+    }
+  if found is Kind.HF:
+    tok = fpath(d, "tokenizer_config.json")
+    lower = read_json(tok).get("do_lower_case", True) if tok.is_file() else True
+    return {"do_lower_case": bool(lower), "normalize_quotes": True}
+  meta = read_json(fpath(d, CONFIG_FILE))
+  return {
+    "do_lower_case": bool(meta.get("do_lower_case", True)),
+    "normalize_quotes": bool(meta.get("normalize_quotes", True)),
+  }
+
+
 def open_model_dir(p: str, what: str = "path") -> ModelDir:
   """The model directory at `p` (a one-line ConfigError for anything else); reads no weights."""
   found = kind(p) if p and fpath(p).is_dir() else None
@@ -83,6 +109,7 @@ def open_model_dir(p: str, what: str = "path") -> ModelDir:
       vocab=run_vocabulary(config, d),
       task=config.task.name if "task" in config else config.data.task,
       run_config=config,
+      tokenizer=tokenizer_settings(found, d, config),
       load=lambda step="latest": checkpoint.load_params(d, step)[::2],
     )
   meta = read_json(fpath(d, CONFIG_FILE))
@@ -93,5 +120,6 @@ def open_model_dir(p: str, what: str = "path") -> ModelDir:
     vocab=str(fpath(d, VOCAB_FILE)),
     task=meta.get("task", "unknown") if found is Kind.EXPORT else "unknown",
     run_config=None,
+    tokenizer=tokenizer_settings(found, d),
     load=lambda step="latest": (pretrained.load_pretrained(d)[0], meta.get("step")),
   )

@@ -77,8 +77,8 @@ def init_params(config, params, param_shardings):
 
 
 def resolve_init_from(config) -> None:
-  """Fine-tuning: takes init_from's architecture (model_from_init_from) or checks it, and its
-  vocabulary. A fine-tuning run stands for its best seed (init_from is rewritten to that seed_<k>); a
+  """Fine-tuning: takes init_from's architecture (model_from_init_from) or checks it, its
+  vocabulary and its text preprocessing (data.do_lower_case and data.normalize_quotes left None). A fine-tuning run stands for its best seed (init_from is rewritten to that seed_<k>); a
   fine-tuned seed gives its backbone (from its best checkpoint) and the vocabulary it used."""
 
   if kind(config.init_from) is Kind.FINETUNING:
@@ -107,6 +107,19 @@ def resolve_init_from(config) -> None:
   if diffs:
     raise ConfigError(f"init_from={p} is another model ({'; '.join(diffs)})")
   _take_vocabulary(config, spm, f"init_from={p}")
+  _take_tokenizer_settings(config, source.tokenizer, p)
+
+
+def _take_tokenizer_settings(config, theirs: dict, p: str) -> None:
+  """data.do_lower_case / data.normalize_quotes: init_from's where None; a value set that differs
+  from init_from's is kept, and said."""
+  with config.unlocked():
+    for k, v in theirs.items():
+      given = config.data.get(k)
+      if given is None:
+        config.data[k] = v
+      elif bool(given) != v:
+        log(f"data.{k}={given}: init_from={p} was trained with {v}; the text is read with {given}")
 
 
 def init_backbone(config, fresh: dict, param_shardings) -> dict:

@@ -50,10 +50,13 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
   """{split: (arrays, extra)} for the task's splits whose files are given; extra is what scoring
   or predictions need (GLUE: the test index; SQuAD: examples and features)."""
 
+  # init_from's text preprocessing (init_from.resolve_init_from); a seed recorded before
+  # data.normalize_quotes existed normalized quotes.
+  lower, quotes = (config.data.get(k) for k in ("do_lower_case", "normalize_quotes"))
   tok = tokenizer_lib.load(
     config.data.spm_model_path,
-    lower=config.data.do_lower_case,
-    normalize_quotes=config.data.get("normalize_quotes", True),
+    lower=True if lower is None else bool(lower),
+    normalize_quotes=True if quotes is None else bool(quotes),
   )
   out = {}
   for split in task.splits:
