@@ -12,7 +12,7 @@ import pytest
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import examples as E, masking as M, tokenizer
+from albert_jax.data import examples as E, masking as M, philox, tokenizer
 from albert_jax.data.prepare.fingerprint import config_for_prepared
 from tests.conftest import load_config
 
@@ -174,11 +174,11 @@ def test_epoch_statistics_within_the_originals_bounds():
 
 
 def test_bulk_philox_outputs_are_numpys():
-  """_philox4x64 (epoch_pair_counts' precomputed draws) gives numpy's Philox outputs exactly."""
+  """philox4x64 (epoch_pair_counts' precomputed draws) gives numpy's Philox outputs exactly."""
   rng = np.random.default_rng(5)
-  key0 = E._splitmix64(E._splitmix64(7) ^ E._PLAN_STREAM)
+  key0 = E.splitmix64(E.splitmix64(7) ^ E._PLAN_STREAM)
   key1 = rng.integers(0, 2**63, 50, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-  raw = E._philox4x64(key0, key1, 3)
+  raw = philox.philox4x64(key0, key1, 3)
   for i in range(len(key1)):
     gen = np.random.Philox(key=np.array([key0, key1[i]], np.uint64))
     np.testing.assert_array_equal(raw[i], gen.random_raw(12))

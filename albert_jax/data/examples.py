@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
+from albert_jax.data import philox
 from albert_jax.data.tokenizer import CLS_ID, SEP_ID
 
 # The model's features of one batch: name -> (shape in terms of B, S = max_seq_length and
@@ -386,7 +387,7 @@ def epoch_pair_counts(
   The same draws as epoch_pair_count, several times faster (docs/data.md, Per-epoch pairs at
   scale): instead of two new generators per document and a method call per draw, the plan
   generators' first _PLAN_BLOCKS * 4 raw outputs are computed for all documents at once
-  (_philox4x64, NumPy) and the plan's draws are read off them as numpy's Generator makes them:
+  (philox.philox4x64, NumPy) and the plan's draws are read off them as numpy's Generator makes them:
   random() is (raw >> 11) * 2**-53 (so random() < p is (raw >> 11) < p * 2**53, exactly);
   integers(low, high) uses 32-bit halves (low half first, the high half kept for the next one, as
   Philox's next_uint32) with Lemire's rejection, and draws nothing when high - low == 1. A document
@@ -404,7 +405,7 @@ def epoch_pair_counts(
   bounds = np.zeros(len(per_doc) + 1, np.int64)
   np.cumsum(per_doc, out=bounds[1:])
   bounds = bounds.tolist()
-  key0 = _splitmix64(_splitmix64(seed) ^ _PLAN_STREAM)
+  key0 = splitmix64(splitmix64(seed) ^ _PLAN_STREAM)
   # pair_rngs' plan generator of (seed, epoch, key) is keyed (key0, key1).
   key1s = np.uint64((epoch & 0xFFFFFF) << 40) | (keys.astype(np.uint64) & np.uint64(0xFFFFFFFFFF))
   max_num_tokens = max_seq_length - 3
@@ -449,7 +450,7 @@ def epoch_pair_counts(
 
   chunk = 1 << 15  # documents whose first raw outputs are held at once (16 Python ints each)
   for c in range(0, len(per_doc), chunk):
-    raw = _philox4x64(key0, key1s[c : c + chunk], _PLAN_BLOCKS).ravel().tolist()
+    raw = philox.philox4x64(key0, key1s[c : c + chunk], _PLAN_BLOCKS).ravel().tolist()
     for d in range(c, min(c + chunk, len(per_doc))):
       raws, pos, half, key = raw, (d - c) * 4 * _PLAN_BLOCKS, None, int(key1s[d])
       stop = pos + 4 * _PLAN_BLOCKS
@@ -493,41 +494,6 @@ def epoch_pair_counts(
             pos += 1  # the swap
         first = a_end if random_next else i + 1  # random next: the original's rewind
       out[d] = count
-  return out
-
-
-_PHILOX_M = (0xD2E7470EE14C6C93, 0xCA5A826395121157)
-_PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
-
-
-def _mulhilo(a: int, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """The high and low 64 bits of the 128-bit products a * b (uint64), from 32-bit halves."""
-  m32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
-  a_lo, a_hi = np.uint64(a & 0xFFFFFFFF), np.uint64(a >> 32)
-  b_lo, b_hi = b & m32, b >> s32
-  t = a_lo * b_lo
-  u = a_hi * b_lo + (t >> s32)
-  v = a_lo * b_hi + (u & m32)
-  return a_hi * b_hi + (u >> s32) + (v >> s32), np.uint64(a) * b
-
-
-def _philox4x64(key0: int, key1: np.ndarray, blocks: int) -> np.ndarray:
-  """The first 4 * blocks raw outputs (random_raw) of np.random.Philox(key=[key0, key1[i]]) for
-  every i: Philox4x64-10 of the counters 1..blocks, as numpy's (tests compare the two)."""
-  n = len(key1)
-  out = np.empty((n, 4 * blocks), np.uint64)
-  with np.errstate(over="ignore"):
-    for c in range(blocks):
-      x0 = np.full(n, c + 1, np.uint64)
-      x1, x2, x3 = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
-      k0, k1 = np.uint64(key0), np.asarray(key1, np.uint64)
-      for r in range(10):
-        if r:
-          k0, k1 = k0 + np.uint64(_PHILOX_W[0]), k1 + np.uint64(_PHILOX_W[1])
-        hi0, lo0 = _mulhilo(_PHILOX_M[0], x0)
-        hi1, lo1 = _mulhilo(_PHILOX_M[1], x2)
-        x0, x1, x2, x3 = hi1 ^ x1 ^ k0, lo1, hi0 ^ x3 ^ k1, lo0
-      out[:, 4 * c : 4 * c + 4] = np.stack([x0, x1, x2, x3], 1)
   return out
 
 
