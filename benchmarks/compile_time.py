@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.data import examples  # noqa: E402
 from albert_jax.engine import compiling
 from albert_jax.model import albert as albert_model  # noqa: E402
@@ -231,7 +231,7 @@ def _benchmark(
     for mode, scan in MODES.items()
     for n in layers
   }  # validate everything before timing
-  config_lib.validate_data(
+  validation.validate_data(
     ml_collections.ConfigDict(
       dict(config_lib.base_config().data, max_seq_length=seq, max_predictions_per_seq=predictions)
     ),

@@ -49,7 +49,7 @@ from albert_jax import cli  # noqa: E402
 
 cli.quiet_libtpu()
 
-from albert_jax.base import config_lib  # noqa: E402
+from albert_jax.base import validation  # noqa: E402
 from albert_jax.base.config_lib import ConfigError  # noqa: E402
 from albert_jax.engine import compiling  # noqa: E402
 from albert_jax.model import attention  # noqa: E402
@@ -143,7 +143,7 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   from albert_jax.model import albert as M
 
   config = load(spec)
-  config_lib.validate(config)
+  validation.validate(config)
   device = tpu_compile.topology_devices(tpu_compile.parse_slice(slice_name))[0]
   cfg = M.model_config(config.model)
   attention.check_attention_impl(cfg, device)

@@ -63,7 +63,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
-from albert_jax.base import config_lib, hardware  # noqa: E402
+from albert_jax.base import config_lib, hardware, validation  # noqa: E402
 from albert_jax.data import examples  # noqa: E402
 from albert_jax.engine import train  # noqa: E402
 from albert_jax.model import albert as albert_model, sharding  # noqa: E402
@@ -104,7 +104,7 @@ def make_config(
   config.data.max_seq_length = seq
   config.data.max_predictions_per_seq = predictions
   config.mesh.update(data=1, fsdp=1, tensor=1)
-  config_lib.validate(config)
+  validation.validate(config)
   albert_model.model_config(config.model)
   return config
 

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import corpus, dataset, formats
 from albert_jax.data.prepare.fingerprint import config_for_prepared
@@ -242,9 +242,9 @@ def test_a_txt_holding_json_lines_is_refused_and_a_forced_format_reads_it(tmp_pa
   with pytest.raises(ConfigError, match=r"array.json holds a JSON array, not JSON Lines"):
     corpus.shards(_data(str(array)), 1 << 20, 100)
   with pytest.raises(ConfigError, match="is not one of auto, text, jsonl, parquet, arrow"):
-    config_lib.validate_data(_data(txt, input_format="csv"), config_lib.base_config().model)
+    validation.validate_data(_data(txt, input_format="csv"), config_lib.base_config().model)
   with pytest.raises(ConfigError, match="data.text_format='lines' is not one of"):
-    config_lib.validate_data(_data(txt, text_format="lines"), config_lib.base_config().model)
+    validation.validate_data(_data(txt, text_format="lines"), config_lib.base_config().model)
 
 
 def test_missing_field_names_the_file_and_its_fields(tmp_path):

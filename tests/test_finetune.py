@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from albert_jax import finetune, tasks
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
 from albert_jax.engine import checkpoint, workdir as workdir_lib
@@ -764,7 +764,7 @@ def test_squad_postprocessing_settings_are_config_fields(env, tmp_path):
   def answers(**task):
     c = copy.deepcopy(config)
     c.task.update(task)
-    config_lib.validate(c)
+    validation.validate(c)
     return squad_v2.answers(c, outputs, extra)
 
   assert len(answers()) == 12

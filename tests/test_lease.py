@@ -171,7 +171,7 @@ def test_an_unreachable_bucket_asks_for_a_save_then_loses_the_lease(bucket):
 
 
 def test_workdir_lease_seconds_is_validated():
-  from albert_jax.base import config_lib
+  from albert_jax.base import validation
   from tests.conftest import load_config
 
   config = load_config("tiny")
@@ -180,7 +180,7 @@ def test_workdir_lease_seconds_is_validated():
   with pytest.raises(
     ConfigError, match=r"train.workdir_lease_seconds=1.0 must be >= 3 \(seconds\)"
   ):
-    config_lib.validate(config)
+    validation.validate(config)
 
 
 # --- trainers on one bucket workdir -----------------------------------------------------------------

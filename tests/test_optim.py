@@ -10,7 +10,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.engine import optim
 
 B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
@@ -320,7 +320,7 @@ def test_clip_gradients_to_global_norm_one():
   np.testing.assert_array_equal(np.asarray(same["b"]), np.asarray(small["b"]))
   # A negative clip_norm is refused with the rest of the config, before anything is built.
   with pytest.raises(config_lib.ConfigError, match=r"train.clip_norm=-1.0 must be >= 0"):
-    config_lib.validate_train(train_config(clip_norm=-1.0))
+    validation.validate_train(train_config(clip_norm=-1.0))
 
 
 def test_make_optimizer_lamb_matches_reference_chain():
@@ -364,7 +364,7 @@ def test_make_optimizer_runs_under_jit_and_respects_the_mask(name):
 
 def test_an_unknown_optimizer_is_refused_by_validation():
   with pytest.raises(config_lib.ConfigError, match="train.optimizer='sgd' is not one of"):
-    config_lib.validate_train(train_config(optimizer="sgd"))
+    validation.validate_train(train_config(optimizer="sgd"))
 
 
 def test_lamb_on_sharded_params_matches_single_device_without_host_transfers():

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples as E, masking as M, philox, tokenizer
 from albert_jax.data.prepare.fingerprint import config_for_prepared
@@ -537,4 +537,4 @@ def test_dropout_variant_is_the_papers_table_2_setting(name):
   v1 = load_config(name, "dropout=0.1")
   assert (v2.model.hidden_dropout_prob, v2.model.attention_probs_dropout_prob) == (0.0, 0.0)
   assert (v1.model.hidden_dropout_prob, v1.model.attention_probs_dropout_prob) == (0.1, 0.1)
-  config_lib.validate_model(v1.model)
+  validation.validate_model(v1.model)

@@ -434,13 +434,13 @@ def test_a_full_disk_on_closing_does_not_replace_a_halt(tmp_path, capsys, caplog
   ],
 )
 def test_bad_config_values_are_refused(field, value, message):
-  from albert_jax.base import config_lib
+  from albert_jax.base import config_lib, validation
 
   config = config_lib.base_config()
   section, _, key = field.rpartition(".")
   (config[section] if section else config)[key] = value
   with pytest.raises(ConfigError, match=re.escape(message)):
-    config_lib.validate(config)
+    validation.validate(config)
 
 
 @pytest.mark.slow

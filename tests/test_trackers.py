@@ -17,7 +17,7 @@ import time
 import pytest
 
 from albert_jax import finetune
-from albert_jax.base import config_lib
+from albert_jax.base import validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import workdir as workdir_lib
 from albert_jax.engine.metrics import MetricWriter
@@ -94,12 +94,12 @@ def jsonl_rows(workdir) -> dict:
 
 def test_unknown_tracker_is_a_one_line_error():
   config = small_config("/nowhere", trackers="tensorboard, wandb")
-  config_lib.validate(config)  # spaces around the names are fine
+  validation.validate(config)  # spaces around the names are fine
   config.train.trackers = "tensorboard,mlflow"
   with pytest.raises(
     ConfigError, match=r"train.trackers='tensorboard,mlflow': 'mlflow' is not one"
   ):
-    config_lib.validate(config)
+    validation.validate(config)
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ import uuid
 
 from absl import logging
 
-from albert_jax.base import config_lib, files
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
@@ -333,7 +333,7 @@ def prepare(config, workdir: str) -> dict:
   the statistics of prepared.json. Raises ConfigError (one line) on bad input or on existing data
   prepared with other settings.
   """
-  config_lib.validate(config)
+  validation.validate(config)
   ddir = data_dir(config, workdir)
   prepared = read_prepared(ddir)
   if prepared is not None:

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import (
@@ -418,7 +418,7 @@ def make_iterator(
     process_index, process_count = jax.process_index(), jax.process_count()
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} is not in [0, {process_count})")
-  config_lib.check_batch_split(config.train, processes=process_count)
+  validation.check_batch_split(config.train, processes=process_count)
   per_host = config.train.batch_size // process_count
   d = config.data
   source = open_source(ddir, split)

@@ -336,5 +336,5 @@ def make_optimizer(
       schedule, b1=t.beta1, b2=t.beta2, eps=t.epsilon, weight_decay=t.weight_decay, mask=decay_mask
     )
   else:
-    raise ValueError(f"unknown optimizer {t.optimizer!r} (config_lib.validate refuses it)")
+    raise ValueError(f"unknown optimizer {t.optimizer!r} (validation.validate refuses it)")
   return optax.chain(clip_gradients(t.clip_norm), opt)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.model import (
   attention,  # the attention core, its derivative and the flash kernels
 )
@@ -98,7 +98,7 @@ def model_config(config: Any) -> ModelConfig:
   if unknown:
     raise config_lib.ConfigError(f"unknown model config keys: {', '.join(unknown)}")
   cfg = ModelConfig(**{**defaults, **values})
-  config_lib.validate_model(cfg)
+  validation.validate_model(cfg)
   return cfg
 
 
@@ -227,7 +227,7 @@ class AlbertEmbeddings(nn.Module):
     length = input_ids.shape[-1]
     if length > self.cfg.max_position_embeddings:
       # Caught at trace time (shapes are static): a gather past the table would read NaN (jax's
-      # default out-of-range mode), not fail. config_lib.validate refuses such configs earlier.
+      # default out-of-range mode), not fail. validation.validate refuses such configs earlier.
       raise ValueError(
         f"a sequence of {length} tokens exceeds the model's max_position_embeddings="
         f"{self.cfg.max_position_embeddings}"

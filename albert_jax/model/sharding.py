@@ -15,7 +15,7 @@ from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from albert_jax.base import config_lib
+from albert_jax.base import validation
 from albert_jax.base.config_lib import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -116,7 +116,7 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
 
 def check_batch(train_config, mesh: Mesh) -> None:
   """A global batch that every data-parallel device (and every micro-batch) can split evenly."""
-  config_lib.check_batch_split(train_config, data_parallel_size(mesh), jax.process_count())
+  validation.check_batch_split(train_config, data_parallel_size(mesh), jax.process_count())
 
 
 def with_mesh(mesh: Mesh):

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from albert_jax.base import config_lib
+from albert_jax.base import validation
 from albert_jax.engine.compiling import Compiled
 from albert_jax.pretraining import train
 
@@ -159,7 +159,7 @@ def count_config(config):
   micro = int(config.train.micro_batches)
   copy.train.micro_batches = 1
   copy.train.batch_size = config.train.batch_size // micro
-  config_lib.validate(copy)
+  validation.validate(copy)
   return copy, micro
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from albert_jax.base import config_lib, hardware
+from albert_jax.base import hardware, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples
 from albert_jax.model import albert as M, sharding
@@ -332,7 +332,7 @@ def estimate(
   config, device: str, devices: int, mfu: float = DEFAULT_MFU, config_name: str = ""
 ) -> Estimate:
   """The analytic estimate of `config` on `devices` devices of kind `device` (nothing is compiled)."""
-  config_lib.validate(config)
+  validation.validate(config)
   M.model_config(config.model)
   if devices < 1:
     raise ConfigError(f"--devices={devices} must be positive")
@@ -341,7 +341,7 @@ def estimate(
   t, d = config.train, config.data
   mesh = abstract_mesh(config, devices)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  config_lib.check_batch_split(t, dp)
+  validation.check_batch_split(t, dp)
   sequences = t.batch_size // (dp * t.micro_batches)
   counts = M.param_counts(config.model)
   per_example = M.flops_per_example(config.model, d.max_seq_length, d.max_predictions_per_seq)

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 from jax.experimental import topologies
 
-from albert_jax.base import config_lib, hardware
+from albert_jax.base import hardware, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.model import sharding
 from albert_jax.planning import hlo
@@ -250,7 +250,7 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
   compile seconds and collectives, and with `count` its cost per whole step (hlo.count_train_step:
   FLOPs, bytes accessed, roofline seconds); {"fits": False, "needed", "available", "message"} when
   the compiler finds that the step does not fit the chip's memory."""
-  config_lib.validate(config)
+  validation.validate(config)
   devices = topology_devices(tpu)
   mesh = sharding.make_mesh(config.mesh, devices)
   mesh_shape = {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}

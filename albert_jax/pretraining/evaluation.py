@@ -12,7 +12,7 @@ import sys
 
 import jax
 
-from albert_jax.base import config_lib, files
+from albert_jax.base import files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import prints_to_log
 from albert_jax.data import dataset, input_pipeline
@@ -124,7 +124,7 @@ def data_config(data: str, batch_size: int, masking_from=None):
   c.train.batch_size = batch_size
   # The files hold each split in corpus order: scoring part of a split reads a seeded sample of it.
   c.data.shuffle = True
-  config_lib.validate(c)
+  validation.validate(c)
   return c, prepared
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from albert_jax.base import config_lib
+from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.files import path, sha256
 from albert_jax.base.layout import VOCAB_FILE, Kind, is_run, kind
@@ -48,7 +48,7 @@ def use_its_vocabulary(config) -> None:
 
 
 def resolve_and_validate(config) -> None:
-  """A pretraining config made complete and checked (config_lib.validate) before anything is
+  """A pretraining config made complete and checked (validation.validate) before anything is
   prepared, written or traced: with init_from, its vocabulary becomes the run's (use_its_vocabulary)
   and its architecture must be the config's (read from its config.json: no weights are read)."""
   if config.init_from:
@@ -56,7 +56,7 @@ def resolve_and_validate(config) -> None:
     pretrained.check_architecture(
       pretrained.read_model_config(config.init_from), config.model, config.init_from
     )
-  config_lib.validate(config)
+  validation.validate(config)
 
 
 def init_params(config, params, param_shardings):

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 
 from albert_jax import tasks
-from albert_jax.base import config_lib, files
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import log
 from albert_jax.data import tokenizer as tokenizer_lib
@@ -335,7 +335,7 @@ def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of config, complete and validated before anything is read, written or traced: its task
   (resolve_task), init_from (an hf:// id: its local snapshot), its architecture and vocabulary
   (resolve_init_from), then the task's
-  sequence length capped to that architecture's positions (config_lib.resolve_sequence_length)."""
+  sequence length capped to that architecture's positions (validation.resolve_sequence_length)."""
   config = copy.deepcopy(config)
   with config.unlocked():
     resolve_task(config)
@@ -344,8 +344,8 @@ def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.init_from = hub.resolve(config.init_from, "init_from")
     init_from.resolve_init_from(config)
   with config.unlocked():
-    config_lib.resolve_sequence_length(config, log)
-  config_lib.validate(config)
+    validation.resolve_sequence_length(config, log)
+  validation.validate(config)
   return config
 
 

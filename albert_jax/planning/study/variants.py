@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from albert_jax.base import config_lib
+from albert_jax.base import validation
 from albert_jax.base.config_lib import ConfigError
 
 STUDIES = ("table5", "sharing", "embedding")
@@ -105,5 +105,5 @@ def checked_variants(study: str, config, sizes: list[int] | None, steps: int) ->
       section, field = k.split(".")
       c[section][field] = value
     c.train.num_steps = steps
-    config_lib.validate(c)
+    validation.validate(c)
   return all_variants

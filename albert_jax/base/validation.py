@@ -1,0 +1,310 @@
+"""Config validation: whether a config's values can work (validate, validate_model, ...), the batch
+rule (check_batch_split), fine-tuning's sequence length (resolve_sequence_length), and the mark of a
+resolved config.
+
+The schema (fields, defaults, allowed values) is base/config_lib.py's. Every check raises
+ConfigError with a one-line message, which the commands print as `error: ...` (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+
+from albert_jax.base.config_lib import (
+  ATTENTION_IMPLS,
+  DTYPES,
+  FINETUNE_KINDS,
+  INPUT_FORMATS,
+  OPTIMIZERS,
+  REMAT_POLICIES,
+  SHARING_MODES,
+  SIZE_FIELDS,
+  TASKS,
+  TEXT_FORMATS,
+  TRACKERS,
+  ConfigError,
+  trackers,
+)
+
+
+def _check(cond, msg):
+  if not cond:
+    raise ConfigError(msg)
+
+
+def validate_model(m) -> None:
+  """Checks a model config; raises ConfigError with a one-line message."""
+  for key in SIZE_FIELDS + ("num_hidden_groups", "inner_group_num"):
+    _check(
+      isinstance(getattr(m, key), int) and getattr(m, key) > 0,
+      f"model.{key} must be a positive integer, got {getattr(m, key)!r}",
+    )
+  _check(
+    m.hidden_size % m.num_attention_heads == 0,
+    f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+    f"{m.num_attention_heads}",
+  )
+  _check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r} is not one of {SHARING_MODES}")
+  _check(
+    m.num_hidden_groups <= m.num_hidden_layers,
+    f"model.num_hidden_groups={m.num_hidden_groups} exceeds model.num_hidden_layers="
+    f"{m.num_hidden_layers}",
+  )
+  _check(
+    m.num_hidden_layers % m.num_hidden_groups == 0,
+    f"model.num_hidden_groups={m.num_hidden_groups} does not divide model.num_hidden_layers="
+    f"{m.num_hidden_layers}",
+  )
+  _check(
+    m.sharing == "all" or (m.num_hidden_groups == 1 and m.inner_group_num == 1),
+    f"model.num_hidden_groups/inner_group_num apply to sharing='all', not {m.sharing!r}",
+  )
+  _check(
+    not (m.sharing != "none" and m.embedding_size > m.hidden_size),
+    f"model.embedding_size={m.embedding_size} > hidden_size={m.hidden_size} defeats the "
+    f"factorisation; use E <= H",
+  )
+  _check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r} is not one of {REMAT_POLICIES}")
+  _check(m.dtype in DTYPES, f"model.dtype={m.dtype!r} is not one of {DTYPES}")
+  _check(m.param_dtype in DTYPES, f"model.param_dtype={m.param_dtype!r} is not one of {DTYPES}")
+  _check(
+    m.attention_impl in ATTENTION_IMPLS,
+    f"model.attention_impl={m.attention_impl!r} is not one of {ATTENTION_IMPLS}",
+  )
+  _check(
+    m.embedding_hidden_mapping in ("auto", "always"),
+    f"model.embedding_hidden_mapping={m.embedding_hidden_mapping!r} is not 'auto' or 'always'",
+  )
+  _check(
+    not (m.attention_impl != "einsum" and m.attention_probs_dropout_prob > 0),
+    f"model.attention_impl={m.attention_impl!r} has no attention-probability dropout; set "
+    "model.attention_probs_dropout_prob=0 or use attention_impl='einsum'",
+  )
+  for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+    _check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)!r}")
+  _check(m.layer_norm_eps > 0, f"model.layer_norm_eps must be positive, got {m.layer_norm_eps!r}")
+
+
+def _validate_sequence_length(d, model) -> None:
+  """A sequence must fit in the position table: a position beyond it would be gathered out of range
+  (NaN or another row in jax's default gather mode), so training would run on garbage."""
+  _check(d.max_seq_length >= 8, f"data.max_seq_length={d.max_seq_length} is too short (minimum 8)")
+  _check(
+    d.max_seq_length <= model.max_position_embeddings,
+    f"data.max_seq_length={d.max_seq_length} exceeds the model's max_position_embeddings="
+    f"{model.max_position_embeddings}; set --config.data.max_seq_length="
+    f"{model.max_position_embeddings} or less",
+  )
+
+
+def validate_data(d, model) -> None:
+  _validate_sequence_length(d, model)
+  _check(
+    0 < d.max_predictions_per_seq <= d.max_seq_length,
+    f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]",
+  )
+  _check(0.0 < d.masked_lm_prob < 1.0, f"data.masked_lm_prob={d.masked_lm_prob} must be in (0, 1)")
+  _check(
+    0.0 <= d.short_seq_prob <= 1.0, f"data.short_seq_prob={d.short_seq_prob} must be in [0, 1]"
+  )
+  _check(d.max_ngram >= 1, f"data.max_ngram={d.max_ngram} must be >= 1")
+  _check(d.task in TASKS, f"data.task={d.task!r} is not one of {TASKS}")
+  _check(d.non_utf8 in ("skip", "error"), f"data.non_utf8={d.non_utf8!r} is not 'skip' or 'error'")
+  _check(
+    d.input_format in INPUT_FORMATS,
+    f"data.input_format={d.input_format!r} is not one of {', '.join(INPUT_FORMATS)}",
+  )
+  _check(
+    d.text_format in TEXT_FORMATS,
+    f"data.text_format={d.text_format!r} is not one of {', '.join(TEXT_FORMATS)}",
+  )
+  _check(
+    d.word_start in ("marker", "original"),
+    f"data.word_start={d.word_start!r} is not 'marker' or 'original'",
+  )
+  _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
+  _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
+  _check(
+    d.pairing in ("per_epoch", "static"),
+    f"data.pairing={d.pairing!r} is not 'per_epoch' or 'static'",
+  )
+  _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
+  _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
+  _check(
+    d.num_prepare_workers >= 0,
+    f"data.num_prepare_workers={d.num_prepare_workers} must be >= 0 (0: every core)",
+  )
+  _check(
+    d.vocab_sample_sentences > 0,
+    f"data.vocab_sample_sentences={d.vocab_sample_sentences} must be positive",
+  )
+
+
+def validate_train(t) -> None:
+  unknown = [n for n in trackers(t) if n not in TRACKERS]
+  _check(
+    not unknown,
+    f"train.trackers={t.trackers!r}: {', '.join(map(repr, unknown))} is not one of {TRACKERS}",
+  )
+  _check(t.num_steps >= 0, f"train.num_steps={t.num_steps} must be >= 0")
+  _check(0 <= t.warmup_steps, f"train.warmup_steps={t.warmup_steps} must be >= 0")
+  _check(
+    math.isfinite(t.learning_rate) and t.learning_rate > 0,
+    f"train.learning_rate={t.learning_rate} must be a positive number",
+  )
+  _check(t.optimizer in OPTIMIZERS, f"train.optimizer={t.optimizer!r} is not one of {OPTIMIZERS}")
+  _check(
+    math.isfinite(t.clip_norm) and t.clip_norm >= 0,
+    f"train.clip_norm={t.clip_norm} must be >= 0 (0 turns clipping off)",
+  )
+  _check(
+    t.on_nonfinite in ("skip", "halt"), f"train.on_nonfinite={t.on_nonfinite!r} is not skip or halt"
+  )
+  _check(
+    t.max_consecutive_skips >= 0,
+    f"train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0 (0: no limit)",
+  )
+  for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    _check(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
+  _check(t.eval_steps >= 0, f"train.eval_steps={t.eval_steps} must be >= 0")
+  _check(
+    t.checkpoint_every_seconds >= 0,
+    f"train.checkpoint_every_seconds={t.checkpoint_every_seconds} must be >= 0 (0: off)",
+  )
+  _check(
+    math.isfinite(t.workdir_lease_seconds) and t.workdir_lease_seconds >= 3,
+    f"train.workdir_lease_seconds={t.workdir_lease_seconds} must be >= 3 (seconds)",
+  )
+  _check(t.profile_steps >= 0, f"train.profile_steps={t.profile_steps} must be >= 0 (0: off)")
+
+
+def validate(config) -> None:
+  """The one validation of a config, pretraining's or fine-tuning's (one with a `task`).
+
+  resolve() calls it (and nothing else does) on the fully resolved config (the variant, the
+  overrides, init_from's architecture and vocabulary, the task's defaults), before anything is
+  prepared, written or traced: a check on a half-resolved config passes what the finished one cannot
+  run. Raises ConfigError with a one-line message. What needs the devices (the batch over the mesh) is check_batch_split's."""
+  _check(
+    isinstance(config.seed, int) and 0 <= config.seed < 2**31,
+    f"seed={config.seed!r} must be an integer in [0, 2**31)",
+  )
+  validate_model(config.model)
+  if "task" in config:
+    _validate_finetune(config)
+  else:
+    validate_data(config.data, config.model)
+  validate_train(config.train)
+  check_batch_split(config.train)
+  for axis in ("data", "fsdp", "tensor"):
+    _check(
+      config.mesh[axis] == -1 or config.mesh[axis] >= 1,
+      f"mesh.{axis}={config.mesh[axis]} must be -1 or a positive integer",
+    )
+
+
+def _validate_finetune(config) -> None:
+  _check(config.seeds >= 1, f"seeds={config.seeds} must be >= 1")
+  _check(
+    bool(config.init_from),
+    "init_from is required: a pretraining workdir, a --format=jax export "
+    "or a Hugging Face ALBERT directory",
+  )
+  t, d = config.task, config.data
+  _check(t.kind in FINETUNE_KINDS, f"task.kind={t.kind!r} is not one of {FINETUNE_KINDS}")
+  _check(
+    0.0 <= t.classifier_dropout < 1.0,
+    f"task.classifier_dropout must be in [0, 1), got {t.classifier_dropout!r}",
+  )
+  for k in ("n_best_size", "max_answer_length"):
+    _check(
+      isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 1,
+      f"task.{k} must be a positive integer, got {t[k]!r}",
+    )
+  threshold = t.null_score_diff_threshold
+  _check(
+    isinstance(threshold, (int, float))
+    and not isinstance(threshold, bool)
+    and math.isfinite(threshold),
+    f"task.null_score_diff_threshold must be a finite number, got {threshold!r}",
+  )
+  _validate_sequence_length(d, config.model)
+
+
+def check_batch_split(train, data_parallel: int = 1, processes: int = 1) -> None:
+  """The batch rule, once: train.batch_size splits into train.micro_batches equal micro-batches,
+  each of which splits over the `data_parallel` devices (mesh data x fsdp), and the batch over the
+  `processes` (each host loads its own share)."""
+  b, micro = train.batch_size, train.micro_batches
+  _check(b > 0, f"train.batch_size={b} must be positive")
+  _check(micro >= 1, f"train.micro_batches={micro} must be >= 1")
+  _check(b % micro == 0, f"train.micro_batches={micro} does not divide train.batch_size={b}")
+  _check(
+    (b // micro) % data_parallel == 0,
+    f"train.batch_size={b}"
+    + (f" / train.micro_batches={micro}" if micro > 1 else "")
+    + f" is not divisible by the {data_parallel} data-parallel devices (mesh data x fsdp)",
+  )
+  _check(b % processes == 0, f"train.batch_size={b} is not divisible by the {processes} processes")
+
+
+def resolve_sequence_length(config, announce) -> None:
+  """Fine-tuning: data.max_seq_length 0 (not set) becomes the task's (task.max_seq_length), capped
+  to the model's positions with `announce`d line; a length the user set is left for validate, which
+  refuses one beyond the positions."""
+  if config.data.max_seq_length:
+    return
+  positions = config.model.max_position_embeddings
+  length = config.task.max_seq_length
+  if length > positions:
+    announce(
+      f"data.max_seq_length: the task's {length} capped to the model's max_position_embeddings="
+      f"{positions}"
+    )
+    length = positions
+  config.data.max_seq_length = length
+
+
+# The mark of a resolved config: the config's content when it was resolved, kept on the ConfigDict
+# object itself (not a field: config.json and checkpoints stay as they are). A copy carries no mark,
+# and a config changed after its resolution no longer matches it: both are resolved again.
+_MARK = "_albert_jax_resolved"
+
+
+def _content(config) -> str:
+  return json.dumps(config.to_dict(), sort_keys=True, default=repr)
+
+
+def is_resolved(config) -> bool:
+  """Whether `config` went through resolve() and has not changed since."""
+  mark = getattr(config, _MARK, None)
+  return mark is not None and mark == _content(config)
+
+
+def resolve(config, complete: Callable | None = None):
+  """The one resolution of a config, pretraining's or fine-tuning's; returns the same object.
+
+  `complete(config)` is the application's completion (pretraining: init_from's Hub snapshot,
+  vocabulary and architecture; fine-tuning: its task, init_from's architecture and vocabulary, the
+  sequence length capped to the positions), run on the unlocked config. Then validate() checks the
+  whole, the config is locked and marked resolved. Every command calls it once, before anything is
+  written; the library's entry points call it on what they are given, and a config resolved before
+  and unchanged since returns at once (is_resolved): no second completion, no second validation.
+  """
+  if is_resolved(config):
+    return config
+  if complete is not None:
+    with config.unlocked():
+      complete(config)
+  elif config.get("init_from"):
+    raise ConfigError(
+      f"init_from={config.init_from}: this config is not resolved (init_from's vocabulary and "
+      "architecture); build it with albert_jax.get_config or resolve it with "
+      "albert_jax.pretraining.init_from.resolve"
+    )
+  validate(config)
+  config.lock()
+  object.__setattr__(config, _MARK, _content(config))
+  return config
