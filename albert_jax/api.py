@@ -93,10 +93,7 @@ def get_config(
     raise ConfigError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
   if "task" in config:
     return finetuning.resolved(config)
-  with config.unlocked():
-    config.init_from = hub.resolve(config.init_from, "init_from")
-  init_from.resolve_and_validate(config)
-  return config
+  return init_from.resolve(config)
 
 
 def batches(

@@ -15,7 +15,6 @@ from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.base import distributed, files
-from albert_jax.interop import hub
 from albert_jax.pretraining import init_from, train
 
 
@@ -37,8 +36,7 @@ def run():
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value, init_from's included: one line before anything is written
-      config.init_from = hub.resolve(config.init_from, "init_from")  # an hf:// id: its snapshot
-      init_from.resolve_and_validate(config)
+      init_from.resolve(config)  # an hf:// id: its snapshot; its vocabulary and architecture
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
       distributed.initialize(config)
     with cli.guard():

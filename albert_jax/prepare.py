@@ -48,7 +48,7 @@ def run() -> None:
     workdir = cli.workdir(workdir_flag.value)
     config = cli.load_config(config_flag)
     with cli.guard():  # a bad value: one line before anything is written (no log file either)
-      init_from.resolve_and_validate(config)
+      init_from.resolve(config)
     cli.setup_logging("prepare", workdir)
     with cli.guard():
       if inspect_flag.value:

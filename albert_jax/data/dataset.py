@@ -333,7 +333,7 @@ def prepare(config, workdir: str) -> dict:
   the statistics of prepared.json. Raises ConfigError (one line) on bad input or on existing data
   prepared with other settings.
   """
-  validation.validate(config)
+  validation.resolve(config)  # resolved by the caller: only its mark is checked
   ddir = data_dir(config, workdir)
   prepared = read_prepared(ddir)
   if prepared is not None:

@@ -181,7 +181,7 @@ def estimate_and_compile(
       tpu = tpu_compile.slice_for(device, devices)
   if fit_ and tpu is None:
     raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
-  init_from.resolve_and_validate(config)
+  init_from.resolve(config)
   est = estimate(config, device, devices, mfu, config_name=config_name)
   if tpu is not None and compile_ != "no":
     est.tpu = tpu_compile.compile_step(config, tpu, count=True)

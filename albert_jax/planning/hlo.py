@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 
-from albert_jax.base import validation
 from albert_jax.engine.compiling import Compiled
 from albert_jax.pretraining import train
 
@@ -151,7 +150,9 @@ def count_config(config):
   copy unrolls the layers (the same computation: scan_layers changes the program, not the maths)
   and runs one micro-batch's sequences; its cost times micro_batches is the step's, the optimizer's
   update then counted micro_batches times (elementwise over the parameters: well under 1% of a
-  step's FLOPs or bytes)."""
+  step's FLOPs or bytes). `config` is resolved (validated once); the copy needs no second check:
+  unrolling is valid for every sharing kept here, and one micro-batch of batch_size / micro_batches
+  sequences splits over the same devices as each of the config's micro-batches did."""
   copy = config.copy_and_resolve_references()
   if config.model.scan_layers and config.model.sharing in ("attention", "ffn"):
     return None, f"model.sharing={config.model.sharing!r} cannot be unrolled"
@@ -159,7 +160,6 @@ def count_config(config):
   micro = int(config.train.micro_batches)
   copy.train.micro_batches = 1
   copy.train.batch_size = config.train.batch_size // micro
-  validation.validate(copy)
   return copy, micro
 
 

@@ -23,7 +23,7 @@ from albert_jax.base import hardware, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import examples
 from albert_jax.model import albert as M, sharding
-from albert_jax.pretraining import objective, train
+from albert_jax.pretraining import init_from, objective, train
 
 # The MFU the predictions assume unless --mfu says otherwise: what well-tuned BERT-style training reaches
 # (NVIDIA's BERT-large LAMB runs at about 45% MFU on A100s; docs/performance.md, MFU).
@@ -331,8 +331,9 @@ def device_specs(device: str) -> tuple[float, float, str]:
 def estimate(
   config, device: str, devices: int, mfu: float = DEFAULT_MFU, config_name: str = ""
 ) -> Estimate:
-  """The analytic estimate of `config` on `devices` devices of kind `device` (nothing is compiled)."""
-  validation.validate(config)
+  """The analytic estimate of `config` on `devices` devices of kind `device` (nothing is compiled);
+  `config` resolved (init_from.resolve: only its mark is checked) or resolved here."""
+  init_from.resolve(config)
   M.model_config(config.model)
   if devices < 1:
     raise ConfigError(f"--devices={devices} must be positive")

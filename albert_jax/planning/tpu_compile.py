@@ -20,11 +20,11 @@ from typing import Any
 import jax
 from jax.experimental import topologies
 
-from albert_jax.base import hardware, validation
+from albert_jax.base import hardware
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.model import sharding
 from albert_jax.planning import hlo
-from albert_jax.pretraining import train
+from albert_jax.pretraining import init_from, train
 
 
 def install_hint() -> str:
@@ -249,8 +249,9 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
   """Compiles the trainer's step for `tpu` and returns the compiler's per-device memory (bytes),
   compile seconds and collectives, and with `count` its cost per whole step (hlo.count_train_step:
   FLOPs, bytes accessed, roofline seconds); {"fits": False, "needed", "available", "message"} when
-  the compiler finds that the step does not fit the chip's memory."""
-  validation.validate(config)
+  the compiler finds that the step does not fit the chip's memory. `config` resolved
+  (init_from.resolve: only its mark is checked) or resolved here."""
+  init_from.resolve(config)
   devices = topology_devices(tpu)
   mesh = sharding.make_mesh(config.mesh, devices)
   mesh_shape = {a: int(mesh.shape[a]) for a in sharding.MESH_AXES}

@@ -100,9 +100,25 @@ def data_config(data: str, batch_size: int, masking_from=None):
   """(config, prepared.json) for input_pipeline.make_iterator over the prepared data `data`.
 
   The data side is rebuilt from prepared.json's fingerprint (what the examples were made with),
-  so the pipeline's own check accepts it whichever run prepared it.
+  so the pipeline's own check accepts it whichever run prepared it; the config is resolved once,
+  here (it has no init_from).
   """
+  ddir, prepared, masking_from = _prepared(data, masking_from)
+  c = config_for_prepared(ddir, prepared)
+  d = c.data
+  if masking_from is not None:
+    for key in _MASKING:
+      d[key] = masking_from.data[key]
+  c.train.batch_size = batch_size
+  # The files hold each split in corpus order: scoring part of a split reads a seeded sample of it.
+  c.data.shuffle = True
+  return validation.resolve(c), prepared
 
+
+def _prepared(data: str, masking_from=None):
+  """(the prepared data directory, its prepared.json, the config whose masking settings apply) of
+  `data`, a prepared data directory or a run's workdir (its own masking then); one-line errors for
+  paths that hold neither."""
   if not data or not files.path(data).is_dir():
     raise ConfigError(f"--data {data!r} is not a directory")
   if not files.path(data, PREPARED_FILE).exists():
@@ -115,17 +131,7 @@ def data_config(data: str, batch_size: int, masking_from=None):
   ddir = str(files.path(data))
   if not files.path(ddir, PREPARED_FILE).exists():
     raise ConfigError(f"no prepared data in {ddir}")
-  prepared = files.read_json(files.path(ddir, PREPARED_FILE))
-  c = config_for_prepared(ddir, prepared)
-  d = c.data
-  if masking_from is not None:
-    for key in _MASKING:
-      d[key] = masking_from.data[key]
-  c.train.batch_size = batch_size
-  # The files hold each split in corpus order: scoring part of a split reads a seeded sample of it.
-  c.data.shuffle = True
-  validation.validate(c)
-  return c, prepared
+  return ddir, files.read_json(files.path(ddir, PREPARED_FILE)), masking_from
 
 
 def _to_stderr(line: str) -> None:
@@ -156,7 +162,7 @@ def score(
   # A Hub id: its local snapshot (announced on stderr: stdout holds the result line alone).
   checkpoint_path = hub.resolve(checkpoint_path, "--checkpoint", announce=_to_stderr)
   _checkpoint_kind(checkpoint_path)
-  data_config(data, batch_size)  # bad paths fail here, before anything heavy is loaded
+  _prepared(data)  # bad paths fail here, before anything heavy is loaded
 
   loaded = load_model(checkpoint_path, step)
   config, prepared = data_config(data, batch_size, loaded["run_config"])

@@ -15,7 +15,7 @@ from albert_jax.base.layout import VOCAB_FILE, Kind, is_run, kind
 from albert_jax.base.log import log
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
-from albert_jax.interop import model_dir, pretrained
+from albert_jax.interop import hub, model_dir, pretrained
 
 
 def _take_vocabulary(config, theirs: str, where: str) -> None:
@@ -47,16 +47,23 @@ def use_its_vocabulary(config) -> None:
     _take_vocabulary(config, str(path(config.init_from, VOCAB_FILE)), config.init_from)
 
 
-def resolve_and_validate(config) -> None:
-  """A pretraining config made complete and checked (validation.validate) before anything is
-  prepared, written or traced: with init_from, its vocabulary becomes the run's (use_its_vocabulary)
-  and its architecture must be the config's (read from its config.json: no weights are read)."""
+def complete(config) -> None:
+  """Pretraining's completion (validation.resolve runs it on the unlocked config): init_from as a
+  Hub id becomes its local snapshot, its vocabulary the run's (use_its_vocabulary), and its
+  architecture must be the config's (read from its config.json: no weights are read)."""
+  config.init_from = hub.resolve(config.init_from, "init_from")
   if config.init_from:
     use_its_vocabulary(config)
     pretrained.check_architecture(
       pretrained.read_model_config(config.init_from), config.model, config.init_from
     )
-  validation.validate(config)
+
+
+def resolve(config):
+  """A pretraining config resolved (validation.resolve with complete()): completed, validated,
+  locked and marked, before anything is prepared, written or traced; one resolved already and
+  unchanged since is returned as it is. Returns the same object."""
+  return validation.resolve(config, complete)
 
 
 def init_params(config, params, param_shardings):

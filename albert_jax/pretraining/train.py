@@ -92,11 +92,11 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Trains config.train.num_steps steps in workdir, resuming from its latest sound checkpoint.
 
-  The library's entry point: resolves and validates `config` (init_from.resolve_and_validate),
-  then, as the command does, holds the workdir's lock around run_resolved. One run per workdir:
-  process 0 holds <workdir>/.lock throughout; a second run is refused.
+  The library's entry point: takes a resolved config (albert_jax.get_config) or resolves `config`
+  (init_from.resolve), then, as the command does, holds the workdir's lock around run_resolved. One
+  run per workdir: process 0 holds <workdir>/.lock throughout; a second run is refused.
   """
-  init_from.resolve_and_validate(config)
+  init_from.resolve(config)
   with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
     return run_resolved(config, workdir)
 
@@ -105,6 +105,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
   """The pretraining job on a config already resolved and validated, under the workdir's lock that
   the caller holds (python -m albert_jax.main resolves once, before anything is written)."""
   # --- Config -----------------------------------------------------------------------------------
+  init_from.resolve(config)  # resolved by the caller: only its mark is checked
   t = config.train
 
   # --- Mesh -------------------------------------------------------------------------------------

@@ -266,13 +266,19 @@ def summarize(results: list[dict], metric: str) -> dict:
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs config.seeds seeds in workdir/seed_<k>/ and writes eval_results.json and predictions/."""
-  return run_resolved(resolved(config), workdir)
+  """Runs config.seeds seeds in workdir/seed_<k>/ and writes eval_results.json and predictions/.
+
+  The library's entry point: takes a resolved config (albert_jax.get_config) or resolves a copy of
+  `config` (resolved()), then, as the command does, holds the workdir's lock around run_resolved."""
+  config = resolved(config)
+  with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):
+    return run_resolved(config, workdir)
 
 
 def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """finetune() on a config resolved() already (the command resolves and validates it before it
-  takes the workdir's lock or writes its log file)."""
+  """finetune() on a config resolved() already, under the workdir's lock that the caller holds (the
+  command resolves once, before it takes the lock or writes its log file)."""
+  config = resolved(config)  # resolved by the caller: only its mark is checked
   task = tasks.of(config)
   data = load_data(config, task)
   log(
@@ -332,21 +338,23 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of config, complete and validated before anything is read, written or traced: its task
+  """`config` itself when it is resolved (validation.is_resolved), else a resolved copy
+  (validation.resolve with complete()), before anything is read, written or traced."""
+  if validation.is_resolved(config):
+    return config
+  return validation.resolve(copy.deepcopy(config), complete)
+
+
+def complete(config) -> None:
+  """Fine-tuning's completion (validation.resolve runs it on the unlocked config): its task
   (resolve_task), init_from (an hf:// id: its local snapshot), its architecture and vocabulary
-  (resolve_init_from), then the task's
-  sequence length capped to that architecture's positions (validation.resolve_sequence_length)."""
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    resolve_task(config)
+  (resolve_init_from), then the task's sequence length capped to that architecture's positions
+  (validation.resolve_sequence_length)."""
+  resolve_task(config)
   if config.init_from:  # without it validate says it is required
-    with config.unlocked():  # a Hub id: the local snapshot from here on
-      config.init_from = hub.resolve(config.init_from, "init_from")
+    config.init_from = hub.resolve(config.init_from, "init_from")  # the local snapshot from here on
     init_from.resolve_init_from(config)
-  with config.unlocked():
-    validation.resolve_sequence_length(config, log)
-  validation.validate(config)
-  return config
+  validation.resolve_sequence_length(config, log)
 
 
 def resolve_task(config) -> None:
