@@ -23,7 +23,7 @@ from albert_jax.model import albert as model_lib
 from albert_jax.planning.study.findings import Row
 from albert_jax.planning.study.report import report
 from albert_jax.planning.study.variants import TASKS, Variant
-from albert_jax.pretraining import evaluation as evaluate
+from albert_jax.pretraining import evaluation as evaluate, init_from
 
 RESULT_FILE = "study_result.json"
 # The repository's root, where configs/ is.
@@ -64,7 +64,7 @@ def prepare(config, workdir: str, seeds: list[int]) -> None:
   """Each seed's SOP data (training its vocabulary), then its NSP data with that vocabulary."""
   for seed in seeds:
     for task in TASKS:
-      c = seed_config(config, workdir, seed, task)
+      c = init_from.resolve(seed_config(config, workdir, seed, task))  # this data's config, once
       info = dataset.prepare(c, os.path.dirname(c.data.data_dir))
       log(
         f"data seed {seed} {task}: {info.get('num_train_examples')} train / "
