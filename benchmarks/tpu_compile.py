@@ -143,7 +143,7 @@ def measure_block(spec: str, slice_name: str, per_device: int) -> dict:
   from albert_jax.model import albert as M
 
   config = load(spec)
-  validation.validate(config)
+  validation.resolve(config)
   device = tpu_compile.topology_devices(tpu_compile.parse_slice(slice_name))[0]
   cfg = M.model_config(config.model)
   attention.check_attention_impl(cfg, device)

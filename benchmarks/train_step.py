@@ -104,7 +104,7 @@ def make_config(
   config.data.max_seq_length = seq
   config.data.max_predictions_per_seq = predictions
   config.mesh.update(data=1, fsdp=1, tensor=1)
-  validation.validate(config)
+  validation.resolve(config)
   albert_model.model_config(config.model)
   return config
 
