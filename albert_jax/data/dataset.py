@@ -34,7 +34,7 @@ import uuid
 
 from absl import logging
 
-from albert_jax.base import config_lib, files, validation
+from albert_jax.base import files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
