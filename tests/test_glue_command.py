@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_jax import glue
+from albert_jax.tasks import glue_benchmark
 from tests.test_finetune import ROOT, env, sentence, write_sst2  # noqa: F401 (env: the fixture)
 
 STEPS = [
@@ -195,18 +195,18 @@ def test_bad_input_is_one_line_and_writes_nothing(env, glue_dir, tmp_path, args,
 
 
 def test_fewer_steps_keep_each_tasks_warmup_share():
-  module = glue._task_config_module()
+  module = glue_benchmark._task_config_module()
   for task, steps, warmup in (("rte", 800, 200), ("mnli", 10000, 1000), ("cola", 5336, 320)):
     config = module.get_config(f"task={task}")
     overrides = {"train.num_steps": 100}
     config.update_from_flattened_dict(overrides)
-    glue.scale_schedule(config, steps, warmup, overrides)
+    glue_benchmark.scale_schedule(config, steps, warmup, overrides)
     t = config.train
     assert (t.num_steps, t.eval_every, t.checkpoint_every) == (100, 10, 10)
     assert t.warmup_steps == round(100 * warmup / steps)  # rte 25, mnli 10, cola 6
     overrides = {"train.num_steps": 50, "train.warmup_steps": 3, "train.eval_every": 7}
     config.update_from_flattened_dict(overrides)
-    glue.scale_schedule(config, steps, warmup, overrides)
+    glue_benchmark.scale_schedule(config, steps, warmup, overrides)
     assert (t.warmup_steps, t.eval_every, t.checkpoint_every) == (3, 7, 5)
 
 
@@ -218,15 +218,19 @@ def test_glue_score_averages_two_metric_tasks_first():
       {"seed": 2, "metrics": {"f1": 0.8, "accuracy": 0.9}},
     ]
   }
-  t = glue.task_summary("mrpc", results)
+  t = glue_benchmark.task_summary("mrpc", results)
   assert t["metrics"]["f1"]["median"] == pytest.approx(80.0)
   assert t["metrics"]["accuracy"]["median"] == pytest.approx(80.0)
   assert (t["metrics"]["f1"]["min"], t["metrics"]["f1"]["max"]) == pytest.approx((70.0, 90.0))
   assert t["metrics"]["f1"]["std"] == pytest.approx(100 * np.std([0.9, 0.7, 0.8]))
   assert t["score"] == pytest.approx(80.0)
-  cola = glue.task_summary("cola", {"seeds": [{"metrics": {"matthews_corr": 0.5, "f1": 0.1}}]})
+  cola = glue_benchmark.task_summary(
+    "cola", {"seeds": [{"metrics": {"matthews_corr": 0.5, "f1": 0.1}}]}
+  )
   assert list(cola["metrics"]) == ["matthews_corr"] and cola["score"] == pytest.approx(50.0)
-  assert glue.task_names("all") == list(glue.FOLDERS) and glue.task_names("RTE, cola") == [
+  assert glue_benchmark.task_names("all") == list(
+    glue_benchmark.FOLDERS
+  ) and glue_benchmark.task_names("RTE, cola") == [
     "rte",
     "cola",
   ]
@@ -235,7 +239,7 @@ def test_glue_score_averages_two_metric_tasks_first():
 def test_a_benchmarks_runs_share_one_wandb_group(env, glue_dir):  # noqa: F811
   """Every task's seeds go into the benchmark's W&B group, unless the user named one."""
   common = (["sst2", "mrpc"], str(env / "init"), str(glue_dir), 2)
-  configs = glue.task_configs(*common, {}, group="glue-bench")
+  configs = glue_benchmark.task_configs(*common, {}, group="glue-bench")
   assert {c.train.wandb_group for c in configs.values()} == {"glue-bench"}
-  configs = glue.task_configs(*common, {"train.wandb_group": "mine"}, group="glue-bench")
+  configs = glue_benchmark.task_configs(*common, {"train.wandb_group": "mine"}, group="glue-bench")
   assert {c.train.wandb_group for c in configs.values()} == {"mine"}
