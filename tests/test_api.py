@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import albert_jax
-from albert_jax import export
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import checkpoint
+from albert_jax.pretraining import export
 from tests.conftest import ROOT
 from tests.test_evaluate import runs  # noqa: F401  (the tiny runs, trained once per session)
 

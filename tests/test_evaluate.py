@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax import evaluate, export
+from albert_jax import evaluate
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer
 from albert_jax.data.prepare.layout import PREPARED_FILE
-from albert_jax.pretraining import train
+from albert_jax.pretraining import export, train
 from tests.conftest import ROOT, built_once, small_config
 
 # Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.

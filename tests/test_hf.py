@@ -21,13 +21,12 @@ import torch  # the test extra installs a CPU torch and transformers: these test
 import transformers
 from safetensors.numpy import load_file
 
-from albert_jax import export
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
 from albert_jax.interop import hf, jax_export, pretrained
 from albert_jax.model import albert as M
-from albert_jax.pretraining import init_from
+from albert_jax.pretraining import export, init_from
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

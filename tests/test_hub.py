@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from albert_jax import evaluate, export, finetune
+from albert_jax import evaluate, finetune
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.interop import hub
-from albert_jax.pretraining import train
+from albert_jax.pretraining import export, train
 from tests.conftest import ROOT, built_once, main_cmd, small_config
 
 MAIN = hashlib.sha1(b"the hf export").hexdigest()  # commits are 40 hex digits

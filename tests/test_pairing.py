@@ -513,7 +513,7 @@ def test_quote_switch_reaches_the_encoder_and_squad_alignment(spm_model_path):
 
 
 def test_hf_export_of_a_model_without_the_quote_rule_is_refused(tmp_path):
-  from albert_jax import export
+  from albert_jax.pretraining import export
 
   config = load_config("tiny")
   config.data.normalize_quotes = False

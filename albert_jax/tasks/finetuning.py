@@ -1,4 +1,4 @@
-"""The fine-tuning runner (python -m albert_jax.finetune and albert_jax.glue call it).
+"""The fine-tuning runner (python -m albert_jax.finetune and tasks/glue_benchmark.py call it).
 
 
 A short driver over the pretraining trainer: the task (tasks.of: a GLUE, SQuAD or RACE task object)
