@@ -217,15 +217,15 @@ def test_two_trainers_on_one_bucket_workdir_one_trains_the_other_refuses(bucket,
   """Started together: exactly one trains, the other refuses in one line; the checkpoints restore.
   (One started after the other: test_a_killed_holders_lease_...)"""
   run = f"{bucket}/run"
-  fields = dict(num_steps=40, checkpoint_every=4, workdir_lease_seconds=30)
+  fields = dict(num_steps=12, checkpoint_every=4, workdir_lease_seconds=30)
   first, second = _trainer(run, data_dir, **fields), _trainer(run, data_dir, **fields)
   outs = {p.pid: p.communicate(timeout=600) for p in (first, second)}
   codes = sorted((p.returncode, p.pid) for p in (first, second))
   assert [c for c, _ in codes] == [0, 2], {pid: err[-2000:] for pid, (_, err) in outs.items()}
   (_, winner), (_, loser) = codes
   _refusal(outs[loser][1], run, winner)
-  assert "saved step 40 to gs://" in outs[winner][0]
-  assert checkpoint.load_params(run, "latest")[2] == 40
+  assert "saved step 12 to gs://" in outs[winner][0]
+  assert checkpoint.load_params(run, "latest")[2] == 12
   assert not files.path(run, ".lock").exists()  # released on exit
 
 
@@ -235,7 +235,7 @@ def test_a_killed_holders_lease_is_taken_over_once_expired_and_the_run_resumes_b
 ):
   from tests.test_reliability import run_main
 
-  fields = dict(num_steps=30, checkpoint_every=2, workdir_lease_seconds=20)
+  fields = dict(num_steps=12, checkpoint_every=2, workdir_lease_seconds=20)
   straight = run_main(f"{bucket}/straight", data_dir, **fields)
   assert straight.returncode == 0, straight.stderr[-2000:]
   run = f"{bucket}/run"
@@ -265,10 +265,10 @@ def test_a_killed_holders_lease_is_taken_over_once_expired_and_the_run_resumes_b
     resumed.stdout,
   ), resumed.stdout
   saved = int(re.search(r"resumed from step (\d+)", resumed.stdout).group(1))
-  assert 2 <= saved < 30  # step 4's save may have been cut short by the kill
-  want, _, _, _ = checkpoint.load_params(f"{bucket}/straight", 30)
+  assert 2 <= saved < 12  # step 4's save may have been cut short by the kill
+  want, _, _, _ = checkpoint.load_params(f"{bucket}/straight", 12)
   got, _, step, _ = checkpoint.load_params(run, "latest")
-  assert step == 30
+  assert step == 12
   for x, y in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
   print(
