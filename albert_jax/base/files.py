@@ -182,6 +182,21 @@ class DiskFull(RuntimeError):
   """No space left on the device being written (an environment fault, not bad input)."""
 
 
+def left_by_ended_process(path: str, prefix: str) -> bool:
+  """Whether `path`, named <prefix><pid>-..., was left by a process of this host that has ended (an
+  interrupted prepare's build or spill folder); False while it runs or when it is not ours to ask."""
+  pid = str(path)[len(prefix) :].split("-", 1)[0]
+  if not pid.isdigit():
+    return False
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return True
+  except OSError:
+    return False
+  return False
+
+
 def is_disk_full(e: BaseException | None) -> bool:
   """Whether e, or an exception behind it, is ENOSPC (Orbax and TensorStore re-raise it as text)."""
   while e is not None:

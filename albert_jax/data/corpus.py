@@ -394,13 +394,5 @@ def remove_interrupted_spills() -> None:
   """Removes the spill folders of this host's prepares whose process is gone (spill_directory)."""
   prefix = _spill_prefix()
   for path in glob.glob(glob.escape(prefix) + "*"):
-    pid = path[len(prefix) :].split("-", 1)[0]
-    if not pid.isdigit():
-      continue
-    try:
-      os.kill(int(pid), 0)
-      continue  # still running (or not ours to signal): leave it
-    except ProcessLookupError:
+    if files_lib.left_by_ended_process(path, prefix):
       shutil.rmtree(path, ignore_errors=True)
-    except OSError:
-      continue

@@ -249,16 +249,8 @@ def _remove_interrupted_builds(ddir: str) -> None:
   else:
     found = glob.glob(glob.escape(prefix) + "*")
   for path in found:
-    pid = path[len(prefix) :].split("-", 1)[0]
-    if not pid.isdigit():
-      continue
-    try:
-      os.kill(int(pid), 0)
+    if not files.left_by_ended_process(path, prefix):
       continue  # still running (or not ours to signal): leave it
-    except ProcessLookupError:
-      pass
-    except OSError:
-      continue
     logging.info("removing %s, left by an interrupted prepare", path)
     _remove_build(path)
 
