@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from albert_jax import tasks
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import Kind
+from albert_jax.base.log import quiet_libraries
 from albert_jax.data import input_pipeline, tokenizer as tokenizer_lib
 from albert_jax.interop import hub, model_dir
 from albert_jax.model import albert as model_lib
@@ -45,10 +46,11 @@ def load(path: str, step: str | int = "latest") -> Loaded:
   id hf://ORG/NAME of one)."""
   path = hub.resolve(path, "path")
   d = model_dir.open_model_dir(path)
-  if d.kind is Kind.HF:  # the heads it lacks (AlbertForMaskedLM: pooler, SOP) freshly initialised
-    params = evaluation.load_model(d.path)["params"]
-  else:
-    params, _ = d.load(step)
+  with quiet_libraries():  # Orbax's warnings on a read-only restore
+    if d.kind is Kind.HF:  # the heads it lacks (AlbertForMaskedLM: pooler, SOP) freshly initialised
+      params = evaluation.load_model(d.path)["params"]
+    else:
+      params, _ = d.load(step)
   if d.run_config is not None:
     config = d.run_config
     rule = str(config.data.get("word_start", "marker"))

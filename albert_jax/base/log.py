@@ -48,3 +48,17 @@ def prints_to_log(library: str):
       yield
   finally:  # a last line without its newline (the block may have failed mid-line) is logged too
     lines.write("\n")
+
+
+@contextlib.contextmanager
+def quiet_libraries(level: int = logging.ERROR):
+  """A block whose libraries' absl log lines below `level` are dropped: Orbax warns on every read-only
+  restore ("Given directory is read only", "Metadata file does not exist"), which a notebook user of
+  albert_jax.load should not see; the commands send such lines to their log file instead (cli)."""
+  logger = logging.getLogger("absl")
+  before = logger.level
+  logger.setLevel(level)
+  try:
+    yield
+  finally:
+    logger.setLevel(before)
