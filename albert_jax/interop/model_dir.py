@@ -67,26 +67,16 @@ def run_vocabulary(config, workdir: str) -> str:
   return config.data.spm_model_path if "task" in config else dataset.spm_model_path(config, workdir)
 
 
-def tokenizer_settings(found: Kind, d: str, run_config=None) -> dict:
-  """The text preprocessing a model directory's model was trained with: a run's data settings; an
-  export's recorded ones; a Hugging Face directory lowercases as its tokenizer_config.json says and
-  always turns `` and '' into " (AlbertTokenizer does). Written before data.normalize_quotes
-  existed: quotes normalized (what every model was trained with then)."""
-  if run_config is not None:
-    data = run_config.get("data", {})
-    return {
-      "do_lower_case": bool(data.get("do_lower_case", True)),
-      "normalize_quotes": bool(data.get("normalize_quotes", True)),
-    }
+def tokenizer_settings(found: Kind, d: str, recorded) -> dict:
+  """The text preprocessing a model directory's model was trained with, as `recorded` says (a run's
+  data config, an export's config.json); a Hugging Face directory lowercases as its
+  tokenizer_config.json says and always turns `` and '' into " (AlbertTokenizer does). Written
+  before data.normalize_quotes existed: quotes normalized (what every model was trained with then)."""
   if found is Kind.HF:
     tok = fpath(d, "tokenizer_config.json")
     lower = read_json(tok).get("do_lower_case", True) if tok.is_file() else True
     return {"do_lower_case": bool(lower), "normalize_quotes": True}
-  meta = read_json(fpath(d, CONFIG_FILE))
-  return {
-    "do_lower_case": bool(meta.get("do_lower_case", True)),
-    "normalize_quotes": bool(meta.get("normalize_quotes", True)),
-  }
+  return {k: bool(recorded.get(k, True)) for k in ("do_lower_case", "normalize_quotes")}
 
 
 def open_model_dir(p: str, what: str = "path") -> ModelDir:
@@ -109,7 +99,7 @@ def open_model_dir(p: str, what: str = "path") -> ModelDir:
       vocab=run_vocabulary(config, d),
       task=config.task.name if "task" in config else config.data.task,
       run_config=config,
-      tokenizer=tokenizer_settings(found, d, config),
+      tokenizer=tokenizer_settings(found, d, config.get("data", {})),
       load=lambda step="latest": checkpoint.load_params(d, step)[::2],
     )
   meta = read_json(fpath(d, CONFIG_FILE))
@@ -120,6 +110,6 @@ def open_model_dir(p: str, what: str = "path") -> ModelDir:
     vocab=str(fpath(d, VOCAB_FILE)),
     task=meta.get("task", "unknown") if found is Kind.EXPORT else "unknown",
     run_config=None,
-    tokenizer=tokenizer_settings(found, d),
+    tokenizer=tokenizer_settings(found, d, meta),
     load=lambda step="latest": (pretrained.load_pretrained(d)[0], meta.get("step")),
   )
