@@ -248,3 +248,41 @@ def test_a_study_puts_its_runs_into_one_wandb_group():
   ]
   config.train.wandb_group = "mine"  # the user's group wins
   assert runner.wandb_settings(config, "table5", "/s/t5")["wandb_group"] == "mine"
+
+
+_TENSORBOARD_WITHOUT_TORCH = """
+import glob, os, sys
+from albert_jax.engine.metrics import MetricWriter
+with MetricWriter(sys.argv[1]) as w:
+  w.write(3, {"train/loss": 2.5})
+print("torch loaded by the writer:", "torch" in sys.modules)
+import torch  # still importable afterwards
+print("torch", torch.__version__.split("+")[0])
+import struct
+from tensorboardX.proto.event_pb2 import Event
+(path,) = glob.glob(os.path.join(sys.argv[1], "events.out.tfevents.*"))
+data, pos, scalars = open(path, "rb").read(), 0, []
+while pos < len(data):  # TFRecords: length (8 bytes), its crc (4), the record, its crc (4)
+  (n,) = struct.unpack("<Q", data[pos : pos + 8])
+  event = Event.FromString(data[pos + 12 : pos + 12 + n])
+  scalars += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
+  pos += 16 + n
+print("scalars", scalars)
+"""
+
+
+@pytest.mark.slow
+def test_tensorboard_event_files_are_written_without_loading_torch(tmp_path):
+  """tensorboardX imports torch when installed (1.7 s of every command's start-up); the writer
+  keeps it out and torch stays importable for whoever needs it after."""
+  r = subprocess.run(
+    [sys.executable, "-c", _TENSORBOARD_WITHOUT_TORCH, str(tmp_path / "tb")],
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=1"),
+    timeout=120,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "torch loaded by the writer: False" in r.stdout
+  assert "torch 2." in r.stdout
+  assert "scalars [(3, 'train/loss', 2.5)]" in r.stdout
