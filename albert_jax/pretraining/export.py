@@ -14,7 +14,7 @@ from typing import Any
 from albert_jax import tasks
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset, tokenizer
+from albert_jax.data import tokenizer
 from albert_jax.engine import checkpoint, workdir as workdir_lib
 from albert_jax.interop import hf, jax_export, model_dir
 
@@ -291,10 +291,7 @@ def export(
   params, config, step, metrics = checkpoint.load_params(workdir, step)
   if chosen:
     print(f"{chosen}, step {step}", flush=True)
-  # A fine-tuning run records the vocabulary it used (init_from's); a pretraining run has its own.
-  spm = spm_model_path or (
-    config.data.spm_model_path if "task" in config else dataset.spm_model_path(config, workdir)
-  )
+  spm = spm_model_path or model_dir.run_vocabulary(config, workdir)
   if not files.path(spm).is_file():
     raise ConfigError(f"the run's vocabulary {spm} is missing; pass --spm_model_path")
 
