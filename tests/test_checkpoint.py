@@ -102,3 +102,42 @@ def test_a_resume_with_another_vocabulary_is_refused(tmp_path):
   with pytest.raises(ConfigError, match="is not the one the checkpoints .* were trained with") as e:
     workdir_lib.check_vocabulary(str(workdir), str(other), latest=5)
   assert "\n" not in str(e.value) and f"spm_model_path={workdir / 'spiece.model'}" in str(e.value)
+
+
+@pytest.mark.parametrize("leaf_mib, lowered", [(0.25, 0), (16, 8)])
+def test_only_big_replicated_leaves_are_saved_replica_parallel(tmp_path, leaf_mib, lowered):
+  """A replicated leaf on the 8 devices is cut into one slice per replica (a program each) only
+  when a slice would be at least MIN_REPLICA_SLICE_BYTES; a small one is written whole by one
+  replica, with no programs to trace, lower and run. Restores bit for bit either way."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  assert checkpoint.MIN_REPLICA_SLICE_BYTES == 1 << 20
+  mesh = jax.make_mesh((8,), ("data",))
+  n = int(leaf_mib * (1 << 20)) // 4
+  leaf = jax.device_put(
+    jnp.arange(n, dtype=jnp.float32), NamedSharding(mesh, PartitionSpec())
+  )  # 8 replicas
+  state = {"w": leaf}
+  checkpoint.checksum(state)  # its own program, lowered before counting
+  lowerings = []
+
+  def listen(event, duration, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      lowerings.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    ckpt = checkpoint.Checkpointer(
+      str(tmp_path), ml_collections.ConfigDict(dict(keep_checkpoints=1, keep_best=False))
+    )
+    ckpt.save(1, state, {"position": 1})
+    ckpt.wait()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert len(lowerings) == lowered
+  restored, _ = ckpt.restore(
+    1, {"w": jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)}
+  )
+  ckpt.close()
+  np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(leaf))
