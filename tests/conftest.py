@@ -244,6 +244,19 @@ def spm_model_path(tmp_path_factory):
   return tokenizer.train(pydoc_sentences(), path, 1000, seed=0)
 
 
+def pytest_configure(config):
+  """The package's bytecode, compiled once before the workers start: pip compiles what it installs
+  but not an editable install's sources, and where PYTHONDONTWRITEBYTECODE is set (as on this
+  project's machines) every one of the suite's hundreds of CLI subprocesses would otherwise compile
+  them again on import (0.5 CPU-s each). compileall writes regardless of that variable and skips
+  what is up to date."""
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    import compileall
+
+    for package in ("albert_jax", "tests", "configs", "benchmarks"):
+      compileall.compile_dir(os.path.join(ROOT, package), quiet=1)
+
+
 def pytest_collection_modifyitems(items):
   """Tests marked slow first: on two workers the long ones run beside the short ones, not last."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
