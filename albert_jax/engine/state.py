@@ -103,7 +103,13 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
     return state(nn.unbox(model.init({"params": params_rng}, **inputs)["params"]), rng)
 
   # From the parameters' shapes: tracing the model once more (init) costs ~0.4 s of every start.
-  shapes = jax.eval_shape(state, nn.unbox(boxed), jax.random.PRNGKey(0))
+  # (The boxes' values, not nn.unbox, which would put sharding constraints on shapes.)
+  params = jax.tree_util.tree_map(
+    lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x,
+    boxed,
+    is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
+  )
+  shapes = jax.eval_shape(state, params, jax.random.PRNGKey(0))
   return AbstractState(
     model=model,
     schedule=schedule,
