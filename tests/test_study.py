@@ -2,6 +2,7 @@
 scores, report.md and the plots), its resume, and its one-line errors."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -227,17 +228,25 @@ def test_variants_are_the_papers_tables():
   assert [v.name for v in variants_lib.variants("table5", config)] == ["none", "nsp", "sop"]
 
 
-def _result(name, seed, mlm, nsp, sop, examples=288, loss=6.0):
-  score = lambda acc, m: {  # noqa: E731
-    "masked_lm_accuracy": m,
-    "masked_lm_loss": loss,
-    "sentence_pair_accuracy": acc,
-    "examples": examples,
-  }
+def _result(name, seed, mlm, nsp, sop, examples=288, loss=6.0, label_1=None):
+  """A run's study result; label_1: {task: the share of label 1 in its eval split} (None: results
+  written before evaluate.score reported it)."""
+
+  def score(acc, task):
+    out = {
+      "masked_lm_accuracy": mlm,
+      "masked_lm_loss": loss,
+      "sentence_pair_accuracy": acc,
+      "examples": examples,
+    }
+    if label_1 is not None:
+      out["sentence_pair_label_1_fraction"] = label_1[task]
+    return out
+
   return {
     "variant": name,
     "seed": seed,
-    "scores": {"100": {"sop": score(sop, mlm), "nsp": score(nsp, mlm)}},
+    "scores": {"100": {"sop": score(sop, "sop"), "nsp": score(nsp, "nsp")}},
   }
 
 
@@ -262,6 +271,65 @@ def test_findings_judge_the_numbers():
   holds = {claim: h for claim, h, _ in findings.findings("table5", broken)}
   assert not holds["NSP-trained is at chance on SOP (within 0.05)"]
   assert not holds["MLM accuracy barely affected by the sentence task (within 0.02)"]
+
+
+def test_chance_is_the_eval_splits_label_balance():
+  """Eval splits whose labels are 46% (NSP data) and 45% (SOP data) ones in seed 0, 54% and 55% in
+  seed 1: a constant guess scores 0.46 or 0.54, 0.45 or 0.55. Judged from 0.5, an NSP model at
+  0.545 on NSP data would be 2.2 standard deviations above chance; judged from the balance, it
+  scores what always guessing the majority label does. An untrained head guessing the minority label (0.46, 0.45) is at
+  chance; NSP-trained at 0.42 on SOP data is 0.03 outside the band."""
+  config = load_config("tiny")
+  table5 = {v.name: v for v in variants_lib.variants("table5", config)}
+  # Seed 1's splits lean the other way: pooled over the seeds they would look balanced, but each
+  # seed's constant guess scores its own split's share.
+  balance = {0: {"nsp": 0.46, "sop": 0.45}, 1: {"nsp": 0.54, "sop": 0.55}}
+
+  def rows(nsp_on_nsp, none_nsp=0.46, none_sop=0.45, nsp_on_sop=0.42):
+    return [
+      findings.Row(
+        table5["none"],
+        [_result("none", s, 0.1, none_nsp, none_sop, 480, label_1=balance[s]) for s in (0, 1)],
+      ),
+      findings.Row(
+        table5["nsp"],
+        [_result("nsp", s, 0.1, nsp_on_nsp, nsp_on_sop, 480, label_1=balance[s]) for s in (0, 1)],
+      ),
+      findings.Row(
+        table5["sop"],
+        [_result("sop", s, 0.1, 0.60, 0.70, 480, label_1=balance[s]) for s in (0, 1)],
+      ),
+    ]
+
+  sd = 0.5 / math.sqrt(960)
+  assert (0.545 - 0.5) / sd > 2  # would have passed from 0.5
+  assert rows(0.545)[1].chance("nsp") == pytest.approx((0.46, 0.54))
+  judged = {claim: (h, text) for claim, h, text in findings.findings("table5", rows(0.545))}
+  solves_nsp, text = judged["NSP-trained solves NSP (more than 2 standard deviations above chance)"]
+  assert not solves_nsp and "0.5450: +0.0050 = +0.3 sd" in text
+  assert "(chance 0.4600-0.5400: the eval split's label balance)" in text
+  assert judged["None (MLM only) is at chance on both (within 0.05)"][0]
+  at_chance, text = judged["NSP-trained is at chance on SOP (within 0.05)"]
+  assert at_chance and "0.4200: -0.0300 from chance" in text
+  assert judged["SOP-trained solves SOP (at least 0.10 above chance)"][1].startswith(
+    "0.7000: +0.1500 from chance"
+  )
+  # Above the majority label's share by more than 2 sd: solved.
+  judged = {claim: h for claim, h, _ in findings.findings("table5", rows(0.58))}
+  assert judged["NSP-trained solves NSP (more than 2 standard deviations above chance)"]
+  # Below the minority label's share by more than 0.05: not "at chance".
+  judged = {claim: h for claim, h, _ in findings.findings("table5", rows(0.58, none_sop=0.39))}
+  assert not judged["None (MLM only) is at chance on both (within 0.05)"]
+  # Results without the balance (scored before it was reported) are judged from 0.5, as before.
+  old = [findings.Row(r.variant, [dict(x) for x in r.results]) for r in rows(0.545)]
+  for r in old:
+    for x in r.results:
+      for t in ("sop", "nsp"):
+        x["scores"]["100"][t] = dict(x["scores"]["100"][t])
+        del x["scores"]["100"][t]["sentence_pair_label_1_fraction"]
+  assert old[1].chance("nsp") == (0.5, 0.5)
+  judged = {claim: h for claim, h, _ in findings.findings("table5", old)}
+  assert judged["NSP-trained solves NSP (more than 2 standard deviations above chance)"]
 
   sharing = {
     dict(v.overrides)["model.sharing"]: v for v in variants_lib.variants("sharing", config)

@@ -11,6 +11,7 @@ import functools
 import sys
 
 import jax
+import numpy as np
 
 from albert_jax.base import files, validation
 from albert_jax.base.config_lib import ConfigError
@@ -189,9 +190,22 @@ def score(
   # TFDS may print while opening the data; stdout is kept for the result line.
   with prints_to_log("tensorflow_datasets"):
     it = input_pipeline.make_iterator(config, "", split, process_index=0, process_count=1)
+  labels = []  # the scored examples' sentence-pair labels: their balance is what chance scores
+
+  def tallied():
+    while True:
+      batch = next(it)
+      labels.append(np.asarray(batch["sentence_order_label"]))
+      yield batch
+
   try:
     metrics = train.evaluate(
-      _eval_step(cfg), loaded["params"], it, batches, mesh, objective.Pretraining("sop").metrics
+      _eval_step(cfg),
+      loaded["params"],
+      tallied(),
+      batches,
+      mesh,
+      objective.Pretraining("sop").metrics,
     )
   finally:
     it.close()
@@ -203,6 +217,8 @@ def score(
     "data_task": config.data.task,
     "model_task": loaded["task"],
     "examples": batches * batch_size,
+    # An uninformed prediction scores between this fraction and its complement.
+    "sentence_pair_label_1_fraction": float(np.concatenate(labels).mean()),
     "split": split,
     "step": loaded["step"],
   }

@@ -31,6 +31,8 @@ def _accuracies(scores: dict) -> dict:
     "nsp": scores["nsp"]["sentence_pair_accuracy"],
     "sop": scores["sop"]["sentence_pair_accuracy"],
     **{f"examples_{t}": scores[t]["examples"] for t in TASKS},
+    # Scores written before evaluate.score reported the balance: taken as balanced.
+    **{f"label_1_{t}": scores[t].get("sentence_pair_label_1_fraction", CHANCE) for t in TASKS},
   }
 
 
@@ -60,6 +62,31 @@ class Row:
     """Examples scored on `task`'s data over all seeds."""
     return sum(_final(r)[f"examples_{task}"] for r in self.results)
 
+  def chance(self, task: str) -> tuple[float, float]:
+    """What a prediction without information scores on `task`'s eval data: between the minority
+    and the majority label's share (a constant guess of one or the other), each seed's split on its
+    own and then the mean over the seeds, as the accuracies are (pooled, splits leaning opposite
+    ways would look balanced while each seed's constant guess scores its own split's share)."""
+    shares = self.values(f"label_1_{task}")
+    return mean_std([min(f, 1 - f) for f in shares])[0], mean_std([max(f, 1 - f) for f in shares])[
+      0
+    ]
+
+
+def _off_chance(accuracy: float, chance: tuple[float, float]) -> float:
+  """How far `accuracy` lies outside the chance band (0 inside it)."""
+  low, high = chance
+  return accuracy - high if accuracy > high else min(accuracy - low, 0.0)
+
+
+def _band(chance: tuple[float, float], short: bool = False) -> str:
+  """The chance band for a verdict's text; nothing where the split is balanced (chance 0.5)."""
+  low, high = chance
+  if high - low < 5e-5:
+    return ""
+  why = "" if short else ": the eval split's label balance"
+  return f" (chance {low:.4f}-{high:.4f}{why})"
+
 
 def findings(study: str, rows: list[Row]) -> list[tuple[str, bool, str]]:
   """(the paper's finding, whether it holds here, by how much) for the study's rows."""
@@ -70,46 +97,57 @@ def findings(study: str, rows: list[Row]) -> list[tuple[str, bool, str]]:
     return 0.5 / math.sqrt(max(row.examples(task), 1))
 
   if study == "table5":
+    # Chance is the eval split's label balance, a band from the minority to the majority label's
+    # share (0.5 where balanced): "at chance" is within 0.05 of the band, "above chance" is above
+    # the majority label's share.
     none, nsp, sop = by["none"], by["nsp"], by["sop"]
-    d = nsp.mean("sop") - CHANCE
+    chance = nsp.chance("sop")
+    d = _off_chance(nsp.mean("sop"), chance)
     out.append(
       (
         "NSP-trained is at chance on SOP (within 0.05)",
         abs(d) <= 0.05,
-        f"{nsp.mean('sop'):.4f}: {d:+.4f} from chance (paper: 52.0)",
+        f"{nsp.mean('sop'):.4f}: {d:+.4f} from chance{_band(chance)} (paper: 52.0)",
       )
     )
-    d = sop.mean("sop") - CHANCE
+    chance = sop.chance("sop")
+    d = sop.mean("sop") - chance[1]
     out.append(
       (
         "SOP-trained solves SOP (at least 0.10 above chance)",
         d >= 0.10,
-        f"{sop.mean('sop'):.4f}: {d:+.4f} from chance (paper: 86.5)",
+        f"{sop.mean('sop'):.4f}: {d:+.4f} from chance{_band(chance)} (paper: 86.5)",
       )
     )
-    d = sop.mean("nsp") - CHANCE
+    chance = sop.chance("nsp")
+    d = sop.mean("nsp") - chance[1]
     out.append(
       (
         "SOP-trained is above chance on NSP (by more than 2 standard deviations of chance)",
         d > 2 * noise(sop, "nsp"),
-        f"{sop.mean('nsp'):.4f}: {d:+.4f} = {d / noise(sop, 'nsp'):+.1f} sd (paper: 78.9)",
+        f"{sop.mean('nsp'):.4f}: {d:+.4f} = {d / noise(sop, 'nsp'):+.1f} sd{_band(chance)} "
+        f"(paper: 78.9)",
       )
     )
-    d = nsp.mean("nsp") - CHANCE
+    chance = nsp.chance("nsp")
+    d = nsp.mean("nsp") - chance[1]
     out.append(
       (
         "NSP-trained solves NSP (more than 2 standard deviations above chance)",
         d > 2 * noise(nsp, "nsp"),
-        f"{nsp.mean('nsp'):.4f}: {d:+.4f} = {d / noise(nsp, 'nsp'):+.1f} sd (paper: 90.5)",
+        f"{nsp.mean('nsp'):.4f}: {d:+.4f} = {d / noise(nsp, 'nsp'):+.1f} sd{_band(chance)} "
+        f"(paper: 90.5)",
       )
     )
-    worst = max(abs(none.mean(t) - CHANCE) for t in ("nsp", "sop"))
+    worst = max(abs(_off_chance(none.mean(t), none.chance(t))) for t in ("nsp", "sop"))
+    scores = ", ".join(
+      f"{t.upper()} {none.mean(t):.4f}{_band(none.chance(t), short=True)}" for t in ("nsp", "sop")
+    )
     out.append(
       (
         "None (MLM only) is at chance on both (within 0.05)",
         worst <= 0.05,
-        f"NSP {none.mean('nsp'):.4f}, SOP {none.mean('sop'):.4f}; farthest {worst:.4f} "
-        f"(paper: 52.4, 53.3)",
+        f"{scores}; farthest {worst:.4f} (paper: 52.4, 53.3)",
       )
     )
     mlm = [r.mean("mlm") for r in (none, nsp, sop)]

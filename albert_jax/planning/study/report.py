@@ -29,7 +29,12 @@ def report(study: str, rows: list[Row], workdir: str, command: str, baseline=Non
     "",
     f"Each model is scored on the eval split of SOP data ({n['sop']} examples over the seeds) and "
     f"of NSP data ({n['nsp']}); at chance an accuracy has a standard deviation of "
-    f"{0.5 / math.sqrt(n['sop']):.3f} and {0.5 / math.sqrt(n['nsp']):.3f} there. "
+    f"{0.5 / math.sqrt(n['sop']):.3f} and {0.5 / math.sqrt(n['nsp']):.3f} there. Chance is the "
+    f"splits' label balance: a prediction without information scores "
+    + " and ".join(
+      "{:.4f} to {:.4f} on {} data".format(*rows[0].chance(t), t.upper()) for t in ("sop", "nsp")
+    )
+    + " (the minority and the majority label's share). "
     + (f"Mean +- std over seeds {seeds}." if len(seeds) > 1 else f"One seed ({seeds[0]})."),
     "",
   ]
