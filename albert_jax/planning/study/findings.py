@@ -68,9 +68,9 @@ class Row:
     own and then the mean over the seeds, as the accuracies are (pooled, splits leaning opposite
     ways would look balanced while each seed's constant guess scores its own split's share)."""
     shares = self.values(f"label_1_{task}")
-    return mean_std([min(f, 1 - f) for f in shares])[0], mean_std([max(f, 1 - f) for f in shares])[
-      0
-    ]
+    low = mean_std([min(f, 1 - f) for f in shares])[0]
+    high = mean_std([max(f, 1 - f) for f in shares])[0]
+    return low, high
 
 
 def _off_chance(accuracy: float, chance: tuple[float, float]) -> float:
