@@ -286,15 +286,13 @@ def torch_matmul_flops(n: int, dtype: str, seconds: float, device: str) -> float
   tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
   a = torch.ones((n, n), dtype=tdtype, device=device)
   sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
-  (a @ a)
-  sync()
-  best, start = float("inf"), time.perf_counter()
-  while time.perf_counter() - start < seconds:  # the fastest repetition, as jax's is measured
-    t = time.perf_counter()
+
+  def matmul():
     (a @ a)
     sync()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best
+
+  matmul()
+  return 2 * n**3 / hardware.fastest_seconds(matmul, seconds)  # as jax's rate is measured
 
 
 def _sig(x: float, digits: int = 4) -> float:

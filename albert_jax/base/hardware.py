@@ -82,12 +82,17 @@ def measured_matmul_flops(
   a = jax.device_put(jnp.ones((n, n), dtype), device)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
+  return 2 * n**3 / fastest_seconds(lambda: f(a).block_until_ready(), seconds)
+
+
+def fastest_seconds(call, seconds: float) -> float:
+  """The shortest time one `call()` took, repeating it for `seconds` (a peak rate's denominator)."""
   best, start = float("inf"), time.perf_counter()
   while time.perf_counter() - start < seconds:
     t = time.perf_counter()
-    f(a).block_until_ready()
+    call()
     best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best
+  return best
 
 
 def peak_flops_per_device(measure_cpu: bool = True) -> tuple[float, str]:
