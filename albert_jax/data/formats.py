@@ -317,38 +317,30 @@ def arrow_values(path: str, first: int, end: int, field: str):
 # Reading and cutting a document a line, and Parquet and Arrow rows.
 
 
-class Lines:
-  """The lines of `stream` (now at byte `pos`, after `lineno` lines) from the first that begins at
-  byte `start` or later: the lines before it are read and passed over (a compressed stream cannot
-  be entered at an offset). While iterating, `at` is the byte offset where the current line
-  begins, `pos` where it ends and `lineno` its number (1-based); after a read error, `lineno + 1`
-  names the line that could not be read."""
-
-  def __init__(self, stream, start: int, pos: int, lineno: int):
-    self.stream, self.start, self.at, self.pos, self.lineno = stream, start, pos, pos, lineno
-
-  def __iter__(self):
-    for line in self.stream:
-      self.at, self.pos, self.lineno = self.pos, self.pos + len(line), self.lineno + 1
-      if self.at >= self.start:
-        yield line
-
-
-def line_records(lines: Lines, path, end, max_docs, non_utf8, stats, fmt, field, split):
+def line_records(
+  stream, path, start, end, pos, lineno, max_docs, non_utf8, stats, fmt, field, split
+):
   """text_files.file_range_documents for a document a line ("documents" text or "jsonl"): the
-  documents of the `lines` that begin before byte `end`, split into sentences by `split`."""
+  documents of the lines from byte `start` to `end` of `stream` (now at byte `pos`, line `lineno`),
+  split into sentences by `split`."""
   emitted = 0
   try:
-    for line in lines:
-      if end is not None and lines.at >= end:
+    for line in stream:
+      if pos < start:
+        pos += len(line)
+        lineno += 1
+        continue
+      if end is not None and pos >= end:
         break
+      pos += len(line)
+      lineno += 1
       if not line.strip():
         continue
-      text = decode(line, non_utf8, stats, f"{path}:{lines.lineno}", "lines")
+      text = decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
       if text is None:
         doc = []
       elif fmt == "jsonl":
-        doc = json_record(text, path, lines.lineno, field, non_utf8, stats, split)
+        doc = json_record(text, path, lineno, field, non_utf8, stats, split)
       else:
         doc = split(text)
       if doc:
@@ -356,13 +348,13 @@ def line_records(lines: Lines, path, end, max_docs, non_utf8, stats, fmt, field,
         stats.sentences += len(doc)
         if fmt == "documents":  # jsonl: value_sentences counts the field's text
           stats.bytes += len(line)
-      stats.progress_done = lines.pos
+      stats.progress_done = pos
       yield doc
       emitted += 1
       if max_docs and emitted >= max_docs:
         return
   except READ_ERRORS as e:
-    raise ConfigError(f"cannot read {path} (line {lines.lineno + 1}): {e}") from None
+    raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
 
 
 def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8: str, stats, split):

@@ -88,10 +88,20 @@ def file_range_documents(
     if start and not packed and text is None:
       raw.seek(start)
     pos, lineno = (0, 0) if packed else (start, first_line)
-    lines = formats.Lines(stream, start, pos, lineno)
     if fmt != "sentences":
       yield from formats.line_records(
-        lines, path, end, max_docs, non_utf8, stats, fmt, field, split_sentences
+        stream,
+        path,
+        start,
+        end,
+        pos,
+        lineno,
+        max_docs,
+        non_utf8,
+        stats,
+        fmt,
+        field,
+        split_sentences,
       )
       return
     emitted, doc, in_doc = 0, [], False
@@ -99,13 +109,20 @@ def file_range_documents(
     def finish():
       stats.documents += bool(doc)
       stats.sentences += len(doc)
-      stats.progress_done = progress_base + (raw.tell() if text is None else lines.pos)
+      # In file bytes: a compressed file's own offset (its size is the total), else the text's.
+      stats.progress_done = progress_base + (raw.tell() if packed else pos)
       return doc
 
     try:
-      for line in lines:
-        if end is not None and lines.at >= end and not in_doc:
+      for line in stream:
+        if pos < start:
+          pos += len(line)
+          lineno += 1
+          continue
+        if end is not None and pos >= end and not in_doc:
           break
+        pos += len(line)
+        lineno += 1
         if not line.strip():
           if in_doc:
             yield finish()
@@ -115,13 +132,13 @@ def file_range_documents(
               return
           continue
         in_doc = True
-        decoded = _decode(line, non_utf8, stats, f"{path}:{lines.lineno}", "lines")
+        decoded = _decode(line, non_utf8, stats, f"{path}:{lineno}", "lines")
         decoded = decoded.strip() if decoded is not None else ""
         if decoded:
           doc.append(decoded)
           stats.bytes += len(line)
     except formats.READ_ERRORS as e:
-      raise ConfigError(f"cannot read {path} (line {lines.lineno + 1}): {e}") from None
+      raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
     if in_doc:
       yield finish()
 
