@@ -115,9 +115,8 @@ def test_the_compilers_cost_counts_every_layer_and_micro_batch():
   config = load_config("albert_base", "dtype=bfloat16")
   config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
   config.train.batch_size, config.train.micro_batches = 64, 2  # 4 sequences per core per micro-step
-  config.model.num_hidden_layers = (
-    3  # the loop has more than one layer; the unrolled copy compiles fast
-  )
+  # The layer loop keeps more than one layer; the unrolled copy that is counted compiles fast.
+  config.model.num_hidden_layers = 3
   tpu = T.parse_slice("v3-8")
   est = E.estimate(config, tpu.device, tpu.devices)
   est.tpu = T.compile_step(config, tpu, count=True)
@@ -247,12 +246,13 @@ def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256(monkey
 
   given = load_config("albert_xxlarge")
   given.model.remat = remat.split("=", 1)[1]
-  found = dict(a[len("--config.") :].split("=", 1) for a in command.split()[5:-1])  # after remat
+  args = command.split()  # python -m albert_jax.main --config=... REMAT FIT'S... --workdir=DIR
+  found = dict(a[len("--config.") :].split("=", 1) for a in args[5:-1])  # --fit's, after remat
   searched = [
     c for c in fit.fit_candidates(given, 256) if {k: str(v) for k, v in c.items()} == found
   ]
   assert len(searched) == 1, found
-  argv = ["main", *[a for a in command.split() if a.startswith("--config")]]
+  argv = ["main", *[a for a in args if a.startswith("--config")]]
   parsed_flags = absl_flags.FlagValues()
   flag = config_flags.DEFINE_config_file("config", None, "", parsed_flags, sys_argv=argv)
   monkeypatch.chdir(ROOT)  # the printed config path is relative to the repository
