@@ -1,0 +1,201 @@
+"""Writing systems: the one place that knows scripts.
+
+What script a text is written in, which scripts put spaces between words, which have capitals,
+where their sentences end and which of their marks carry meaning. Every path that touches text
+asks here (sentence splitting, text_format=auto, the tokenizer's preprocessing, the masker's word
+starts, the Hugging Face export's tokenizer settings, the fill-mask display); none keeps its own
+table (../docs/languages.md; facts from Unicode's Scripts.txt and the scripts' own punctuation).
+
+Scripts are named as Unicode names them ("Latin", "Cyrillic", "Han", "Devanagari", ...). Characters
+common to every script (digits, ASCII punctuation, spaces, symbols) belong to none: `script_of`
+gives None for them, and they never decide what a text is written in. Combining marks belong to
+the script of the letters they sit on (their own block), so a Devanagari vowel sign counts as
+Devanagari.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import unicodedata
+from collections.abc import Iterable
+
+# (first, last, script), sorted by first; blocks, not Scripts.txt's per-character list: close
+# enough to tell what a text is written in, and a bisect away.
+_RANGES = (
+  (0x0041, 0x005A, "Latin"),
+  (0x0061, 0x007A, "Latin"),
+  (0x00C0, 0x024F, "Latin"),  # Latin-1 letters and Latin Extended-A/B (× and ÷ are rare enough)
+  (0x0250, 0x02AF, "Latin"),  # IPA
+  (0x0300, 0x036F, "Inherited"),  # combining diacritics: the script of the letter they sit on
+  (0x0370, 0x03FF, "Greek"),
+  (0x0400, 0x052F, "Cyrillic"),
+  (0x0530, 0x058F, "Armenian"),
+  (0x0590, 0x05FF, "Hebrew"),
+  (0x0600, 0x06FF, "Arabic"),
+  (0x0700, 0x074F, "Syriac"),
+  (0x0750, 0x077F, "Arabic"),
+  (0x0780, 0x07BF, "Thaana"),
+  (0x0860, 0x08FF, "Arabic"),
+  (0x0900, 0x097F, "Devanagari"),
+  (0x0980, 0x09FF, "Bengali"),
+  (0x0A00, 0x0A7F, "Gurmukhi"),
+  (0x0A80, 0x0AFF, "Gujarati"),
+  (0x0B00, 0x0B7F, "Oriya"),
+  (0x0B80, 0x0BFF, "Tamil"),
+  (0x0C00, 0x0C7F, "Telugu"),
+  (0x0C80, 0x0CFF, "Kannada"),
+  (0x0D00, 0x0D7F, "Malayalam"),
+  (0x0D80, 0x0DFF, "Sinhala"),
+  (0x0E00, 0x0E7F, "Thai"),
+  (0x0E80, 0x0EFF, "Lao"),
+  (0x0F00, 0x0FFF, "Tibetan"),
+  (0x1000, 0x109F, "Myanmar"),
+  (0x10A0, 0x10FF, "Georgian"),
+  (0x1100, 0x11FF, "Hangul"),  # jamo
+  (0x1200, 0x139F, "Ethiopic"),
+  (0x13A0, 0x13FF, "Cherokee"),
+  (0x1780, 0x17FF, "Khmer"),
+  (0x1800, 0x18AF, "Mongolian"),
+  (0x19E0, 0x19FF, "Khmer"),
+  (0x1C80, 0x1C8F, "Cyrillic"),
+  (0x1C90, 0x1CBF, "Georgian"),  # Mtavruli capitals
+  (0x1D00, 0x1DBF, "Latin"),  # phonetic extensions
+  (0x1DC0, 0x1DFF, "Inherited"),
+  (0x1E00, 0x1EFF, "Latin"),  # Latin Extended Additional (Vietnamese)
+  (0x1F00, 0x1FFF, "Greek"),
+  (0x2D00, 0x2D2F, "Georgian"),
+  (0x2DE0, 0x2DFF, "Cyrillic"),
+  (0x2E80, 0x2FDF, "Han"),  # radicals
+  (0x3005, 0x3007, "Han"),  # 々 〆 〇
+  (0x3021, 0x3029, "Han"),
+  (0x3041, 0x309F, "Hiragana"),
+  (0x30A0, 0x30FF, "Katakana"),
+  (0x3105, 0x312F, "Bopomofo"),
+  (0x3131, 0x318F, "Hangul"),  # compatibility jamo
+  (0x31F0, 0x31FF, "Katakana"),
+  (0x3400, 0x4DBF, "Han"),
+  (0x4E00, 0x9FFF, "Han"),
+  (0xA640, 0xA69F, "Cyrillic"),
+  (0xA720, 0xA7FF, "Latin"),
+  (0xA960, 0xA97F, "Hangul"),
+  (0xAB30, 0xAB6F, "Latin"),
+  (0xAC00, 0xD7AF, "Hangul"),  # syllables
+  (0xD7B0, 0xD7FF, "Hangul"),
+  (0xF900, 0xFAFF, "Han"),
+  (0xFB50, 0xFDFF, "Arabic"),  # presentation forms A
+  (0xFE70, 0xFEFF, "Arabic"),  # presentation forms B
+  (0xFF21, 0xFF3A, "Latin"),  # fullwidth
+  (0xFF41, 0xFF5A, "Latin"),
+  (0xFF66, 0xFF9F, "Katakana"),  # halfwidth
+  (0xFFA0, 0xFFDC, "Hangul"),
+  (0x20000, 0x3134F, "Han"),
+)
+_STARTS = [r[0] for r in _RANGES]
+
+# Scripts written without spaces between words: a "word" there is not a run up to the next space,
+# so whole-word masking needs a segmenter or falls back to characters (data/masking.py).
+UNSPACED = frozenset({"Han", "Hiragana", "Katakana", "Thai", "Lao", "Khmer", "Myanmar", "Tibetan"})
+# Scripts with upper and lower case: a capital after a sentence end marks a new sentence.
+CASED = frozenset({"Latin", "Greek", "Cyrillic", "Armenian", "Georgian", "Cherokee"})
+# Where stripping combining marks (the original's preprocess_text) loses no letter a reader needs:
+# English and the Latin-script languages the original was built for. Everywhere else marks are
+# letters' parts (virama, nukta, dakuten, the breve of й, hamza) and keep_accents=auto keeps them.
+STRIP_SAFE = frozenset({"Latin"})
+
+# Characters that end a sentence, per script family; "." "!" "?" serve every script that borrows them.
+SENTENCE_ENDS = frozenset(
+  ".!?"
+  "\u3002\uff01\uff1f\uff61"  # 。！？｡ (CJK full stop, fullwidth ! ?, halfwidth full stop)
+  "\u0964\u0965"  # । ॥ Devanagari danda and double danda (also Bengali, Gurmukhi, Oriya ...)
+  "\u061f\u06d4"  # ؟ Arabic question mark, ۔ Urdu full stop
+  "\u1362"  # ። Ethiopic full stop
+  "\u0589"  # ։ Armenian full stop
+  "\u104a\u104b"  # ၊ ။ Myanmar section marks (။ ends a sentence)
+  "\u17d4\u17d5"  # ។ ៕ Khmer
+  "\u0f0d\u0f0e"  # ། ༎ Tibetan shad
+  "\u0df4"  # ෴ Sinhala kunddaliya
+  "\u203c\u2047\u2048\u2049"  # ‼ ⁇ ⁈ ⁉
+)
+# Ends that need no space after them (CJK text has no spaces between sentences).
+UNSPACED_SENTENCE_ENDS = frozenset("\u3002\uff01\uff1f\uff61")
+# What may follow a sentence end and still belong to that sentence: closing quotes and brackets.
+CLOSERS = frozenset(
+  "\"')]}\u00bb\u2019\u201d\u203a\u300d\u300f\u3011\u3015\u3009\u300b\uff09\uff3d\u3017\u3019"
+)
+# What may open the next sentence before its first letter: opening quotes and brackets.
+OPENERS = frozenset(
+  "\"'([{\u00ab\u2018\u201c\u2039\u300c\u300e\u3010\u3014\u3008\u300a\uff08\uff3b\u3016\u3018\u00bf\u00a1"
+)
+
+
+def script_of(ch: str) -> str | None:
+  """The script of one character (Unicode's name for it), or None for characters every script
+  shares (digits, punctuation, spaces, symbols) and for combining marks ("Inherited")."""
+  cp = ord(ch)
+  if cp < 0x41:
+    return None
+  i = bisect.bisect_right(_STARTS, cp) - 1
+  if i < 0:
+    return None
+  first, last, script = _RANGES[i]
+  if cp > last or script == "Inherited":
+    return None
+  return script
+
+
+def script_counts(text: str) -> collections.Counter:
+  """How many characters of `text` are in each script (shared characters not counted)."""
+  counts = collections.Counter()
+  for ch in text:
+    s = script_of(ch)
+    if s is not None:
+      counts[s] += 1
+  return counts
+
+
+def dominant_script(counts: collections.Counter | str) -> str | None:
+  """The script most of a text's letters are in (None: no letters). Japanese counts as one
+  writing system: Han beside kana is "Japanese", kana alone too; Han alone is "Han" (Chinese)."""
+  if isinstance(counts, str):
+    counts = script_counts(counts)
+  if not counts:
+    return None
+  counts = collections.Counter(counts)
+  kana = counts.pop("Hiragana", 0) + counts.pop("Katakana", 0)
+  if kana:
+    counts["Japanese"] = kana + counts.pop("Han", 0)
+  return counts.most_common(1)[0][0]
+
+
+def is_unspaced(script: str | None) -> bool:
+  """Whether text in `script` (a dominant_script name) writes words without spaces between them."""
+  return script == "Japanese" or script in UNSPACED
+
+
+def is_cased(script: str | None) -> bool:
+  return script in CASED
+
+
+def strips_safely(script: str | None) -> bool:
+  """Whether dropping combining marks (the original's accent stripping) is harmless for text
+  dominated by `script`; None (no letters at all) counts as safe: there is nothing to lose."""
+  return script is None or script in STRIP_SAFE
+
+
+def share_changed_by_stripping(texts: Iterable[str]) -> float:
+  """The share of letters that the original's accent stripping (NFKD, drop combining marks)
+  changes: a letter whose decomposition has a combining mark, or a mark that stands alone."""
+  letters = changed = 0
+  for text in texts:
+    if text.isascii():
+      letters += sum(c.isalpha() for c in text)
+      continue
+    for c in text:
+      if c.isalpha() or unicodedata.combining(c):
+        letters += 1
+        if unicodedata.combining(c) or any(
+          unicodedata.combining(d) for d in unicodedata.normalize("NFKD", c)
+        ):
+          changed += 1
+  return changed / letters if letters else 0.0

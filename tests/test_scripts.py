@@ -1,0 +1,49 @@
+"""data/scripts.py: what script a text is in, and the facts every text path asks of it."""
+
+import pytest
+
+from albert_jax.data import scripts
+
+SAMPLES = {
+  "Latin": "The war changed the country for ever.",
+  "Cyrillic": "Войны изменили страну навсегда.",
+  "Han": "战争永远改变了这个国家。",
+  "Japanese": "戦争はその国を永遠に変えた。",
+  "Hangul": "전쟁은 그 나라를 영원히 바꾸었다.",
+  "Devanagari": "युद्धों ने देश को हमेशा के लिए बदल दिया।",
+  "Arabic": "غيرت الحروب البلاد إلى الأبد؟",
+  "Thai": "สงครามเปลี่ยนประเทศไปตลอดกาล",
+}
+
+
+@pytest.mark.parametrize("script", sorted(SAMPLES))
+def test_dominant_script_of_each_sample(script):
+  assert scripts.dominant_script(SAMPLES[script]) == script
+
+
+def test_shared_characters_belong_to_no_script():
+  assert scripts.dominant_script("123 !? -- 4.5") is None
+  assert scripts.script_of("\u0301") is None  # a combining acute: the letter's script decides
+  assert scripts.script_counts("й") == {"Cyrillic": 1}
+
+
+def test_unspaced_cased_and_strip_safe():
+  assert [s for s in sorted(SAMPLES) if scripts.is_unspaced(s)] == ["Han", "Japanese", "Thai"]
+  assert [s for s in sorted(SAMPLES) if scripts.is_cased(s)] == ["Cyrillic", "Latin"]
+  assert [s for s in sorted(SAMPLES) if scripts.strips_safely(s)] == ["Latin"]
+
+
+def test_sentence_ends_of_every_sample_script():
+  for script, text in SAMPLES.items():
+    if script != "Thai":  # Thai has no sentence punctuation
+      assert text[-1] in scripts.SENTENCE_ENDS, script
+
+
+def test_share_changed_by_stripping():
+  assert scripts.share_changed_by_stripping(["plain ascii"]) == 0.0
+  # войны: й decomposes to и + breve (1 of 5 letters); café: é (1 of 4)
+  assert scripts.share_changed_by_stripping(["войны"]) == pytest.approx(1 / 5)
+  assert scripts.share_changed_by_stripping(["café"]) == pytest.approx(1 / 4)
+  # परिवर्तन: six letters, the vowel sign ि (a spacing mark, kept) and the virama (a combining
+  # mark, stripped): 1 of the 7 letters and combining marks
+  assert scripts.share_changed_by_stripping(["परिवर्तन"]) == pytest.approx(1 / 7)
