@@ -58,13 +58,16 @@ BUILTIN_CORPORA = ("python_docs",)
 
 def file_plan(data) -> list[tuple[str, str]]:
   """data.input_files as (path, format) pairs, format one of formats.LINE_FORMATS ("sentences",
-  "documents", "jsonl"), "parquet" or "arrow"; text files' sentences or documents decided once
-  for the corpus (formats.decide_text_format)."""
-  paths = resolve_input_files(data.input_files)
+  "documents", "jsonl"), "parquet" or "arrow"; each file's first bytes checked against its name
+  and format (formats.check_bytes), each text file's sentences or documents decided on its own
+  (formats.decide_text_format)."""
+  paths = resolve_input_files(data.input_files, say=True)
   kinds = [formats.file_format(p, data.input_format) for p in paths]
+  for path, kind in zip(paths, kinds):
+    formats.check_bytes(path, kind)
   texts = [p for p, k in zip(paths, kinds) if k == "text"]
-  text_format = formats.decide_text_format(texts, data, split_sentences) if texts else ""
-  return [(p, text_format if k == "text" else k) for p, k in zip(paths, kinds)]
+  text_formats = formats.decide_text_format(texts, data, split_sentences) if texts else {}
+  return [(p, text_formats[p] if k == "text" else k) for p, k in zip(paths, kinds)]
 
 
 def _whole_file_shards(path: str, fmt: str, data) -> list[dict]:
@@ -293,6 +296,7 @@ def shard_documents(
         text=text,
         fmt=fmt,
         field=data.text_feature,
+        newline=shard.get("newline", "\n"),
       )
   elif shard["kind"] == "builtin":
     it = iter(shard["documents"])
@@ -325,7 +329,7 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
   shards before its own (a compressed stream cannot be entered in the middle). The caller keeps
   few jobs in flight: memory is a few shards' text, whatever the size of the file. A shard with a
   spill (shards(spill_dir=...)) passes as it is: its worker reads the spill."""
-  raw = stream = path = None
+  raw = stream = path = lines = None
   pos = lineno = 0
 
   def close():
@@ -344,10 +348,11 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
         path, pos, lineno = shard["path"], 0, 0
         raw = formats.open_file(path)
         stream = formats.decompressed(path, raw)
+        lines = formats.lines(stream, shard.get("newline", "\n"))
       chunks = []
       try:
         while pos < shard["end"]:
-          line = stream.readline()
+          line = next(lines, b"")
           if not line:
             break
           if pos >= shard["start"]:
@@ -355,7 +360,7 @@ def with_shard_text(jobs: Iterable[tuple]) -> Iterator[tuple]:
           pos += len(line)
           lineno += 1
       except formats.READ_ERRORS as e:
-        raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+        raise formats.read_error(path, e, lineno, pos) from None
       text = dict(shard, text=b"".join(chunks))
       yield tuple(text if x is shard else x for x in job)
   finally:

@@ -14,6 +14,7 @@ class CorpusStats:
   bytes: int = 0  # UTF-8 text bytes of the sentences yielded
   non_utf8_lines: int = 0  # skipped lines (data.non_utf8="skip")
   bad_records: int = 0  # skipped records: not JSON objects, or a text field that is not text
+  null_sentences: int = 0  # nulls dropped from lists of sentences (their documents kept)
   files: int = 0
   # Progress in source units (bytes of input files, or records): for ETAs.
   progress_done: int = 0

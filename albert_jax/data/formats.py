@@ -36,6 +36,7 @@ from absl import logging
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
+from albert_jax.data import sniff
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -53,6 +54,12 @@ def _zstd_error() -> tuple:
 
 # What a damaged or truncated file raises while it is read.
 READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError) + _zstd_error()
+
+
+def read_error(path: str, e: Exception, lineno: int, pos: int | None = None) -> ConfigError:
+  """A damaged or truncated file, named with how far it was read."""
+  where = f"line {lineno + 1:,}" + (f", after {pos:,} bytes of text" if pos is not None else "")
+  return ConfigError(f"cannot read {path} ({where}): {e}")
 
 
 def codec(path: str) -> str | None:
@@ -93,9 +100,154 @@ def decompressed(path: str, raw):
   if c == "xz":
     return lzma.LZMAFile(raw, mode="rb")
   if c == "zstd":
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    return io.BufferedReader(reader, 1 << 20)
+    return io.BufferedReader(_ZstdReader(raw), 1 << 20)
   return raw
+
+
+class _ZstdReader(io.RawIOBase):
+  """The text of a zstandard file of one or more frames. zstandard's own stream reader stops
+  quietly where a file cut short ends; this one raises EOFError when the data ends inside a
+  frame, as gzip, bz2 and lzma do."""
+
+  def __init__(self, raw):
+    super().__init__()
+    self._raw, self._obj, self._out, self._left = raw, None, b"", b""
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, b) -> int:
+    while not self._out:
+      data, self._left = self._left or self._raw.read(1 << 18), b""
+      if not data:
+        if self._obj is not None and not self._obj.eof:
+          raise EOFError("the zstandard data ends inside a frame: the file is cut short")
+        return 0
+      if self._obj is None or self._obj.eof:  # the next frame
+        self._obj = zstandard.ZstdDecompressor().decompressobj()
+      self._out = self._obj.decompress(data)
+      if self._obj.eof:
+        self._left = self._obj.unused_data
+    n = min(len(b), len(self._out))
+    b[:n] = self._out[:n]
+    self._out = self._out[n:]
+    return n
+
+
+def lines(
+  stream, newline: str | None = None, head: bytes | None = None, failed: Exception | None = None
+) -> Iterator[bytes]:
+  """The lines of a binary stream, each with its end. newline "\r": old Mac text, whose lines end
+  with CR alone; "\n" (LF or CRLF); None: decided from the stream's first 64 KB (CR-only when
+  they hold a CR and no LF: newline_of), for a stream read from the file's start. `head`, `failed`:
+  the stream's first bytes already read, and the error that stopped them (read_head)."""
+  if head is None:
+    head, failed = read_head(stream)
+  if newline is None:
+    newline = newline_of(head) or "\n"
+  if newline == "\r":
+    left = head
+    while True:
+      *whole, left = left.split(b"\r")
+      for line in whole:
+        yield line + b"\r"
+      if failed:
+        raise failed
+      data = stream.read(1 << 20)
+      if not data:
+        break
+      left += data
+    if left:
+      yield left
+    return
+  *whole, left = head.split(b"\n")
+  for line in whole:
+    yield line + b"\n"
+  if failed:  # cut short within its first bytes: their whole lines, then the error
+    raise failed
+  if left:
+    left += stream.readline()
+    yield left
+  yield from stream
+
+
+def read_head(stream) -> tuple[bytes, Exception | None]:
+  """A stream's first bytes (up to sniff.HEAD_BYTES), and the error that cut them short (a
+  damaged or truncated file), so that what was read before it is still read."""
+  head = b""
+  try:
+    while len(head) < sniff.HEAD_BYTES:
+      chunk = stream.read1(sniff.HEAD_BYTES - len(head))
+      if not chunk:
+        break
+      head += chunk
+  except READ_ERRORS as e:
+    return head, e
+  return head, None
+
+
+def newline_of(head: bytes) -> str | None:
+  """ "\r" for text whose first bytes `head` end lines with CR alone; None otherwise."""
+  return "\r" if b"\r" in head and b"\n" not in head else None
+
+
+def check_bytes(path: str, fmt: str) -> None:
+  """Refuses, in one line, a text or JSON Lines file whose first bytes are not what its name and
+  format say: compressed data under another name (or none), a Parquet, Arrow or other binary file,
+  text in UTF-16 or UTF-32 or holding NUL bytes, a JSON array or a JSON object spread over lines
+  where JSON Lines are read. A UTF-8 byte-order mark is fine (the readers drop it)."""
+  if fmt not in ("text", "jsonl"):
+    return
+  with open_file(path) as raw:
+    try:
+      head = raw.read(sniff.HEAD_BYTES)
+    except OSError as e:
+      raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    named = codec(path)
+    found = sniff.container(head)
+    if found and found[1] != named:
+      what, c = found
+      if c not in CODECS.values():
+        switch = f"; name it *.{c} or set data.input_format={c}" if c else ""
+        held = "JSON Lines" if fmt == "jsonl" else "text"
+        raise ConfigError(f"{path} holds {what}, not {held}{switch}")
+      ext = next(e for e, name in CODECS.items() if name == c)
+      said = f"its name says {named}" if named else "its name has no compression extension"
+      raise ConfigError(f"{path} holds {what} but {said}: name it *{ext}")
+    if named and head and not found:
+      raise ConfigError(
+        f"{path} is named as {named} data but does not hold it (first bytes {head[:8].hex(' ')})"
+      )
+    if named:
+      raw.seek(0)
+      head, _ = read_head(decompressed(path, raw))  # cut short: the reader says where
+  encoding = sniff.text_encoding(head)
+  if encoding:
+    fix = " (iconv -f UTF-16 -t UTF-8)" if "UTF-16" in encoding else ""
+    raise ConfigError(f"{path} holds {encoding}: convert it to UTF-8{fix}")
+  if fmt == "jsonl":
+    _check_json_layout(path, sniff.strip_bom(head))
+
+
+def _check_json_layout(path: str, head: bytes) -> None:
+  """A .json or .jsonl file that opens a JSON array, or an object spread over lines (pretty
+  printed), is refused: read as JSON Lines, its records would all be skipped."""
+  text = head.lstrip()
+  if text.startswith(b"["):
+    raise ConfigError(
+      f"{path} holds a JSON array, not JSON Lines (an object a line): write it as one object a "
+      f"line (e.g. jq -c '.[]')"
+    )
+  first = text.split(b"\n", 1)[0].strip()
+  if first.startswith(b"{"):
+    try:
+      json.loads(first)
+    except (ValueError, RecursionError):
+      if first == b"{" or first.endswith((b",", b"[", b"{")):
+        raise ConfigError(
+          f"{path} holds a JSON object spread over lines (pretty-printed JSON), not JSON Lines "
+          f"(an object a line): write it as one object a line (e.g. jq -c .)"
+        ) from None
 
 
 def save_to_disk_files(path: str) -> list[str] | None:
@@ -126,9 +278,10 @@ def save_to_disk_files(path: str) -> list[str] | None:
 
 
 def decode(raw: bytes, non_utf8: str, stats, where: str, unit: str) -> str | None:
-  """raw as UTF-8; None (counted) for bad bytes under data.non_utf8=skip, a one-line error under error."""
+  """raw as UTF-8 (without a byte-order mark); None (counted) for bad bytes under
+  data.non_utf8=skip, a one-line error under error."""
   try:
-    return raw.decode("utf-8")
+    return raw.decode("utf-8").removeprefix("\ufeff")
   except UnicodeDecodeError as e:
     if non_utf8 == "error":
       raise ConfigError(
@@ -144,19 +297,52 @@ def _bad(where: str, why: str, non_utf8: str, stats) -> None:
   stats.bad_records += 1
 
 
+def _utf8_size(text: str, where: str, non_utf8: str, stats) -> int | None:
+  """The UTF-8 bytes of text; None (skipped and counted, or an error) for text holding a lone
+  surrogate (JSON's "\\ud83d" escape: a string cut inside a character), which no UTF-8 holds."""
+  try:
+    return len(text.encode("utf-8"))
+  except UnicodeEncodeError as e:
+    cut = f"\\u{ord(text[e.start]):04x}"
+    _bad(
+      where,
+      f"the text holds a lone surrogate {cut} (a string cut inside a character)",
+      non_utf8,
+      stats,
+    )
+    return None
+
+
 def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str] | None:
   """The sentences of a record's text field: a string split by `split`, a list of strings as they
-  are (their UTF-8 bytes counted in stats.bytes). None (skipped and counted, or an error) when the
-  field holds something else."""
+  are (their UTF-8 bytes counted in stats.bytes; a null in the list is dropped and counted in
+  stats.null_sentences, the document kept). None (skipped and counted, or an error) when the
+  field holds something else, or text with a lone surrogate or bytes that are not UTF-8."""
   if isinstance(value, bytes):
     value = decode(value, non_utf8, stats, where, "records")
     if value is None:
       return None
   if isinstance(value, str):
-    stats.bytes += len(value.encode("utf-8"))  # the text read (one encode, not one per sentence)
+    size = _utf8_size(value, where, non_utf8, stats)
+    if size is None:
+      return None
+    stats.bytes += size  # the text read (one encode, not one per sentence)
     return split(value)
-  if isinstance(value, list) and all(isinstance(s, str) for s in value):
-    stats.bytes += sum(len(s.encode("utf-8")) for s in value)
+  if isinstance(value, list) and all(isinstance(s, (str, bytes)) or s is None for s in value):
+    if None in value:
+      stats.null_sentences += value.count(None)
+      value = [s for s in value if s is not None]
+    if any(isinstance(s, bytes) for s in value):  # a Parquet or Arrow list read as bytes
+      value = [
+        decode(s, non_utf8, stats, where, "records") if isinstance(s, bytes) else s for s in value
+      ]
+      if None in value:
+        stats.non_utf8_lines -= value.count(None) - 1  # one record skipped, counted once
+        return None
+    size = _utf8_size("".join(value), where, non_utf8, stats)
+    if size is None:
+      return None
+    stats.bytes += size
     return [s.strip() for s in value if s.strip()]
   kind = "null" if value is None else type(value).__name__
   _bad(where, f"the text field is {kind}, not text", non_utf8, stats)
@@ -175,6 +361,9 @@ def json_record(text: str, path: str, lineno: int, field: str, non_utf8: str, st
   except ValueError as e:
     _bad(where, f"not valid JSON ({getattr(e, 'msg', e)})", non_utf8, stats)
     return []
+  except RecursionError:
+    _bad(where, "JSON nested too deeply to read", non_utf8, stats)
+    return []
   if not isinstance(record, dict):
     _bad(where, f"a JSON {type(record).__name__}, not an object", non_utf8, stats)
     return []
@@ -187,7 +376,9 @@ def check_json_field(path: str, line: bytes, lineno: int, field: str) -> None:
   """A JSON Lines file's first record holds the text field (checked before any work); a file that
   opens a JSON array (one JSON document over many lines) is refused."""
   try:
-    record = json.loads(line)
+    record = json.loads(sniff.strip_bom(line))
+  except RecursionError:
+    return  # a bad line: the reader skips or names it
   except ValueError:
     if line.lstrip().startswith(b"["):
       raise ConfigError(
@@ -211,6 +402,8 @@ def _check_column(path: str, schema, field: str) -> None:
   if field not in schema.names:
     raise missing_field(path, field, schema.names)
   t = schema.field(field).type
+  if pa.types.is_dictionary(t):  # categorical text (a pandas category): read as its values
+    t = t.value_type
   text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
   text += (pa.types.is_large_binary,)
   ok = any(f(t) for f in text) or (
@@ -247,7 +440,7 @@ def parquet_values(path: str, row_group: int, field: str):
     try:
       reader = pq.ParquetFile(f)
       for batch in reader.iter_batches(batch_size=1024, row_groups=[row_group], columns=[field]):
-        yield from batch.column(0).to_pylist()
+        yield from _as_bytes(batch.column(0)).to_pylist()
     except (OSError, ValueError) as e:
       raise ConfigError(f"cannot read {path} (row group {row_group}): {e}") from None
 
@@ -277,6 +470,26 @@ def _arrow_batches(path: str):
     source.close()
     raise ConfigError(f"cannot read {path} as Arrow: {e}") from None
   return source, reader.schema, batches
+
+
+def _as_bytes(column):
+  """A text column as bytes (a zero-copy cast), so that a row that is not UTF-8 is one record
+  decoded, skipped and counted (value_sentences), not an error for its whole batch; a dictionary
+  (categorical) column as its values."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+
+  if pa.types.is_dictionary(column.type):
+    column = column.dictionary_decode()
+  t = column.type
+  if pa.types.is_string(t):
+    return column.cast(pa.binary())
+  if pa.types.is_large_string(t):
+    return column.cast(pa.large_binary())
+  if pa.types.is_list(t) and pa.types.is_string(t.value_type):
+    return column.cast(pa.list_(pa.binary()))
+  if pa.types.is_large_list(t) and pa.types.is_large_string(t.value_type):
+    return column.cast(pa.large_list(pa.large_binary()))
+  return column
 
 
 def arrow_pieces(path: str, field: str, rows_per_piece: int) -> list[dict]:
@@ -310,7 +523,7 @@ def arrow_values(path: str, first: int, end: int, field: str):
       if i >= end:
         break
       if i >= first:
-        yield from batch.column(column).to_pylist()
+        yield from _as_bytes(batch.column(column)).to_pylist()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,7 +538,7 @@ def line_records(
   split into sentences by `split`."""
   emitted = 0
   try:
-    for line in stream:
+    for line in stream:  # formats.lines
       if pos < start:
         pos += len(line)
         lineno += 1
@@ -354,7 +567,7 @@ def line_records(
       if max_docs and emitted >= max_docs:
         return
   except READ_ERRORS as e:
-    raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+    raise read_error(path, e, lineno, pos) from None
 
 
 def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8: str, stats, split):
@@ -389,9 +602,14 @@ def line_pieces(
     stream = decompressed(path, raw)
     start, start_line, pos, lineno, docs, in_doc, total = 0, 0, 0, 0, 0, False, 0
     checked = fmt != "jsonl"
+    head, failed = read_head(stream)
+    newline = newline_of(head)  # CR-only line ends: recorded in the pieces for their readers
+    stream = lines(stream, newline or "\n", head, failed)
 
     def piece(end):
       out = dict(start=start, end=end, first_line=start_line, docs=docs, weight=end - start)
+      if newline:
+        out["newline"] = newline
       if spilled:
         out["spill"] = f"{spill}{start_line:012d}.zst"
         write_spill(out["spill"], b"".join(chunks))
@@ -436,7 +654,7 @@ def line_pieces(
             total += docs
             start, start_line, docs = pos, lineno, 0
     except READ_ERRORS as e:
-      raise ConfigError(f"cannot read {path} (line {lineno + 1}): {e}") from None
+      raise read_error(path, e, lineno, pos) from None
     if docs:
       yield piece(pos)
 
@@ -465,25 +683,23 @@ def read_spill(path: str) -> bytes | None:
 # data.text_format=auto.
 
 SAMPLE_LINES = 1000
-SAMPLE_BYTES = 8 << 20
+SAMPLE_BYTES = 1 << 20  # of each file
 
 
-def _sample_lines(paths: list[str]) -> list[bytes]:
-  lines: list[bytes] = []
+def _sample_lines(path: str) -> list[bytes]:
+  """A text file's first lines (at most SAMPLE_LINES, about SAMPLE_BYTES)."""
+  sample: list[bytes] = []
   size = 0
-  for path in paths:
-    raw = open_file(path)
-    with raw:
-      stream = decompressed(path, raw)
-      try:
-        for line in stream:
-          lines.append(line)
-          size += len(line)
-          if len(lines) >= SAMPLE_LINES or size >= SAMPLE_BYTES:
-            return lines
-      except READ_ERRORS as e:
-        raise ConfigError(f"cannot read {path}: {e}") from None
-  return lines
+  with open_file(path) as raw:
+    try:
+      for line in lines(decompressed(path, raw)):
+        sample.append(line)
+        size += len(line)
+        if len(sample) >= SAMPLE_LINES or size >= SAMPLE_BYTES:
+          break
+    except READ_ERRORS as e:
+      raise read_error(path, e, len(sample), size) from None
+  return sample
 
 
 def _is_json_object(line: bytes) -> bool:
@@ -491,29 +707,17 @@ def _is_json_object(line: bytes) -> bool:
     return False
   try:
     return isinstance(json.loads(line), dict)
-  except ValueError:
+  except (ValueError, RecursionError):
     return False
 
 
-def decide_text_format(paths: list[str], data, split) -> str:
-  """'sentences' or 'documents' for the text files `paths` (data.text_format, or, for auto, from
-  their first lines: blank lines mean the original's format; no blank line and lines of several
-  sentences, or long ones, mean a document per line), saying on the console what it decided and
-  why. Under data.input_format=auto, text whose lines are JSON objects is refused."""
-  if data.text_format != "auto" and data.input_format != "auto":
-    return data.text_format
-  lines = _sample_lines(paths)
-  filled = [l for l in lines if l.strip()]
-  if data.input_format == "auto" and filled:
-    objects = sum(_is_json_object(l) for l in filled[:100])
-    if objects >= 0.5 * min(len(filled), 100):
-      raise ConfigError(
-        f"{paths[0]} holds JSON Lines ({objects} of its first {min(len(filled), 100)} lines are "
-        f"JSON objects), not text: set data.input_format=jsonl"
-      )
-  if data.text_format != "auto":
-    return data.text_format
-  blank = len(lines) - len(filled)
+def text_layout(sample: list[bytes], split) -> tuple[str, str]:
+  """The criterion of data.text_format=auto, for one file: ("sentences" or "documents", the
+  figures behind it) from its first lines. Blank lines mean the original's format; no blank line
+  and lines of several sentences, or long ones, mean a document per line; otherwise one document
+  of a sentence a line."""
+  filled = [sniff.strip_bom(l) for l in sample if l.strip()]
+  blank = len(sample) - len(filled)
   texts = [l.decode("utf-8", "replace").strip() for l in filled[:200]]
   chars = statistics.median([len(t) for t in texts]) if texts else 0
   per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
@@ -521,18 +725,51 @@ def decide_text_format(paths: list[str], data, split) -> str:
     f"a median line of {chars:,.0f} characters holding {per_line:g} "
     f"{'sentence' if per_line == 1 else 'sentences'}"
   )
-  where = f"the first {len(lines):,} lines of {paths[0]}" + (
-    " and the next files" if len(paths) > 1 else ""
-  )
   if blank:
-    fmt = "sentences"
-    why = f"{blank:,} blank lines (between documents) in {where}, {figures}"
-  elif per_line >= 2 or chars >= 400:
-    fmt = "documents"
-    why = f"no blank line in {where} and {figures}"
+    return "sentences", f"{blank:,} blank lines (between documents), {figures}"
+  if per_line >= 2 or chars >= 400:
+    return "documents", f"no blank line and {figures}"
+  return "sentences", f"no blank line but {figures}: one document"
+
+
+_WHAT = {"sentences": "one sentence a line", "documents": "one document a line"}
+
+
+def decide_text_format(paths: list[str], data, split) -> dict[str, str]:
+  """{path: 'sentences' or 'documents'} for the text files `paths`: data.text_format, or, for
+  auto, each file's own layout from its first lines (text_layout), said on the console in one
+  line (which files are read which way, and why). Under data.input_format=auto, a text file whose
+  lines are JSON objects is refused."""
+  if data.text_format != "auto" and data.input_format != "auto":
+    return dict.fromkeys(paths, data.text_format)
+  decided: dict[str, tuple[str, str, int]] = {}
+  for path in paths:
+    sample = _sample_lines(path)
+    filled = [l for l in sample if l.strip()][:100]
+    if data.input_format == "auto" and filled:
+      objects = sum(_is_json_object(sniff.strip_bom(l)) for l in filled)
+      if objects >= 0.5 * len(filled):
+        raise ConfigError(
+          f"{path} holds JSON Lines ({objects} of its first {len(filled)} lines are JSON "
+          f"objects), not text: set data.input_format=jsonl"
+        )
+    if data.text_format == "auto":
+      decided[path] = (*text_layout(sample, split), len(sample))
+  if data.text_format != "auto":
+    return dict.fromkeys(paths, data.text_format)
+  by_format: dict[str, list[str]] = {}
+  for path, (fmt, _, _) in decided.items():
+    by_format.setdefault(fmt, []).append(path)
+  parts = []
+  for fmt, these in by_format.items():
+    first = these[0]
+    _, why, n = decided[first]
+    more = f" (and {len(these) - 1:,} more files)" if len(these) > 1 else ""
+    parts.append(f"{fmt} ({_WHAT[fmt]}): {why} in the first {n:,} lines of {first}{more}")
+  if len(parts) == 1:
+    logging.info("data.text_format=auto: reading text as %s", parts[0])
   else:
-    fmt = "sentences"
-    why = f"no blank line in {where} but {figures}: one document"
-  what = "one sentence a line" if fmt == "sentences" else "one document a line"
-  logging.info("data.text_format=auto: reading text as %s (%s): %s", fmt, what, why)
-  return fmt
+    logging.info(
+      "data.text_format=auto: the text files differ, each read its own way: %s", "; ".join(parts)
+    )
+  return {path: fmt for path, (fmt, _, _) in decided.items()}
