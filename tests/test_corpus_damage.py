@@ -329,3 +329,92 @@ def test_dictionary_encoded_text_columns_are_read_as_text(tmp_path, fmt):
   assert len(got) == 12 and got[0] == formats.value_sentences(
     texts[0], "", "skip", CorpusStats(), corpus.split_sentences
   )
+
+
+# 5. Messages that name the cause, and prepare's count against the true count.
+
+
+def _config(input_files, spm_model_path, **fields):
+  c = config_lib.base_config()
+  c.model.vocab_size = 1000
+  c.data.update(
+    input_files=input_files,
+    spm_model_path=spm_model_path,
+    max_seq_length=64,
+    max_predictions_per_seq=10,
+    eval_fraction=0.1,
+    num_prepare_workers=1,
+  )
+  c.data.update(**fields)
+  return c
+
+
+def prepare_refused(capsys, config, workdir) -> str:
+  from albert_jax.data import dataset
+
+  with pytest.raises(SystemExit) as e, cli.guard():
+    dataset.prepare(config, str(workdir))
+  assert e.value.code == 2
+  (line,) = capsys.readouterr().err.strip().splitlines()
+  assert not (workdir / "data").exists()  # a refused prepare leaves nothing
+  return line
+
+
+def test_prepare_counts_the_true_documents_names_skips_and_changed_files(
+  tmp_path, spm_model_path, caplog
+):
+  """An awkward but sound corpus (a file named twice, a BOM, a null sentence, a bad record, CR
+  line ends) prepares its true number of documents, warns naming the file of each skip, and the
+  corpus changed afterwards is refused naming the file and the two ways on."""
+  from albert_jax.data import dataset
+
+  caplog.set_level(logging.INFO)
+  root = tmp_path / "corpus"
+  root.mkdir()
+  a, b = documents(30, "a"), documents(25, "b")
+  (root / "a.txt").write_bytes(b"\xef\xbb\xbf" + sentences_text(a).replace(b"\n", b"\r"))
+  lines = jsonl(b, lists=True).decode().splitlines()
+  lines[4] = json.dumps({"text": [b[4][0], None, *b[4][1:]]}, ensure_ascii=False)
+  lines[7] = '{"text": 7}'
+  (root / "b.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  config = _config(f"{root}/*,{root}/a.txt", spm_model_path)
+  info = dataset.prepare(config, str(tmp_path / "w"))
+  assert info["documents"] == 30 + 24  # each file once; b's record 7 skipped, record 4 kept
+  assert info["skipped_by_file"] == {str(root / "b.jsonl"): {"bad_records": 1, "null_sentences": 1}}
+  warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert (
+    f"skipped 1 records that are not JSON objects or whose text field holds no text "
+    f"(data.non_utf8=skip): {root / 'b.jsonl'} (1)" in warned
+  )
+  assert (
+    f"dropped 1 nulls in lists of sentences (their documents kept): {root / 'b.jsonl'} (1)"
+    in warned
+  )
+  (root / "a.txt").write_bytes(sentences_text(a[:20]))
+  with pytest.raises(Exception) as e:
+    dataset.check_prepared(config, str(tmp_path / "w"))
+  msg = str(e.value)
+  assert f"corpus files changed since it was prepared: {root / 'a.txt'} (" in msg
+  assert "put them back as they were to train on this data; use another data.data_dir" in msg
+  assert "'files'" not in msg and "{" not in msg  # no fingerprint dicts
+
+
+def test_an_empty_result_names_the_files_and_one_document_is_too_few(
+  tmp_path, spm_model_path, capsys
+):
+  nulls = tmp_path / "nulls.jsonl"
+  nulls.write_text("".join(json.dumps({"text": None}) + "\n" for _ in range(5)))
+  for spm in (spm_model_path, ""):  # the vocabulary's sample or the examples find nothing
+    line = prepare_refused(capsys, _config(str(nulls), spm), tmp_path / f"w{bool(spm)}")
+    assert line.startswith("error: the corpus has no text to ")
+    assert line.endswith(
+      f"every record was skipped ({nulls}: 5 records that are not JSON "
+      "objects or whose text field holds no text)"
+    )
+  one = tmp_path / "one.txt"
+  one.write_bytes(sentences_text(documents(1)))
+  line = prepare_refused(capsys, _config(str(one), spm_model_path), tmp_path / "w1")
+  assert (
+    line == "error: the corpus gives 1 document: pretraining needs at least 2 documents "
+    "(one to train on, one held out for evaluation); add text"
+  )

@@ -50,6 +50,7 @@ from albert_jax.data.text_files import (
 )
 
 BUILTIN_CORPORA = ("python_docs",)
+LISTED_FILES = 10_000  # input files listed one by one in the fingerprint (identity)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,10 +121,11 @@ def identity(data) -> dict:
   """What identifies the corpus, for the prepared dataset's fingerprint (cheap: no reading).
 
   Text files are identified by their paths, sizes and modification times (an edit that keeps the
-  size still changes the time). When they can no longer be found (the raw
-  corpus was removed after prepare), files_sha256 is None: unknown, so not compared, since
-  training only needs the prepared data. The built-in corpus is identified by name (its text
-  follows the Python version, recorded separately in prepared.json).
+  size still changes the time), hashed in files_sha256 and, for up to LISTED_FILES files, listed
+  in `files` ([path, size, mtime_ns]: what names the files that changed, never compared itself).
+  When they can no longer be found (the raw corpus was removed after prepare), both are None:
+  unknown, so not compared, since training only needs the prepared data. The built-in corpus is
+  identified by name (its text follows the Python version, recorded separately in prepared.json).
   """
   kind = source_kind(data)
   ident: dict = {"source": kind, "max_documents": data.max_documents}
@@ -136,16 +138,21 @@ def identity(data) -> dict:
     try:
       files = resolve_input_files(data.input_files)
       h = hashlib.sha256()
+      listed = []
       for f in files:
         if files_lib.is_remote(f):  # an object's size and its last write
           st = files_lib.path(f).stat()
-          h.update(f"{f}\0{st.length}\0{int(st.mtime * 1e9)}\0".encode())
+          entry = [f, st.length, int(st.mtime * 1e9)]
         else:
           st = os.stat(f)
-          h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-      ident.update(files_sha256=h.hexdigest()[:16])
+          entry = [os.path.abspath(f), st.st_size, st.st_mtime_ns]
+        h.update("{}\0{}\0{}\0".format(*entry).encode())
+        listed.append(entry)
+      ident.update(
+        files_sha256=h.hexdigest()[:16], files=listed if len(listed) <= LISTED_FILES else None
+      )
     except (ConfigError, OSError):
-      ident.update(files_sha256=None)
+      ident.update(files_sha256=None, files=None)
   elif kind == "tfds":
     ident.update(
       name=data.tfds_name,
@@ -309,6 +316,75 @@ def shard_documents(
   for doc in it:
     yield index, doc
     index += 1
+
+
+# ----------------------------------------------------------------------------------------------
+# What was read, per file: prepare's report and its messages.
+
+# CorpusStats counts of what was skipped or mended, and how the report names them.
+SKIPPED = {
+  "non_utf8_lines": "lines or records that are not valid UTF-8",
+  "bad_records": "records that are not JSON objects or whose text field holds no text",
+  "null_sentences": "nulls in lists of sentences",
+}
+
+
+def read_by_file(shards: list[dict], summaries: list[dict]) -> dict[str, dict]:
+  """{input file: its CorpusStats counts summed over its shards} from the shards' summaries
+  ({"shard": index, "corpus": counts}, prepare's workers' or the vocabulary sample's)."""
+  out: dict[str, dict] = {}
+  for s in summaries:
+    shard = shards[s["shard"]]
+    if shard["kind"] != "files":
+      continue
+    counts = out.setdefault(shard["path"], dict.fromkeys(("documents", *SKIPPED), 0))
+    for key in counts:
+      counts[key] += s["corpus"].get(key, 0)
+  return out
+
+
+def skipped_by_file(shards: list[dict], summaries: list[dict]) -> dict[str, dict]:
+  """The files where something was skipped or mended, with their counts (prepared.json's
+  stats.skipped_by_file)."""
+  out = {}
+  for path, counts in read_by_file(shards, summaries).items():
+    kept = {k: counts[k] for k in SKIPPED if counts[k]}
+    if kept:
+      out[path] = kept
+  return out
+
+
+def skipped_warnings(skipped: dict[str, dict], non_utf8: str) -> list[str]:
+  """One console line per kind of thing skipped, naming the files (the first 5) and counts."""
+  lines = []
+  for key, what in SKIPPED.items():
+    files = [(path, c[key]) for path, c in skipped.items() if c.get(key)]
+    if not files:
+      continue
+    total = sum(n for _, n in files)
+    named = ", ".join(f"{path} ({n:,})" for path, n in files[:5])
+    more = f" and {len(files) - 5:,} more files" if len(files) > 5 else ""
+    if key == "null_sentences":
+      lines.append(f"dropped {total:,} {what} (their documents kept): {named}{more}")
+    else:
+      lines.append(f"skipped {total:,} {what} (data.non_utf8={non_utf8}): {named}{more}")
+  return lines
+
+
+def nothing_read(shards: list[dict], summaries: list[dict], what: str) -> str:
+  """The one line for a corpus that gave no text: which files gave nothing, and why."""
+  parts = []
+  for path, c in read_by_file(shards, summaries).items():
+    if c["documents"]:
+      continue
+    why = [f"{c[k]:,} {SKIPPED[k]}" for k in ("bad_records", "non_utf8_lines") if c[k]]
+    parts.append(f"{path}: {', '.join(why) if why else 'no text'}")
+  named = "; ".join(parts[:5]) + (f"; and {len(parts) - 5:,} more files" if len(parts) > 5 else "")
+  return (
+    f"the corpus has no text to {what}: every record was skipped ({named})"
+    if parts
+    else (f"the corpus has no text to {what}")
+  )
 
 
 def _is_streamed_shard(x) -> bool:

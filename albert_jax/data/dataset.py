@@ -155,6 +155,8 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS, spill_dir)
   if not shards:
     raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
+  if sum(s["docs"] for s in shards) < 2:
+    raise ConfigError(_too_few_documents(sum(s["docs"] for s in shards)))
   shard_seconds = time.time() - t0
   if not d.spm_model_path:
     vocab_seconds = train_vocab(config, shards, out)
@@ -177,6 +179,11 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   examples_seconds = time.time() - t0
   built = summed_stats(summaries)
   built["formats"] = format_stats(shards, summaries)
+  built["skipped_by_file"] = corpus_lib.skipped_by_file(shards, summaries)
+  if not built["documents"]:
+    raise ConfigError(corpus_lib.nothing_read(shards, summaries, "make examples of"))
+  if built["documents"] < 2:
+    raise ConfigError(_too_few_documents(built["documents"]))
   for split in SPLITS:
     if not built[f"{split}_examples"]:
       raise ConfigError(
@@ -206,17 +213,8 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
       ),
     },
   )
-  if stats.get("non_utf8_lines_skipped"):
-    logging.warning(
-      "skipped %d lines that are not valid UTF-8 (data.non_utf8=skip)",
-      stats["non_utf8_lines_skipped"],
-    )
-  if stats.get("records_skipped"):
-    logging.warning(
-      "skipped %d records that are not JSON objects or whose text field is not text "
-      "(data.non_utf8=skip)",
-      stats["records_skipped"],
-    )
+  for line in corpus_lib.skipped_warnings(stats["skipped_by_file"], d.non_utf8):
+    logging.warning("%s", line)
   if stats.get("skipped_chunks"):
     logging.warning(
       "%d chunks could not form a pair (a one-token sentence alone) and were skipped",
@@ -232,6 +230,13 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   }
   files.path(out, PREPARED_FILE).write_text(json.dumps(prepared, indent=1))
   return prepared
+
+
+def _too_few_documents(n: int) -> str:
+  return (
+    f"the corpus gives {n} document{'' if n == 1 else 's'}: pretraining needs at least 2 "
+    f"documents (one to train on, one held out for evaluation); add text"
+  )
 
 
 def _build_prefix(ddir: str) -> str:

@@ -153,16 +153,55 @@ def differences(stored: dict, current: dict) -> list[str]:
       if not same:
         diffs.append(f"vocabulary ({_describe_vocab(there)} there, {_describe_vocab(here)} here)")
     elif key == "corpus":
-      same = (
-        isinstance(there, dict)
-        and set(there) == set(here)
-        and all(there[k] == v for k, v in here.items() if v is not None)
-      )
-      if not same:
-        diffs.append(f"corpus ({there} there, {here} here)")
+      diffs.extend(_corpus_differences(there, here))
     elif there != here:
       diffs.append(f"{key} ({there!r} there, {here!r} here)")
   return diffs
+
+
+# The corpus identity's list of files: it names the files that changed, files_sha256 compares them.
+_LISTED = ("files",)
+
+
+def _corpus_differences(there, here: dict) -> list[str]:
+  """How the corpus differs: its read settings or source as the two dicts (the file list aside);
+  else, its files changed since prepare, named (corpus.identity's `files`)."""
+  if not isinstance(there, dict):
+    return [f"corpus ({there} there, {here} here)"]
+  keys = (set(there) | set(here)) - set(_LISTED) - {"files_sha256"}
+  settings = all(k in there and k in here for k in keys) and all(
+    there[k] == here[k] for k in keys if here[k] is not None
+  )
+  if not settings:
+    short = lambda d: {k: v for k, v in d.items() if k not in _LISTED}  # noqa: E731
+    return [f"corpus ({short(there)} there, {short(here)} here)"]
+  if here.get("files_sha256") is None or there.get("files_sha256") == here["files_sha256"]:
+    return []
+  return [_changed_files(there.get("files"), here.get("files"))]
+
+
+def _changed_files(there, here) -> str:
+  """The input files that changed since prepare (gone, new, another size, rewritten), in one
+  clause with the way to keep the prepared data."""
+  keep = "put them back as they were to train on this data"
+  if there is None or here is None:
+    return f"corpus (its input files changed since it was prepared; {keep})"
+  before = {p: (size, mtime) for p, size, mtime in there}
+  now = {p: (size, mtime) for p, size, mtime in here}
+  changes = []
+  for p in [p for p, *_ in there] + [p for p, *_ in here if p not in before]:
+    if p not in now:
+      changes.append(f"{p} (gone)")
+    elif p not in before:
+      changes.append(f"{p} (new)")
+    elif before[p][0] != now[p][0]:
+      changes.append(f"{p} ({before[p][0]:,} -> {now[p][0]:,} bytes)")
+    elif before[p][1] != now[p][1]:
+      changes.append(f"{p} (rewritten)")
+  if not changes:  # the same files in another order
+    changes = ["the order of the files"]
+  shown = ", ".join(changes[:5]) + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
+  return f"corpus files changed since it was prepared: {shown}; {keep}"
 
 
 def _describe_vocab(v) -> str:

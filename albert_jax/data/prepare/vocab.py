@@ -16,6 +16,7 @@ import time
 from absl import logging
 
 from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
 from albert_jax.data.examples import splitmix64
@@ -76,7 +77,9 @@ def train_vocab(config, shards: list[dict], out_dir: str) -> float:
   caps = vocab_sample_caps(shards, size)
   jobs = [(job_data(d), config.seed, shard, cap) for shard, cap in zip(shards, caps)]
   heap: list[tuple[int, str]] = []
+  read = []  # each shard's corpus statistics: what names the files when nothing was read
   for result in map_shards(config, _vocab_sample_job, jobs, "vocabulary: sampling sentences"):
+    read.append({"shard": result["shard"], "corpus": result["corpus"]})
     for key, sentence in result["sample"]:
       if len(heap) < size:
         heapq.heappush(heap, (-key, sentence))
@@ -86,6 +89,8 @@ def train_vocab(config, shards: list[dict], out_dir: str) -> float:
         break  # the rest of this sorted sample has larger keys
   sentences = [s for _, s in sorted((-k, s) for k, s in heap)]
   del heap
+  if not sentences:
+    raise ConfigError(corpus_lib.nothing_read(shards, read, "train a vocabulary on"))
   logging.info(
     "training a %d-piece SentencePiece unigram model on %s sampled sentences",
     config.model.vocab_size,
