@@ -11,6 +11,7 @@ import json
 import logging
 import lzma
 import os
+import re
 
 import pytest
 
@@ -418,3 +419,16 @@ def test_an_empty_result_names_the_files_and_one_document_is_too_few(
     line == "error: the corpus gives 1 document: pretraining needs at least 2 documents "
     "(one to train on, one held out for evaluation); add text"
   )
+
+
+def test_a_compressed_files_text_is_checked_as_it_is_first_read(tmp_path, capsys):
+  """Inside a compressed file: UTF-16 text, a JSON array; refused by the cut (prepare) and by the
+  whole-file reader alike."""
+  utf16 = tmp_path / "u.txt.gz"
+  utf16.write_bytes(gzip.compress(sentences_text(documents(3)).decode().encode("utf-16")))
+  array = tmp_path / "a.json.zst"
+  array.write_bytes(compress(json.dumps([{"text": "One. Two."}] * 50).encode(), "zst"))
+  for path, what in [(utf16, "UTF-16 LE text (byte-order mark)"), (array, "a JSON array")]:
+    assert refused(capsys, data_for(str(path))).startswith(f"error: {path} holds {what}")
+    with pytest.raises(Exception, match=re.escape(f"holds {what}")):
+      list(corpus.documents(data_for(str(path))))

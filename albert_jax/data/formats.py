@@ -195,7 +195,9 @@ def check_bytes(path: str, fmt: str) -> None:
   """Refuses, in one line, a text or JSON Lines file whose first bytes are not what its name and
   format say: compressed data under another name (or none), a Parquet, Arrow or other binary file,
   text in UTF-16 or UTF-32 or holding NUL bytes, a JSON array or a JSON object spread over lines
-  where JSON Lines are read. A UTF-8 byte-order mark is fine (the readers drop it)."""
+  where JSON Lines are read. A UTF-8 byte-order mark is fine (the readers drop it). A compressed
+  file's text is checked where it is first read (check_text, from line_pieces or
+  text_files.file_range_documents), so that prepare decompresses it once."""
   if fmt not in ("text", "jsonl"):
     return
   with open_file(path) as raw:
@@ -218,9 +220,13 @@ def check_bytes(path: str, fmt: str) -> None:
       raise ConfigError(
         f"{path} is named as {named} data but does not hold it (first bytes {head[:8].hex(' ')})"
       )
-    if named:
-      raw.seek(0)
-      head, _ = read_head(decompressed(path, raw))  # cut short: the reader says where
+  if not named:
+    check_text(path, fmt, head)
+
+
+def check_text(path: str, fmt: str, head: bytes) -> None:
+  """check_bytes for a file's (decompressed) first bytes of text `head`: not UTF-16 or UTF-32 or
+  binary; under JSON Lines (fmt "jsonl"), no JSON array or object spread over lines."""
   encoding = sniff.text_encoding(head)
   if encoding:
     fix = " (iconv -f UTF-16 -t UTF-8)" if "UTF-16" in encoding else ""
@@ -603,6 +609,8 @@ def line_pieces(
     start, start_line, pos, lineno, docs, in_doc, total = 0, 0, 0, 0, 0, False, 0
     checked = fmt != "jsonl"
     head, failed = read_head(stream)
+    if codec(path):
+      check_text(path, fmt, head)
     newline = newline_of(head)  # CR-only line ends: recorded in the pieces for their readers
     stream = lines(stream, newline or "\n", head, failed)
 

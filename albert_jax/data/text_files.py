@@ -191,7 +191,11 @@ def file_range_documents(
     pos, lineno = (0, 0) if packed else (start, first_line)
     if newline is None and (start and not packed and text is None):
       newline = "\n"  # entered in the middle: only a shard's own record says CR
-    stream = formats.lines(stream, newline)
+    head = failed = None
+    if packed:  # its text's first bytes checked here (formats.check_bytes checks a plain file's)
+      head, failed = formats.read_head(stream)
+      formats.check_text(path, fmt, head)
+    stream = formats.lines(stream, newline, head, failed)
     if fmt != "sentences":
       yield from formats.line_records(
         stream,
