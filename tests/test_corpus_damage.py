@@ -120,6 +120,14 @@ def utf16_no_bom(p):
   p.write_bytes(sentences_text(documents(3)).decode().encode("utf-16-le"))
 
 
+def utf32_txt(p):
+  p.write_bytes(sentences_text(documents(3)).decode().encode("utf-32"))
+
+
+def binary_txt(p):
+  p.write_bytes(bytes(range(256)) * 4)
+
+
 def plain_as_gz(p):
   p.write_bytes(sentences_text(documents(3)))
 
@@ -149,6 +157,12 @@ def pretty_object(p):
     ),
     ("b.txt", utf16_txt, "b.txt holds UTF-16 LE text (byte-order mark), not UTF-8: convert it"),
     ("b.txt", utf16_no_bom, "b.txt holds UTF-16 LE text (no byte-order mark), not UTF-8"),
+    ("b.txt", utf32_txt, "b.txt holds UTF-32 LE text (byte-order mark), not UTF-8: convert it"),
+    (
+      "b.txt",
+      binary_txt,
+      "b.txt holds NUL bytes (4 in the first 1,024: binary data?), not UTF-8 text",
+    ),
     ("b.txt.gz", plain_as_gz, "b.txt.gz is named as gzip data but does not hold it"),
     (
       "b.txt",
@@ -224,6 +238,14 @@ def test_bad_records_are_skipped_counted_and_their_documents_kept_where_they_can
   assert (stats.bad_records, stats.null_sentences, stats.documents) == (2, 1, 6)
   with pytest.raises(Exception, match=r"bad.jsonl:2: the text holds a lone surrogate \\ud83d"):
     read(data_for(str(path), non_utf8="error"))
+  # A Parquet list of sentences with a null: the same.
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  lists = pa.array([[SENTENCES[1], None, SENTENCES[2]], [SENTENCES[3]]], pa.list_(pa.string()))
+  pq.write_table(pa.table({"text": lists}), p := str(tmp_path / "l.parquet"))
+  got, stats = read(data_for(p))
+  assert got == [[SENTENCES[1], SENTENCES[2]], [SENTENCES[3]]] and stats.null_sentences == 1
 
 
 def test_invalid_utf8_in_a_parquet_row_skips_that_row_and_names_it(tmp_path, capsys):

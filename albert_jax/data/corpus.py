@@ -1,7 +1,8 @@
 """Corpus sources: each yields documents, a document being a list of sentence strings.
 
 Three sources, chosen by config.data (first that is set wins):
-  * input_files: files, a glob or a comma-separated list of globs, each read in its format
+  * input_files: files, a glob, a comma-separated list of globs or a JSON list (each file once,
+    text_files.resolve_input_files), each read in its format
     (formats.py): text in the BERT/ALBERT format (one sentence per line, a blank line between
     documents) or one document per line, JSON Lines, Parquet, Arrow (and datasets' save_to_disk
     directories); text and JSON Lines compressed or not (.gz, .zst, .bz2, .xz).
@@ -23,8 +24,10 @@ spilled to local disk as the file is cut, so it is decompressed once), Parquet r
 Arrow record batches.
 
 Bad bytes: a line that is not UTF-8 is skipped and counted (data.non_utf8="skip") or is a one-line
-error naming file and line (data.non_utf8="error"). Missing or unreadable files, empty corpora and
-unprepared TFDS datasets are ConfigErrors with one-line messages.
+error naming file and line (data.non_utf8="error"); what was skipped is reported per file
+(skipped_by_file, skipped_warnings). Files whose bytes are not what their names say, missing,
+unreadable or truncated files, empty corpora (nothing_read names the files) and unprepared TFDS
+datasets are ConfigErrors with one-line messages.
 """
 
 from __future__ import annotations

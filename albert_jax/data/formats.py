@@ -8,15 +8,21 @@
     writes (recognised by their state.json and dataset_info.json), read by record batch.
 Text and JSON Lines may be compressed: `.gz`, `.zst`, `.bz2`, `.xz` (gzip, zstandard, bz2, lzma).
 
-Here: which format a file is, its decompression, its records' text as sentences, and the pieces of
-a file that prepare's workers read on their own (corpus.shards: byte ranges of a document a line,
+Here: which format a file is, whether its first bytes are what its name says (check_bytes,
+check_text, with data/sniff.py), its decompression (a stream cut short is an error, zstandard's
+included), its lines (LF, CRLF or CR alone), its records' text as sentences, the text layout of
+data.text_format=auto (decided per file: text_layout is the criterion), and the pieces of a file
+that prepare's workers read on their own (corpus.shards: byte ranges of a document a line,
 Parquet row groups, runs of Arrow record batches); corpus.py reads the original's text format and
 puts the pieces in order.
 
 A record's field is its text: a string is split into sentences (corpus.split_sentences, as for
-TFDS), a list of strings is taken as the sentences. A record that is not a JSON object or whose
-field is not text is skipped and counted (data.non_utf8="skip") or is a one-line error naming file
-and line (data.non_utf8="error"); a missing field is a one-line error naming the fields there are.
+TFDS), a list of strings is taken as the sentences (a null in it dropped and counted). A record
+that is not a JSON object (or not JSON, or nested too deep), whose field is not text, or whose
+text holds a lone surrogate or bytes that are not UTF-8 (a line, or a Parquet or Arrow row) is
+skipped and counted (data.non_utf8="skip") or is a one-line error naming file and line or row
+(data.non_utf8="error"); a missing field is a one-line error naming the fields there are. A UTF-8
+byte-order mark is dropped.
 """
 
 from __future__ import annotations
@@ -111,13 +117,13 @@ class _ZstdReader(io.RawIOBase):
 
   def __init__(self, raw):
     super().__init__()
-    self._raw, self._obj, self._out, self._left = raw, None, b"", b""
+    self._raw, self._obj, self._out, self._at, self._left = raw, None, b"", 0, b""
 
   def readable(self) -> bool:
     return True
 
   def readinto(self, b) -> int:
-    while not self._out:
+    while self._at == len(self._out):
       data, self._left = self._left or self._raw.read(1 << 18), b""
       if not data:
         if self._obj is not None and not self._obj.eof:
@@ -125,12 +131,12 @@ class _ZstdReader(io.RawIOBase):
         return 0
       if self._obj is None or self._obj.eof:  # the next frame
         self._obj = zstandard.ZstdDecompressor().decompressobj()
-      self._out = self._obj.decompress(data)
+      self._out, self._at = self._obj.decompress(data), 0
       if self._obj.eof:
         self._left = self._obj.unused_data
-    n = min(len(b), len(self._out))
-    b[:n] = self._out[:n]
-    self._out = self._out[n:]
+    n = min(len(b), len(self._out) - self._at)
+    b[:n] = memoryview(self._out)[self._at : self._at + n]
+    self._at += n
     return n
 
 
@@ -334,17 +340,18 @@ def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str]
       return None
     stats.bytes += size  # the text read (one encode, not one per sentence)
     return split(value)
-  if isinstance(value, list) and all(isinstance(s, (str, bytes)) or s is None for s in value):
+  if isinstance(value, list) and (
+    all(isinstance(s, str) or s is None for s in value)
+    or all(isinstance(s, bytes) or s is None for s in value)
+  ):
     if None in value:
       stats.null_sentences += value.count(None)
       value = [s for s in value if s is not None]
-    if any(isinstance(s, bytes) for s in value):  # a Parquet or Arrow list read as bytes
-      value = [
-        decode(s, non_utf8, stats, where, "records") if isinstance(s, bytes) else s for s in value
-      ]
-      if None in value:
-        stats.non_utf8_lines -= value.count(None) - 1  # one record skipped, counted once
+    if value and isinstance(value[0], bytes):  # a Parquet or Arrow list, read as bytes
+      joined = decode(b"\0".join(value), non_utf8, stats, where, "records")  # counted once
+      if joined is None:
         return None
+      value = joined.split("\0")
     size = _utf8_size("".join(value), where, non_utf8, stats)
     if size is None:
       return None
