@@ -322,6 +322,7 @@ def test_text_layout_is_decided_per_file_and_cr_only_lines_are_lines(tmp_path, c
   shards = corpus.shards(data, 512, 50)
   assert len(shards) > 10 and all(s["newline"] == "\r" for s in shards)
   assert read(data)[0] == documents(300, "c")
+  assert list(corpus.documents(data)) == documents(300, "c")  # read whole, not by shard
   gz = tmp_path / "big.txt.gz"
   gz.write_bytes(gzip.compress(sentences_text(documents(300, "c")).replace(b"\n", b"\r")))
   streamed = [

@@ -698,7 +698,7 @@ def read_spill(path: str) -> bytes | None:
 # data.text_format=auto.
 
 SAMPLE_LINES = 1000
-SAMPLE_BYTES = 1 << 20  # of each file
+SAMPLE_BYTES = 256 << 10  # of each file: enough for a median, little to read over many files
 
 
 def _sample_lines(path: str) -> list[bytes]:
