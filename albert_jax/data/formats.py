@@ -181,9 +181,10 @@ def read_head(stream) -> tuple[bytes, Exception | None]:
   """A stream's first bytes (up to sniff.HEAD_BYTES), and the error that cut them short (a
   damaged or truncated file), so that what was read before it is still read."""
   head = b""
+  read = getattr(stream, "read1", stream.read)  # a bucket's file objects have no read1
   try:
     while len(head) < sniff.HEAD_BYTES:
-      chunk = stream.read1(sniff.HEAD_BYTES - len(head))
+      chunk = read(sniff.HEAD_BYTES - len(head))
       if not chunk:
         break
       head += chunk
