@@ -16,10 +16,18 @@ import tempfile
 import numpy as np
 import pytest
 
-from albert_jax.base import config_lib, files
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus, dataset, formats, sentence_split, tokenizer as tokenizer_lib
+from albert_jax.data import (
+  corpus,
+  dataset,
+  formats,
+  samples,
+  sentence_split,
+  tokenizer as tokenizer_lib,
+)
+from albert_jax.data.prepare import fingerprint as fingerprint_lib, vocab as vocab_lib
 from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, SPLITS
 from albert_jax.data.prepare.vocab import vocab_sample, vocab_sample_caps
 
@@ -209,6 +217,64 @@ def test_the_vocabulary_sample_is_uniform_and_seeded():
   assert [sentence for _, sentence in capped[:1000]] == sample
   other = vocab_sample(data, 1, {**shards[0], "docs": 2000, "documents": docs}, 1000)
   assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
+
+
+@pytest.mark.parametrize(
+  "language, coverage",
+  [("en", 0.99995), ("ru", 0.99995), ("hi", 0.99995), ("ar", 0.99995)]
+  + [("zh", 0.9995), ("ja", 0.9995), ("ko", 0.9995)],
+)
+def test_character_coverage_auto_follows_sentencepieces_advice(language, coverage, caplog):
+  caplog.set_level("INFO")
+  data = config_lib.base_config().data
+  sentences = [s for d in samples.documents(language) for s in d]
+  assert vocab_lib.character_coverage(data, sentences) == coverage
+  (line,) = [
+    r.getMessage() for r in caplog.records if "spm_character_coverage=auto" in r.getMessage()
+  ]
+  assert f"auto: {coverage} " in line and "% of the sampled letters are Chinese" in line
+  caplog.clear()
+  data.spm_character_coverage = 0.98  # a number is taken as it is, and said nowhere
+  assert vocab_lib.character_coverage(data, sentences) == 0.98
+  assert not caplog.records
+
+
+def test_vocabulary_settings_are_validated_recorded_and_read_back():
+  c = config_lib.base_config()
+  for bad in ("high", 0, 1.5, True):
+    c.data.spm_character_coverage = bad
+    with pytest.raises(ConfigError, match="spm_character_coverage"):
+      validation.validate_data(c.data, c.model)
+  for good in ("auto", 0.9995, 1):
+    c.data.spm_character_coverage = good
+    validation.validate_data(c.data, c.model)
+  c.data.update(spm_character_coverage="auto", spm_byte_fallback=True)
+  fp = fingerprint_lib.fingerprint(c)
+  assert fp["vocab"]["character_coverage"] == "auto" and fp["vocab"]["byte_fallback"] is True
+  back = fingerprint_lib.config_for_prepared("/nowhere", {"fingerprint": fp})
+  assert back.data.spm_byte_fallback is True and back.data.spm_character_coverage == "auto"
+  # Data prepared before these settings (no byte fallback, the original's coverage) still serves
+  # a config that asks for auto; another coverage does not.
+  c.data.spm_byte_fallback = False
+  fp = fingerprint_lib.fingerprint(c)
+  old = {"fingerprint": dict(fp, vocab={**fp["vocab"], "character_coverage": 0.99995})}
+  del old["fingerprint"]["vocab"]["byte_fallback"]
+  assert fingerprint_lib.differences(fingerprint_lib.as_read_today(old, c), fp) == []
+  old["fingerprint"]["vocab"]["character_coverage"] = 0.9995
+  assert fingerprint_lib.differences(fingerprint_lib.as_read_today(old, c), fp) != []
+
+
+def test_sentencepiece_keeps_the_whole_sample():
+  """input_sentence_size: the sample's size (the model file as before) unless sentences too long
+  for SentencePiece add pieces (tokenizer.within_sentence_limit)."""
+  data = config_lib.base_config().data
+  data.vocab_sample_sentences = 1000
+  english = [s for d in samples.documents("en") for s in d]
+  assert vocab_lib._input_sentence_size(data, english) == 1000
+  long = " ".join(english * 4)  # about 4 x 8 kB
+  pieces = len(list(tokenizer_lib.within_sentence_limit(tokenizer_lib.preprocess_text(long))))
+  assert pieces >= 7
+  assert vocab_lib._input_sentence_size(data, english + [long]) == 1000 + pieces - 1
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from absl import logging
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
+from albert_jax.data import scripts
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -154,7 +155,9 @@ def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str]
       return None
   if isinstance(value, str):
     stats.bytes += len(value.encode("utf-8"))  # the text read (one encode, not one per sentence)
-    return split(value)
+    sentences = split(value)
+    stats.count_split(value, sentences)
+    return sentences
   if isinstance(value, list) and all(isinstance(s, str) for s in value):
     stats.bytes += sum(len(s.encode("utf-8")) for s in value)
     return [s.strip() for s in value if s.strip()]
@@ -343,6 +346,7 @@ def line_records(
         doc = json_record(text, path, lineno, field, non_utf8, stats, split)
       else:
         doc = split(text)
+        stats.count_split(text, doc)
       if doc:
         stats.documents += 1
         stats.sentences += len(doc)
@@ -495,6 +499,26 @@ def _is_json_object(line: bytes) -> bool:
     return False
 
 
+DOCUMENT_LINE_CHARACTERS = 400  # a line this long holds a document, in any script
+
+
+def _lines_hold_documents(texts: list[str], split) -> tuple[bool, str]:
+  """Whether lines `texts` (no blank line between them) are documents, not sentences: the median
+  line holds two sentences or more (cut by `split`, the multilingual splitter: 。 । ؟ ... count as
+  in English) or DOCUMENT_LINE_CHARACTERS characters (characters, not bytes: a Chinese or Hindi
+  line is not three times as long as an English one); with the figures that decided it, in words
+  (their script named where it is not Latin)."""
+  chars = statistics.median([len(t) for t in texts]) if texts else 0
+  per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
+  script = scripts.dominant_script(scripts.script_counts("".join(texts)[:100_000]))
+  written = f" of {script} text" if script not in (None, "Latin") else ""
+  figures = (
+    f"a median line of {chars:,.0f} characters{written} holding {per_line:g} "
+    f"{'sentence' if per_line == 1 else 'sentences'}"
+  )
+  return per_line >= 2 or chars >= DOCUMENT_LINE_CHARACTERS, figures
+
+
 def decide_text_format(paths: list[str], data, split) -> str:
   """'sentences' or 'documents' for the text files `paths` (data.text_format, or, for auto, from
   their first lines: blank lines mean the original's format; no blank line and lines of several
@@ -515,19 +539,14 @@ def decide_text_format(paths: list[str], data, split) -> str:
     return data.text_format
   blank = len(lines) - len(filled)
   texts = [l.decode("utf-8", "replace").strip() for l in filled[:200]]
-  chars = statistics.median([len(t) for t in texts]) if texts else 0
-  per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
-  figures = (
-    f"a median line of {chars:,.0f} characters holding {per_line:g} "
-    f"{'sentence' if per_line == 1 else 'sentences'}"
-  )
+  documents_a_line, figures = _lines_hold_documents(texts, split)
   where = f"the first {len(lines):,} lines of {paths[0]}" + (
     " and the next files" if len(paths) > 1 else ""
   )
   if blank:
     fmt = "sentences"
     why = f"{blank:,} blank lines (between documents) in {where}, {figures}"
-  elif per_line >= 2 or chars >= 400:
+  elif documents_a_line:
     fmt = "documents"
     why = f"no blank line in {where} and {figures}"
   else:
