@@ -212,6 +212,8 @@ AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?")
 # In SENTENCE_ENDS with its script's pair, but it ends a clause, not a sentence (Myanmar ၊ is a
 # comma): never a sentence boundary.
 CLAUSE_ENDS = frozenset("\u104a")
+# Dashes that open a line of dialogue (Russian, and much European prose): "— Скоро будет гроза."
+DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
 # Scripts with no sentence punctuation in use: a space between two of their letters ends a
 # sentence (Thai and Lao write words together and put a space between sentences and clauses).
 SPACE_SEPARATED_SENTENCES = frozenset({"Thai", "Lao"})

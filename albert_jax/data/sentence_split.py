@@ -36,7 +36,7 @@ ABBREVIATIONS = {
     "г гг в вв им ул пр просп пл д кв обл р-н проф акад доц канд св ст стр см рис табл тыс "
     "млн млрд руб коп англ лат рус др т.е т.д т.п т.к т.н н.э".split()
   ),
-  "hi": frozenset("डॉ श्री सं पृ ई".split()),
+  "hi": frozenset("डॉ प्रो श्री सं पृ ई".split()),
   "ar": frozenset("د أ".split()),  # د. (doctor), أ. (professor)
 }
 _ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values())
@@ -58,9 +58,11 @@ def _abbreviations(language: str) -> frozenset:
 
 def _begins_sentence(line: str, i: int) -> bool:
   """Whether line[i:] can begin a sentence after ". " "! " "? ": behind any opening quotes and
-  brackets, a letter that is not lower case (every script's capitals, and every letter of the
-  scripts without case) or a digit."""
+  brackets (or a dialogue dash and its space), a letter that is not lower case (every script's
+  capitals, and every letter of the scripts without case) or a digit."""
   n = len(line)
+  if i + 1 < n and line[i] in scripts.DIALOGUE_DASHES and line[i + 1] == " ":
+    i += 2
   while i < n and line[i] in scripts.OPENERS:
     i += 1
   if i >= n:

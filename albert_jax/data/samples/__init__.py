@@ -1,5 +1,5 @@
 """A small multilingual sample: real sentences in English, Russian, Chinese, Japanese, Korean,
-Hindi and Arabic, about a hundred each in documents of six to eight (news and encyclopedia prose on
+Hindi and Arabic, 140 to 190 each in documents of five to eight (news and encyclopedia prose on
 everyday topics, dialogue and questions among them), written for albert_jax: one sentence a line, a
 blank line between documents (the original's format), so that each file's sentence boundaries are
 the truth the sentence splitter is measured against (tests/test_sentence_split.py,
