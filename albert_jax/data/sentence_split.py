@@ -41,13 +41,18 @@ ABBREVIATIONS = {
 }
 _ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values())
 
-_ENDS = "".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS))
-_CLOSERS = "".join(sorted(scripts.CLOSERS))
+_ENDS = re.escape("".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS)))
+_UNSPACED_ENDS = re.escape("".join(sorted(scripts.UNSPACED_SENTENCE_ENDS)))
+_CLOSERS = re.escape("".join(sorted(scripts.CLOSERS)))
 _OPENERS = "".join(sorted(scripts.OPENERS))
-# A run of sentence ends, the closing quotes and brackets after it, and the spaces after those.
-_CANDIDATE = re.compile(f"([{re.escape(_ENDS)}]+)([{re.escape(_CLOSERS)}]*)(\\s*)")
-_UNSPACED_LETTER = re.compile(scripts.char_class(("Han", "Hiragana", "Katakana")))
+_UNSPACED_LETTER = scripts.char_class(("Han", "Hiragana", "Katakana"))
+# Where a sentence may end (a candidate; the rest is decided in Python): a run of ends, its
+# closers, any spaces, and no ASCII lower-case letter next (C's quick "no" to "e.g. the", "? he").
+_CANDIDATE = re.compile(f"([{_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])")
+_UNSPACED_END = re.compile(f"[{_UNSPACED_ENDS}]")
+_UNSPACED_NEXT = re.compile(_UNSPACED_LETTER)
 _SPACED_SENTENCES = scripts.char_class(scripts.SPACE_SEPARATED_SENTENCES)
+_HAS_SPACED_SENTENCES = re.compile(_SPACED_SENTENCES)
 # A space between two letters of a script without sentence punctuation (Thai, Lao).
 _SPACE_BETWEEN = re.compile(f"(?<={_SPACED_SENTENCES})\\s+(?={_SPACED_SENTENCES})")
 
@@ -72,17 +77,19 @@ def _begins_sentence(line: str, i: int) -> bool:
 
 
 def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -> bool:
-  ends, closers, space = m.group(1), m.group(2), m.group(3)
-  after = m.end()
-  if any(c in scripts.UNSPACED_SENTENCE_ENDS for c in ends):
-    # 「待って！」と言った: a quoted exclamation inside the sentence.
-    return not (closers and not space and line[after] in scripts.QUOTE_PARTICLES)
+  """Whether the candidate `m` (of _CANDIDATE) in `line`, whose sentence began at `start`, ends a
+  sentence."""
+  ends, closers, space = m.group(1, 2, 3)
+  if not ends.isascii():
+    if _UNSPACED_END.search(ends):
+      # 「待って！」と言った: a quoted exclamation inside the sentence.
+      return not (closers and not space and line[m.end()] in scripts.QUOTE_PARTICLES)
+    if space and not all(c in scripts.AMBIGUOUS_SENTENCE_ENDS for c in ends):
+      return True  # । ؟ ۔ ። ... end a sentence before any space
   if not space:
-    # 你好!我是...: "!" and "?" written in Chinese or Japanese text with no space after them.
-    return ends[-1] in "!?" and not closers and bool(_UNSPACED_LETTER.match(line, after))
-  if not all(c in scripts.AMBIGUOUS_SENTENCE_ENDS for c in ends):
-    return True  # । ؟ ۔ ። ... end a sentence before any space
-  if not _begins_sentence(line, after):
+    # 你好!我是...: "!" and "?" in Chinese or Japanese text, no space after them.
+    return ends[-1] in "!?" and not closers and bool(_UNSPACED_NEXT.match(line, m.end()))
+  if not _begins_sentence(line, m.end()):
     return False
   if ends[0] == ".":
     before = line[start : m.start()].rsplit(None, 1)
@@ -107,15 +114,15 @@ def split_sentences(text: str, language: str = "") -> list[str]:
     line = line.strip()
     if not line:
       continue
-    start = 0
+    start, n = 0, len(line)
     for m in _CANDIDATE.finditer(line):
-      if m.end() >= len(line):
+      if m.end() >= n:
         break
       if _is_boundary(line, start, m, abbreviations):
-        out.append(line[start : m.end()].strip())
+        out.append(line[start : m.end()].rstrip())
         start = m.end()
-    out.append(line[start:].strip())
-  if _SPACED_SENTENCES != "[^\\s\\S]" and any(_SPACE_BETWEEN.search(s) for s in out):
+    out.append(line[start:].rstrip())
+  if _HAS_SPACED_SENTENCES.search(text):
     out = [p for s in out for p in _SPACE_BETWEEN.split(s)]
   return [s for s in out if s]
 
