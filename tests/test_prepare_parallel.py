@@ -264,6 +264,30 @@ def test_vocabulary_settings_are_validated_recorded_and_read_back():
   assert fingerprint_lib.differences(fingerprint_lib.as_read_today(old, c), fp) != []
 
 
+def test_long_documents_keep_all_their_text_in_the_vocabulary_sample(tmp_path):
+  """Korean documents of 5-8 kB a line (the issue's 17-24% of such text never reached the
+  vocabulary): the sample holds every character of them, as sentences, and what reaches
+  SentencePiece is within its limit once preprocessed."""
+  docs = [samples.running_text(d) for d in samples.documents("ko")]
+  long_docs = [" ".join((docs * 2)[i : i + k]) for i, k in ((0, 12), (12, 20), (32, 14))]
+  long_docs.append(long_docs[0].replace(".", ",").replace("?", ",").replace("!", ","))  # no ends
+  assert all(len(d.encode()) > tokenizer_lib.MAX_SENTENCE_BYTES for d in long_docs)
+  path = tmp_path / "ko.txt"
+  path.write_text("".join(d + "\n" for d in long_docs), encoding="utf-8")
+  data = config_lib.base_config().data
+  data.update(input_files=str(path), text_format="documents")
+  (shard,) = corpus.shards(data, 1 << 20, 1000)
+  sample = [s for _, s in vocab_sample(data, 0, shard, 100_000)["sample"]]
+  assert len(sample) > 100
+  chars = lambda texts: sorted("".join(texts).replace(" ", ""))  # noqa: E731
+  assert chars(sample) == chars(long_docs)
+  pieces = [
+    p for s in sample for p in tokenizer_lib.within_sentence_limit(tokenizer_lib.preprocess_text(s))
+  ]
+  assert all(len(p.encode()) <= tokenizer_lib.MAX_SENTENCE_BYTES for p in pieces)
+  assert chars(pieces) == chars(tokenizer_lib.preprocess_text(s) for s in sample)
+
+
 def test_sentencepiece_keeps_the_whole_sample():
   """input_sentence_size: the sample's size (the model file as before) unless sentences too long
   for SentencePiece add pieces (tokenizer.within_sentence_limit)."""
