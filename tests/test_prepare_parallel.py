@@ -299,6 +299,8 @@ def test_sentencepiece_keeps_the_whole_sample():
   pieces = len(list(tokenizer_lib.within_sentence_limit(tokenizer_lib.preprocess_text(long))))
   assert pieces >= 7
   assert vocab_lib._input_sentence_size(data, english + [long]) == 1000 + pieces - 1
+  # 1,200 bytes that preprocessing makes 13,200 (NFKD spells ﷺ as 18 letters): 4 pieces
+  assert vocab_lib._input_sentence_size(data, ["\ufdfa" * 400]) == 1000 + 3
 
 
 @pytest.mark.slow

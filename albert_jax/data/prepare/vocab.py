@@ -145,10 +145,11 @@ def _input_sentence_size(d, sentences: list[str]) -> int:
   """How many "sentences" SentencePiece keeps (all it is given: the sample is already at most
   data.vocab_sample_sentences): the sample's sentences, and the extra pieces of those too long for
   SentencePiece once preprocessed (tokenizer.within_sentence_limit). Only a sentence of more than
-  1/18 of the limit in characters can grow past it (NFKD makes at most 18 characters of one)."""
+  1/11 of the limit in bytes can grow past it (preprocessing makes at most 11 bytes of one: NFKD
+  spells the 3-byte U+FDFA as 18 Arabic letters)."""
   extra = 0
   for s in sentences:
-    if len(s) > tokenizer_lib.MAX_SENTENCE_BYTES // 18:
+    if len(s.encode("utf-8")) > tokenizer_lib.MAX_SENTENCE_BYTES // 11:
       text = tokenizer_lib.preprocess_text(s, d.do_lower_case, d.normalize_quotes)
       if len(text.encode("utf-8")) > tokenizer_lib.MAX_SENTENCE_BYTES:
         extra += sum(1 for _ in tokenizer_lib.within_sentence_limit(text)) - 1
