@@ -13,7 +13,8 @@ A sentence ends (docs/languages.md, Sentences):
     "т. е.", "डॉ.", "د."), nor, with no space, "!" and "?" before a Chinese or Japanese letter;
   * at a space between two letters of a script that writes no sentence punctuation (Thai, Lao);
   * at a line break (a text that is one sentence a line comes back unchanged).
-On ASCII text this is the rule albert_jax always had (English is split as before).
+On ASCII text this is the rule albert_jax always had (but that braces count as brackets); English
+with curly quotes also ends a sentence after them ("... ‘clauses.’ A clause").
 """
 
 from __future__ import annotations
