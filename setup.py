@@ -10,6 +10,8 @@ setup(
   long_description_content_type="text/markdown",
   python_requires=">=3.11",  # jax 0.10
   packages=find_packages(include=["albert_jax", "albert_jax.*"]),
+  # the multilingual sample (albert_jax/data/samples: real sentences in seven languages)
+  package_data={"albert_jax.data.samples": ["*.txt"]},
   install_requires=[
     "jax>=0.10",
     "flax>=0.12",

@@ -130,6 +130,11 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
   )
   assert 0.45 <= info["sentence_order_label_1_fraction"] <= 0.55
   assert not [f for f in os.listdir(workdir) if f.startswith(".data.tmp")]
+  # English: the original's coverage (auto), no byte fallback, hardly an <unk> in held-out text
+  prepared_json = json.loads(open(os.path.join(ddir, PREPARED_FILE)).read())
+  assert prepared_json["vocab_settings"] == {"character_coverage": 0.99995, "byte_fallback": False}
+  assert prepared_json["fingerprint"]["vocab"]["character_coverage"] == "auto"
+  assert info["eval_pieces"] > 10_000 and 0 <= info["eval_unk_fraction"] < 0.001
 
 
 class _NoMask:

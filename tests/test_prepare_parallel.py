@@ -16,10 +16,18 @@ import tempfile
 import numpy as np
 import pytest
 
-from albert_jax.base import config_lib, files
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus, dataset, formats, sentence_split, tokenizer as tokenizer_lib
+from albert_jax.data import (
+  corpus,
+  dataset,
+  formats,
+  samples,
+  sentence_split,
+  tokenizer as tokenizer_lib,
+)
+from albert_jax.data.prepare import fingerprint as fingerprint_lib, vocab as vocab_lib
 from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, SPLITS
 from albert_jax.data.prepare.vocab import vocab_sample, vocab_sample_caps
 
@@ -209,6 +217,90 @@ def test_the_vocabulary_sample_is_uniform_and_seeded():
   assert [sentence for _, sentence in capped[:1000]] == sample
   other = vocab_sample(data, 1, {**shards[0], "docs": 2000, "documents": docs}, 1000)
   assert len(set(sample) & {s for _, s in other["sample"]}) < 200  # another seed, mostly others
+
+
+@pytest.mark.parametrize(
+  "language, coverage",
+  [("en", 0.99995), ("ru", 0.99995), ("hi", 0.99995), ("ar", 0.99995)]
+  + [("zh", 0.9995), ("ja", 0.9995), ("ko", 0.9995)],
+)
+def test_character_coverage_auto_follows_sentencepieces_advice(language, coverage, caplog):
+  caplog.set_level("INFO")
+  data = config_lib.base_config().data
+  sentences = [s for d in samples.documents(language) for s in d]
+  assert vocab_lib.character_coverage(data, sentences) == coverage
+  (line,) = [
+    r.getMessage() for r in caplog.records if "spm_character_coverage=auto" in r.getMessage()
+  ]
+  assert f"auto: {coverage} " in line and "% of the sampled letters are Chinese" in line
+  caplog.clear()
+  data.spm_character_coverage = 0.98  # a number is taken as it is, and said nowhere
+  assert vocab_lib.character_coverage(data, sentences) == 0.98
+  assert not caplog.records
+
+
+def test_vocabulary_settings_are_validated_recorded_and_read_back():
+  c = config_lib.base_config()
+  for bad in ("high", 0, 1.5, True):
+    c.data.spm_character_coverage = bad
+    with pytest.raises(ConfigError, match="spm_character_coverage"):
+      validation.validate_data(c.data, c.model)
+  for good in ("auto", 0.9995, 1):
+    c.data.spm_character_coverage = good
+    validation.validate_data(c.data, c.model)
+  c.data.update(spm_character_coverage="auto", spm_byte_fallback=True)
+  fp = fingerprint_lib.fingerprint(c)
+  assert fp["vocab"]["character_coverage"] == "auto" and fp["vocab"]["byte_fallback"] is True
+  back = fingerprint_lib.config_for_prepared("/nowhere", {"fingerprint": fp})
+  assert back.data.spm_byte_fallback is True and back.data.spm_character_coverage == "auto"
+  # Data prepared before these settings (no byte fallback, the original's coverage) still serves
+  # a config that asks for auto; another coverage does not.
+  c.data.spm_byte_fallback = False
+  fp = fingerprint_lib.fingerprint(c)
+  old = {"fingerprint": dict(fp, vocab={**fp["vocab"], "character_coverage": 0.99995})}
+  del old["fingerprint"]["vocab"]["byte_fallback"]
+  assert fingerprint_lib.differences(fingerprint_lib.as_read_today(old, c), fp) == []
+  old["fingerprint"]["vocab"]["character_coverage"] = 0.9995
+  assert fingerprint_lib.differences(fingerprint_lib.as_read_today(old, c), fp) != []
+
+
+def test_long_documents_keep_all_their_text_in_the_vocabulary_sample(tmp_path):
+  """Korean documents of 5-8 kB a line (the issue's 17-24% of such text never reached the
+  vocabulary): the sample holds every character of them, as sentences, and what reaches
+  SentencePiece is within its limit once preprocessed."""
+  docs = [samples.running_text(d) for d in samples.documents("ko")]
+  long_docs = [" ".join((docs * 2)[i : i + k]) for i, k in ((0, 12), (12, 20), (32, 14))]
+  long_docs.append(long_docs[0].replace(".", ",").replace("?", ",").replace("!", ","))  # no ends
+  assert all(len(d.encode()) > tokenizer_lib.MAX_SENTENCE_BYTES for d in long_docs)
+  path = tmp_path / "ko.txt"
+  path.write_text("".join(d + "\n" for d in long_docs), encoding="utf-8")
+  data = config_lib.base_config().data
+  data.update(input_files=str(path), text_format="documents")
+  (shard,) = corpus.shards(data, 1 << 20, 1000)
+  sample = [s for _, s in vocab_sample(data, 0, shard, 100_000)["sample"]]
+  assert len(sample) > 100
+  chars = lambda texts: sorted("".join(texts).replace(" ", ""))  # noqa: E731
+  assert chars(sample) == chars(long_docs)
+  pieces = [
+    p for s in sample for p in tokenizer_lib.within_sentence_limit(tokenizer_lib.preprocess_text(s))
+  ]
+  assert all(len(p.encode()) <= tokenizer_lib.MAX_SENTENCE_BYTES for p in pieces)
+  assert chars(pieces) == chars(tokenizer_lib.preprocess_text(s) for s in sample)
+
+
+def test_sentencepiece_keeps_the_whole_sample():
+  """input_sentence_size: the sample's size (the model file as before) unless sentences too long
+  for SentencePiece add pieces (tokenizer.within_sentence_limit)."""
+  data = config_lib.base_config().data
+  data.vocab_sample_sentences = 1000
+  english = [s for d in samples.documents("en") for s in d]
+  assert vocab_lib._input_sentence_size(data, english) == 1000
+  long = " ".join(english * 4)  # about 4 x 8 kB
+  pieces = len(list(tokenizer_lib.within_sentence_limit(tokenizer_lib.preprocess_text(long))))
+  assert pieces >= 7
+  assert vocab_lib._input_sentence_size(data, english + [long]) == 1000 + pieces - 1
+  # 1,200 bytes that preprocessing makes 13,200 (NFKD spells ﷺ as 18 letters): 4 pieces
+  assert vocab_lib._input_sentence_size(data, ["\ufdfa" * 400]) == 1000 + 3
 
 
 @pytest.mark.slow

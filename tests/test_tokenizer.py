@@ -5,7 +5,7 @@ import pytest
 import sentencepiece as spm
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer
+from albert_jax.data import samples, tokenizer
 from albert_jax.interop import hf_tokenizer
 from tests.conftest import pydoc_sentences
 
@@ -148,3 +148,61 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
   assert all(text.startswith("[MASK](") and len(text) > len("[MASK]()") for text in shown.values())
   assert {shown[i] for i in bare} == {"[MASK](\u2581)"}
   assert all(tokenizer.piece_text(tok.id_to_piece(i)) for i in ids)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every script (issue 38): nothing too long is lost to the vocabulary, the coverage auto picks, byte
+# fallback.
+
+
+@pytest.mark.parametrize("language", samples.LANGUAGES)
+def test_long_text_reaches_sentencepiece_in_pieces(language):
+  text = tokenizer.preprocess_text(
+    " ".join(samples.running_text(d) for d in samples.documents(language) * 3)
+  )
+  assert len(text.encode()) > 2 * tokenizer.MAX_SENTENCE_BYTES  # the sample, as one "sentence"
+  pieces = list(tokenizer.within_sentence_limit(text))
+  assert len(pieces) >= 3
+  assert all(0 < len(p.encode()) <= tokenizer.MAX_SENTENCE_BYTES for p in pieces)
+  assert " ".join(pieces) == text  # cut at spaces: only the cutting spaces are gone
+  unspaced = "".join(s for d in samples.documents("zh") for s in d) * 3
+  pieces = list(tokenizer.within_sentence_limit(unspaced))
+  assert "".join(pieces) == unspaced and all(
+    len(p.encode()) <= tokenizer.MAX_SENTENCE_BYTES for p in pieces
+  )
+  assert list(tokenizer.within_sentence_limit("short")) == ["short"]
+
+
+def test_documents_longer_than_sentencepieces_limit_keep_their_text(tmp_path):
+  """A Russian document with no sentence end the splitter knows, twice SentencePiece's limit: its
+  words are in the vocabulary, where SentencePiece alone skips the document."""
+  rare = "зюзюкабра"  # only in the long document
+  body = " ".join(s.rstrip(".?!") for d in samples.documents("ru") for s in d)
+  long_doc = f"{body} {' '.join([rare] * 60)}"
+  assert len(tokenizer.preprocess_text(long_doc).encode()) > 2 * tokenizer.MAX_SENTENCE_BYTES
+  short = [s for d in samples.documents("en") for s in d]
+  model = tokenizer.train(short + [long_doc], str(tmp_path / "m.model"), 400, seed=0)
+  sp = spm.SentencePieceProcessor(model_file=model)
+  assert sp.encode(rare, out_type=str) == ["\u2581" + rare]
+  # Without the cut, SentencePiece never sees the document: not even its letters are pieces.
+  plain = str(tmp_path / "plain")
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter([tokenizer.preprocess_text(s) for s in short + [long_doc]]),
+    model_prefix=plain,
+    vocab_size=400,
+    minloglevel=2,
+  )
+  sp = spm.SentencePieceProcessor(model_file=plain + ".model")
+  assert sp.unk_id() in sp.encode(rare)
+
+
+def test_byte_fallback_turns_unknown_characters_into_bytes(tmp_path):
+  sentences = [s for d in samples.documents("ru") for s in d]
+  on = tokenizer.train(sentences, str(tmp_path / "on.model"), 500, byte_fallback=True, seed=0)
+  off = tokenizer.train(sentences, str(tmp_path / "off.model"), 500, seed=0)
+  on, off = tokenizer.load(on), tokenizer.load(off)
+  assert tokenizer.UNK_ID in off.encode("Москва 中")
+  ids = on.encode("Москва 中")
+  assert tokenizer.UNK_ID not in ids
+  assert [on.id_to_piece(i) for i in ids][-3:] == ["<0xE4>", "<0xB8>", "<0xAD>"]  # 中 in UTF-8
+  assert on.decode(ids) == "москва 中"

@@ -115,7 +115,16 @@ def base_config() -> ml_collections.ConfigDict:
       # Vocabulary training: on a seeded sample of at most this many sentences (the original's
       # spm_train --input_sentence_size=10000000), so its memory does not grow with the corpus.
       vocab_sample_sentences=10_000_000,
-      spm_character_coverage=0.99995,
+      # Every script (docs/languages.md): the corpus's language, an ISO 639-1 code (scripts.LANGUAGES),
+      # as a hint: "" (none) | en | zh | ja | hi | ... It picks the sentence splitter's
+      # abbreviations, and a corpus whose letters are in another script is an error.
+      language="",
+      # The share of characters the vocabulary covers: auto (0.9995, SentencePiece's advice, where
+      # the sample's letters are mostly Chinese, Japanese or Korean; the original's 0.99995
+      # otherwise) or a number in (0, 1].
+      spm_character_coverage=ml_collections.FieldReference("auto", field_type=object),
+      # Characters outside the vocabulary as UTF-8 byte pieces instead of <unk> (off: the original).
+      spm_byte_fallback=False,
       # Examples (docs/data.md).
       max_seq_length=512,
       max_predictions_per_seq=20,  # the original's cap: only ~3.9% of a 512 sequence is masked

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 
 from albert_jax.base.config_lib import (
@@ -139,6 +140,32 @@ def validate_data(d, model) -> None:
   _check(
     d.vocab_sample_sentences > 0,
     f"data.vocab_sample_sentences={d.vocab_sample_sentences} must be positive",
+  )
+  _validate_languages(d)
+
+
+def _validate_languages(d) -> None:
+  """data.language, data.spm_character_coverage and data.spm_byte_fallback (docs/languages.md)."""
+  # The code's script is looked up when the corpus is read (scripts.LANGUAGES: base imports no
+  # data module); here, its form.
+  _check(
+    isinstance(d.language, str) and (d.language == "" or re.fullmatch("[a-z]{2}", d.language)),
+    f"data.language={d.language!r} is not an ISO 639-1 code (two letters: en, zh, ja, ko, hi, "
+    f"ar, ru, ...; '' for none)",
+  )
+  coverage = d.spm_character_coverage
+  _check(
+    coverage == "auto"
+    or (
+      isinstance(coverage, (int, float))
+      and not isinstance(coverage, bool)
+      and 0.0 < coverage <= 1.0
+    ),
+    f"data.spm_character_coverage={coverage!r} is not 'auto' or a number in (0, 1]",
+  )
+  _check(
+    isinstance(d.spm_byte_fallback, bool),
+    f"data.spm_byte_fallback={d.spm_byte_fallback!r} is not true or false",
   )
 
 

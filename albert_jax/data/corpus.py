@@ -43,9 +43,9 @@ from collections.abc import Iterable, Iterator
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import formats, python_docs, tfds_corpus
+from albert_jax.data import formats, python_docs, scripts, tfds_corpus
 from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import split_sentences
+from albert_jax.data.sentence_split import splitter
 from albert_jax.data.text_files import (
   file_range_documents,
   resolve_input_files,
@@ -70,7 +70,7 @@ def file_plan(data) -> list[tuple[str, str]]:
   for path, kind in zip(paths, kinds):
     formats.check_bytes(path, kind)
   texts = [p for p, k in zip(paths, kinds) if k == "text"]
-  text_formats = formats.decide_text_format(texts, data, split_sentences) if texts else {}
+  text_formats = formats.decide_text_format(texts, data, splitter(data)) if texts else {}
   return [(p, text_formats[p] if k == "text" else k) for p, k in zip(paths, kinds)]
 
 
@@ -178,7 +178,13 @@ def documents(data, stats: CorpusStats | None = None) -> Iterator[list[str]]:
     it = file_documents(data, stats)
   elif kind == "tfds":
     it = tfds_corpus.tfds_documents(
-      data.tfds_name, data.tfds_split, data.text_feature, data.tfds_data_dir, data.non_utf8, stats
+      data.tfds_name,
+      data.tfds_split,
+      data.text_feature,
+      data.tfds_data_dir,
+      data.non_utf8,
+      stats,
+      splitter(data),
     )
   else:
     it = python_docs.python_docs_documents(stats)
@@ -261,6 +267,40 @@ def shards(
   return out
 
 
+# How much of the corpus data.language is checked against: its first documents, up to this many
+# letters.
+LANGUAGE_CHECK_LETTERS = 100_000
+
+
+def check_language(data, shards: list[dict]) -> None:
+  """data.language (a hint) against the text: a code whose script albert_jax does not know, or a
+  corpus whose first documents are mostly in another script (scripts.language_contradiction), is
+  a one-line error, raised before anything is prepared."""
+  language = getattr(data, "language", "")
+  if not language:
+    return
+  if language not in scripts.LANGUAGES:
+    raise ConfigError(
+      f"data.language={language!r}: no script known for it (scripts.LANGUAGES: "
+      f"{', '.join(sorted(scripts.LANGUAGES))}); leave it '' for none"
+    )
+  counts, docs = scripts.script_counts(""), 0
+  first = (doc for shard in shards for _, doc in shard_documents(data, shard))
+  for doc in first:
+    docs += 1
+    for sentence in doc:
+      counts.update(scripts.script_counts(sentence))
+    if sum(counts.values()) >= LANGUAGE_CHECK_LETTERS:
+      break
+  first.close()  # the files a shard's reader holds open
+  why = scripts.language_contradiction(language, counts)
+  if why:
+    raise ConfigError(
+      f"data.language={language} does not match the corpus: in its first {docs:,} documents, "
+      f"{why}; correct data.language or leave it '' (none)"
+    )
+
+
 def shard_label(shard: dict) -> str:
   """The format a shard is read in, for prepare's report: "text (sentences)", "jsonl.zst", ..."""
   if shard["kind"] != "files":
@@ -287,12 +327,12 @@ def shard_documents(
     if fmt == "parquet":
       values = formats.parquet_values(path, shard["row_group"], data.text_feature)
       it = formats.column_documents(
-        values, path, shard["first_row"], shard["docs"], non_utf8, stats, split_sentences
+        values, path, shard["first_row"], shard["docs"], non_utf8, stats, splitter(data)
       )
     elif fmt == "arrow":
       values = formats.arrow_values(path, *shard["batches"], data.text_feature)
       it = formats.column_documents(
-        values, path, shard["first_row"], shard["docs"], non_utf8, stats, split_sentences
+        values, path, shard["first_row"], shard["docs"], non_utf8, stats, splitter(data)
       )
     else:
       it = file_range_documents(
@@ -307,6 +347,7 @@ def shard_documents(
         fmt=fmt,
         field=data.text_feature,
         newline=shard.get("newline", "\n"),
+        split=splitter(data),
       )
   elif shard["kind"] == "builtin":
     it = iter(shard["documents"])

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+# A document this long (in characters) holds several sentences in any language.
+LONG_DOCUMENT = 400
+# prepare warns when more than this share of long documents came back as one sentence.
+UNSPLIT_WARNING = 0.2
+
 
 @dataclasses.dataclass
 class CorpusStats:
@@ -19,3 +24,14 @@ class CorpusStats:
   # Progress in source units (bytes of input files, or records): for ETAs.
   progress_done: int = 0
   progress_total: int = 0
+  # Documents split into sentences here (not given as sentences) of at least LONG_DOCUMENT
+  # characters, and those of them that came back as one sentence: text whose sentence ends the
+  # splitter does not know (prepare warns past UNSPLIT_WARNING of them).
+  long_documents: int = 0
+  long_unsplit: int = 0
+
+  def count_split(self, text: str, sentences: list) -> None:
+    """Counts a document's text that was split into `sentences`."""
+    if len(text) >= LONG_DOCUMENT:
+      self.long_documents += 1
+      self.long_unsplit += len(sentences) == 1

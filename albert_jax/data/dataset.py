@@ -38,6 +38,7 @@ from albert_jax.base import files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from albert_jax.data.corpus_stats import LONG_DOCUMENT, UNSPLIT_WARNING
 from albert_jax.data.prepare.assemble import assemble, format_stats, summed_stats
 from albert_jax.data.prepare.fingerprint import (
   as_read_today,
@@ -147,7 +148,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
     src.copy(vocab_path)
     if src.with_suffix(".vocab").is_file():
       src.with_suffix(".vocab").copy(os.path.join(out, "spiece.vocab"))
-    vocab_seconds = 0.0
+    vocab_seconds, vocab_settings = 0.0, None
   # Cut the corpus into shards; each is sampled for the vocabulary, then made into examples and
   # written as files of its own (in worker processes, or a Beam pipeline); the files are then put
   # together as one TFDS dataset.
@@ -157,9 +158,10 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
     raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
   if sum(s["docs"] for s in shards) < 2:
     raise ConfigError(_too_few_documents(sum(s["docs"] for s in shards)))
+  corpus_lib.check_language(d, shards)
   shard_seconds = time.time() - t0
   if not d.spm_model_path:
-    vocab_seconds = train_vocab(config, shards, out)
+    vocab_seconds, vocab_settings = train_vocab(config, shards, out)
   tok = tokenizer_lib.load(vocab_path, d.do_lower_case, normalize_quotes=d.normalize_quotes)
   if tok.vocab_size != config.model.vocab_size:
     raise ConfigError(
@@ -215,6 +217,16 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   )
   for line in corpus_lib.skipped_warnings(stats["skipped_by_file"], d.non_utf8):
     logging.warning("%s", line)
+  _warn_unsplit(stats)
+  if stats.get("eval_unk_fraction") is not None:
+    logging.info(
+      "held-out text: %.3f%% of its %s pieces are <unk> (characters the vocabulary lacks%s)",
+      100 * stats["eval_unk_fraction"],
+      f"{stats['eval_pieces']:,}",
+      "; bytes with data.spm_byte_fallback=true"
+      if stats["eval_unk_fraction"] and not d.spm_byte_fallback
+      else "",
+    )
   if stats.get("skipped_chunks"):
     logging.warning(
       "%d chunks could not form a pair (a one-token sentence alone) and were skipped",
@@ -223,6 +235,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   prepared = {
     "fingerprint": fp,
     "vocab_sha256": files.sha256(vocab_path),
+    **({"vocab_settings": vocab_settings} if vocab_settings else {}),
     "stats": stats,
     "dataset": {"name": DATASET_NAME, "version": DATASET_VERSION, "file_format": "array_record"},
     "python": sys.version.split()[0],
@@ -237,6 +250,21 @@ def _too_few_documents(n: int) -> str:
     f"the corpus gives {n} document{'' if n == 1 else 's'}: pretraining needs at least 2 "
     f"documents (one to train on, one held out for evaluation); add text"
   )
+
+
+def _warn_unsplit(stats: dict) -> None:
+  """A warning when more than corpus_stats.UNSPLIT_WARNING of the long documents split into
+  sentences came back as one sentence: sentence-order pairs are then cut inside sentences."""
+  long, unsplit = stats.get("long_documents", 0), stats.get("long_documents_unsplit", 0)
+  if long and unsplit > UNSPLIT_WARNING * long:
+    logging.warning(
+      "%.0f%% of the %s documents of %d characters or more came back as one sentence: their text "
+      "has no sentence end the splitter knows (docs/languages.md); sentence-order pairs are cut "
+      "inside sentences: give such text one sentence a line (data.text_format=sentences)",
+      100 * unsplit / long,
+      f"{long:,}",
+      LONG_DOCUMENT,
+    )
 
 
 def _build_prefix(ddir: str) -> str:

@@ -42,7 +42,7 @@ from absl import logging
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import sniff
+from albert_jax.data import scripts, sniff
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -340,7 +340,9 @@ def value_sentences(value, where: str, non_utf8: str, stats, split) -> list[str]
     if size is None:
       return None
     stats.bytes += size  # the text read (one encode, not one per sentence)
-    return split(value)
+    sentences = split(value)
+    stats.count_split(value, sentences)
+    return sentences
   if isinstance(value, list) and (
     all(isinstance(s, str) or s is None for s in value)
     or all(isinstance(s, bytes) or s is None for s in value)
@@ -570,6 +572,7 @@ def line_records(
         doc = json_record(text, path, lineno, field, non_utf8, stats, split)
       else:
         doc = split(text)
+        stats.count_split(text, doc)
       if doc:
         stats.documents += 1
         stats.sentences += len(doc)
@@ -727,23 +730,38 @@ def _is_json_object(line: bytes) -> bool:
     return False
 
 
+DOCUMENT_LINE_CHARACTERS = 400  # a line this long holds a document, in any script
+
+
+def _lines_hold_documents(texts: list[str], split) -> tuple[bool, str]:
+  """Whether lines `texts` (no blank line between them) are documents, not sentences: the median
+  line holds two sentences or more (cut by `split`, the multilingual splitter: 。 । ؟ ... count as
+  in English) or DOCUMENT_LINE_CHARACTERS characters (characters, not bytes: a Chinese or Hindi
+  line is not three times as long as an English one); with the figures that decided it, in words
+  (their script named where it is not Latin)."""
+  chars = statistics.median([len(t) for t in texts]) if texts else 0
+  per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
+  script = scripts.dominant_script(scripts.script_counts("".join(texts)[:100_000]))
+  written = f" of {script} text" if script not in (None, "Latin") else ""
+  figures = (
+    f"a median line of {chars:,.0f} characters{written} holding {per_line:g} "
+    f"{'sentence' if per_line == 1 else 'sentences'}"
+  )
+  return per_line >= 2 or chars >= DOCUMENT_LINE_CHARACTERS, figures
+
+
 def text_layout(sample: list[bytes], split) -> tuple[str, str]:
   """The criterion of data.text_format=auto, for one file: ("sentences" or "documents", the
-  figures behind it) from its first lines. Blank lines mean the original's format; no blank line
+  figures behind it) from its first lines (_lines_hold_documents). Blank lines mean the original's format; no blank line
   and lines of several sentences, or long ones, mean a document per line; otherwise one document
   of a sentence a line."""
   filled = [sniff.strip_bom(l) for l in sample if l.strip()]
   blank = len(sample) - len(filled)
   texts = [l.decode("utf-8", "replace").strip() for l in filled[:200]]
-  chars = statistics.median([len(t) for t in texts]) if texts else 0
-  per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
-  figures = (
-    f"a median line of {chars:,.0f} characters holding {per_line:g} "
-    f"{'sentence' if per_line == 1 else 'sentences'}"
-  )
+  documents_a_line, figures = _lines_hold_documents(texts, split)
   if blank:
     return "sentences", f"{blank:,} blank lines (between documents), {figures}"
-  if per_line >= 2 or chars >= 400:
+  if documents_a_line:
     return "documents", f"no blank line and {figures}"
   return "sentences", f"no blank line but {figures}: one document"
 

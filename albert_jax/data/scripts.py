@@ -199,3 +199,99 @@ def share_changed_by_stripping(texts: Iterable[str]) -> float:
         ):
           changed += 1
   return changed / letters if letters else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Sentences (data/sentence_split.py).
+
+# Ends that are also Latin punctuation, and so also serve abbreviations ("Dr."), decimals ("3.5"),
+# and exclamations and questions quoted inside a sentence: a sentence ends there only before a
+# space and what can begin a sentence (a letter that is not lower case, a digit). The other
+# SENTENCE_ENDS (। ؟ ۔ ። ։ ။ ...) end a sentence before any space.
+AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?")
+# In SENTENCE_ENDS with its script's pair, but it ends a clause, not a sentence (Myanmar ၊ is a
+# comma): never a sentence boundary.
+CLAUSE_ENDS = frozenset("\u104a")
+# Dashes that open a line of dialogue (Russian, and much European prose): "— Скоро будет гроза."
+DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
+# Scripts with no sentence punctuation in use: a space between two of their letters ends a
+# sentence (Thai and Lao write words together and put a space between sentences and clauses).
+SPACE_SEPARATED_SENTENCES = frozenset({"Thai", "Lao"})
+# Japanese quotative particles: after a closing quote (「待って！」と言った) the sentence goes on.
+QUOTE_PARTICLES = frozenset("\u3068\u3063")  # と っ (って)
+
+
+def char_class(names: Iterable[str]) -> str:
+  """A regular expression character class ("[...]") of the characters of the scripts `names`."""
+  names = set(names)
+  parts = [f"\\U{a:08x}-\\U{b:08x}" for a, b, s in _RANGES if s in names]
+  return f"[{''.join(parts)}]" if parts else "[^\\s\\S]"
+
+
+# ----------------------------------------------------------------------------------------------
+# Languages: data.language, a hint checked against the text.
+
+# ISO 639-1 code -> the scripts (dominant_script names) its text is written in.
+LANGUAGES = {
+  **{
+    c: ("Latin",)
+    for c in "en fr de es it pt nl sv da no nb fi pl cs sk sl hr ro hu tr vi id ms "
+    "ca eu gl et lv lt sq is ga cy sw tl af uz az".split()
+  },
+  **{c: ("Cyrillic",) for c in "ru uk be bg mk kk ky tg mn".split()},
+  "sr": ("Cyrillic", "Latin"),
+  "el": ("Greek",),
+  "hy": ("Armenian",),
+  "ka": ("Georgian",),
+  "he": ("Hebrew",),
+  "yi": ("Hebrew",),
+  **{c: ("Arabic",) for c in "ar fa ur ps ku sd ug".split()},
+  **{c: ("Devanagari",) for c in "hi mr ne sa".split()},
+  "bn": ("Bengali",),
+  "as": ("Bengali",),
+  "pa": ("Gurmukhi",),
+  "gu": ("Gujarati",),
+  "or": ("Oriya",),
+  "ta": ("Tamil",),
+  "te": ("Telugu",),
+  "kn": ("Kannada",),
+  "ml": ("Malayalam",),
+  "si": ("Sinhala",),
+  "th": ("Thai",),
+  "lo": ("Lao",),
+  "km": ("Khmer",),
+  "my": ("Myanmar",),
+  "bo": ("Tibetan",),
+  "am": ("Ethiopic",),
+  "ti": ("Ethiopic",),
+  "dv": ("Thaana",),
+  "zh": ("Han",),
+  "ja": ("Japanese",),
+  "ko": ("Hangul",),
+}
+
+
+def language_contradiction(language: str, counts: collections.Counter) -> str | None:
+  """Why text with the script counts `counts` is not written in `language` (an ISO 639-1 code of
+  LANGUAGES), or None when it may be (or has no letters to tell)."""
+  script = dominant_script(counts)
+  if script is None or script in LANGUAGES[language]:
+    return None
+  letters = sum(counts.values())
+  share = (
+    counts.get(script, 0)
+    if script != "Japanese"
+    else (counts.get("Han", 0) + counts.get("Hiragana", 0) + counts.get("Katakana", 0))
+  )
+  return (
+    f"{100 * share / letters:.0f}% of the letters are {script}, not "
+    f"{' or '.join(LANGUAGES[language])}"
+  )
+
+
+# ----------------------------------------------------------------------------------------------
+# Vocabulary (data/prepare/vocab.py).
+
+# Scripts of thousands of characters (Chinese, Japanese, Korean), whose rare tail SentencePiece
+# advises covering less of (character_coverage 0.9995: data.spm_character_coverage=auto).
+RICH_CHARACTER_SETS = frozenset({"Han", "Hiragana", "Katakana", "Hangul", "Bopomofo"})

@@ -1,45 +1,136 @@
-"""Sentence splitting: running text (a record's field, a TFDS text) and reStructuredText-like prose
-(docstrings, pydoc topics) cut into sentences, rule-based (no model, no download)."""
+"""Sentence splitting: running text (a record's field, a TFDS text, a document a line) and
+reStructuredText-like prose (docstrings, pydoc topics) cut into sentences, by rules (no model, no
+download) that hold in every script; what a script's sentence ends are comes from scripts.py.
+
+A sentence ends (docs/languages.md, Sentences):
+  * after 。！？｡ (Chinese, Japanese), with any closing quotes and brackets, space or not; except
+    before a Japanese quotative particle (「待って！」と言った: the quote is inside the sentence);
+  * after the ends of other scripts (। ॥ ؟ ۔ ። ։ ။ ...), with closers, before a space;
+  * after . ! ? (any script that borrows them), with closers, before a space and what can begin a
+    sentence: a letter that is not lower case (a capital of any cased script, or any letter of a
+    script without case: Hangul, Devanagari, Arabic, Han ...), or a digit, perhaps behind opening
+    quotes and brackets; not after an abbreviation or a single-letter initial ("Dr.", "J. R. R.",
+    "т. е.", "डॉ.", "د."), nor, with no space, "!" and "?" before a Chinese or Japanese letter;
+  * at a space between two letters of a script that writes no sentence punctuation (Thai, Lao);
+  * at a line break (a text that is one sentence a line comes back unchanged).
+On ASCII text this is the rule albert_jax always had (but that braces count as brackets); English
+with curly quotes also ends a sentence after them ("... ‘clauses.’ A clause").
+"""
 
 from __future__ import annotations
 
+import functools
 import re
 
-_ABBREVIATIONS = frozenset(
-  "mr mrs ms dr prof sr jr st vs etc e.g i.e cf fig figs eq al approx dept est inc ltd co "
-  "jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m vol ch sec".split()
-)
-_BOUNDARY = re.compile(r"""[.!?]+["')\]]*\s+(?=["'(\[]?[A-Z0-9])""")
+from albert_jax.data import scripts
+
+# Abbreviations that a "." ends without ending the sentence, per language (data.language picks
+# one; without it, all of them), lower-cased, without their final ".".
+ABBREVIATIONS = {
+  "en": frozenset(
+    "mr mrs ms dr prof sr jr st vs etc e.g i.e cf fig figs eq al approx dept est inc ltd co "
+    "jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m vol ch sec".split()
+  ),
+  # г. (год, город), в. (век) and their plurals are abbreviations: "в 1147 г. В летописи" is lost,
+  # "в XV–XVI вв. Москва стала" and "г. Москва" are kept whole.
+  "ru": frozenset(
+    "г гг в вв им ул пр просп пл д кв обл р-н проф акад доц канд св ст стр см рис табл тыс "
+    "млн млрд руб коп англ лат рус др т.е т.д т.п т.к т.н н.э".split()
+  ),
+  "hi": frozenset("डॉ प्रो श्री सं पृ ई".split()),
+  "ar": frozenset("د أ".split()),  # د. (doctor), أ. (professor)
+}
+_ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values())
+
+_ENDS = re.escape("".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS)))
+_UNSPACED_ENDS = re.escape("".join(sorted(scripts.UNSPACED_SENTENCE_ENDS)))
+_CLOSERS = re.escape("".join(sorted(scripts.CLOSERS)))
+_OPENERS = "".join(sorted(scripts.OPENERS))
+_UNSPACED_LETTER = scripts.char_class(("Han", "Hiragana", "Katakana"))
+# Where a sentence may end (a candidate; the rest is decided in Python): a run of ends, its
+# closers, any spaces, and no ASCII lower-case letter next (C's quick "no" to "e.g. the", "? he").
+_CANDIDATE = re.compile(f"([{_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])")
+_UNSPACED_END = re.compile(f"[{_UNSPACED_ENDS}]")
+_UNSPACED_NEXT = re.compile(_UNSPACED_LETTER)
+_SPACED_SENTENCES = scripts.char_class(scripts.SPACE_SEPARATED_SENTENCES)
+_HAS_SPACED_SENTENCES = re.compile(_SPACED_SENTENCES)
+# A space between two letters of a script without sentence punctuation (Thai, Lao).
+_SPACE_BETWEEN = re.compile(f"(?<={_SPACED_SENTENCES})\\s+(?={_SPACED_SENTENCES})")
 
 
-def split_sentences(text: str) -> list[str]:
-  """Splits running text into sentences (a rule-based splitter; no model, no download).
+def _abbreviations(language: str) -> frozenset:
+  return ABBREVIATIONS.get(language, _ALL_ABBREVIATIONS) if language else _ALL_ABBREVIATIONS
 
-  Splits after . ! or ? followed by space and an upper-case letter or digit, except after common
-  abbreviations and single-letter initials. Newlines are kept as boundaries: a text that is
-  already one sentence per line comes back unchanged.
+
+def _begins_sentence(line: str, i: int) -> bool:
+  """Whether line[i:] can begin a sentence after ". " "! " "? ": behind any opening quotes and
+  brackets (or a dialogue dash and its space), a letter that is not lower case (every script's
+  capitals, and every letter of the scripts without case) or a digit."""
+  n = len(line)
+  if i + 1 < n and line[i] in scripts.DIALOGUE_DASHES and line[i + 1] == " ":
+    i += 2
+  while i < n and line[i] in scripts.OPENERS:
+    i += 1
+  if i >= n:
+    return False
+  c = line[i]
+  return c.isdigit() or (c.isalpha() and not c.islower())
+
+
+def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -> bool:
+  """Whether the candidate `m` (of _CANDIDATE) in `line`, whose sentence began at `start`, ends a
+  sentence."""
+  ends, closers, space = m.group(1, 2, 3)
+  if not ends.isascii():
+    if _UNSPACED_END.search(ends):
+      # 「待って！」と言った: a quoted exclamation inside the sentence.
+      return not (closers and not space and line[m.end()] in scripts.QUOTE_PARTICLES)
+    if space and not all(c in scripts.AMBIGUOUS_SENTENCE_ENDS for c in ends):
+      return True  # । ؟ ۔ ። ... end a sentence before any space
+  if not space:
+    # 你好!我是...: "!" and "?" in Chinese or Japanese text, no space after them.
+    return ends[-1] in "!?" and not closers and bool(_UNSPACED_NEXT.match(line, m.end()))
+  if not _begins_sentence(line, m.end()):
+    return False
+  if ends[0] == ".":
+    before = line[start : m.start()].rsplit(None, 1)
+    word = before[-1].lower().lstrip(_OPENERS) if before else ""
+    if word in abbreviations:
+      return False
+    if len(word) == 1 and word.isalpha() and word.upper() != word:  # an initial: "J. R. R."
+      return False
+  return True
+
+
+def split_sentences(text: str, language: str = "") -> list[str]:
+  """Splits running text into sentences by the rules of the module's docstring, in every script.
+
+  `language` (data.language, an ISO 639-1 code; "" for none) picks that language's abbreviations
+  instead of every language's. Newlines are kept as boundaries: a text that is already one
+  sentence per line comes back unchanged.
   """
+  abbreviations = _abbreviations(language)
   out = []
   for line in text.splitlines():
     line = line.strip()
     if not line:
       continue
-    start = 0
-    for m in _BOUNDARY.finditer(line):
-      word = (
-        line[start : m.start()].rsplit(None, 1)[-1].lower()
-        if line[start : m.start()].strip()
-        else ""
-      )
-      word = word.lstrip("\"'([")
-      if line[m.start()] == "." and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())):
-        continue
-      out.append(line[start : m.end()].strip())
-      start = m.end()
-    rest = line[start:].strip()
-    if rest:
-      out.append(rest)
-  return out
+    start, n = 0, len(line)
+    for m in _CANDIDATE.finditer(line):
+      if m.end() >= n:
+        break
+      if _is_boundary(line, start, m, abbreviations):
+        out.append(line[start : m.end()].rstrip())
+        start = m.end()
+    out.append(line[start:].rstrip())
+  if _HAS_SPACED_SENTENCES.search(text):
+    out = [p for s in out for p in _SPACE_BETWEEN.split(s)]
+  return [s for s in out if s]
+
+
+def splitter(data):
+  """split_sentences with config.data's language hint (data.language), for the corpus readers."""
+  return functools.partial(split_sentences, language=getattr(data, "language", "") or "")
 
 
 _RST_UNDERLINE = re.compile(r"^[ \t]*([*=~^#-])\1{2,}[ \t]*$", re.MULTILINE)

@@ -166,6 +166,7 @@ def file_range_documents(
   fmt: str = "sentences",
   field: str = "text",
   newline: str | None = None,
+  split=split_sentences,
 ) -> Iterator[list[str]]:
   """Documents of one text or JSON Lines file that begin in bytes [start, end) (end None: to the
   end), at most max_docs of them (0: all); first_line is the number of lines before `start`.
@@ -175,10 +176,10 @@ def file_range_documents(
   fmt "sentences" (the original's format): a document is a run of lines that are not blank (ASCII
   whitespace only), so shards() finds the boundaries without decoding; its sentences are the lines
   that decode as UTF-8 and are not empty once stripped. "documents" and "jsonl": a document is a
-  line that is not blank, split into sentences (a JSON Lines record's `field`). A document left with
-  no sentence is yielded as [] (it still takes its place). `newline`: "\r" for a file whose lines
-  end with CR alone (the shard's, from formats.line_pieces); None: decided from the file's start
-  when it is read from there, else LF.
+  line that is not blank, split into sentences by `split` (a JSON Lines record's `field`). A
+  document left with no sentence is yielded as [] (it still takes its place). `newline`: "\r"
+  for a file whose lines end with CR alone (the shard's, from formats.line_pieces); None: decided
+  from the file's start when it is read from there, else LF.
   """
   raw = io.BytesIO(text) if text is not None else _open(path)
   with raw:
@@ -209,7 +210,7 @@ def file_range_documents(
         stats,
         fmt,
         field,
-        split_sentences,
+        split,
       )
       return
     emitted, doc, in_doc = 0, [], False

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import formats
 from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import split_sentences
+from albert_jax.data.sentence_split import split_sentences, splitter
 
 
 def data_source(name: str, split: str, data_dir: str):
@@ -27,7 +27,13 @@ def data_source(name: str, split: str, data_dir: str):
 
 
 def _record_sentences(
-  record, name: str, index: int, text_feature: str, non_utf8: str, stats: CorpusStats
+  record,
+  name: str,
+  index: int,
+  text_feature: str,
+  non_utf8: str,
+  stats: CorpusStats,
+  split=split_sentences,
 ) -> list[str]:
   if text_feature not in record:
     raise ConfigError(
@@ -39,7 +45,9 @@ def _record_sentences(
     text = formats.decode(text, non_utf8, stats, f"TFDS dataset {name!r} record {index}", "records")
     if text is None:
       return []
-  sentences = split_sentences(str(text))
+  text = str(text)
+  sentences = split(text)
+  stats.count_split(text, sentences)
   if sentences:
     stats.documents += 1
     stats.sentences += len(sentences)
@@ -51,7 +59,9 @@ def records(data, begin: int, end: int, stats: CorpusStats) -> Iterator[list[str
   """Sentences of records [begin, end) of config.data's TFDS dataset ([] for an empty one)."""
   source = data_source(data.tfds_name, data.tfds_split, data.tfds_data_dir)
   for i in range(begin, end):
-    yield _record_sentences(source[i], data.tfds_name, i, data.text_feature, data.non_utf8, stats)
+    yield _record_sentences(
+      source[i], data.tfds_name, i, data.text_feature, data.non_utf8, stats, splitter(data)
+    )
 
 
 def tfds_documents(
@@ -61,6 +71,7 @@ def tfds_documents(
   data_dir: str = "",
   non_utf8: str = "skip",
   stats: CorpusStats | None = None,
+  split_text=split_sentences,
 ) -> Iterator[list[str]]:
   """Documents of a prepared TFDS dataset: one record = one document, split into sentences.
 
@@ -90,7 +101,7 @@ def tfds_documents(
   for record in records:
     stats.progress_done += 1
     sentences = _record_sentences(
-      record, name, stats.progress_done - 1, text_feature, non_utf8, stats
+      record, name, stats.progress_done - 1, text_feature, non_utf8, stats, split_text
     )
     if sentences:
       yield sentences

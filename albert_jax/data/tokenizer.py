@@ -39,6 +39,9 @@ WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it beg
 #             punctuation (digits, accents, other scripts). Its "€"/"£" entries are UTF-8 bytes, which
 #             no piece equals under Python 3; they are left out here for the same result.
 WORD_START_RULES = ("marker", "original")
+# SentencePiece's trainer skips a "sentence" longer than this many bytes (its max_sentence_length):
+# train() hands it longer ones in pieces, so that no text is lost to the vocabulary.
+MAX_SENTENCE_BYTES = 4192
 # SentencePiece's trainer splits its work by thread, and the vocabulary it learns depends on how
 # many: a fixed count (not the host's cores) gives the same vocabulary on every host.
 TRAIN_THREADS = 16
@@ -94,6 +97,7 @@ def train(
   character_coverage: float = 0.99995,
   input_sentence_size: int = 10_000_000,
   normalize_quotes: bool = True,
+  byte_fallback: bool = False,
   num_threads: int = TRAIN_THREADS,
   seed: int = 0,
 ) -> str:
@@ -101,7 +105,11 @@ def train(
 
   Writes `model_path` (and the matching .vocab next to it) and returns `model_path`. Sentences are
   preprocessed here (normalize_quotes: see preprocess_text); SentencePiece samples
-  `input_sentence_size` of them when there are more (10,000,000: the original's spm_train flag).
+  `input_sentence_size` of them when there are more (10,000,000: the original's spm_train flag;
+  0: all). A sentence longer than MAX_SENTENCE_BYTES once preprocessed (a document with no sentence
+  end the splitter knows; NFKD makes Hangul three times longer) reaches SentencePiece in pieces
+  (`within_sentence_limit`) instead of being skipped. byte_fallback: characters outside the
+  vocabulary become UTF-8 byte pieces instead of <unk> (SentencePiece's byte_fallback).
   Raises ConfigError when the corpus cannot support `vocab_size` ("Vocabulary size too high").
   """
   # An error raised while SentencePiece pulls sentences (a bad file, a non-UTF-8 line) would come back
@@ -116,7 +124,7 @@ def train(
         s = preprocess_text(s, lower, normalize_quotes)
         if s:
           nonempty[0] = True
-          yield s
+          yield from within_sentence_limit(s)
     except Exception as e:  # pylint: disable=broad-except
       failed.append(e)
 
@@ -140,6 +148,8 @@ def train(
       num_threads=num_threads,
       hard_vocab_limit=True,
       minloglevel=2,
+      # only when on: the model file of a run without it stays byte for byte what it was
+      **({"byte_fallback": True} if byte_fallback else {}),
     )
   except RuntimeError as e:
     if failed:
@@ -176,6 +186,26 @@ def train(
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
   logging.info("trained a %d-piece SentencePiece model: %s", vocab_size, model_path)
   return model_path
+
+
+def within_sentence_limit(text: str, limit: int = MAX_SENTENCE_BYTES) -> Iterator[str]:
+  """`text` in pieces of at most `limit` UTF-8 bytes (the text itself when it fits), cut at the last
+  space before the limit, or between two characters where a run has no space (Chinese, Japanese,
+  Thai): every character of `text` is in a piece, in order, and only the cutting spaces are gone."""
+  data = text.encode("utf-8")
+  while len(data) > limit:
+    cut = data.rfind(b" ", 0, limit + 1)
+    if cut > 0:
+      piece, data = data[:cut], data[cut + 1 :]
+    else:
+      cut = limit
+      while data[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: not a character's start
+        cut -= 1
+      piece, data = data[:cut], data[cut:]
+    if piece:
+      yield piece.decode("utf-8")
+  if data:
+    yield data.decode("utf-8")
 
 
 class Tokenizer:

@@ -102,10 +102,11 @@ def assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
 def summed_stats(summaries: list[dict]) -> dict:
   """prepared.json's statistics, summed over the shards."""
   total = collections.Counter()
-  corpus, pairs = collections.Counter(), collections.Counter()
+  corpus, pairs, pieces = collections.Counter(), collections.Counter(), collections.Counter()
   for s in summaries:
     corpus.update(s["corpus"])
     pairs.update(s["pairs"])
+    pieces.update(s.get("pieces", {}))
     for split in SPLITS:
       total.update({f"{split}_{k}": v for k, v in s[split].items()})
   n = total["train_examples"] + total["eval_examples"]
@@ -131,6 +132,12 @@ def summed_stats(summaries: list[dict]) -> dict:
     "single_sentence_chunks": pairs.get("single_sentence_chunks", 0),
     "skipped_chunks": pairs.get("skipped_chunks", 0),
     "truncated_pairs": pairs.get("truncated", 0),
+    # documents split into sentences here: the long ones, and those of them left one sentence
+    "long_documents": corpus.get("long_documents", 0),
+    "long_documents_unsplit": corpus.get("long_unsplit", 0),
+    # the held-out documents' pieces, and the share of them that are <unk>
+    "eval_pieces": pieces["eval_pieces"],
+    "eval_unk_fraction": round(pieces["eval_unk"] / max(pieces["eval_pieces"], 1), 6),
   }
 
 

@@ -46,7 +46,9 @@ def fingerprint(config, must_exist: bool = True) -> dict:
   else:
     vocab = {
       "source": "trained",
+      # as asked ("auto" or a number); what auto decided is in prepared.json's vocab_settings
       "character_coverage": d.spm_character_coverage,
+      "byte_fallback": d.spm_byte_fallback,
       "sample_sentences": d.vocab_sample_sentences,
     }
   return {
@@ -93,6 +95,7 @@ def config_for_prepared(data_dir: str, prepared: dict):
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
     else:
       d.spm_character_coverage = fp["vocab"]["character_coverage"]
+      d.spm_byte_fallback = fp["vocab"].get("byte_fallback", False)
       d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
     if corpus["source"] == "files":
       d.input_files = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
@@ -129,6 +132,15 @@ def as_read_today(prepared: dict, config) -> dict:
   or when the files are gone (unknown, not compared); files now read otherwise are refused. Fields
   added since (_FIELDS_SINCE) take the value such data was made with."""
   prepared = dict(prepared, fingerprint={**_FIELDS_SINCE, **prepared["fingerprint"]})
+  vocab = prepared["fingerprint"].get("vocab")
+  if isinstance(vocab, dict) and vocab.get("source") == "trained" and "byte_fallback" not in vocab:
+    # Prepared before data.spm_byte_fallback and spm_character_coverage=auto: no byte fallback,
+    # and the original's coverage, which auto replaced (on text that is not Chinese, Japanese or
+    # Korean, what auto decides): such data keeps serving a config that asks for auto.
+    vocab = dict(vocab, byte_fallback=False)
+    if config.data.spm_character_coverage == "auto" and vocab.get("character_coverage") == 0.99995:
+      vocab["character_coverage"] = "auto"
+    prepared = dict(prepared, fingerprint=dict(prepared["fingerprint"], vocab=vocab))
   corpus = prepared["fingerprint"].get("corpus")
   if not isinstance(corpus, dict) or corpus.get("source") != "files" or "input_format" in corpus:
     return prepared

@@ -59,11 +59,14 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
   pairs: dict = {split: [] for split in SPLITS}
   stored: dict = {split: [] for split in SPLITS}  # per_epoch: the documents themselves
   groups = {split: 0 for split in SPLITS}
+  pieces = {f"{split}_{k}": 0 for split in SPLITS for k in ("pieces", "unk")}
 
   def flush(split: str):
     if not docs[split]:
       return
     ids = tok.encode_batch([s for doc in docs[split] for s in doc], num_threads=num_threads)
+    pieces[f"{split}_pieces"] += sum(len(x) for x in ids)
+    pieces[f"{split}_unk"] += sum(x.count(tokenizer_lib.UNK_ID) for x in ids)
     tokenized, i = [], 0
     for doc in docs[split]:
       tokenized.append(ids[i : i + len(doc)])
@@ -118,6 +121,7 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
     "splits": out,
     "corpus": dataclasses.asdict(cstats),
     "pairs": pair_stats,
+    "pieces": pieces,  # pieces and <unk> pieces of each split's documents
     "data": types.SimpleNamespace(**vars(data), seed=seed),
   }
 
@@ -154,6 +158,7 @@ def write_shard(
   features = example_features()
   serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
   summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
+  summary["pieces"] = result["pieces"]
   for split in SPLITS:
     arrays = result["splits"][split]
     lengths = arrays["lengths"]
@@ -243,6 +248,7 @@ def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
   features = document_features()
   serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
   summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
+  summary["pieces"] = result["pieces"]
   for split in SPLITS:
     stored = result["splits"][split]["documents_kept"]
     path = os.path.join(staging_dir, f"{split}-{shard['index']:05d}")

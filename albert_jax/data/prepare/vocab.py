@@ -1,7 +1,8 @@
 """The vocabulary prepare trains when data.spm_model_path is not set: a seeded sample of the corpus,
 the same whatever the number of workers (`vocab_sample` per shard, bottom-k; `vocab_sample_caps`
 says how many sentences each shard sends), and a SentencePiece unigram model trained on it
-(`train_vocab`).
+(`train_vocab`), with the character coverage data.spm_character_coverage=auto picks for the
+sample's script (`character_coverage`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from absl import logging
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from albert_jax.data import corpus as corpus_lib, scripts, tokenizer as tokenizer_lib
 from albert_jax.data.examples import splitmix64
 from albert_jax.data.prepare.parallel import job_data, map_shards
 
@@ -68,9 +69,45 @@ def _vocab_sample_job(job) -> dict:
   return vocab_sample(*job)
 
 
-def train_vocab(config, shards: list[dict], out_dir: str) -> float:
+# SentencePiece's character_coverage (its advice): the original's for text of small alphabets, and
+# for Chinese, Japanese and Korean, whose thousands of characters leave a long rare tail.
+ORIGINAL_COVERAGE = 0.99995
+RICH_COVERAGE = 0.9995
+# The letters of the sample that decide auto (the first this many characters of the sample).
+COVERAGE_SAMPLE_CHARS = 2_000_000
+
+
+def character_coverage(data, sentences: list[str]) -> float:
+  """data.spm_character_coverage, or for auto: RICH_COVERAGE where most letters of the sample are
+  Chinese, Japanese or Korean (scripts.RICH_CHARACTER_SETS), ORIGINAL_COVERAGE otherwise; auto's
+  decision said in one console line."""
+  if data.spm_character_coverage != "auto":
+    return float(data.spm_character_coverage)
+  counts, chars = scripts.script_counts(""), 0
+  for s in sentences:
+    counts.update(scripts.script_counts(s))
+    chars += len(s)
+    if chars >= COVERAGE_SAMPLE_CHARS:
+      break
+  letters = sum(counts.values())
+  rich = sum(counts[s] for s in scripts.RICH_CHARACTER_SETS)
+  share = rich / letters if letters else 0.0
+  coverage = RICH_COVERAGE if share > 0.5 else ORIGINAL_COVERAGE
+  logging.info(
+    "data.spm_character_coverage=auto: %s (%s): %.0f%% of the sampled letters are Chinese, "
+    "Japanese or Korean",
+    coverage,
+    "SentencePiece's advice for large character sets" if share > 0.5 else "the original's",
+    100 * share,
+  )
+  return coverage
+
+
+def train_vocab(config, shards: list[dict], out_dir: str) -> tuple[float, dict]:
   """Trains the vocabulary on a seeded sample of data.vocab_sample_sentences sentences (what
-  spm_train's input_sentence_size does), drawn from the shards on every worker."""
+  spm_train's input_sentence_size does), drawn from the shards on every worker. Returns the
+  seconds it took and the settings it was trained with (prepared.json's vocab_settings:
+  character_coverage as decided, byte_fallback)."""
   d = config.data
   t0 = time.time()
   size = d.vocab_sample_sentences
@@ -96,16 +133,35 @@ def train_vocab(config, shards: list[dict], out_dir: str) -> float:
     config.model.vocab_size,
     f"{len(sentences):,}",
   )
+  settings = {
+    "character_coverage": character_coverage(d, sentences),
+    "byte_fallback": bool(d.spm_byte_fallback),
+  }
   if files.is_remote(out_dir):  # SentencePiece writes local files: trained here, then uploaded
     with tempfile.TemporaryDirectory(prefix="albert_jax_vocab_") as local:
-      _train_vocab_on(config, sentences, size, local)
+      _train_vocab_on(config, sentences, settings, local)
       files.upload(local, out_dir)
   else:
-    _train_vocab_on(config, sentences, size, out_dir)
-  return time.time() - t0
+    _train_vocab_on(config, sentences, settings, out_dir)
+  return time.time() - t0, settings
 
 
-def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> None:
+def _input_sentence_size(d, sentences: list[str]) -> int:
+  """How many "sentences" SentencePiece keeps (all it is given: the sample is already at most
+  data.vocab_sample_sentences): the sample's sentences, and the extra pieces of those too long for
+  SentencePiece once preprocessed (tokenizer.within_sentence_limit). Only a sentence of more than
+  1/11 of the limit in bytes can grow past it (preprocessing makes at most 11 bytes of one: NFKD
+  spells the 3-byte U+FDFA as 18 Arabic letters)."""
+  extra = 0
+  for s in sentences:
+    if len(s.encode("utf-8")) > tokenizer_lib.MAX_SENTENCE_BYTES // 11:
+      text = tokenizer_lib.preprocess_text(s, d.do_lower_case, d.normalize_quotes)
+      if len(text.encode("utf-8")) > tokenizer_lib.MAX_SENTENCE_BYTES:
+        extra += sum(1 for _ in tokenizer_lib.within_sentence_limit(text)) - 1
+  return max(len(sentences), d.vocab_sample_sentences) + extra
+
+
+def _train_vocab_on(config, sentences: list[str], settings: dict, out_dir: str) -> None:
   d = config.data
   tokenizer_lib.train(
     sentences,
@@ -113,7 +169,7 @@ def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> No
     config.model.vocab_size,
     lower=d.do_lower_case,
     normalize_quotes=d.normalize_quotes,
-    character_coverage=d.spm_character_coverage,
-    input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
+    input_sentence_size=_input_sentence_size(d, sentences),
     seed=config.seed,
+    **settings,
   )
