@@ -42,7 +42,10 @@ def env(tmp_path_factory):
     from albert_jax.interop import hf
     from albert_jax.model import albert as M
 
-    text = [" ".join(w) for w, _ in SENTENCES] * 30 + pydoc_sentences()[:3000]
+    # The tagged corpus's names often enough to be pieces of their own ("▁john", not "▁" "j" ...).
+    text = [" ".join(w) for w, _ in SENTENCES + tagged_corpus(400, 9)] * 10 + pydoc_sentences()[
+      :3000
+    ]
     spm = tokenizer_lib.train(text, os.path.join(path, "spm", "spiece.model"), 400, seed=0)
     c = config_lib.base_config().model
     c.update(SIZES)
@@ -370,10 +373,10 @@ def _tokens_config(env, **data):
 
   config = load_config("finetune/tokens")
   config.init_from = str(env / "init")
-  config.data.update(max_seq_length=16, doc_stride=6, **data)
+  config.data.update(max_seq_length=24, doc_stride=8, **data)
   config.train.update(
-    batch_size=16, learning_rate=2e-3, warmup_steps=5, num_steps=60, log_every=20,
-    eval_every=30, checkpoint_every=30,
+    batch_size=16, learning_rate=2e-3, warmup_steps=10, num_steps=100, log_every=50,
+    eval_every=50, checkpoint_every=50,
   )  # fmt: skip
   return config
 
@@ -381,7 +384,8 @@ def _tokens_config(env, **data):
 @pytest.fixture(scope="module")
 def tagger(env, tmp_path_factory):
   """A tagger fine-tuned 60 steps on a CoNLL file of 320 sentences (some longer than the 16-piece
-  sequence: windows), evaluated on a CoNLL-U file; the data folder and the workdir."""
+  sequence: windows), evaluated on a CoNLL file, its test file JSON Lines; the data folder and the
+  workdir."""
   from albert_jax import finetune
 
   def build(path):
@@ -389,9 +393,8 @@ def tagger(env, tmp_path_factory):
     train = write_formats(root / "train", tagged_corpus(320, 0))
     evals = write_formats(root / "eval", tagged_corpus(64, 1))
     config = _tokens_config(
-      env, train_file=train["conll"], eval_file=evals["conllu"], test_file=evals["jsonl"]
+      env, train_file=train["conll"], eval_file=evals["conll"], test_file=evals["jsonl"]
     )
-    config.data.label_column = "misc:NER"
     finetune.finetune(config, str(root / "run"))
 
   return pathlib.Path(built_once(tmp_path_factory, "tokens_run", build))
@@ -421,11 +424,12 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
     out = loaded.model.apply({"params": loaded.params}, arrays["input_ids"],
                              arrays["segment_ids"], arrays["input_mask"])  # fmt: skip
     scores[f] = task.evaluate(config, {"logits": np.asarray(out["logits"])}, arrays, extra)
-  for f in ("conll", "jsonl", "parquet"):
-    assert scores[f] == pytest.approx(scores["conllu"], abs=1e-9), f
-  assert scores["conllu"]["f1"] == pytest.approx(metrics["f1"], abs=1e-6)
-  # The predictions files: eval in CoNLL-U, test in JSON Lines, each word once.
-  written = tokens.read_tagged(str(tagger / "run" / "predictions" / "eval.conllu"), "misc:NER")
+  for f in ("conllu", "jsonl", "parquet"):
+    assert scores[f] == pytest.approx(scores["conll"], abs=1e-9), f
+  assert scores["conll"]["f1"] == pytest.approx(metrics["f1"], abs=1e-6)
+  assert scores["conll"]["accuracy"] == pytest.approx(metrics["accuracy"], abs=1e-6)
+  # The predictions files: eval in CoNLL (a column more), test in JSON Lines, each word once.
+  written = tokens.read_tagged(str(tagger / "run" / "predictions" / "eval.conll"), "3")
   assert sum(len(s.words) for s in written.sentences) == len(tags)
   test = tokens.read_tagged(
     str(tagger / "run" / "predictions" / "test.jsonl"), "predicted_ner_tags"
@@ -505,3 +509,20 @@ def test_cli_bad_eval_label_is_one_line_and_writes_nothing(env, tmp_path):
   assert result.returncode == 2, result.stderr
   assert len(lines) == 1 and f"{tmp_path / 'dev.conll'}:4: label 'B-GPE'" in lines[0], lines
   assert not (tmp_path / "run" / "seed_0").exists()
+
+
+@pytest.mark.slow
+def test_benchmark_tagging_tiny():
+  """benchmarks/finetune.py --task=tagging on tiny shapes: both rates positive, the ratio theirs."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "ft_bench", os.path.join(ROOT, "benchmarks", "finetune.py")
+  )
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  figures = bench.benchmark(batch=2, seq=16, steps=2, tiny=True, task="tagging")
+  assert figures["task"] == "tagging" and figures["torch_sequences_per_second"] > 0
+  assert figures["ours_over_torch"] == pytest.approx(
+    figures["ours_sequences_per_second"] / figures["torch_sequences_per_second"], rel=1e-3
+  )
