@@ -198,6 +198,14 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   theirs = transformers.AutoTokenizer.from_pretrained(str(env / "init"))(
     words, is_split_into_words=True
   )
+  # Our rule, in every language: each word's pieces as it encodes alone, the first one labelled.
+  alone = [tok.encode(w) for w in words]
+  ours = [tokenizer_lib.CLS_ID, *[p for a in alone for p in a], tokenizer_lib.SEP_ID]
+  assert arrays["input_ids"][0, : len(ours)].tolist() == ours
+  firsts = np.cumsum([1] + [len(a) for a in alone])[:-1][[bool(a) for a in alone]]
+  assert np.flatnonzero(arrays["label_weight"][0]).tolist() == firsts.tolist()
+  assert arrays["label"][0, firsts].tolist() == [i for i, a in zip(ids, alone) if a]
+  assert any(len(a) > 1 for a in alone)  # words of several pieces
   n = len(theirs["input_ids"])
   if language in ("korean", "hindi") and theirs["input_ids"] != arrays["input_ids"][0, :n].tolist():
     # The exported tokenizer (interop/hf_tokenizer.py) normalises Hangul and Devanagari vowel signs
@@ -308,6 +316,48 @@ def test_tag_scheme_detection():
   assert tokens.detect_scheme(["O"])[0] == "none"
   assert tokens.parse_labels('[",", "NN"]') == (",", "NN")
   assert tokens.parse_labels("B-PER, O") == ("B-PER", "O")
+
+
+# --- The config: labels, scheme, label column and steps decided once, each on one line ---------------
+
+
+def test_config_resolution_records_what_it_decided(env, tmp_path, capsys):
+  import albert_jax
+
+  paths = write_formats(tmp_path, SENTENCES * 10)
+  base = {"init_from": str(env / "init"), "train.batch_size": 8}
+  ner = albert_jax.get_config(
+    "configs/finetune/tokens.py", {**base, "data.train_file": paths["parquet"]}
+  )
+  out = capsys.readouterr().out
+  assert json.loads(ner.task.labels) == ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
+  assert (ner.data.tag_scheme, ner.task.metric, ner.task.kind) == ("bio", "f1", "tagging")
+  assert ner.data.label_column == "ner_tags" and "data.label_column: 'ner_tags'" in out
+  assert "data.tag_scheme=auto: bio" in out
+  # 3 epochs of 70 sentences at batch 8: 8 steps an epoch, 24 steps, 2 warmup, an eval an epoch.
+  t = ner.train
+  assert (t.num_steps, t.warmup_steps, t.eval_every, t.checkpoint_every) == (24, 2, 8, 8)
+  assert "3 epochs of 70 sentences at batch 8 = 24 steps" in out
+  # Part of speech from CoNLL-U's upos: no entity scheme, accuracy picks the best checkpoint.
+  pos = albert_jax.get_config(
+    "configs/finetune/tokens.py",
+    {**base, "data.train_file": paths["conllu"], "train.num_steps": 50},
+  )
+  assert json.loads(pos.task.labels) == ["PROPN", "X"]
+  assert (pos.data.tag_scheme, pos.task.metric) == ("none", "accuracy")
+  assert (pos.train.num_steps, pos.train.warmup_steps, pos.train.eval_every) == (50, 5, 5)
+  # data.labels fixes the order (a JSON list for tags with commas); a training label outside it and a
+  # scheme the labels do not fit are one line.
+  given = albert_jax.get_config(
+    "configs/finetune/tokens.py",
+    {**base, "data.train_file": paths["conll"], "data.labels": "O,B-PER,I-PER,B-LOC,I-LOC"},
+  )
+  assert json.loads(given.task.labels) == ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+  with pytest.raises(ConfigError, match=r"data.tag_scheme=iobes: label 'PROPN' is not O or X-TYPE"):
+    albert_jax.get_config(
+      "configs/finetune/tokens.py",
+      {**base, "data.train_file": paths["conllu"], "data.tag_scheme": "iobes"},
+    )
 
 
 # --- Bad input: one line naming the file and line ---------------------------------------------------

@@ -707,24 +707,26 @@ class TaggingTask(tasks.Task):
 
   @staticmethod
   def _resolve_steps(config, sentences: int) -> None:
-    """train.num_steps=0: task.num_epochs passes over the training sentences, task.warmup_proportion
-    of them warmup, an evaluation and a checkpoint each epoch (where those are 0); one line."""
+    """train.num_steps=0: task.num_epochs passes over the training sentences (one line says how
+    many steps). Where they are 0, task.warmup_proportion of the steps warm up, and an evaluation and
+    a checkpoint come each epoch (a tenth of the steps when num_steps was set)."""
     t, epochs = config.train, float(config.task.get("num_epochs", 0.0))
-    if t.num_steps:
-      return
-    if epochs <= 0:
-      raise ConfigError("train.num_steps=0 needs task.num_epochs > 0")
     per_epoch = max(sentences // t.batch_size, 1)
-    t.num_steps = max(int(np.ceil(epochs * per_epoch)), 1)
-    t.warmup_steps = t.warmup_steps or int(
-      round(config.task.get("warmup_proportion", 0.0) * t.num_steps)
-    )
-    t.eval_every = t.eval_every or min(per_epoch, t.num_steps)
-    t.checkpoint_every = t.checkpoint_every or min(per_epoch, t.num_steps)
-    log(
-      f"train.num_steps: {epochs:g} epochs of {sentences} sentences at batch {t.batch_size} = "
-      f"{t.num_steps} steps ({t.warmup_steps} warmup, evaluated every {t.eval_every})"
-    )
+    given = bool(t.num_steps)
+    if not given:
+      if epochs <= 0:
+        raise ConfigError("train.num_steps=0 needs task.num_epochs > 0")
+      t.num_steps = max(int(np.ceil(epochs * per_epoch)), 1)
+    every = max(t.num_steps // 10, 1) if given else min(per_epoch, t.num_steps)
+    proportion = float(config.task.get("warmup_proportion", 0.0))
+    t.warmup_steps = t.warmup_steps or int(round(proportion * t.num_steps))
+    t.eval_every = t.eval_every or every
+    t.checkpoint_every = t.checkpoint_every or every
+    if not given:
+      log(
+        f"train.num_steps: {epochs:g} epochs of {sentences} sentences at batch {t.batch_size} = "
+        f"{t.num_steps} steps ({t.warmup_steps} warmup, evaluated every {t.eval_every})"
+      )
 
   def model(self, config):
     if not self.labels:
