@@ -114,9 +114,7 @@ def read_tagged(
   if not corpus.sentences:
     raise ConfigError(f"{path} holds no sentences")
   names = corpus.names or tuple(labels)
-  for s in corpus.sentences:
-    if not s.words:
-      raise ConfigError(f"{_where(path, s.lines[0], fmt == 'parquet')}: a sentence with no tokens")
+  for s in corpus.sentences:  # (each reader refuses a sentence with no tokens)
     if s.labels is None:
       continue
     named = []
@@ -781,7 +779,7 @@ class TaggingTask(tasks.Task):
         if label not in index:
           raise ConfigError(
             f"{_where(path, line, corpus.fmt == 'parquet')}: label {label!r} is not one of the "
-            f"{len(index)} training labels ({', '.join(self.labels[:8])}"
+            f"run's {len(index)} labels ({', '.join(self.labels[:8])}"
             + (", ..." if len(index) > 8 else "")
             + ")"
           )
