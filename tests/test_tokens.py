@@ -153,6 +153,31 @@ def test_four_formats_give_identical_examples(tmp_path, tok):
   )
 
 
+def test_label_ids_are_named_by_tner_label_json_and_any_features_layout(tmp_path):
+  import pyarrow as pa
+
+  # tner's layout: dataset/train.json (JSON lines, "tags" ids) beside dataset/label.json.
+  (tmp_path / "dataset").mkdir()
+  (tmp_path / "dataset" / "label.json").write_text('{"O": 0, "B-PER": 1, "I-PER": 2}')
+  (tmp_path / "dataset" / "train.json").write_text(
+    '{"tokens": ["Иван", "Петров"], "tags": [1, 2]}\n'
+  )
+  corpus = tokens.read_tagged(str(tmp_path / "dataset" / "train.json"))
+  assert corpus.label_column == "tags" and corpus.sentences[0].labels == ["B-PER", "I-PER"]
+  assert tokens.label_set(corpus) == ("O", "B-PER", "I-PER")
+  # datasets' features metadata: List (datasets 4+), Sequence (before), or a one-element list.
+  names = {"names": ["O", "B-LOC"], "_type": "ClassLabel"}
+  for feature in (
+    {"feature": names, "_type": "List"},
+    {"feature": names, "_type": "Sequence"},
+    [names],
+  ):
+    meta = {"huggingface": json.dumps({"info": {"features": {"ner_tags": feature}}})}
+    schema = pa.schema([("ner_tags", pa.list_(pa.int64()))], metadata=meta)
+    assert tokens.class_label_names(schema, "ner_tags") == ("O", "B-LOC")
+  assert tokens.class_label_names(pa.schema([("ner_tags", pa.int64())]), "ner_tags") == ()
+
+
 def test_predictions_are_written_in_the_input_format(tmp_path):
   paths = write_formats(tmp_path, SENTENCES)
   predicted = [["O"] * len(w) for w, _ in SENTENCES]
