@@ -178,6 +178,20 @@ def test_label_ids_are_named_by_tner_label_json_and_any_features_layout(tmp_path
   assert tokens.class_label_names(pa.schema([("ner_tags", pa.int64())]), "ner_tags") == ()
 
 
+def test_a_folder_of_hub_files_gives_each_split_its_shards(tmp_path):
+  """data.train_file=DIR and eval_file=DIR on `hf download`'s folder: train-* and validation-*."""
+  from albert_jax.base import config_lib
+
+  for split in ("train", "validation"):
+    write_formats(tmp_path / split, SENTENCES)
+    (tmp_path / split / "data.parquet").rename(tmp_path / f"{split}-00000-of-00001.parquet")
+  config = config_lib.finetune_base_config()
+  config.data.update(train_file=str(tmp_path), eval_file=str(tmp_path))
+  task = tokens.TASKS["tokens"]
+  assert task.split_path(config, "train") == str(tmp_path / "train-00000-of-00001.parquet")
+  assert task.split_path(config, "eval") == str(tmp_path / "validation-00000-of-00001.parquet")
+
+
 def test_predictions_are_written_in_the_input_format(tmp_path):
   paths = write_formats(tmp_path, SENTENCES)
   predicted = [["O"] * len(w) for w, _ in SENTENCES]
@@ -596,7 +610,7 @@ def test_benchmark_tagging_tiny():
   )
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
-  figures = bench.benchmark(batch=2, seq=16, steps=2, tiny=True, task="tagging")
+  figures = bench.benchmark(batch=2, seq=16, steps=1, tiny=True, task="tagging")
   assert figures["task"] == "tagging" and figures["torch_sequences_per_second"] > 0
   assert figures["ours_over_torch"] == pytest.approx(
     figures["ours_sequences_per_second"] / figures["torch_sequences_per_second"], rel=1e-3
