@@ -140,12 +140,22 @@ def read_tagged(
   return corpus
 
 
+def applies(label_column: str, fmt: str) -> bool:
+  """Whether data.label_column names a column of a file of format `fmt`: a number one of CoNLL or
+  CoNLL-U, misc:KEY one of CoNLL-U, upos and xpos one of CoNLL-U, JSON Lines or Parquet, any other
+  name one of JSON Lines or Parquet. A file it cannot name takes its format's default, so that one
+  run may read its splits in different formats."""
+  if not label_column:
+    return False
+  if label_column.isdigit():
+    return fmt in ("conll", "conllu")
+  if label_column.startswith("misc:"):
+    return fmt == "conllu"
+  return fmt in ("jsonl", "parquet") or (fmt == "conllu" and label_column in CONLLU_COLUMNS)
+
+
 def _read_conll(path: str, label_column: str) -> Corpus:
-  if label_column and not label_column.isdigit():
-    raise ConfigError(
-      f"data.label_column={label_column!r}: a CoNLL file's label column is a 0-based number "
-      f"({path})"
-    )
+  label_column = label_column if applies(label_column, "conll") else ""
   text = _text(path)
   separator = "\t" if "\t" in text else " "
   blocks, block, width, width_line = [], [], None, 0  # block: (line number, raw line, columns)
@@ -198,13 +208,9 @@ def _conllu_label(columns: list[str], label_column: str, where: str) -> str:
 
 
 def _read_conllu(path: str, label_column: str) -> Corpus:
-  label_column = label_column or "upos"
-  known = label_column in CONLLU_COLUMNS or label_column.startswith("misc:")
-  if not known and not (label_column.isdigit() and 1 <= int(label_column) < 10):
-    raise ConfigError(
-      f"data.label_column={label_column!r} is not a CoNLL-U column (upos, xpos, misc:KEY or a "
-      f"number 1..9) ({path})"
-    )
+  label_column = label_column if applies(label_column, "conllu") else "upos"
+  if label_column.isdigit() and not 1 <= int(label_column) < 10:
+    raise ConfigError(f"{path}: data.label_column={label_column} is not a column 1..9 of CoNLL-U")
   sentences, block, start = [], [], 0
 
   def close():
@@ -239,7 +245,7 @@ def _read_conllu(path: str, label_column: str) -> Corpus:
 
 
 def _pick_label_column(columns: Sequence[str], label_column: str, where: str, tokens: str):
-  if label_column:
+  if applies(label_column, "jsonl"):
     if label_column not in columns:
       raise ConfigError(
         f"{where}: no label column {label_column!r} (its columns: {', '.join(columns)})"
@@ -283,7 +289,7 @@ def _read_jsonl(path: str, label_column: str, tokens: str) -> Corpus:
       has = [c for c in LABEL_COLUMNS if c in row] + [c for c in row if c not in LABEL_COLUMNS]
       column = (
         _pick_label_column(has, label_column, f"{path}:{n}", tokens)
-        if (label_column or any(c in row for c in LABEL_COLUMNS))
+        if applies(label_column, "jsonl") or any(c in row for c in LABEL_COLUMNS)
         else ""
       )
     sentences.append(_row_sentence(row, tokens, column, f"{path}:{n}", n))
@@ -346,7 +352,7 @@ def _read_parquet(path: str, label_column: str, tokens: str) -> Corpus:
   columns = list(schema.names)
   if tokens not in columns:
     raise ConfigError(f"{path} has no {tokens!r} column (its columns: {', '.join(columns)})")
-  test_only = not label_column and not any(c in columns for c in LABEL_COLUMNS)
+  test_only = not applies(label_column, "parquet") and not any(c in columns for c in LABEL_COLUMNS)
   column = "" if test_only else _pick_label_column(columns, label_column, path, tokens)
   sentences = [
     _row_sentence(row, tokens, column, f"{path}: row {n}", n) for n, row in enumerate(rows, 1)
@@ -553,7 +559,7 @@ def get_entities(sentences: Sequence[Sequence[str]]) -> set[tuple[str, int, int]
 
 
 def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:
-  """precision, recall, f1 (micro) and per type precision_T, recall_T, f1_T, support_T, as seqeval's
+  """precision, recall, f1 (micro) and per type precision_T, recall_T, f1_T, as seqeval's
   precision_score / recall_score / f1_score / classification_report (0 where undefined)."""
   g, p = get_entities(gold), get_entities(pred)
 
@@ -568,7 +574,6 @@ def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) 
   for t in sorted({e[0] for e in g | p}):
     gs, ps = {e for e in g if e[0] == t}, {e for e in p if e[0] == t}
     out.update(zip((f"precision_{t}", f"recall_{t}", f"f1_{t}"), prf(gs, ps)))
-    out[f"support_{t}"] = float(len(gs))
   return out
 
 
@@ -682,10 +687,9 @@ class TaggingTask(tasks.Task):
     corpus = read_tagged(train, d.label_column, labels, d.get("tokens_column", "tokens"))
     if corpus.fmt in ("jsonl", "parquet") and corpus.label_column != d.label_column:
       log(
-        f"data.label_column: {corpus.label_column!r}, the first of {', '.join(LABEL_COLUMNS)} "
-        f"in {train}"
+        f"data.label_column: {corpus.label_column!r} in {train}, the first of "
+        f"{', '.join(LABEL_COLUMNS)} it has"
       )
-      d.label_column = corpus.label_column
     labels = labels or label_set(corpus)
     if not labels:
       raise ConfigError("the training file holds no labels")
