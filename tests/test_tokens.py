@@ -142,6 +142,10 @@ def test_four_formats_give_identical_examples(tmp_path, tok):
   # The CoNLL file's POS column, and CoNLL-U's upos, are other label columns of the same words.
   assert tokens.read_tagged(paths["conll"], "1").sentences[0].labels[0] == "PROPN"
   assert tokens.read_tagged(paths["conllu"]).sentences[1].labels == ["PROPN", "X", "PROPN", "X"]
+  # data.label_column applies to the formats it can name; the others take their default.
+  assert tokens.read_tagged(paths["parquet"], "misc:NER").label_column == "ner_tags"
+  assert tokens.read_tagged(paths["conll"], "ner_tags").sentences[0].labels[0] == "B-PER"
+  assert tokens.read_tagged(paths["conllu"], "ner_tags").sentences[0].labels[0] == "PROPN"
   # The Parquet file's ClassLabel order is the label set's (not sorted).
   hub = write_formats(tmp_path / "hub", SENTENCES, names=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])
   assert tokens.label_set(tokens.read_tagged(hub["parquet"])) == (
