@@ -66,6 +66,8 @@ setup(
       "datasets>=5.2",
       "wandb",
       "huggingface_hub>=2.4",
+      # tests/test_tokens.py checks our entity precision/recall/F1 against it.
+      "seqeval",
     ],
   },
 )

@@ -1,7 +1,9 @@
-r"""Fine-tune ALBERT on GLUE, a generic classification/regression task, SQuAD or RACE.
+r"""Fine-tune ALBERT on GLUE, a generic classification/regression task, SQuAD, RACE or word tagging.
 
   python -m albert_jax.finetune --config=configs/finetune/glue.py:task=sst2 --workdir=runs/sst2 \
       --config.init_from=runs/base --config.data.glue_dir=glue_data/SST-2 --config.seeds=5
+  python -m albert_jax.finetune --config=configs/finetune/tokens.py --workdir=runs/ner \
+      --config.init_from=runs/base --config.data.train_file=train.conll --config.data.eval_file=dev.conll
 
 The flags, the call and the exit codes; the runner is tasks/finetuning.py.
 """
@@ -28,7 +30,10 @@ from albert_jax.tasks.finetuning import (  # noqa: F401  (the library's entry po
 def run():
   """Defines the flags (here, not at import) and runs the job."""
   config_flag = config_flags.DEFINE_config_file(
-    "config", None, "configs/finetune/glue.py:task=NAME[,...]", lock_config=True
+    "config",
+    None,
+    "configs/finetune/glue.py:task=NAME[,...] or configs/finetune/tokens.py",
+    lock_config=True,
   )
   workdir_flag = flags.DEFINE_string(
     "workdir", None, "Run directory: seed_<k>/, eval_results.json, predictions/."

@@ -1,15 +1,20 @@
-"""Classification fine-tuning step speed: ours against Hugging Face's PyTorch ALBERT, in one run.
+"""Fine-tuning step speed (classification or token tagging): ours against Hugging Face's PyTorch
+ALBERT, in one run.
 
 Ours: `albert_jax.engine.train.build` with the fine-tuning model (AlbertForSequenceClassification, 2 labels,
-classifier dropout 0.1) and objective of the generic classification task (albert_jax/tasks/glue.py), the original's
+classifier dropout 0.1) and objective of the generic classification task (albert_jax/tasks/glue.py),
+or with --task=tagging AlbertForTokenClassification (9 labels, CoNLL-2003's count) and the token
+task's objective (albert_jax/tasks/tokens.py: a word's first piece labelled, the rest weight 0), the original's
 AdamWeightDecay (Adam without bias correction, decoupled decay: the same work per step as torch's
 AdamW), clipping and the non-finite guard, on a 1-device mesh. Theirs:
-`transformers.AlbertForSequenceClassification` of the same sizes (gelu_new, same dropout), float32,
+`transformers.AlbertForSequenceClassification` (or AlbertForTokenClassification, the unlabelled
+pieces -100) of the same sizes (gelu_new, same dropout), float32,
 torch.optim.AdamW, step = zero_grad, forward with labels, backward, clip_grad_norm_(1.0), step. The
 two alternate step by step (A B A B) so load on a shared machine hits both alike; figures are medians
 of sequences per second, compile and two warm-up steps excluded. "ours / theirs" is the ratio.
 
   python benchmarks/finetune.py                  # albert base, B=8, S=128, CPU
+  python benchmarks/finetune.py --task=tagging   # the same for token classification
   python benchmarks/finetune.py --tiny           # tiny shapes (the tests)
 
 Prints a short table and, last, one JSON line with every figure.
@@ -64,27 +69,44 @@ def _helpers():
   return module
 
 
-def make_config(batch: int, seq: int, tiny: bool):
+TASKS = ("classification", "tagging")
+# CoNLL-2003's nine tags (the tagging task's label count).
+TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+
+
+def make_config(batch: int, seq: int, tiny: bool, task: str = "classification"):
   config = config_lib.finetune_base_config()
   if tiny:
     config.model.update(TINY)
-  config.task.update(name="classification", kind="classification", labels="0,1")
-  config.data.labels = "0,1"
+  if task == "tagging":
+    config.task.update(name="tokens", kind="tagging", labels=json.dumps(list(TAGS)))
+    config.data.tag_scheme = "bio"
+  else:
+    config.task.update(name="classification", kind="classification", labels="0,1")
+    config.data.labels = "0,1"
   config.data.max_seq_length = seq
   config.train.update(batch_size=batch, num_steps=1000, warmup_steps=10)
   config.mesh.data = 1
   return config
 
 
-def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+def random_batch(
+  batch: int, seq: int, vocab: int, seed: int = 0, task: str = "classification"
+) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)
-  return {
+  out = {
     "input_ids": rng.integers(5, vocab, (batch, seq)).astype(np.int32),
     "input_mask": np.ones((batch, seq), np.int32),
     "segment_ids": (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0).astype(np.int32),
     "label": rng.integers(0, 2, (batch,)).astype(np.int32),
     "weight": np.ones((batch,), np.float32),
   }
+  if task == "tagging":  # one segment; about two pieces a word, the first labelled
+    out["segment_ids"] = np.zeros((batch, seq), np.int32)
+    out["label"] = rng.integers(0, len(TAGS), (batch, seq)).astype(np.int32)
+    out["label_weight"] = (rng.random((batch, seq)) < 0.5).astype(np.float32)
+    out["label_weight"][:, [0, -1]] = 0.0  # [CLS], [SEP]
+  return out
 
 
 def ours(config, batch):
@@ -105,12 +127,18 @@ def ours(config, batch):
   return step
 
 
-def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
+def theirs(cfg: albert_model.ModelConfig, batch, dropout: float, task: str = "classification"):
   import torch
   import transformers
 
   torch.manual_seed(0)
-  model = transformers.AlbertForSequenceClassification(
+  tagging = task == "tagging"
+  cls = (
+    transformers.AlbertForTokenClassification
+    if tagging
+    else (transformers.AlbertForSequenceClassification)
+  )
+  model = cls(
     transformers.AlbertConfig(
       vocab_size=cfg.vocab_size,
       embedding_size=cfg.embedding_size,
@@ -123,7 +151,7 @@ def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
       attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
       classifier_dropout_prob=dropout,
       max_position_embeddings=cfg.max_position_embeddings,
-      num_labels=2,
+      num_labels=len(TAGS) if tagging else 2,
     )
   ).train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.01)
@@ -132,7 +160,9 @@ def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
     input_ids=to(batch["input_ids"]),
     attention_mask=to(batch["input_mask"]),
     token_type_ids=to(batch["segment_ids"]),
-    labels=to(batch["label"]),
+    labels=to(np.where(batch["label_weight"] > 0, batch["label"], -100))
+    if tagging
+    else to(batch["label"]),
   )
 
   def step():
@@ -147,14 +177,20 @@ def theirs(cfg: albert_model.ModelConfig, batch, dropout: float):
 
 
 def benchmark(
-  *, batch: int = 8, seq: int = 128, steps: int = 10, tiny: bool = False
+  *,
+  batch: int = 8,
+  seq: int = 128,
+  steps: int = 10,
+  tiny: bool = False,
+  task: str = "classification",
 ) -> dict[str, Any]:
   helpers = _helpers()
-  config = make_config(batch, seq, tiny)
-  data = random_batch(batch, seq, config.model.vocab_size)
+  config = make_config(batch, seq, tiny, task)
+  data = random_batch(batch, seq, config.model.vocab_size, task=task)
+  cfg = albert_model.model_config(config.model)
   contenders = {
     "ours": ours(config, data),
-    "torch": theirs(albert_model.model_config(config.model), data, config.task.classifier_dropout),
+    "torch": theirs(cfg, data, config.task.classifier_dropout, task),
   }
   for step in contenders.values():  # two warm-up steps each
     step()
@@ -169,6 +205,7 @@ def benchmark(
   rates = {name: batch / statistics.median(s) for name, s in seconds.items()}
   return {
     "model": "tiny" if tiny else "albert_base",
+    "task": task,
     "batch": batch,
     "seq": seq,
     "steps": steps,
@@ -187,12 +224,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--tiny", action="store_true", help="tiny model and shapes (tests)")
+  parser.add_argument("--task", choices=TASKS, default="classification")
   args = parser.parse_args(argv)
   if args.tiny and args.seq > TINY["max_position_embeddings"]:
     args.seq = 32
-  figures = benchmark(batch=args.batch, seq=args.seq, steps=args.steps, tiny=args.tiny)
+  figures = benchmark(
+    batch=args.batch, seq=args.seq, steps=args.steps, tiny=args.tiny, task=args.task
+  )
   print(
-    f"{figures['model']} B={args.batch} S={args.seq}: ours {figures['ours_sequences_per_second']} "
+    f"{figures['model']} {args.task} B={args.batch} S={args.seq}: ours {figures['ours_sequences_per_second']} "
     f"seq/s, torch {figures['torch_sequences_per_second']} seq/s, ours/torch "
     f"{figures['ours_over_torch']} (cpu_util {figures['cpu_util']})"
   )

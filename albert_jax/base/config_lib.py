@@ -214,7 +214,7 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-FINETUNE_KINDS = ("classification", "regression", "squad_v1", "squad_v2", "race")
+FINETUNE_KINDS = ("classification", "regression", "squad_v1", "squad_v2", "race", "tagging")
 
 
 def finetune_base_config() -> ml_collections.ConfigDict:
@@ -253,7 +253,7 @@ def finetune_base_config() -> ml_collections.ConfigDict:
       # The task's sequence length (Table 14), used when data.max_seq_length is 0 (not set) and then
       # capped to the model's max_position_embeddings.
       max_seq_length=512,
-      kind="classification",  # classification | regression | squad_v1 | squad_v2 | race
+      kind="classification",  # classification | regression | squad_v1 | squad_v2 | race | tagging
       metric="accuracy",  # the eval metric that picks each seed's best checkpoint
       classifier_dropout=0.1,
       # SQuAD's post-processing (the original run_squad's flags): the best starts and ends per

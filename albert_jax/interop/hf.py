@@ -316,10 +316,8 @@ def to_hf_state_dict(
       out[_join(prefix, suffix)] = np.ascontiguousarray(x.T if transpose else x)
 
   for hf_name, path, kind in _TOP_MODULES:
-    if task is not None and (
-      path[0] in HEADS or (path[-1] == "pooler" and heads == ("qa_outputs",))
-    ):
-      continue  # AlbertForQuestionAnswering has no pooler
+    if task is not None and (path[0] in HEADS or (path[-1] == "pooler" and not task.hf_pooler)):
+      continue  # AlbertForQuestionAnswering and AlbertForTokenClassification have no pooler
     if path[-1] == "embedding_hidden_mapping_in" and not cfg.has_embedding_projection:
       # The original has no projection when E == H; Hugging Face always has one: the identity is exact.
       add(
@@ -344,7 +342,7 @@ def to_hf_state_dict(
   if task is not None:
     head = heads[0]
     add(head, params[head], "dense")
-    dropped = tuple(h + "." for h in HEADS) + (("albert.pooler.",) if head == "qa_outputs" else ())
+    dropped = tuple(h + "." for h in HEADS) + (() if task.hf_pooler else ("albert.pooler.",))
     expected = {k: v for k, v in expected.items() if not k.startswith(dropped)}
     expected.update(
       {f"{head}.weight": out[f"{head}.weight"].shape, f"{head}.bias": out[f"{head}.bias"].shape}

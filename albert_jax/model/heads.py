@@ -1,6 +1,6 @@
 """Fine-tuning heads on the ALBERT backbone (the original's run_classifier / run_squad / run_race;
-Hugging Face's AlbertForSequenceClassification, AlbertForQuestionAnswering and AlbertForMultipleChoice,
-whose parameter names interop/hf.py maps)."""
+Hugging Face's AlbertForSequenceClassification, AlbertForQuestionAnswering, AlbertForMultipleChoice and
+AlbertForTokenClassification, whose parameter names interop/hf.py maps)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,25 @@ class AlbertForMultipleChoice(nn.Module):
     pooled = nn.Dropout(self.classifier_dropout)(out["pooled_output"], deterministic=deterministic)
     scores = M.dense(cfg, 1, ("hidden", "classes"), "classifier")(pooled).astype(jnp.float32)
     return {**out, "logits": scores.reshape(batch, choices)}
+
+
+class AlbertForTokenClassification(nn.Module):
+  """Backbone + dropout(classifier_dropout) + dense H->num_labels on every token: logits [B, S,
+  num_labels] float32 (a tag per piece; Hugging Face's AlbertForTokenClassification, which has no
+  pooler: ours is computed and left untrained)."""
+
+  config: Any
+  num_labels: int
+  classifier_dropout: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic=True):
+    cfg = M.model_config(self.config)
+    out = M.AlbertModel(cfg, deterministic, name="albert")(
+      input_ids, token_type_ids, attention_mask
+    )
+    hidden = nn.Dropout(self.classifier_dropout)(
+      out["sequence_output"], deterministic=deterministic
+    )
+    logits = M.dense(cfg, self.num_labels, ("hidden", "classes"), "classifier")(hidden)
+    return {**out, "logits": logits.astype(jnp.float32)}

@@ -5,13 +5,14 @@ A task knows its head model, its objective (the trainer's `sums`, `loss`, `metri
 score the model's outputs, which Hugging Face class holds its head, and which prediction files it
 writes. finetune.py never asks which kind of task it runs; adding a task is one new subclass and
 one registry entry. The tasks themselves live beside their data code: glue.py (GLUE and generic
-sentence(-pair) classification/regression), squad.py (SQuAD v1.1/v2.0), race.py (RACE).
+sentence(-pair) classification/regression), squad.py (SQuAD v1.1/v2.0), race.py (RACE), tokens.py
+(token classification: named entities, part of speech).
 """
 
 from __future__ import annotations
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.tasks import glue, race, squad
+from albert_jax.tasks import glue, race, squad, tokens
 from albert_jax.tasks.task import Task, apply  # noqa: F401  (finetune applies a task's model)
 
 # ----------------------------------------------------------------------------------------------------
@@ -20,7 +21,7 @@ from albert_jax.tasks.task import Task, apply  # noqa: F401  (finetune applies a
 
 def registry() -> dict[str, Task]:
   """Every task by its config.task.name."""
-  return {**glue.TASKS, **squad.TASKS, **race.TASKS}
+  return {**glue.TASKS, **squad.TASKS, **race.TASKS, **tokens.TASKS}
 
 
 def of(config) -> Task:

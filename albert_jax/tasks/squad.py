@@ -514,6 +514,7 @@ class SquadTask(tasks.Task):
 
   hf_class = "AlbertForQuestionAnswering"
   hf_head = "qa_outputs"
+  hf_pooler = False
   output_keys = ("start_logits", "end_logits")
 
   @property

@@ -39,6 +39,7 @@ class Task:
   kind: ClassVar[str]  # recorded as config.task.kind (checkpoints and exports read it)
   hf_class: ClassVar[str]  # the Hugging Face class of the fine-tuned model
   hf_head: ClassVar[str] = "classifier"  # its head module (a dense layer in both trees)
+  hf_pooler: ClassVar[bool] = True  # whether the Hugging Face class has the pooler
   output_keys: ClassVar[tuple[str, ...]] = ("logits",)  # the outputs predictions keep
   split_files: ClassVar[dict[str, str]] = SPLIT_FILES
   hub_splits: ClassVar[dict[str, str]] = HUB_SPLITS  # our split -> the Hub's

@@ -1,0 +1,851 @@
+"""Token classification (named entities, part of speech, chunks) for fine-tuning: the task object
+(tasks.Task), reading tagged files, word -> piece alignment, windows, metrics and prediction files.
+
+Files, by extension (docs/finetuning.md, Token classification):
+  CoNLL columns  (.conll, .txt, .tsv, .iob, any other): a token a line, the token first, the label in
+                 the last column unless data.label_column names another (0-based); columns split at
+                 tabs when the file has any, else at runs of spaces; blank lines between sentences;
+                 -DOCSTART- lines skipped (CoNLL-2002/2003, WikiNER, most NER corpora).
+  CoNLL-U        (.conllu, Universal Dependencies): data.label_column upos (the default), xpos, or
+                 misc:KEY (a MISC key, NER=B-PER style); multiword-token ranges and empty nodes are
+                 skipped and written back as they were.
+  JSON Lines     (.jsonl, .json): an object a line with a tokens column and a label column.
+  Parquet        (the Hub's files, as `hf download --repo-type dataset` leaves them: conll2003,
+                 wikiann, universal_dependencies ...): a tokens column and a label column of ids or
+                 strings; ids are named by the file's Hugging Face features metadata (ClassLabel
+                 names), a tner-style label.json beside the file, or data.labels.
+The label column of JSON Lines and Parquet defaults to the first of LABEL_COLUMNS the file has.
+
+Words become pieces as Hugging Face's tokenizers do with `is_split_into_words=True`: each word is
+encoded alone (preprocessed, then SentencePiece with its "▁" word start), the first piece carries the
+word's label and the others weight 0 (transformers' -100), or with data.label_all_pieces every piece
+carries it. A word that becomes no piece at all (a lone combining mark, a control character) has no
+position: it is predicted as LABEL_OF_NOTHING says. A sentence longer than the sequence is split into
+windows of whole words, data.doc_stride pieces apart; each word is predicted (and trained) in exactly
+one window, the one that gives it the most context (SQuAD's rule, in words), so nothing is truncated.
+
+Metrics: word accuracy for any tag set; for BIO/IOB1/IOB2 or IOBES tags (detected from the label set
+when data.tag_scheme=auto) entity precision, recall and F1 overall (micro) and per entity type,
+exactly as seqeval's default mode computes them (conlleval's chunking).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax.base import files
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.log import log
+from albert_jax.data.tokenizer import CLS_ID, SEP_ID
+from albert_jax.model import albert as M, heads
+from albert_jax.tasks import task as tasks
+
+TAG_SCHEMES = ("auto", "none", "bio", "iobes")
+# JSON Lines and Parquet: the label column when data.label_column is "", the first the file has.
+LABEL_COLUMNS = ("ner_tags", "pos_tags", "upos", "xpos", "chunk_tags", "tags", "labels", "ner")
+CONLLU_COLUMNS = {"upos": 3, "xpos": 4}
+_CONLLU_MISC = 9
+_ENTITY_TAG = re.compile(r"^[BIES]-.+$")
+
+
+def _where(path: str, line: int, parquet: bool = False) -> str:
+  return f"{path}: row {line}" if parquet else f"{path}:{line}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading.
+
+
+@dataclasses.dataclass
+class Sentence:
+  words: list[str]
+  labels: list[str] | None  # None: the file holds no labels (a test file)
+  lines: list[int]  # each word's line (CoNLL, CoNLL-U), or the sentence's line or row
+  raw: Any = None  # what the prediction file needs: its lines, JSON object or Parquet row
+
+
+@dataclasses.dataclass
+class Corpus:
+  path: str
+  fmt: str  # conll | conllu | jsonl | parquet
+  sentences: list[Sentence]
+  label_column: str  # as resolved for this file ("" for CoNLL's last column)
+  names: tuple[str, ...] = ()  # the label names the file states (ClassLabel, label.json), in order
+  separator: str = "\t"  # CoNLL columns
+  schema: Any = None  # Parquet: the Arrow schema (written back with the predictions)
+
+
+def file_format(path: str) -> str:
+  ext = os.path.splitext(path)[1].lower()
+  return {".conllu": "conllu", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}.get(
+    ext, "conll"
+  )
+
+
+def _text(path: str) -> str:
+  if not files.path(path).is_file():
+    raise ConfigError(f"data file not found: {path}")
+  try:
+    return files.path(path).read_bytes().decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_tagged(
+  path: str, label_column: str = "", labels: Sequence[str] = (), tokens: str = "tokens"
+) -> Corpus:
+  """The sentences of a tagged file, their labels as strings (ids named by the file's metadata or
+  `labels`); every malformed line is a one-line ConfigError naming the file and line."""
+  fmt = file_format(path)
+  if fmt in ("conll", "conllu"):
+    corpus = (_read_conll if fmt == "conll" else _read_conllu)(path, label_column)
+  else:
+    corpus = (_read_jsonl if fmt == "jsonl" else _read_parquet)(path, label_column, tokens)
+  if not corpus.sentences:
+    raise ConfigError(f"{path} holds no sentences")
+  names = corpus.names or tuple(labels)
+  for s in corpus.sentences:  # (each reader refuses a sentence with no tokens)
+    if s.labels is None:
+      continue
+    named = []
+    for label, line in zip(s.labels, s.lines):
+      if isinstance(label, bool) or not isinstance(label, (int, str)):
+        raise ConfigError(
+          f"{_where(path, line, fmt == 'parquet')}: label {label!r} is neither a string nor an id"
+        )
+      if isinstance(label, int):
+        if not names:
+          raise ConfigError(
+            f"{_where(path, line, fmt == 'parquet')}: label ids without names (no ClassLabel "
+            "metadata or label.json): set data.labels"
+          )
+        if not 0 <= label < len(names):
+          raise ConfigError(
+            f"{_where(path, line, fmt == 'parquet')}: label id {label} is not one of the "
+            f"{len(names)} names 0..{len(names) - 1}"
+          )
+        label = names[label]
+      named.append(label)
+    s.labels = named
+  return corpus
+
+
+def applies(label_column: str, fmt: str) -> bool:
+  """Whether data.label_column names a column of a file of format `fmt`: a number one of CoNLL or
+  CoNLL-U, misc:KEY one of CoNLL-U, upos and xpos one of CoNLL-U, JSON Lines or Parquet, any other
+  name one of JSON Lines or Parquet. A file it cannot name takes its format's default, so that one
+  run may read its splits in different formats."""
+  if not label_column:
+    return False
+  if label_column.isdigit():
+    return fmt in ("conll", "conllu")
+  if label_column.startswith("misc:"):
+    return fmt == "conllu"
+  return fmt in ("jsonl", "parquet") or (fmt == "conllu" and label_column in CONLLU_COLUMNS)
+
+
+def _read_conll(path: str, label_column: str) -> Corpus:
+  label_column = label_column if applies(label_column, "conll") else ""
+  text = _text(path)
+  separator = "\t" if "\t" in text else " "
+  blocks, block, width, width_line = [], [], None, 0  # block: (line number, raw line, columns)
+  for n, line in enumerate(text.splitlines(), 1):
+    line = line.rstrip("\r\n")
+    if not line.strip() or line.strip().startswith("-DOCSTART-"):
+      if block:
+        blocks.append(block)
+      block = []
+      continue
+    columns = [c.strip() for c in line.split("\t")] if separator == "\t" else line.split()
+    if width is None:
+      width, width_line = len(columns), n
+    elif len(columns) != width:
+      raise ConfigError(
+        f"{path}:{n}: {len(columns)} columns, line {width_line} has {width} (inconsistent)"
+      )
+    block.append((n, line, columns))
+  if block:
+    blocks.append(block)
+  column = int(label_column) if label_column else (width or 1) - 1
+  if width and width > 1 and not 0 < column < width:
+    what = "the token" if column == 0 else f"no column {column}"
+    raise ConfigError(
+      f"{path}:{width_line}: data.label_column={column} is {what} ({width} columns, 0-based)"
+    )
+  sentences = [
+    Sentence(
+      [c[0] for _, _, c in b],
+      [c[column] for _, _, c in b] if width and width > 1 else None,  # one column: a test file
+      [n for n, _, _ in b],
+      [line for _, line, _ in b],
+    )
+    for b in blocks
+  ]
+  return Corpus(path, "conll", sentences, label_column, separator=separator)
+
+
+def _conllu_label(columns: list[str], label_column: str, where: str) -> str:
+  if label_column in CONLLU_COLUMNS:
+    return columns[CONLLU_COLUMNS[label_column]]
+  if label_column.isdigit():
+    return columns[int(label_column)]
+  key = label_column[len("misc:") :]
+  for item in columns[_CONLLU_MISC].split("|"):
+    k, _, v = item.partition("=")
+    if k == key:
+      return v
+  raise ConfigError(f"{where}: no {key} in the MISC column ({columns[_CONLLU_MISC]!r})")
+
+
+def _read_conllu(path: str, label_column: str) -> Corpus:
+  label_column = label_column if applies(label_column, "conllu") else "upos"
+  if label_column.isdigit() and not 1 <= int(label_column) < 10:
+    raise ConfigError(f"{path}: data.label_column={label_column} is not a column 1..9 of CoNLL-U")
+  sentences, block, start = [], [], 0
+
+  def close():
+    words, labels, lines = [], [], []
+    for n, line in block:
+      if line.startswith("#"):
+        continue
+      columns = line.split("\t")
+      if "-" in columns[0] or "." in columns[0]:  # a multiword range, an empty node
+        continue
+      words.append(columns[1])
+      labels.append(_conllu_label(columns, label_column, f"{path}:{n}"))
+      lines.append(n)
+    if block:
+      if not words:
+        raise ConfigError(f"{path}:{start}: a sentence with no tokens")
+      sentences.append(Sentence(words, labels, lines, [line for _, line in block]))
+    block.clear()
+
+  for n, line in enumerate(_text(path).splitlines(), 1):
+    line = line.rstrip("\r\n")
+    if not line.strip():
+      close()
+      continue
+    if not block:
+      start = n
+    if not line.startswith("#") and len(line.split("\t")) != 10:
+      raise ConfigError(f"{path}:{n}: {len(line.split(chr(9)))} columns, CoNLL-U has 10")
+    block.append((n, line))
+  close()
+  return Corpus(path, "conllu", sentences, label_column)
+
+
+def _pick_label_column(columns: Sequence[str], label_column: str, where: str, tokens: str):
+  if applies(label_column, "jsonl"):
+    if label_column not in columns:
+      raise ConfigError(
+        f"{where}: no label column {label_column!r} (its columns: {', '.join(columns)})"
+      )
+    return label_column
+  found = next((c for c in LABEL_COLUMNS if c in columns), "")
+  if not found:
+    others = [c for c in columns if c != tokens]
+    raise ConfigError(
+      f"{where}: none of the label columns {', '.join(LABEL_COLUMNS)} (its columns: "
+      f"{', '.join(others)}): set data.label_column"
+    )
+  return found
+
+
+def _label_json(path: str) -> tuple[str, ...]:
+  """tner's label.json ({"B-ORG": 1, ...}) beside the file or in its parent, as names by id."""
+  for folder in (files.path(path).parent, files.path(path).parent.parent):
+    candidate = folder / "label.json"
+    if candidate.is_file():
+      mapping = files.read_json(candidate)
+      if isinstance(mapping, dict) and sorted(mapping.values()) == list(range(len(mapping))):
+        return tuple(sorted(mapping, key=mapping.get))
+  return ()
+
+
+def _read_jsonl(path: str, label_column: str, tokens: str) -> Corpus:
+  sentences, column = [], None
+  for n, line in enumerate(_text(path).splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ConfigError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+    if not isinstance(row, dict):
+      raise ConfigError(f"{path}:{n}: a JSON line must be an object")
+    if tokens not in row:
+      raise ConfigError(f"{path}:{n}: no {tokens!r} field (it has {', '.join(row)})")
+    if column is None:
+      has = [c for c in LABEL_COLUMNS if c in row] + [c for c in row if c not in LABEL_COLUMNS]
+      column = (
+        _pick_label_column(has, label_column, f"{path}:{n}", tokens)
+        if applies(label_column, "jsonl") or any(c in row for c in LABEL_COLUMNS)
+        else ""
+      )
+    sentences.append(_row_sentence(row, tokens, column, f"{path}:{n}", n))
+  return Corpus(path, "jsonl", sentences, column or "", names=_label_json(path))
+
+
+def _row_sentence(row: dict, tokens_column: str, column: str, where: str, n: int) -> Sentence:
+  tokens = row.get(tokens_column)
+  if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+    raise ConfigError(f"{where}: {tokens_column!r} is not a list of strings")
+  if not tokens:
+    raise ConfigError(f"{where}: a sentence with no tokens")
+  labels = None
+  if column:
+    if column not in row:
+      raise ConfigError(f"{where}: no label column {column!r} (it has {', '.join(row)})")
+    labels = row[column]
+    if not isinstance(labels, list) or len(labels) != len(tokens):
+      count = len(labels) if isinstance(labels, list) else "no list of"
+      raise ConfigError(f"{where}: {len(tokens)} tokens but {count} labels in {column!r}")
+  return Sentence(list(tokens), labels, [n] * len(tokens), row)
+
+
+def _parquet_schema(path: str):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  if not files.path(path).is_file():
+    raise ConfigError(f"data file not found: {path}")
+  try:
+    return pq.read_schema(pa.BufferReader(files.path(path).read_bytes()))
+  except pa.ArrowException as e:
+    raise ConfigError(f"{path} is not a Parquet file ({str(e).splitlines()[0]})") from None
+
+
+def class_label_names(schema, column: str) -> tuple[str, ...]:
+  """The ClassLabel names of `column` (a sequence of ClassLabel) in a Parquet file's Hugging Face
+  features metadata (datasets' {"info": {"features": ...}}), else ()."""
+  meta = (schema.metadata or {}).get(b"huggingface")
+  if not meta:
+    return ()
+  try:
+    feature = json.loads(meta)["info"]["features"][column]
+  except (KeyError, TypeError, ValueError):
+    return ()
+  while True:  # Sequence/List {"feature": ...} or [feature]
+    if isinstance(feature, list) and len(feature) == 1:
+      feature = feature[0]
+    elif isinstance(feature, dict) and "feature" in feature:
+      feature = feature["feature"]
+    else:
+      break
+  names = feature.get("names") if isinstance(feature, dict) else None
+  return tuple(str(n) for n in names) if isinstance(names, list) else ()
+
+
+def _read_parquet(path: str, label_column: str, tokens: str) -> Corpus:
+  schema = _parquet_schema(path)
+  rows = tasks.read_parquet(path)
+  columns = list(schema.names)
+  if tokens not in columns:
+    raise ConfigError(f"{path} has no {tokens!r} column (its columns: {', '.join(columns)})")
+  test_only = not applies(label_column, "parquet") and not any(c in columns for c in LABEL_COLUMNS)
+  column = "" if test_only else _pick_label_column(columns, label_column, path, tokens)
+  sentences = [
+    _row_sentence(row, tokens, column, f"{path}: row {n}", n) for n, row in enumerate(rows, 1)
+  ]
+  names = class_label_names(schema, column) if column else ()
+  return Corpus(path, "parquet", sentences, column, names=names, schema=schema)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Label sets and tag schemes.
+
+
+def parse_labels(text: str) -> tuple[str, ...]:
+  """data.labels: a JSON list (labels with commas: the Penn Treebank's "," tag) or comma-separated."""
+  text = text.strip()
+  if text.startswith("["):
+    try:
+      labels = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ConfigError(f"data.labels is not a JSON list ({e.msg})") from None
+    return tuple(str(label) for label in labels)
+  return tuple(label.strip() for label in text.split(",") if label.strip())
+
+
+def label_set(corpus: Corpus) -> tuple[str, ...]:
+  """The training file's labels in a stable order: the names the file states (ClassLabel,
+  label.json), else sorted (as transformers' run_ner)."""
+  if corpus.names:
+    return corpus.names
+  return tuple(sorted({label for s in corpus.sentences for label in (s.labels or ())}))
+
+
+def detect_scheme(labels: Sequence[str]) -> tuple[str, str]:
+  """(scheme, why) of a label set: iobes when its entity tags use E-/S-, bio when every tag is O or
+  B-/I-TYPE, else none (a part-of-speech or other tag set: accuracy only)."""
+  other = [label for label in labels if label != "O" and not _ENTITY_TAG.match(label)]
+  if other or not any(label != "O" for label in labels):
+    example = f" (e.g. {other[0]!r})" if other else ""
+    return "none", f"tags that are not O or B-/I-/E-/S-TYPE{example}: word accuracy only"
+  if any(label[0] in "ES" for label in labels if label != "O"):
+    return "iobes", "E-/S- tags: entity precision, recall and F1 (IOBES)"
+  return "bio", "O and B-/I-TYPE tags: entity precision, recall and F1 (BIO/IOB2)"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Words -> pieces, windows and features.
+
+
+@dataclasses.dataclass
+class Alignment:
+  """Where each word of a split is predicted: its row and first piece's position (row -1: the word
+  became no piece), its gold label id (-1: none), and each sentence's first word."""
+
+  word_row: np.ndarray
+  word_pos: np.ndarray
+  word_label: np.ndarray
+  sentence_start: np.ndarray  # [num_sentences + 1]
+  split_sentences: int  # sentences longer than one window
+
+
+def word_windows(lengths: Sequence[int], room: int, stride: int) -> list[tuple[int, int]]:
+  """[start, end) word windows of at most `room` pieces (each word's pieces fit in `room`), each
+  starting at the first word `stride` pieces or more after the previous start (no later than where
+  the previous window ended, so windows overlap or touch), the last one reaching the end."""
+  offsets = np.concatenate([[0], np.cumsum(lengths)])
+  n, out, start = len(lengths), [], 0
+  while True:
+    end = start
+    while end < n and offsets[end + 1] - offsets[start] <= room:
+      end += 1
+    end = max(end, start + 1)
+    out.append((start, end))
+    if end >= n:
+      return out
+    following = start + 1
+    while following < end and offsets[following] - offsets[start] < stride:
+      following += 1
+    start = following
+
+
+def window_owner(windows: Sequence[tuple[int, int]], n: int) -> np.ndarray:
+  """For each word, the window that gives it the most context: the highest min(words before it,
+  words after it) + 0.01 * window length, the first such window on a tie (SQuAD's max-context rule,
+  in words)."""
+  owner, best = np.zeros(n, np.int64), np.full(n, -np.inf)
+  for w, (start, end) in enumerate(windows):
+    k = np.arange(start, end)
+    score = np.minimum(k - start, end - 1 - k) + 0.01 * (end - start)
+    better = score > best[k]
+    owner[k[better]], best[k[better]] = w, score[better]
+  return owner
+
+
+def make_features(
+  sentences: Sequence[Sentence],
+  label_ids: Sequence[Sequence[int] | None],
+  tokenizer,
+  *,
+  max_seq_length: int,
+  stride: int,
+  label_all_pieces: bool = False,
+) -> tuple[dict[str, np.ndarray], Alignment]:
+  """Model inputs [CLS] pieces [SEP] of every window, the label of each word at its first piece
+  (every piece with label_all_pieces) in the window that owns the word, weight 1 there and 0
+  elsewhere, and where each word is predicted."""
+  room = max_seq_length - 2
+  if room < 1 or stride < 1:
+    raise ConfigError(f"max_seq_length={max_seq_length} and doc_stride={stride} leave no room")
+  flat = [w for s in sentences for w in s.words]
+  pieces = tokenizer.encode_batch(flat) if flat else []
+  rows, word_row, word_pos, word_label, starts, split = [], [], [], [], [0], 0
+  k = 0
+  for s, ids in zip(sentences, label_ids):
+    n = len(s.words)
+    word_pieces = [p[:room] for p in pieces[k : k + n]]
+    k += n
+    windows = word_windows([len(p) for p in word_pieces], room, stride)
+    split += len(windows) > 1
+    owner = window_owner(windows, n)
+    first_row = len(rows)
+    positions = np.full(n, -1, np.int64)
+    for w, (start, end) in enumerate(windows):
+      tokens, label = [CLS_ID], []
+      for i in range(start, end):
+        mine = owner[i] == w and ids is not None
+        if owner[i] == w and word_pieces[i]:
+          positions[i] = len(tokens)
+        for j, piece in enumerate(word_pieces[i]):
+          tokens.append(piece)
+          labelled = mine and (j == 0 or label_all_pieces)
+          label.append((len(tokens) - 1, ids[i] if labelled else 0, 1.0 if labelled else 0.0))
+      tokens.append(SEP_ID)
+      rows.append((tokens, label))
+    for i in range(n):
+      word_row.append(first_row + owner[i] if positions[i] >= 0 else -1)
+      word_pos.append(positions[i])
+      word_label.append(-1 if ids is None else ids[i])
+    starts.append(len(word_row))
+  m = len(rows)
+  arrays = {
+    name: np.zeros((m, max_seq_length), np.int32)
+    for name in ("input_ids", "input_mask", "segment_ids", "label")
+  }
+  arrays["label_weight"] = np.zeros((m, max_seq_length), np.float32)
+  for r, (tokens, label) in enumerate(rows):
+    arrays["input_ids"][r, : len(tokens)] = tokens
+    arrays["input_mask"][r, : len(tokens)] = 1
+    for pos, lab, wt in label:
+      arrays["label"][r, pos], arrays["label_weight"][r, pos] = lab, wt
+  alignment = Alignment(
+    np.asarray(word_row, np.int64),
+    np.asarray(word_pos, np.int64),
+    np.asarray(word_label, np.int64),
+    np.asarray(starts, np.int64),
+    split,
+  )
+  return arrays, alignment
+
+
+def word_predictions(logits: np.ndarray, alignment: Alignment, fallback: int) -> np.ndarray:
+  """Each word's predicted label id: the argmax at its first piece in the window that owns it, or
+  `fallback` for a word that became no piece."""
+  rows, pos = alignment.word_row, alignment.word_pos
+  found = rows >= 0
+  pred = np.full(len(rows), fallback, np.int64)
+  if found.any():
+    pred[found] = np.argmax(np.asarray(logits)[rows[found], pos[found]], axis=-1)
+  return pred
+
+
+# ----------------------------------------------------------------------------------------------------
+# Entity metrics: seqeval's default mode (conlleval's chunking), micro-averaged, per type.
+
+
+def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
+  return (
+    prev_tag in ("E", "S")
+    or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
+    or (prev_tag not in ("O", ".") and prev_type != type_)
+  )
+
+
+def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
+  return (
+    tag in ("B", "S")
+    or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
+    or (tag not in ("O", ".") and prev_type != type_)
+  )
+
+
+def get_entities(sentences: Sequence[Sequence[str]]) -> set[tuple[str, int, int]]:
+  """(type, first, last) of every entity, positions in the sentences joined with an O between them
+  (seqeval.metrics.sequence_labeling.get_entities)."""
+  seq = [tag for sentence in sentences for tag in [*sentence, "O"]]
+  chunks, prev_tag, prev_type, begin = set(), "O", "", 0
+  for i, chunk in enumerate([*seq, "O"]):
+    tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+    if _end_of_chunk(prev_tag, tag, prev_type, type_):
+      chunks.add((prev_type, begin, i - 1))
+    if _start_of_chunk(prev_tag, tag, prev_type, type_):
+      begin = i
+    prev_tag, prev_type = tag, type_
+  return chunks
+
+
+def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:
+  """precision, recall, f1 (micro) and per type precision_T, recall_T, f1_T, as seqeval's
+  precision_score / recall_score / f1_score / classification_report (0 where undefined)."""
+  g, p = get_entities(gold), get_entities(pred)
+
+  def prf(gs, ps):
+    tp = len(gs & ps)
+    precision = tp / len(ps) if ps else 0.0
+    recall = tp / len(gs) if gs else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+  out = dict(zip(("precision", "recall", "f1"), prf(g, p)))
+  for t in sorted({e[0] for e in g | p}):
+    gs, ps = {e for e in g if e[0] == t}, {e for e in p if e[0] == t}
+    out.update(zip((f"precision_{t}", f"recall_{t}", f"f1_{t}"), prf(gs, ps)))
+  return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Prediction files, in the input's format.
+
+
+def write_tagged(path: str, corpus: Corpus, predicted: Sequence[Sequence[str]]) -> None:
+  """The corpus with its predicted labels: CoNLL with one more column, CoNLL-U with the label
+  column (or MISC key) replaced, JSON Lines and Parquet with a predicted_<label column> column."""
+  column = f"predicted_{corpus.label_column or 'tags'}"
+  if corpus.fmt == "conll":
+    blocks = [
+      "\n".join(f"{line}{corpus.separator}{tag}" for line, tag in zip(s.raw, tags))
+      for s, tags in zip(corpus.sentences, predicted)
+    ]
+    files.write_text(path, "\n\n".join(blocks) + "\n")
+  elif corpus.fmt == "conllu":
+    blocks = [
+      _conllu_block(s.raw, tags, corpus.label_column)
+      for s, tags in zip(corpus.sentences, predicted)
+    ]
+    files.write_text(path, "\n\n".join(blocks) + "\n\n")
+  elif corpus.fmt == "jsonl":
+    lines = [
+      json.dumps({**s.raw, column: list(tags)}, ensure_ascii=False)
+      for s, tags in zip(corpus.sentences, predicted)
+    ]
+    files.write_text(path, "\n".join(lines) + "\n")
+  else:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([s.raw for s in corpus.sentences], schema=corpus.schema)
+    table = table.append_column(
+      column, pa.array([list(t) for t in predicted], pa.list_(pa.string()))
+    )
+    meta = dict(table.schema.metadata or {})
+    if b"huggingface" in meta:  # datasets reads the new column's feature from here
+      hf = json.loads(meta[b"huggingface"])
+      features = hf.get("info", {}).get("features")
+      if isinstance(features, dict):
+        features[column] = {"feature": {"dtype": "string", "_type": "Value"}, "_type": "List"}
+        meta[b"huggingface"] = json.dumps(hf).encode()
+        table = table.replace_schema_metadata(meta)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    target = files.path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(buffer.getvalue())
+
+
+def _conllu_block(lines: list[str], tags: Sequence[str], label_column: str) -> str:
+  out, k = [], 0
+  for line in lines:
+    columns = line.split("\t")
+    if line.startswith("#") or "-" in columns[0] or "." in columns[0]:
+      out.append(line)
+      continue
+    tag = tags[k]
+    k += 1
+    if label_column in CONLLU_COLUMNS or label_column.isdigit():
+      columns[CONLLU_COLUMNS.get(label_column) or int(label_column)] = tag
+    else:
+      key = label_column[len("misc:") :]
+      items = [i for i in columns[_CONLLU_MISC].split("|") if i and i != "_"]
+      items = [f"{key}={tag}" if i.partition("=")[0] == key else i for i in items]
+      columns[_CONLLU_MISC] = "|".join(items or [f"{key}={tag}"])
+    out.append("\t".join(columns))
+  return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The task.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggingTask(tasks.Task):
+  """Token classification: AlbertForTokenClassification's label per piece, cross-entropy over the
+  labelled pieces (a word's first piece), word accuracy and (BIO/IOBES tags) entity F1; the best
+  seed's eval and test predictions in the input's format."""
+
+  name: str = "tokens"
+  labels: tuple[str, ...] = ()
+  scheme: str = "none"
+
+  kind = "tagging"
+  hf_class = "AlbertForTokenClassification"
+  hf_pooler = False
+
+  def for_config(self, config) -> TaggingTask:
+    saved = config.task.get("labels") or ""
+    labels = tuple(json.loads(saved)) if saved.startswith("[") else ()
+    scheme = config.data.get("tag_scheme", "auto")
+    return dataclasses.replace(self, labels=labels, scheme=scheme if scheme != "auto" else "none")
+
+  def resolve(self, config) -> None:
+    """The label set (data.labels, else the training file's) saved as task.labels, the tag scheme
+    (data.tag_scheme=auto: decided from the labels, one line) and the JSON Lines / Parquet label
+    column found in the training file, all recorded in the run's config."""
+    super().resolve(config)
+    d = config.data
+    if d.get("tag_scheme", "auto") not in TAG_SCHEMES:
+      raise ConfigError(f"data.tag_scheme={d.tag_scheme!r} is not one of {', '.join(TAG_SCHEMES)}")
+    if not isinstance(d.get("doc_stride"), int) or d.doc_stride < 1:
+      raise ConfigError(f"data.doc_stride={d.get('doc_stride')!r} must be a positive integer")
+    labels = parse_labels(d.labels)
+    train = self.split_path(config, "train")
+    if not train:
+      raise ConfigError("no training file: set data.train_file")
+    corpus = read_tagged(train, d.label_column, labels, d.get("tokens_column", "tokens"))
+    if corpus.fmt in ("jsonl", "parquet") and corpus.label_column != d.label_column:
+      log(
+        f"data.label_column: {corpus.label_column!r} in {train}, the first of "
+        f"{', '.join(LABEL_COLUMNS)} it has"
+      )
+    labels = labels or label_set(corpus)
+    if not labels:
+      raise ConfigError("the training file holds no labels")
+    if len(set(labels)) != len(labels):
+      raise ConfigError(f"data.labels names a label twice: {list(labels)}")
+    config.task.labels = json.dumps(list(labels), ensure_ascii=False)
+    if d.tag_scheme == "auto":
+      d.tag_scheme, why = detect_scheme(labels)
+      log(f"data.tag_scheme=auto: {d.tag_scheme} ({why})")
+    elif d.tag_scheme != "none":
+      bad = [label for label in labels if label != "O" and not _ENTITY_TAG.match(label)]
+      if bad:
+        raise ConfigError(f"data.tag_scheme={d.tag_scheme}: label {bad[0]!r} is not O or X-TYPE")
+    if d.tag_scheme != "none" and config.task.metric == "accuracy":
+      config.task.metric = "f1"
+    self._resolve_steps(config, len(corpus.sentences))
+
+  @staticmethod
+  def _resolve_steps(config, sentences: int) -> None:
+    """train.num_steps=0: task.num_epochs passes over the training sentences (one line says how
+    many steps). Where they are 0, task.warmup_proportion of the steps warm up, and an evaluation and
+    a checkpoint come each epoch (a tenth of the steps when num_steps was set)."""
+    t, epochs = config.train, float(config.task.get("num_epochs", 0.0))
+    per_epoch = max(sentences // t.batch_size, 1)
+    given = bool(t.num_steps)
+    if not given:
+      if epochs <= 0:
+        raise ConfigError("train.num_steps=0 needs task.num_epochs > 0")
+      t.num_steps = max(int(np.ceil(epochs * per_epoch)), 1)
+    every = max(t.num_steps // 10, 1) if given else min(per_epoch, t.num_steps)
+    proportion = float(config.task.get("warmup_proportion", 0.0))
+    t.warmup_steps = t.warmup_steps or int(round(proportion * t.num_steps))
+    t.eval_every = t.eval_every or every
+    t.checkpoint_every = t.checkpoint_every or every
+    if not given:
+      log(
+        f"train.num_steps: {epochs:g} epochs of {sentences} sentences at batch {t.batch_size} = "
+        f"{t.num_steps} steps ({t.warmup_steps} warmup, evaluated every {t.eval_every})"
+      )
+
+  def model(self, config):
+    if not self.labels:
+      raise ConfigError("task tokens: no label set (task.labels); resolve the config first")
+    module = heads.AlbertForTokenClassification(
+      M.model_config(config.model), len(self.labels), config.task.classifier_dropout
+    )
+    return module, tasks.head_inputs((1, 8))
+
+  def _weights(self, batch):
+    return batch["weight"][:, None] * batch["label_weight"]
+
+  def sums(self, model, params, batch, rng):
+    logp = jax.nn.log_softmax(tasks.apply(model, params, batch, rng)["logits"], axis=-1)
+    label, w = batch["label"], self._weights(batch)
+    nll = -jnp.take_along_axis(logp, label[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logp, axis=-1) == label).astype(jnp.float32)
+    return {
+      "nll": jnp.sum(w * nll),
+      "correct": jnp.sum(w * correct),
+      "pieces": jnp.sum(w),
+      "examples": jnp.sum(batch["weight"]),
+    }
+
+  def loss(self, sums, batch):
+    # The mean over the whole step's labelled pieces (transformers' cross-entropy with -100).
+    return sums["nll"] / jnp.maximum(jnp.sum(self._weights(batch)), 1.0)
+
+  def metrics(self, sums):
+    pieces = jnp.maximum(sums["pieces"], 1.0)
+    return {"loss": sums["nll"] / pieces, "accuracy": sums["correct"] / pieces}
+
+  @property
+  def fallback(self) -> int:
+    """The label of a word that became no piece: O, else the first label."""
+    return self.labels.index("O") if "O" in self.labels else 0
+
+  def load(self, config, tokenizer, split, path):
+    d = config.data
+    corpus = read_tagged(
+      path, d.label_column, parse_labels(d.labels) or self.labels, d.get("tokens_column", "tokens")
+    )
+    index = {label: i for i, label in enumerate(self.labels)}
+    ids = []
+    for s in corpus.sentences:
+      if s.labels is None:
+        if split != "test":
+          raise ConfigError(f"{path} holds no labels (an {split} file needs them)")
+        ids.append(None)
+        continue
+      for label, line in zip(s.labels, s.lines):
+        if label not in index:
+          raise ConfigError(
+            f"{_where(path, line, corpus.fmt == 'parquet')}: label {label!r} is not one of the "
+            f"run's {len(index)} labels ({', '.join(self.labels[:8])}"
+            + (", ..." if len(index) > 8 else "")
+            + ")"
+          )
+      ids.append([index[label] for label in s.labels])
+    arrays, alignment = make_features(
+      corpus.sentences,
+      ids,
+      tokenizer,
+      max_seq_length=d.max_seq_length,
+      stride=d.doc_stride,
+      label_all_pieces=bool(d.get("label_all_pieces", False)),
+    )
+    words = len(alignment.word_row)
+    pieceless = int(np.sum(alignment.word_row < 0))
+    if alignment.split_sentences or pieceless:
+      log(
+        f"{split}: {alignment.split_sentences} of {len(corpus.sentences)} sentences longer than "
+        f"{d.max_seq_length - 2} pieces, split into windows {d.doc_stride} pieces apart; "
+        f"{pieceless} of {words} words are no piece (predicted {self.labels[self.fallback]})"
+      )
+    return arrays, (corpus, alignment)
+
+  def tags(self, outputs: dict, extra) -> list[list[str]]:
+    """Each sentence's predicted labels, a word each."""
+    corpus, alignment = extra
+    pred = word_predictions(outputs["logits"], alignment, self.fallback)
+    s = alignment.sentence_start
+    return [[self.labels[i] for i in pred[s[k] : s[k + 1]]] for k in range(len(s) - 1)]
+
+  def evaluate(self, config, outputs, arrays, extra):
+    corpus, alignment = extra
+    pred = word_predictions(outputs["logits"], alignment, self.fallback)
+    gold = alignment.word_label
+    metrics = {"accuracy": float(np.mean(pred[gold >= 0] == gold[gold >= 0]))}
+    if self.scheme != "none":
+      s = alignment.sentence_start
+      names = np.asarray(self.labels, dtype=object)
+      cut = lambda a: [list(names[a[s[k] : s[k + 1]]]) for k in range(len(s) - 1)]  # noqa: E731
+      metrics.update(entity_scores(cut(gold), cut(pred)))
+    return metrics
+
+  def predicted_splits(self, data):
+    return tuple(s for s in ("eval", "test") if s in data)
+
+  def write_predictions(self, config, directory, outputs, data):
+    written = []
+    for split in self.predicted_splits(data):
+      if split not in outputs:
+        continue
+      corpus = data[split][1][0]
+      ext = os.path.splitext(corpus.path)[1] or ".conll"
+      out = str(files.path(directory, f"{split}{ext}"))
+      write_tagged(out, corpus, self.tags(outputs[split], data[split][1]))
+      written.append(out)
+    return written
+
+  def hf_fields(self, head_outputs):
+    return dict(
+      num_labels=head_outputs,
+      id2label={str(i): label for i, label in enumerate(self.labels)},
+      label2id={label: i for i, label in enumerate(self.labels)},
+    )
+
+
+TASKS = {"tokens": TaggingTask()}
