@@ -9,6 +9,8 @@ values can work is base/validation.py's job.
 
 from __future__ import annotations
 
+import json
+
 import ml_collections
 
 SHARING_MODES = ("all", "attention", "ffn", "none")
@@ -36,6 +38,39 @@ def examples_task(task: str) -> str:
 
 class ConfigError(ValueError):
   """A config value that cannot work; the message is one line meant for the user."""
+
+
+def parse_source_weights(spec: str) -> dict[str, float]:
+  """data.source_weights ("en=0.5,hi=0.3" or a JSON object) as {name: weight}; one-line errors for
+  a malformed item and a negative or non-numeric weight."""
+  if not spec:
+    return {}
+  if spec.lstrip().startswith("{"):
+    try:
+      items = list(json.loads(spec).items())
+    except (ValueError, AttributeError):
+      raise ConfigError(f"data.source_weights={spec!r} is not a JSON object") from None
+  else:
+    items = []
+    for item in (p.strip() for p in spec.split(",")):
+      if not item:
+        continue
+      name, eq, value = item.partition("=")
+      if not eq:
+        raise ConfigError(f"data.source_weights: {item!r} is not NAME=WEIGHT")
+      items.append((name.strip(), value.strip()))
+  out = {}
+  for name, value in items:
+    try:
+      w = float(value)
+    except (TypeError, ValueError):
+      raise ConfigError(f"data.source_weights: {name}={value!r} is not a number") from None
+    if not w >= 0 or w == float("inf"):
+      raise ConfigError(f"data.source_weights: {name}={value} must be a finite number >= 0")
+    out[name] = w
+  if out and not sum(out.values()) > 0:
+    raise ConfigError(f"data.source_weights={spec!r}: every weight is 0")
+  return out
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -100,6 +135,14 @@ def base_config() -> ml_collections.ConfigDict:
       text_feature="text",
       tfds_data_dir="",
       max_documents=0,  # 0: all
+      # Named sources (input_files items NAME=GLOB) and how examples are drawn from them
+      # (docs/data.md, Multilingual and mixed corpora): source_weights "en=0.5,hi=0.3,as=0.2"
+      # (normalised) or sampling_alpha in (0, 1] (shares proportional to tokens**alpha; XLM-R and
+      # mT5 use 0.3); neither (0): in proportion to size. vocab_sampling_alpha: the vocabulary
+      # sample's (on bytes**alpha; 0: the same shares as the examples).
+      source_weights="",
+      sampling_alpha=0.0,
+      vocab_sampling_alpha=0.0,
       # ... or the built-in corpus that needs no download: "python_docs".
       builtin_corpus="python_docs",
       non_utf8="skip",  # skip (and count) | error

@@ -26,6 +26,7 @@ from albert_jax.base.config_lib import (
   TEXT_FORMATS,
   TRACKERS,
   ConfigError,
+  parse_source_weights,
   trackers,
 )
 
@@ -142,6 +143,25 @@ def validate_data(d, model) -> None:
     f"data.vocab_sample_sentences={d.vocab_sample_sentences} must be positive",
   )
   _validate_languages(d)
+  _validate_sources(d)
+
+
+def _validate_sources(data) -> None:
+  """data.source_weights, sampling_alpha and vocab_sampling_alpha on their own (the names they
+  weigh are checked against the corpus by data/sources.check_names)."""
+  for field in ("sampling_alpha", "vocab_sampling_alpha"):
+    alpha = data.get(field, 0.0)
+    if alpha != 0 and not 0 < alpha <= 1:
+      raise ConfigError(f"data.{field}={alpha} must be in (0, 1] (0: not set)")
+  weights = parse_source_weights(data.get("source_weights", ""))
+  if weights and data.get("sampling_alpha", 0.0):
+    raise ConfigError("set data.source_weights or data.sampling_alpha, not both")
+  alphas = data.get("sampling_alpha", 0.0) or data.get("vocab_sampling_alpha", 0.0)
+  if (weights or alphas) and not data.input_files:
+    raise ConfigError(
+      "data.source_weights / sampling_alpha / vocab_sampling_alpha weigh the sources of "
+      "data.input_files (NAME=GLOB items); this corpus has none"
+    )
 
 
 def _validate_languages(d) -> None:

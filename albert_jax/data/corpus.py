@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import formats, python_docs, scripts, tfds_corpus
+from albert_jax.data import formats, python_docs, scripts, sources as sources_lib, tfds_corpus
 from albert_jax.data.corpus_stats import CorpusStats
 from albert_jax.data.sentence_split import splitter
 from albert_jax.data.text_files import (
@@ -60,18 +60,58 @@ LISTED_FILES = 10_000  # input files listed one by one in the fingerprint (ident
 # Files, each read in its format.
 
 
+def source_files(data, say: bool = False) -> list[tuple[str, list[str]]]:
+  """data.input_files as (source name, its files) (sources.named_patterns; unnamed items are one
+  source, sources.UNNAMED), each file in the first source that matches it; a source matching no
+  file is a one-line error naming it."""
+  out, seen = [], set()
+  for name, patterns in sources_lib.named_patterns(data.input_files):
+    try:
+      paths = resolve_input_files(patterns, say=say)
+    except ConfigError as e:
+      if not name:
+        raise
+      raise ConfigError(f"source {name}: {e}") from None
+    kept = [p for p in paths if (p if files_lib.is_remote(p) else os.path.realpath(p)) not in seen]
+    seen.update(p if files_lib.is_remote(p) else os.path.realpath(p) for p in kept)
+    if not kept:
+      raise ConfigError(
+        f"data.input_files: source {name} has no file of its own (all matched before)"
+      )
+    out.append((name, kept))
+  return out
+
+
 def file_plan(data) -> list[tuple[str, str]]:
-  """data.input_files as (path, format) pairs, format one of formats.LINE_FORMATS ("sentences",
-  "documents", "jsonl"), "parquet" or "arrow"; each file's first bytes checked against its name
-  and format (formats.check_bytes), each text file's sentences or documents decided on its own
-  (formats.decide_text_format)."""
-  paths = resolve_input_files(data.input_files, say=True)
-  kinds = [formats.file_format(p, data.input_format) for p in paths]
-  for path, kind in zip(paths, kinds):
-    formats.check_bytes(path, kind)
-  texts = [p for p, k in zip(paths, kinds) if k == "text"]
-  text_formats = formats.decide_text_format(texts, data, splitter(data)) if texts else {}
-  return [(p, text_formats[p] if k == "text" else k) for p, k in zip(paths, kinds)]
+  """data.input_files as (path, format) pairs (source_plan without the sources)."""
+  return [(path, fmt) for path, fmt, _ in source_plan(data)]
+
+
+def source_plan(data) -> list[tuple[str, str, int]]:
+  """data.input_files as (path, format, source index) triples, format one of
+  formats.LINE_FORMATS ("sentences", "documents", "jsonl"), "parquet" or "arrow"; each file's
+  first bytes checked against its name and format (formats.check_bytes), each text file's
+  sentences or documents decided on its own (formats.decide_text_format), per source (each
+  source is read with its own detection)."""
+  plan = []
+  for source, (_, paths) in enumerate(source_files(data, say=True)):
+    kinds = [formats.file_format(p, data.input_format) for p in paths]
+    for path, kind in zip(paths, kinds):
+      formats.check_bytes(path, kind)
+    texts = [p for p, k in zip(paths, kinds) if k == "text"]
+    text_formats = formats.decide_text_format(texts, data, splitter(data)) if texts else {}
+    plan.extend((p, text_formats[p] if k == "text" else k, source) for p, k in zip(paths, kinds))
+  return plan
+
+
+def source_names(data) -> list[str]:
+  """The corpus's sources, in order (a TFDS dataset or the built-in corpus: one, unnamed); a
+  weight for an unknown source, a source without a weight or one matching no file is a one-line
+  error."""
+  names = sources_lib.check_names(data)
+  if data.input_files and len(names) > 1:
+    source_files(data)
+  return names
 
 
 def _whole_file_shards(path: str, fmt: str, data) -> list[dict]:
@@ -138,8 +178,14 @@ def identity(data) -> dict:
     ident.update(
       input_format=data.input_format, text_format=data.text_format, text_feature=data.text_feature
     )
+    names = [name for name, _ in sources_lib.named_patterns(data.input_files)]
+    if any(names):  # named sources: which files each holds (unnamed corpora: as before)
+      ident["sources"] = names
     try:
-      files = resolve_input_files(data.input_files)
+      per_source = source_files(data)
+      files = [f for _, fs in per_source for f in fs]
+      if any(names):
+        ident["source_files"] = [len(fs) for _, fs in per_source]
       h = hashlib.sha256()
       listed = []
       for f in files:
@@ -231,13 +277,14 @@ def shards(
     out.append(dict(fields, index=len(out), first_doc=total))
 
   if kind == "files":
-    for file_index, (path, fmt) in enumerate(file_plan(data)):
+    for file_index, (path, fmt, source) in enumerate(source_plan(data)):
       if total >= limit:
         break
+      named = {"source": source} if source else {}  # source 0's shards as before (byte-identical)
       if fmt in formats.LINE_FORMATS:
         spill = spill_dir and os.path.join(spill_dir, f"{file_index:06d}-")
         for piece in formats.line_pieces(path, fmt, data, shard_bytes, limit - total, spill):
-          add(kind=kind, path=path, format=fmt, **piece)
+          add(kind=kind, path=path, format=fmt, **named, **piece)
           total += piece["docs"]
         continue
       if fmt == "parquet":
@@ -249,7 +296,15 @@ def shards(
         if total >= limit:
           break
         if docs:
-          add(kind=kind, path=path, format=fmt, docs=docs, weight=max(piece["bytes"], 1), **piece)
+          add(
+            kind=kind,
+            path=path,
+            format=fmt,
+            docs=docs,
+            weight=max(piece["bytes"], 1),
+            **named,
+            **piece,
+          )
           total += docs
   else:
     if kind == "tfds":

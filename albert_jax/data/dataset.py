@@ -37,7 +37,7 @@ from absl import logging
 from albert_jax.base import files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from albert_jax.data import corpus as corpus_lib, sources as sources_lib, tokenizer as tokenizer_lib
 from albert_jax.data.corpus_stats import LONG_DOCUMENT, UNSPLIT_WARNING
 from albert_jax.data.prepare.assemble import assemble, format_stats, summed_stats
 from albert_jax.data.prepare.fingerprint import (
@@ -159,9 +159,10 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   if sum(s["docs"] for s in shards) < 2:
     raise ConfigError(_too_few_documents(sum(s["docs"] for s in shards)))
   corpus_lib.check_language(d, shards)
+  names = corpus_lib.source_names(d)
   shard_seconds = time.time() - t0
   if not d.spm_model_path:
-    vocab_seconds, vocab_settings = train_vocab(config, shards, out)
+    vocab_seconds, vocab_settings = train_vocab(config, shards, out, names)
   tok = tokenizer_lib.load(vocab_path, d.do_lower_case, normalize_quotes=d.normalize_quotes)
   if tok.vocab_size != config.model.vocab_size:
     raise ConfigError(
@@ -182,6 +183,8 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   built = summed_stats(summaries)
   built["formats"] = format_stats(shards, summaries)
   built["skipped_by_file"] = corpus_lib.skipped_by_file(shards, summaries)
+  if len(names) > 1 or names[0]:  # named sources (one unnamed corpus: the stats of today)
+    built["sources"] = sources_lib.source_stats(names, shards, summaries, d)
   if not built["documents"]:
     raise ConfigError(corpus_lib.nothing_read(shards, summaries, "make examples of"))
   if built["documents"] < 2:
@@ -218,6 +221,8 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   for line in corpus_lib.skipped_warnings(stats["skipped_by_file"], d.non_utf8):
     logging.warning("%s", line)
   _warn_unsplit(stats)
+  for line in sources_lib.report_lines(stats.get("sources", [])) if "sources" in stats else []:
+    logging.info("%s", line)
   if stats.get("eval_unk_fraction") is not None:
     logging.info(
       "held-out text: %.3f%% of its %s pieces are <unk> (characters the vocabulary lacks%s)",
@@ -324,6 +329,7 @@ def _prepare_to_bucket(config, workdir: str, ddir: str) -> dict:
       f"use another data.data_dir or empty it"
     )
   fp = fingerprint(config)
+  corpus_lib.source_names(config.data)
   if config.data.beam_runner:
     beam_options(config)
   _remove_interrupted_builds(ddir)
@@ -391,6 +397,9 @@ def prepare(config, workdir: str) -> dict:
   if os.path.exists(ddir) and not os.path.isdir(ddir):
     raise ConfigError(f"{ddir} exists and is not a directory")
   fp = fingerprint(config)
+  corpus_lib.source_names(
+    config.data
+  )  # sources and their weights agree: before anything is written
   if config.data.beam_runner:
     beam_options(config)  # Beam installed and its options parse: before any long work
   parent = os.path.dirname(ddir)

@@ -40,6 +40,7 @@ from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,
   masking as masking_lib,
+  sources as sources_lib,
   tokenizer as tokenizer_lib,
 )
 from albert_jax.data.dataset import check_prepared, open_source, prepare
@@ -136,8 +137,14 @@ class _EpochPairs:
   WINDOW = 1 << 14
   CACHE_TOKENS = 1 << 22
 
-  def __init__(self, ddir: str, split: str, data, seed: int):
+  def __init__(
+    self, ddir: str, split: str, data, seed: int, records: tuple | None = None, stream: int = 0
+  ):
+    # records: only the run [start, end) of the split's documents (one source of a weighted
+    # mixture, _Mixture), laid out and shuffled with seeds of its own (stream: the source's index).
     self.ddir, self.split, self.seed = ddir, split, seed
+    self.records = None if records is None else (int(records[0]), int(records[1]))
+    self.stream = stream
     self.shuffle = bool(data.shuffle) or split != "train"
     self.period = data.dupe_factor if data.static_masking else 0
     self.settings = dict(
@@ -177,12 +184,18 @@ class _EpochPairs:
       for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split)
     ]
     counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+    first = 0
+    if self.records is not None:
+      first = self.records[0]
+      counts = counts[first : self.records[1]]
     if self.shuffle:
-      layout = examples_lib.epoch_layout(counts, self.seed, epoch)
+      seed = self.seed if self.records is None else self.seed + 7919 * (self.stream + 1)
+      order, offsets = examples_lib.epoch_layout(counts, seed, epoch)
+      layout = (order + first, offsets)
     else:
       offsets = np.zeros(len(counts) + 1, np.int64)
       np.cumsum(counts, out=offsets[1:])
-      layout = (np.arange(len(counts)), offsets)
+      layout = (np.arange(len(counts)) + first, offsets)
     while len(self._layouts) >= 2:
       self._layouts.pop(next(iter(self._layouts)))
     self._layouts[epoch] = layout
@@ -204,10 +217,10 @@ class _EpochPairs:
   def pairing_state(self) -> dict:
     """What a saved loader state needs to skip recounting passed epochs: their starts, and the
     settings they were counted with."""
-    return {
-      "settings": dict(self.settings, period=self.period, shuffle=self.shuffle),
-      "epoch_starts": list(self.starts),
-    }
+    settings = dict(self.settings, period=self.period, shuffle=self.shuffle)
+    if self.records is not None:
+      settings["records"] = list(self.records)
+    return {"settings": settings, "epoch_starts": list(self.starts)}
 
   def restore(self, state: dict | None) -> bool:
     """Takes the epoch starts of a pairing_state() made with the same settings (True), else keeps
@@ -230,7 +243,10 @@ class _EpochPairs:
       w = k // self.WINDOW
       if self._window[0] != (pe, w):
         n = min(self.WINDOW, int(offsets[-1]) - w * self.WINDOW)
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x57494E44, pe, w])
+        words = [self.seed & 0xFFFFFFFF, 0x57494E44, pe, w]
+        if self.records is not None:
+          words.append(self.stream)
+        rng = np.random.default_rng(words)
         self._window = ((pe, w), rng.permutation(n))
       k = w * self.WINDOW + int(self._window[1][k - w * self.WINDOW])
     doc, j = examples_lib.locate(order, offsets, k)
@@ -309,6 +325,216 @@ class _PairLoader:
       np.asarray(ks, np.uint64) & np.uint64(0xFFFFFFFFFF)
     )
     return self.masker(ids, seg, mask, labels, keys=keys)
+
+
+class _SourceRecords:
+  """data.pairing=static, one source of a weighted mixture: its stream of stored examples, the
+  run [start, end) of the split's records in a new seeded order every source epoch q. Picklable."""
+
+  def __init__(self, records: tuple, seed: int, stream: int, shuffle: bool):
+    self.start, self.n = int(records[0]), int(records[1]) - int(records[0])
+    self.seed, self.stream, self.shuffle = seed, stream, shuffle
+    self.__setstate__(self.__dict__)
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._orders, self._lock = {}, threading.Lock()
+
+  def position(self, p: int) -> tuple[int, int]:
+    """Position p of the source's stream -> (source epoch, k of it)."""
+    return divmod(int(p), self.n)
+
+  def record(self, q: int, k: int) -> int:
+    """The record shown at k of source epoch q."""
+    if not self.shuffle:
+      return self.start + k
+    order = self._orders.get(q)
+    if order is None:
+      with self._lock:
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x53524345, self.stream, q])
+        order = self.start + rng.permutation(self.n)
+        while len(self._orders) >= 2:
+          self._orders.pop(next(iter(self._orders)))
+        self._orders[q] = order
+    return int(order[k])
+
+  def pairing_state(self) -> dict:
+    return {}
+
+  def restore(self, state) -> bool:
+    return True
+
+
+class _Mixture:
+  """Weighted sources (data.source_weights / sampling_alpha; data/sources.py), train split: the
+  epoch plan.
+
+  A pass (the stream's epoch e) holds counts[s] examples of source s (prepared.json's
+  stats.sources pass_examples: the shares applied to the split's size). Each source has a stream
+  of its own epochs (per-epoch pairs: _EpochPairs over its documents, new pairs every source
+  epoch; static pairs: _SourceRecords, a new order every source epoch), and pass e takes
+  positions [e * counts[s], (e + 1) * counts[s]) of it: a source below its natural share is
+  repeated with new pairs and masks, one above it is subsampled with other documents every pass.
+  The sources are mixed at the example level: a pass is the multiset of its sources' labels in a
+  seeded order for (seed, e), so position g of the stream is a pure function of (seed, g), the
+  same on any number of hosts and workers, and resumable at any position. Per process: a pass's
+  labels are a byte an example (two passes kept), a window's ranks 8 bytes an example."""
+
+  WINDOW = 1 << 14
+
+  def __init__(self, streams: list, counts: list[int], seed: int, shuffle: bool):
+    self.streams, self.counts, self.seed, self.shuffle = streams, list(counts), seed, shuffle
+    self.epoch_size = int(sum(counts))
+    self.__setstate__(self.__dict__)
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._passes, self._window, self._lock = {}, (None, None), threading.RLock()
+
+  def _pass(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pass e's source labels, and each source's count before every window."""
+    got = self._passes.get(e)
+    if got is None:
+      with self._lock:
+        labels = np.repeat(np.arange(len(self.counts), dtype=np.uint8), self.counts)
+        if self.shuffle:
+          np.random.default_rng([self.seed & 0xFFFFFFFF, 0x4D495853, e]).shuffle(labels)
+        else:  # evenly spread: source s's j-th example at (j + 0.5) / counts[s] of the pass
+          at = np.concatenate([(np.arange(c) + 0.5) / c for c in self.counts if c])
+          labels = labels[np.argsort(at, kind="stable")]
+        starts = range(0, self.epoch_size, self.WINDOW)
+        before = np.zeros((len(starts) + 1, len(self.counts)), np.int64)
+        for w, a in enumerate(starts):
+          before[w + 1] = before[w] + np.bincount(
+            labels[a : a + self.WINDOW], minlength=len(self.counts)
+          )
+        while len(self._passes) >= 2:
+          self._passes.pop(next(iter(self._passes)))
+        got = self._passes[e] = (labels, before)
+    return got
+
+  def locate(self, g: int) -> tuple[int, int, int]:
+    """Position g of the stream -> (source, source epoch, example k of it)."""
+    e, r = divmod(int(g), self.epoch_size)
+    w, i = divmod(r, self.WINDOW)
+    key, window = self._window
+    if key != (e, w):
+      labels, before = self._pass(e)
+      part = labels[w * self.WINDOW : (w + 1) * self.WINDOW]
+      ranks = np.empty(len(part), np.int64)
+      for src in range(len(self.counts)):
+        at = np.nonzero(part == src)[0]
+        ranks[at] = before[w, src] + np.arange(len(at))
+      window = (part, ranks)
+      self._window = ((e, w), window)
+    src = int(window[0][i])
+    q, k = self.streams[src].position(e * self.counts[src] + int(window[1][i]))
+    return src, q, k
+
+  def __call__(self, g: int):
+    return self.locate(g)
+
+  def position(self, g: int) -> None:
+    """Counts every source's epochs up to where the stream's position g is (get_state)."""
+    e = int(g) // self.epoch_size
+    for src, stream in enumerate(self.streams):
+      if self.counts[src]:
+        stream.position(e * self.counts[src])
+
+  def pairing_state(self) -> dict:
+    return {"counts": self.counts, "sources": [s.pairing_state() for s in self.streams]}
+
+  def restore(self, state: dict | None) -> bool:
+    if not state or state.get("counts") != self.counts:
+      return False
+    return all(s.restore(x) for s, x in zip(self.streams, state.get("sources", [])))
+
+
+class _MixtureLoader:
+  """_Loader for a _Mixture: (sources, source epochs, examples k) of a batch -> masked features.
+  Masks are keyed by (source epoch, source << 32 | k) with per-epoch pairs, (source epoch,
+  record) with static ones: a repeat of a source is masked anew."""
+
+  def __init__(self, mixture: _Mixture, ddir: str, max_seq_length: int, masker, seed: int, period):
+    self.mixture, self.ddir, self.seq, self.masker = mixture, ddir, max_seq_length, masker
+    self.period = period
+    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
+    self._source = self._parse = None
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if k not in ("_source", "_parse")}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._source = self._parse = None
+
+  def _record(self, index: int) -> dict:
+    if self._source is None:
+      from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+
+      self._source = open_source(self.ddir, "train")
+      self._parse = tf_example_pb2.Example.FromString
+    f = self._parse(self._source[index]).features.feature
+    return {
+      "input_ids": np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4"),
+      "segment_ids": np.frombuffer(f["segment_ids"].bytes_list.value[0], np.int8),
+      "sentence_order_label": f["sentence_order_label"].int64_list.value[0],
+    }
+
+  def __call__(self, batch) -> dict[str, np.ndarray]:
+    srcs, qs, ks = (np.asarray(x).tolist() for x in batch)
+    b = len(ks)
+    ids = np.zeros((b, self.seq), np.int32)
+    seg = np.zeros((b, self.seq), np.int32)
+    mask = np.zeros((b, self.seq), np.int32)
+    labels = np.empty(b, np.int32)
+    index = np.empty(b, np.uint64)
+    for r, (src, q, k) in enumerate(zip(srcs, qs, ks)):
+      stream = self.mixture.streams[src]
+      if isinstance(stream, _SourceRecords):
+        index[r] = stream.record(q, k)
+        p = self._record(int(index[r]))
+      else:
+        index[r] = (src << 32) | k
+        p = stream.example(q, k)
+      n = len(p["input_ids"])
+      ids[r, :n] = p["input_ids"]
+      seg[r, :n] = p["segment_ids"]
+      mask[r, :n] = 1
+      labels[r] = p["sentence_order_label"]
+    epochs = np.asarray(qs, np.uint64)
+    if self.period:
+      epochs = epochs % np.uint64(self.period)
+    keys = np.empty((b, 2), np.uint64)
+    keys[:, 0] = self.key0
+    keys[:, 1] = ((epochs & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
+      index & np.uint64(0xFFFFFFFFFF)
+    )
+    return self.masker(ids, seg, mask, labels, keys=keys)
+
+
+def _mixture(config, ddir: str, prepared: dict) -> _Mixture | None:
+  """The train split's _Mixture when the prepared data's sources are weighted, else None."""
+  d = config.data
+  stats = prepared.get("stats", {}).get("sources")
+  if not stats or len(stats) < 2 or not sources_lib.weighted(d):
+    return None
+  streams = []
+  for i, src in enumerate(stats):
+    if d.pairing == "per_epoch":
+      streams.append(
+        _EpochPairs(ddir, "train", d, config.seed, records=src["train_records"], stream=i)
+      )
+    else:
+      streams.append(_SourceRecords(src["train_records"], config.seed, i, bool(d.shuffle)))
+  counts = [s["pass_examples"] for s in stats]
+  return _Mixture(streams, counts, config.seed, bool(d.shuffle))
 
 
 class BatchIterator:
@@ -435,12 +661,19 @@ def make_iterator(
   )
   train = split == "train"
   pairs = None
-  if d.pairing == "per_epoch":
+  mixture = _mixture(config, ddir, prepared) if train else None
+  if mixture is not None:
+    n = mixture.epoch_size
+  elif d.pairing == "per_epoch":
     pairs = _EpochPairs(ddir, split, d, config.seed)
     # Epoch 0's pairs, counted by prepare for these settings (check_prepared), else here.
     n = prepared.get("stats", {}).get(f"{split}_examples")
     n = pairs.size(0) if n is None else int(n)
-  if pairs is not None and train:
+  if mixture is not None:
+    # Weighted sources: pass after pass of the sources' examples mixed (_Mixture).
+    ds = grain.MapDataset.range(1 << 62)[process_index::process_count]
+    ds = ds.map(mixture)
+  elif pairs is not None and train:
     # Epochs differ in size: the stream is positions 0, 1, ... of the epochs laid end to end
     # (_EpochPairs.position), shuffled within each epoch by _EpochPairs.
     ds = grain.MapDataset.range(1 << 62)[process_index::process_count]
@@ -457,7 +690,10 @@ def make_iterator(
       _EpochIndex(n, process_index, process_count, d.static_masking, d.dupe_factor)
     )
   ds = ds.batch(per_host, drop_remainder=True)
-  if pairs is None:
+  if mixture is not None:
+    period = d.dupe_factor if d.static_masking else 0
+    ds = ds.map(_MixtureLoader(mixture, ddir, d.max_seq_length, masker, config.seed, period))
+  elif pairs is None:
     ds = ds.map(_Loader(source, d.max_seq_length, masker, config.seed))
   else:
     ds = ds.map(_PairLoader(pairs, d.max_seq_length, masker, config.seed, train))
@@ -484,7 +720,7 @@ def make_iterator(
     process_index=process_index,
     process_count=process_count,
     num_workers=d.num_workers,
-    pairs=pairs if train else None,
+    pairs=mixture if mixture is not None else (pairs if train else None),
   )
 
 

@@ -14,7 +14,7 @@ import os
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from albert_jax.data import corpus as corpus_lib, sources, tokenizer as tokenizer_lib
 from albert_jax.data.prepare.layout import PREPARED_FILE
 
 FORMAT_VERSION = 3  # of prepared.json and the example layout (3: a file per shard, in shard order)
@@ -65,6 +65,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "seed": config.seed,
     "eval_fraction": d.eval_fraction,
     "corpus": corpus_lib.identity(d),
+    **({"sampling": sampling} if (sampling := sources.fingerprint(d)) else {}),
   }
 
 

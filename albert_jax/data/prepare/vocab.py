@@ -19,7 +19,7 @@ from absl import logging
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, scripts, tokenizer as tokenizer_lib
+from albert_jax.data import corpus as corpus_lib, scripts, sources, tokenizer as tokenizer_lib
 from albert_jax.data.examples import splitmix64
 from albert_jax.data.prepare.parallel import job_data, map_shards
 
@@ -56,6 +56,19 @@ def vocab_sample_caps(shards: list[dict], size: int) -> list[int]:
   weights = [_shard_weight(shard) for shard in shards]
   total = sum(weights)
   return [min(size, math.ceil(3 * size * w / total) + 64) for w in weights]
+
+
+def source_quotas(data, names: list[str], shards: list[dict], size: int) -> list[int] | None:
+  """Sentences of the vocabulary's sample per source when the sources are weighted
+  (data.source_weights, sampling_alpha or vocab_sampling_alpha; sources.shares on the sources'
+  bytes, as the tokens are not known yet); None: one uniform sample of the corpus (today's)."""
+  if len(names) < 2 or not (sources.weighted(data) or data.vocab_sampling_alpha):
+    return None
+  sizes = [0] * len(names)
+  for shard in shards:
+    sizes[shard.get("source", 0)] += _shard_weight(shard)
+  shares = sources.shares(names, sizes, data, vocab=True)
+  return [round(size * share) for share in shares]
 
 
 def _shard_weight(shard: dict) -> int:
@@ -103,29 +116,44 @@ def character_coverage(data, sentences: list[str]) -> float:
   return coverage
 
 
-def train_vocab(config, shards: list[dict], out_dir: str) -> tuple[float, dict]:
+def train_vocab(
+  config, shards: list[dict], out_dir: str, names: list[str] | None = None
+) -> tuple[float, dict]:
   """Trains the vocabulary on a seeded sample of data.vocab_sample_sentences sentences (what
   spm_train's input_sentence_size does), drawn from the shards on every worker. Returns the
   seconds it took and the settings it was trained with (prepared.json's vocab_settings:
-  character_coverage as decided, byte_fallback)."""
+  character_coverage as decided, byte_fallback; with weighted sources `names`, the sentences
+  sampled from each, sample_sentences_by_source)."""
   d = config.data
   t0 = time.time()
   size = d.vocab_sample_sentences
-  caps = vocab_sample_caps(shards, size)
+  # One sample per source when the sources are weighted (its quota of the sample), else one of
+  # the whole corpus.
+  quotas = source_quotas(d, names, shards, size) if names else None
+  group = [shard.get("source", 0) if quotas else 0 for shard in shards]
+  quotas = quotas or [size]
+  caps = [0] * len(shards)
+  for g, quota in enumerate(quotas):
+    members = [i for i, x in enumerate(group) if x == g]
+    for i, cap in zip(members, vocab_sample_caps([shards[i] for i in members], max(quota, 1))):
+      caps[i] = cap if quota else 0
   jobs = [(job_data(d), config.seed, shard, cap) for shard, cap in zip(shards, caps)]
-  heap: list[tuple[int, str]] = []
+  heaps: list[list[tuple[int, str]]] = [[] for _ in quotas]
   read = []  # each shard's corpus statistics: what names the files when nothing was read
   for result in map_shards(config, _vocab_sample_job, jobs, "vocabulary: sampling sentences"):
     read.append({"shard": result["shard"], "corpus": result["corpus"]})
+    g = group[result["shard"]]
+    heap, quota = heaps[g], quotas[g]
     for key, sentence in result["sample"]:
-      if len(heap) < size:
+      if len(heap) < quota:
         heapq.heappush(heap, (-key, sentence))
       elif key < -heap[0][0]:
         heapq.heapreplace(heap, (-key, sentence))
       else:
         break  # the rest of this sorted sample has larger keys
-  sentences = [s for _, s in sorted((-k, s) for k, s in heap)]
-  del heap
+  sentences = [s for _, s in sorted((-k, s) for heap in heaps for k, s in heap)]
+  sample_by_source = [len(h) for h in heaps]
+  del heaps
   if not sentences:
     raise ConfigError(corpus_lib.nothing_read(shards, read, "train a vocabulary on"))
   logging.info(
@@ -137,13 +165,20 @@ def train_vocab(config, shards: list[dict], out_dir: str) -> tuple[float, dict]:
     "character_coverage": character_coverage(d, sentences),
     "byte_fallback": bool(d.spm_byte_fallback),
   }
+  extra = {}
+  if len(sample_by_source) > 1:
+    extra["sample_sentences_by_source"] = dict(zip(names, sample_by_source))
+    logging.info(
+      "vocabulary sample by source: %s",
+      ", ".join(f"{sources.display(n)} {c:,}" for n, c in zip(names, sample_by_source)),
+    )
   if files.is_remote(out_dir):  # SentencePiece writes local files: trained here, then uploaded
     with tempfile.TemporaryDirectory(prefix="albert_jax_vocab_") as local:
       _train_vocab_on(config, sentences, settings, local)
       files.upload(local, out_dir)
   else:
     _train_vocab_on(config, sentences, settings, out_dir)
-  return time.time() - t0, settings
+  return time.time() - t0, {**settings, **extra}
 
 
 def _input_sentence_size(d, sentences: list[str]) -> int:

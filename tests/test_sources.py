@@ -1,0 +1,271 @@
+"""Named sources with weights (data/sources.py, input_pipeline._Mixture): shares, the epoch plan,
+per-source prepare statistics, the vocabulary sample, resume and hosts, one-line errors.
+
+Unit tests of the plan run on _SourceRecords (no data); one small corpus of three sources of very
+different sizes (English pydoc topics, Russian and Hindi sentences) is prepared once per module.
+"""
+
+import collections
+import filecmp
+import json
+import os
+
+import numpy as np
+import pytest
+
+from albert_jax.base import config_lib, validation
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.data import dataset, input_pipeline, sentence_split, sources
+from albert_jax.data.prepare.layout import records_dir
+
+SEQ, BATCH = 64, 8
+
+
+def _data(**fields):
+  c = config_lib.base_config()
+  c.data.update(input_files="en=a/*.txt,hi=b/*.txt,as=c/*.txt", **fields)
+  return c.data
+
+
+def test_alpha_gives_the_formulas_shares_and_weights_are_normalised():
+  names, sizes = ["en", "hi", "as"], [1_000_000, 50_000, 2_000]
+  got = sources.shares(names, sizes, _data(sampling_alpha=0.3))
+  want = np.array(sizes, float) ** 0.3
+  np.testing.assert_allclose(got, want / want.sum())
+  assert sources.shares(names, sizes, _data()) == pytest.approx(np.array(sizes) / sum(sizes))
+  w = sources.shares(names, sizes, _data(source_weights="en=5,hi=3,as=2"))
+  assert w == pytest.approx([0.5, 0.3, 0.2])
+  # The vocabulary's alpha overrides both for the vocabulary only.
+  d = _data(source_weights="en=5,hi=3,as=2", vocab_sampling_alpha=0.5)
+  v = np.array(sizes, float) ** 0.5
+  assert sources.shares(names, sizes, d, vocab=True) == pytest.approx(v / v.sum())
+  assert sources.shares(names, sizes, d) == pytest.approx([0.5, 0.3, 0.2])
+  counts = sources.epoch_counts([900, 90, 10], [0.5, 0.3, 0.2])
+  assert counts == [500, 300, 200]
+  assert sum(sources.epoch_counts([7, 5, 3], [0.34, 0.33, 0.33])) == 15
+
+
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (dict(source_weights="en=1,xx=2,hi=1,as=1"), "names xx: not a source"),
+    (dict(source_weights="en=1,hi=1"), "gives no weight to as"),
+    (dict(source_weights="en=1,hi=-1,as=1"), "must be a finite number >= 0"),
+    (dict(source_weights="en=0,hi=0,as=0"), "every weight is 0"),
+    (dict(source_weights="en=a,hi=1,as=1"), "is not a number"),
+    (dict(sampling_alpha=1.5), r"must be in \(0, 1\]"),
+    (dict(sampling_alpha=-0.3), r"must be in \(0, 1\]"),
+    (dict(vocab_sampling_alpha=2.0), r"must be in \(0, 1\]"),
+    (dict(sampling_alpha=0.3, source_weights="en=1,hi=1,as=1"), "not both"),
+  ],
+)
+def test_bad_weights_are_one_line(fields, message):
+  c = config_lib.base_config()
+  c.data.update(input_files="en=a/*.txt,hi=b/*.txt,as=c/*.txt", **fields)
+  with pytest.raises(ConfigError, match=message) as e:
+    validation._validate_sources(c.data)
+    sources.check_names(c.data)
+  assert "\n" not in str(e.value)
+
+
+def test_named_patterns_keep_unnamed_items_as_one_source():
+  assert sources.named_patterns("x/*.txt,y.txt") == [("", ["x/*.txt", "y.txt"])]
+  assert sources.named_patterns("en=a/*.txt,hi=b/*.txt,en=c.txt") == [
+    ("en", ["a/*.txt", "c.txt"]),
+    ("hi", ["b/*.txt"]),
+  ]
+  assert sources.named_patterns("gs://bucket/x=1/*.txt") == [("", ["gs://bucket/x=1/*.txt"])]
+
+
+def _plan(sizes, counts, seed=3):
+  start = np.concatenate([[0], np.cumsum(sizes)])
+  streams = [
+    input_pipeline._SourceRecords((start[i], start[i + 1]), seed, i, True)
+    for i in range(len(sizes))
+  ]
+  return input_pipeline._Mixture(streams, counts, seed, True)
+
+
+def test_epoch_plan_shares_repeats_subsamples_and_mixes():
+  sizes = [5000, 400, 30]
+  counts = sources.epoch_counts(sizes, [0.5, 0.3, 0.2])
+  mix = _plan(sizes, counts)
+  mix.WINDOW = 512  # several windows a pass
+  n = mix.epoch_size
+  located = [mix.locate(g) for g in range(3 * n)]
+  for e in range(3):  # every pass holds exactly each source's count
+    per = collections.Counter(s for s, _, _ in located[e * n : (e + 1) * n])
+    assert [per[s] for s in range(3)] == counts
+  # Mixed at the example level: no run of one source much longer than chance allows.
+  labels = [s for s, _, _ in located]
+  longest = max(len(list(g)) for _, g in __import__("itertools").groupby(labels))
+  assert longest < 20
+  # The big source is subsampled: the next pass shows other records, until all were shown ...
+  big = [mix.streams[0].record(q, k) for s, q, k in located if s == 0]
+  assert len(big) == 3 * counts[0] and sorted(big[:5000]) == list(range(5000))
+  # ... the small one repeated: every record once per source epoch, in a new order each time.
+  small = [(q, mix.streams[2].record(q, k)) for s, q, k in located if s == 2]
+  by_epoch = collections.defaultdict(list)
+  for q, r in small:
+    by_epoch[q].append(r)
+  full = [by_epoch[q] for q in sorted(by_epoch)][:-1]
+  assert all(sorted(x) == list(range(5400, 5430)) for x in full)
+  assert full[0] != full[1]
+  # A pure function of (seed, position): a fresh plan (another host, a worker, a resume) agrees.
+  other = _plan(sizes, counts)
+  assert [other.locate(g) for g in range(2 * n, 2 * n + 100)] == located[2 * n : 2 * n + 100]
+  assert [_plan(sizes, counts, seed=4).locate(g) for g in range(50)] != located[:50]
+
+
+def _sentences(words, n, seed):
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.choice(words, 8)) + "." for _ in range(n)]
+
+
+RU = "кошка собака дом река город лес поле небо солнце ветер книга окно".split()
+HI = "घर पानी किताब शहर नदी पेड़ आकाश सूरज हवा खिड़की दोस्त रास्ता".split()
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+  from pydoc_data import topics
+
+  root = tmp_path_factory.mktemp("sources")
+  en = [sentence_split.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  for name, docs in [
+    ("en", en),
+    ("ru", [_sentences(RU, 6, i) for i in range(40)]),
+    ("hi", [_sentences(HI, 5, 100 + i) for i in range(12)]),
+  ]:
+    os.makedirs(root / name)
+    (root / name / "part.txt").write_text(
+      "\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8"
+    )
+  return root
+
+
+def _config(root, pairing="per_epoch", **fields):
+  c = config_lib.base_config()
+  c.model.vocab_size = 1000
+  c.data.update(
+    input_files=f"en={root}/en/*.txt,ru={root}/ru/*.txt,hi={root}/hi/*.txt",
+    max_seq_length=SEQ,
+    max_predictions_per_seq=10,
+    eval_fraction=0.1,
+    prefetch=0,
+    pairing=pairing,
+    **fields,
+  )
+  c.train.batch_size = BATCH
+  return c
+
+
+@pytest.fixture(scope="module")
+def weighted(corpora, tmp_path_factory):
+  config = _config(corpora, sampling_alpha=0.3)
+  workdir = str(tmp_path_factory.mktemp("weighted"))
+  return config, workdir, dataset.prepare(config, workdir)
+
+
+def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted):
+  config, workdir, info = weighted
+  stats = info["sources"]
+  assert [s["name"] for s in stats] == ["en", "ru", "hi"]
+  tokens = np.array([s["tokens"] for s in stats], float)
+  assert tokens[0] > 20 * tokens[2] > 0
+  np.testing.assert_allclose([s["natural_share"] for s in stats], tokens / tokens.sum(), atol=1e-5)
+  want = tokens**0.3 / (tokens**0.3).sum()
+  np.testing.assert_allclose([s["sampled_share"] for s in stats], want, atol=1e-5)
+  for s in stats:
+    assert s["epochs_per_pass"] == pytest.approx(s["pass_examples"] / s["train_examples"], 1e-3)
+    assert 0 <= s["eval_unk_fraction"] < 0.05
+  assert stats[0]["epochs_per_pass"] < 1 < stats[2]["epochs_per_pass"]
+  # The vocabulary's sample follows the same shares (of bytes) when vocab_sampling_alpha is unset.
+  prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
+  sample = prepared["vocab_settings"]["sample_sentences_by_source"]
+  assert list(sample) == ["en", "ru", "hi"]
+  # Hindi's sentences are all in the sample (its quota is more than it holds).
+  assert sample["hi"] == 60 and sample["ru"] == 240
+  # The loader's train examples over several passes: the sampled shares, pass after pass.
+  mix = input_pipeline._mixture(config, info["data_dir"], prepared)
+  n = mix.epoch_size
+  per = collections.Counter(mix.locate(g)[0] for g in range(3 * n))
+  got = np.array([per[i] for i in range(3)]) / (3 * n)
+  np.testing.assert_allclose(got, want, atol=2 / n)
+
+
+def test_weighted_loader_resumes_exactly_and_hosts_agree(weighted):
+  config, workdir, info = weighted
+  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  n = it.num_examples
+  stop = n // BATCH - 2  # mid-pass; the next batches cross into the next pass
+  [next(it) for _ in range(stop)]
+  state = json.loads(json.dumps(it.get_state()))
+  reference = [next(it) for _ in range(5)]
+  resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed.set_state(state)
+  for a, b in zip(reference, [next(resumed) for _ in range(5)]):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+  # Two hosts: global batch k is host 0's and host 1's rows interleaved, the one host's batch.
+  one = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  hosts = [
+    input_pipeline.make_iterator(config, workdir, process_index=h, process_count=2) for h in (0, 1)
+  ]
+  for _ in range(3):
+    whole = next(one)
+    halves = [next(h) for h in hosts]
+    np.testing.assert_array_equal(whole["input_ids"][0::2], halves[0]["input_ids"])
+    np.testing.assert_array_equal(whole["input_ids"][1::2], halves[1]["input_ids"])
+
+
+def test_changed_weights_are_refused_naming_the_prepared_ones(weighted, corpora):
+  config, workdir, info = weighted
+  other = _config(corpora, source_weights="en=1,ru=1,hi=1")
+  with pytest.raises(ConfigError, match="sampling_alpha': 0.3") as e:
+    input_pipeline.make_iterator(other, workdir, process_index=0, process_count=1)
+  assert "\n" not in str(e.value)
+
+
+def test_vocab_sample_follows_vocab_sampling_alpha(corpora, tmp_path):
+  config = _config(corpora, pairing="static", source_weights="en=1,ru=1,hi=1")
+  config.data.vocab_sampling_alpha = 1.0  # the vocabulary in proportion to bytes
+  config.data.vocab_sample_sentences = 600
+  config.model.vocab_size = 300
+  info = dataset.prepare(config, str(tmp_path))
+  prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
+  sample = prepared["vocab_settings"]["sample_sentences_by_source"]
+  nbytes = [os.path.getsize(corpora / n / "part.txt") for n in ("en", "ru", "hi")]
+  want = 600 * np.array(nbytes) / sum(nbytes)
+  np.testing.assert_allclose([sample[n] for n in ("en", "ru", "hi")], want, atol=2)
+  assert [s["sampled_share"] for s in info["sources"]] == pytest.approx([1 / 3] * 3, abs=1e-5)
+  # Static pairs: passes of exactly the pass counts, per source.
+  mix = input_pipeline._mixture(config, info["data_dir"], prepared)
+  per = collections.Counter(mix.locate(g)[0] for g in range(mix.epoch_size))
+  assert [per[i] for i in range(3)] == [s["pass_examples"] for s in info["sources"]]
+
+
+def test_one_named_source_is_byte_identical_to_an_unnamed_corpus(corpora, tmp_path):
+  unnamed = _config(corpora, pairing="static")
+  unnamed.data.input_files = f"{corpora}/en/*.txt"
+  named = _config(corpora, pairing="static")
+  named.data.input_files = f"en={corpora}/en/*.txt"
+  a = dataset.prepare(unnamed, str(tmp_path / "a"))
+  b = dataset.prepare(named, str(tmp_path / "b"))
+  assert "sources" not in a and [s["name"] for s in b["sources"]] == ["en"]
+  ra, rb = records_dir(a["data_dir"]), records_dir(b["data_dir"])
+  names = sorted(os.listdir(ra))
+  assert names == sorted(os.listdir(rb)) and names
+  match, mismatch, errors = filecmp.cmpfiles(ra, rb, names, shallow=False)
+  assert not mismatch and not errors
+  assert filecmp.cmp(
+    os.path.join(a["data_dir"], "spiece.model"), os.path.join(b["data_dir"], "spiece.model"), False
+  )
+
+
+def test_a_source_matching_no_file_is_one_line(corpora, tmp_path):
+  config = _config(corpora)
+  config.data.input_files += f",xx={corpora}/none/*.txt"
+  with pytest.raises(ConfigError, match="source xx: data.input_files: no file matches"):
+    dataset.prepare(config, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w")
