@@ -66,7 +66,11 @@ def load(path: str, step: str | int = "latest") -> Loaded:
     model=module,
     params=params,
     tokenizer=tokenizer_lib.load(
-      d.vocab, d.tokenizer["do_lower_case"], rule, d.tokenizer["normalize_quotes"]
+      d.vocab,
+      d.tokenizer["do_lower_case"],
+      rule,
+      d.tokenizer["normalize_quotes"],
+      d.tokenizer["keep_accents"],
     ),
     config=config,
     kind=names.get(d.kind, "hf"),

@@ -199,3 +199,56 @@ def share_changed_by_stripping(texts: Iterable[str]) -> float:
         ):
           changed += 1
   return changed / letters if letters else 0.0
+
+
+# The word segmenter of each unspaced writing system that has one on PyPI with its dictionary
+# (data.word_segmenter=auto; data/word_segmenters.py runs them). Khmer, Lao, Burmese and Tibetan
+# have none here: their pieces count as words of their own.
+SEGMENTER_FOR = {"Han": "jieba", "Japanese": "fugashi", "Thai": "pythainlp"}
+
+
+def has_unspaced(text: str) -> bool:
+  """Whether `text` holds a letter of a script written without spaces between words (kana count)."""
+  if text.isascii():
+    return False
+  for ch in text:
+    s = script_of(ch)
+    if s is not None and (s in UNSPACED or s in ("Hiragana", "Katakana")):
+      return True
+  return False
+
+
+def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
+  """data.keep_accents=auto from a sample of the corpus: (keep, why). Strip (the original's rule)
+  only where the letters are in a script whose marks are accents a reader can do without."""
+  counts = collections.Counter()
+  for text in texts:
+    counts.update(script_counts(text))
+  script = dominant_script(counts)
+  if strips_safely(script):
+    what = f"in the {script} script" if script else "without letters"
+    return False, f"the corpus is {what}: accents stripped as the original did"
+  share = share_changed_by_stripping(texts)
+  return True, (
+    f"the corpus is mostly {script}, where stripping would change {share:.1%} of the letters"
+  )
+
+
+def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
+  """data.word_start=auto's word segmenter from a sample of the corpus: (segmenter, why). Text
+  written with spaces gets "none": the marker rule, and any unspaced text in it a piece at a
+  time; unspaced text its script's segmenter (SEGMENTER_FOR), "none" where it has none.
+  `wanted` is data.word_segmenter ("auto" here)."""
+  counts = collections.Counter()
+  for text in texts:
+    counts.update(script_counts(text))
+  script = dominant_script(counts)
+  if not is_unspaced(script):
+    return "none", (
+      f"the corpus is in {script or 'no'} script, written with spaces between words: the "
+      f"marker rule"
+    )
+  name = SEGMENTER_FOR.get(script, "none") if wanted == "auto" else wanted
+  if name == "none":
+    return "none", f"the corpus is in {script}, without spaces: a piece of it is a word"
+  return name, f"the corpus is in {script}, without spaces between words"

@@ -24,7 +24,7 @@ import numpy as np
 import sentencepiece as spm
 
 from albert_jax.base import files
-from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError, keep_accents_value
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
@@ -33,12 +33,14 @@ USER_DEFINED_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
 WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it begins a word.
 
 # Which pieces begin a word, for whole-word masking (data.word_start):
+#   auto      the marker rule, plus the word starts a segmenter stored with unspaced text
+#             (data/word_segmenters.py; the masker reads them);
 #   marker    a piece that starts with "▁" (docs/data.md, whole-word masking);
 #   original  google-research/albert's _is_start_piece_sp: also a piece starting with "<", a lone
 #             punctuation piece, and a piece with any character that is neither a-z nor that
 #             punctuation (digits, accents, other scripts). Its "€"/"£" entries are UTF-8 bytes, which
 #             no piece equals under Python 3; they are left out here for the same result.
-WORD_START_RULES = ("marker", "original")
+WORD_START_RULES = ("auto", "marker", "original")
 # SentencePiece's trainer splits its work by thread, and the vocabulary it learns depends on how
 # many: a fixed count (not the host's cores) gives the same vocabulary on every host.
 TRAIN_THREADS = 16
@@ -54,7 +56,7 @@ def piece_text(piece: str) -> str:
 
 
 def starts_word(piece: str, rule: str = "marker") -> bool:
-  if rule == "marker":
+  if rule in ("marker", "auto"):
     return piece.startswith(WORD_MARKER)
   if rule == "original":
     return (
@@ -65,19 +67,23 @@ def starts_word(piece: str, rule: str = "marker") -> bool:
   raise ValueError(f"word-start rule {rule!r} is not one of {WORD_START_RULES}")
 
 
-def preprocess_text(text: str, lower: bool = True, normalize_quotes: bool = True) -> str:
+def preprocess_text(
+  text: str, lower: bool = True, normalize_quotes: bool = True, keep_accents: bool = False
+) -> str:
   """Collapse whitespace, `` and '' -> " (normalize_quotes), strip accents, lowercase.
 
   The original's preprocess_text (google-research/albert tokenization.py) without the quote rule:
   that rule is XLNet's, which Hugging Face's AlbertTokenizer applies; data.normalize_quotes=False
-  drops it as the original did. Accents are always stripped (NFKD, drop combining marks), as in
-  the original, cased or not. ASCII text takes a fast path: NFKD is the identity on it and it has
-  no combining marks.
+  drops it as the original did. Accents are stripped (NFKD, drop combining marks) as in the
+  original unless keep_accents (Hugging Face's AlbertTokenizer(keep_accents=True): the text is
+  left as written, and SentencePiece's own NFKC normalisation is all it gets; data.keep_accents,
+  docs/languages.md). ASCII text takes a fast path: NFKD is the identity on it and it has no
+  combining marks.
   """
   out = " ".join(text.split())
   if normalize_quotes:
     out = out.replace("``", '"').replace("''", '"')
-  if not out.isascii():
+  if not keep_accents and not out.isascii():
     out = unicodedata.normalize("NFKD", out)
     out = "".join(c for c in out if not unicodedata.combining(c))
   if lower:
@@ -94,13 +100,14 @@ def train(
   character_coverage: float = 0.99995,
   input_sentence_size: int = 10_000_000,
   normalize_quotes: bool = True,
+  keep_accents: bool = False,
   num_threads: int = TRAIN_THREADS,
   seed: int = 0,
 ) -> str:
   """Trains an ALBERT unigram SentencePiece model on `sentences` (raw text, one sentence each).
 
   Writes `model_path` (and the matching .vocab next to it) and returns `model_path`. Sentences are
-  preprocessed here (normalize_quotes: see preprocess_text); SentencePiece samples
+  preprocessed here (normalize_quotes, keep_accents: see preprocess_text); SentencePiece samples
   `input_sentence_size` of them when there are more (10,000,000: the original's spm_train flag).
   Raises ConfigError when the corpus cannot support `vocab_size` ("Vocabulary size too high").
   """
@@ -113,7 +120,7 @@ def train(
   def _sentences() -> Iterator[str]:
     try:
       for s in sentences:
-        s = preprocess_text(s, lower, normalize_quotes)
+        s = preprocess_text(s, lower, normalize_quotes, keep_accents)
         if s:
           nonempty[0] = True
           yield s
@@ -170,7 +177,9 @@ def train(
   os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
   with open(model_path, "wb") as f:
     f.write(model.getvalue())
-  tok = Tokenizer(model_path, lower=lower, normalize_quotes=normalize_quotes)
+  tok = Tokenizer(
+    model_path, lower=lower, normalize_quotes=normalize_quotes, keep_accents=keep_accents
+  )
   with open(os.path.splitext(model_path)[0] + ".vocab", "w", encoding="utf-8") as f:
     for i in range(tok.vocab_size):
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
@@ -192,6 +201,7 @@ class Tokenizer:
     lower: bool = True,
     word_start_rule: str = "marker",
     normalize_quotes: bool = True,
+    keep_accents: bool = False,
   ):
     if not files.path(model_path).is_file():
       raise ConfigError(f"SentencePiece model not found: {model_path}")
@@ -205,6 +215,7 @@ class Tokenizer:
     self.model_path = model_path
     self.lower = lower
     self.normalize_quotes = normalize_quotes
+    self.keep_accents = keep_accents
     self.vocab_size = self.sp.get_piece_size()
     expected = {PAD_ID: "pad", UNK_ID: "unk", CLS_ID: "[CLS]", SEP_ID: "[SEP]", MASK_ID: "[MASK]"}
     pieces = [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
@@ -225,14 +236,18 @@ class Tokenizer:
     )
     self.candidate[UNK_ID] = True
 
+  def preprocess(self, text: str) -> str:
+    """preprocess_text with this tokenizer's settings: the text SentencePiece is given."""
+    return preprocess_text(text, self.lower, self.normalize_quotes, self.keep_accents)
+
   def encode(self, text: str) -> list[int]:
     """Preprocesses one text (as the original) and returns its piece ids."""
-    return self.sp.encode(preprocess_text(text, self.lower, self.normalize_quotes))
+    return self.sp.encode(self.preprocess(text))
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
     """`encode` for many texts at once (SentencePiece encodes the list in C++, on num_threads
     threads; -1: every core)."""
-    texts = [preprocess_text(t, self.lower, self.normalize_quotes) for t in texts]
+    texts = [self.preprocess(t) for t in texts]
     return self.sp.encode(texts, num_threads=num_threads)
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -247,8 +262,26 @@ def load(
   lower: bool = True,
   word_start_rule: str = "marker",
   normalize_quotes: bool = True,
+  keep_accents: bool = False,
 ) -> Tokenizer:
   """Loads an ALBERT SentencePiece model (ours or a released spiece.model)."""
   return Tokenizer(
-    model_path, lower=lower, word_start_rule=word_start_rule, normalize_quotes=normalize_quotes
+    model_path,
+    lower=lower,
+    word_start_rule=word_start_rule,
+    normalize_quotes=normalize_quotes,
+    keep_accents=keep_accents,
+  )
+
+
+def load_for(model_path: str, data) -> Tokenizer:
+  """The tokenizer a pretraining data config reads text with (its lowercasing, quotes, kept
+  accents as decided, word-start rule); a config written before a field existed gets the value
+  that version used."""
+  return Tokenizer(
+    model_path,
+    lower=bool(data.get("do_lower_case", True)),
+    word_start_rule=str(data.get("word_start", "marker")),
+    normalize_quotes=bool(data.get("normalize_quotes", True)),
+    keep_accents=bool(keep_accents_value(data.get("keep_accents", False))),
   )

@@ -56,12 +56,7 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
   """
   if jax.process_count() > 1:
     return []
-  tok = input_pipeline.tokenizer_lib.load(
-    dataset.spm_model_path(config, workdir),
-    config.data.do_lower_case,
-    config.data.word_start,
-    config.data.normalize_quotes,
-  )
+  tok = input_pipeline.tokenizer_lib.load_for(dataset.spm_model_path(config, workdir), config.data)
   with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
     batch = next(batches)
   with sharding.with_mesh(mesh):

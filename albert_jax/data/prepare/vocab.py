@@ -15,7 +15,7 @@ import time
 
 from absl import logging
 
-from albert_jax.base import files
+from albert_jax.base import config_lib, files
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
 from albert_jax.data.examples import splitmix64
@@ -108,6 +108,7 @@ def _train_vocab_on(config, sentences: list[str], size: int, out_dir: str) -> No
     config.model.vocab_size,
     lower=d.do_lower_case,
     normalize_quotes=d.normalize_quotes,
+    keep_accents=config_lib.keep_accents_value(d.keep_accents),
     character_coverage=d.spm_character_coverage,
     input_sentence_size=size,  # the sample already has at most this many: SentencePiece keeps all
     seed=config.seed,
