@@ -45,6 +45,12 @@ setup(
     "wandb": ["wandb"],
     # hf://ORG/NAME[@REVISION] model ids (init_from, evaluate --checkpoint): parse_hf_uri is 2.4's.
     "hub": ["huggingface_hub>=2.4"],
+    # data.word_segmenter (data.word_start=auto on unspaced text; docs/languages.md): jieba for
+    # Chinese, MeCab through fugashi with the unidic-lite dictionary for Japanese, pythainlp for
+    # Thai.
+    "chinese": ["jieba"],
+    "japanese": ["fugashi", "unidic-lite"],
+    "thai": ["pythainlp"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -64,6 +70,11 @@ setup(
       "datasets>=5.2",
       "wandb",
       "huggingface_hub>=2.4",
+      # Whole words in Chinese and Japanese (tests/test_word_segmenters.py); pythainlp (Thai) is
+      # left out for its size, and its test skips without it.
+      "jieba",
+      "fugashi",
+      "unidic-lite",
     ],
   },
 )

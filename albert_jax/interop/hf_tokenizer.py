@@ -218,10 +218,15 @@ def write_hf_tokenizer(
     "prepend_scheme": "always",
     "split": True,
   }
-  if proto.byte_fallback:
+  if proto.byte_fallback:  # as Hugging Face's byte-fallback SentencePiece tokenizers decode
     decoder = {
       "type": "Sequence",
-      "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}, decoder],
+      "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+      ],
     }
   special = lambda name: {"SpecialToken": {"id": name, "type_id": 0}}
   tokenizer_json = {
