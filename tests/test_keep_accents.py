@@ -106,7 +106,7 @@ def test_prepare_auto_english_is_byte_identical_to_stripping(tmp_path, capsys):
 def test_prepare_auto_hindi_keeps_marks_and_false_warns(tmp_path, capsys):
   auto = _config(tmp_path, "hi", 100)
   info = dataset.prepare(auto, str(tmp_path / "w"))
-  assert "data.keep_accents=auto: keeping accents (the corpus is mostly Devanagari" in (
+  assert "data.keep_accents=auto: keeping accents (the corpus is mostly Devanagari, not Latin" in (
     capsys.readouterr().out
   )
   assert auto.data.keep_accents == "true"

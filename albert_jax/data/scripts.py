@@ -230,7 +230,8 @@ def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
     return False, f"the corpus is {what}: accents stripped as the original did"
   share = share_changed_by_stripping(texts)
   return True, (
-    f"the corpus is mostly {script}, where stripping would change {share:.1%} of the letters"
+    f"the corpus is mostly {script}, not Latin script: stripping would change {share:.1%} of its "
+    f"letters"
   )
 
 
