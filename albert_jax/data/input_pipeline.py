@@ -503,7 +503,7 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   """One masked example as text. Targets: [MASK](original), a random replacement {shown>original},
   a kept target <original>. Pieces of one word are joined; [SEP] separates the segments."""
   marker = tokenizer_lib.WORD_MARKER
-  shown = lambda i: tokenizer_lib.piece_text(tok.id_to_piece(i))  # noqa: E731
+  shown = lambda i: tokenizer_lib.display_piece(tok.id_to_piece(i))  # noqa: E731
   n = int(features["input_mask"][row].sum())
   k = int(features["masked_lm_weights"][row].sum())
   targets = dict(

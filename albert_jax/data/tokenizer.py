@@ -55,6 +55,19 @@ def piece_text(piece: str) -> str:
   return piece.replace(WORD_MARKER, "") or piece
 
 
+def display_piece(piece: str) -> str:
+  """A piece as the console shows it on its own (the fill-mask glimpse's targets and predictions):
+  piece_text, with a bare word marker as "␣" (a word boundary, e.g. before Chinese text) and a
+  piece that begins with a mark (a Devanagari vowel sign, a kept accent) on a dotted circle, as
+  typesetters show marks alone ("◌ु"), so it does not fall onto the character before it."""
+  text = piece_text(piece)
+  if text and set(text) == {WORD_MARKER}:
+    return "\u2423" * len(text)
+  if text and unicodedata.category(text[0]).startswith("M"):
+    return "\u25cc" + text
+  return text
+
+
 def starts_word(piece: str, rule: str = "marker") -> bool:
   if rule in ("marker", "auto"):
     return piece.startswith(WORD_MARKER)
@@ -243,6 +256,22 @@ class Tokenizer:
   def encode(self, text: str) -> list[int]:
     """Preprocesses one text (as the original) and returns its piece ids."""
     return self.sp.encode(self.preprocess(text))
+
+  def encode_continuation(self, text: str) -> list[int]:
+    """`encode` for text that continues the previous text with no space between them (after a
+    [MASK] in "战争[MASK]改变了"): without the word marker SentencePiece puts before every text,
+    which would be a word boundary the text does not have."""
+    ids = self.encode(text)
+    if text[:1].isspace() or not ids:
+      return ids
+    first = self.sp.id_to_piece(ids[0])
+    if first == WORD_MARKER:
+      return ids[1:]
+    if first.startswith(WORD_MARKER):
+      unmarked = self.sp.piece_to_id(first[len(WORD_MARKER) :])
+      if unmarked != self.sp.unk_id():
+        return [unmarked] + ids[1:]
+    return ids
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
     """`encode` for many texts at once (SentencePiece encodes the list in C++, on num_threads

@@ -71,7 +71,7 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
       )["mlm_logits"]
     )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))
-  piece = lambda i: input_pipeline.tokenizer_lib.piece_text(tok.id_to_piece(int(i)))  # noqa: E731
+  piece = lambda i: input_pipeline.tokenizer_lib.display_piece(tok.id_to_piece(int(i)))  # noqa: E731
   lines = []
   for row in range(min(num_examples, len(batch["input_ids"]))):
     k = int(batch["masked_lm_weights"][row].sum())
