@@ -198,3 +198,22 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, capsys):
   assert (batch["input_ids"] & SEGMENTED_WORD_START == 0).all()
   assert batch["input_ids"].max() < c.model.vocab_size
   assert (batch["masked_lm_weights"].sum(1) > 0).all()
+
+
+def test_flags_match_sentencepiece_offsets(tok):
+  """The pieces placed by their lengths (NumPy, the fast path) agree with SentencePiece's own
+  offsets, and a sentence where NFKC changes a length (㍿ -> 株式会社) or a piece is unknown takes
+  the offsets: every piece that holds the start of a segmenter word is marked, and only those."""
+  pytest.importorskip("jieba")
+  segment = word_segmenters.segmenter("jieba")
+  sents = SENTENCES["zh"] + ["新的㍿公司在北京成立。", "龘龘的价格再次上涨。", "ＡＢＣ公司的价格"]
+  got = word_segmenters.word_start_flags(tok, sents, "jieba")
+  for sentence, row in zip(sents, got):
+    text = tok.preprocess(sentence)
+    starts = set(segment(text))
+    mapped = tok.sp.encode(text, return_type="offset_mapping")
+    want = [
+      i | SEGMENTED_WORD_START if any(c in starts for c in range(max(b, 0), e)) else i
+      for i, (b, e) in zip(mapped["ids"], mapped["offsets"])
+    ]
+    assert row == want, sentence

@@ -20,6 +20,8 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import scripts
 
@@ -68,7 +70,7 @@ def segmenter(name: str) -> Callable[[str], list[int]]:
       raise _missing(name, e) from None
     jieba.setLogLevel(logging.WARNING)
     jieba.initialize()
-    return lambda text: _offsets(text, jieba.cut(text, HMM=True))
+    return lambda text: [start for _, start, _ in jieba.tokenize(text, HMM=True)]
   if name == "fugashi":
     try:
       import fugashi  # pylint: disable=g-import-not-at-top
@@ -86,29 +88,70 @@ def segmenter(name: str) -> Callable[[str], list[int]]:
   raise ConfigError(f"data.word_segmenter={name!r} is not one of {', '.join(_EXTRAS)}")
 
 
+def _piece_tables(tok) -> tuple[np.ndarray, np.ndarray]:
+  """Per piece id: how many characters of the text SentencePiece was given it stands for (its "▁"
+  a space; -1 for control and unknown pieces, whose text is not the text's), and whether it holds
+  an unspaced letter. Computed once per tokenizer."""
+  tables = getattr(tok, "_word_tables", None)
+  if tables is None:
+    sp = tok.sp
+    pieces = [sp.id_to_piece(i) for i in range(tok.vocab_size)]
+    lengths = np.array(
+      [-1 if sp.is_control(i) or sp.is_unknown(i) else len(p) for i, p in enumerate(pieces)],
+      np.int64,
+    )
+    unspaced = np.array([scripts.has_unspaced(p) for p in pieces], bool)
+    tables = tok._word_tables = (lengths, unspaced)
+  return tables
+
+
 def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int = 1):
   """`tok.encode_batch(sentences)` with SEGMENTED_WORD_START set on each piece of unspaced text
   where a word begins: by the segmenter `name`, or, for "none", on every piece that holds an
-  unspaced letter. Sentences without unspaced letters are encoded as they are (no bits)."""
+  unspaced letter. Sentences without unspaced letters are encoded as they are (no bits).
+
+  The segmenter runs once on the batch's unspaced sentences joined by newlines (few calls into
+  it); a piece begins a word when a segmenter word starts within the characters it stands for,
+  placed by the pieces' lengths (SentencePiece's "▁" is the space before a word, or the one it
+  puts before the text), all in NumPy. A sentence whose pieces are not as long as its text (NFKC
+  changed a length, an unknown piece) asks SentencePiece for its offsets instead."""
   texts = [tok.preprocess(s) for s in sentences]
   ids = tok.sp.encode(texts, num_threads=num_threads)
   which = [i for i, t in enumerate(texts) if scripts.has_unspaced(t)]
   if not which:
     return ids
-  segment = None if name == "none" else segmenter(name)
-  # Character offsets of each piece in the text given to SentencePiece.
-  mapped = tok.sp.encode(
-    [texts[i] for i in which], return_type="offset_mapping", num_threads=num_threads
-  )
-  for i, m in zip(which, mapped):
-    text = texts[i]
-    starts = None if segment is None else set(segment(text))
-    out = []
-    for piece_id, piece, (begin, end) in zip(m["ids"], m["pieces"], m["offsets"]):
-      if starts is None:
-        start = scripts.has_unspaced(piece)
-      else:
-        start = any(c in starts for c in range(begin, max(end, begin + 1)))
-      out.append(piece_id | SEGMENTED_WORD_START if start else piece_id)
-    ids[i] = out
+  lengths, unspaced = _piece_tables(tok)
+  rows = [np.asarray(ids[i], np.int64) for i in which]
+  counts = np.array([len(r) for r in rows])
+  flat = np.concatenate(rows)
+  if name == "none":
+    starts = unspaced[flat]
+  else:
+    joined = "\n".join(texts[i] for i in which)
+    marks = np.zeros(len(joined) + 1, np.int64)
+    marks[np.asarray(segmenter(name)(joined), np.int64)] = 1
+    before = np.concatenate([[0], np.cumsum(marks)])  # word starts before each position
+    text_len = np.array([len(texts[i]) for i in which])
+    offsets = np.concatenate([[0], np.cumsum(text_len + 1)[:-1]])  # each text in `joined`
+    piece_len = lengths[flat]
+    ends = np.cumsum(piece_len)
+    row_end = np.cumsum(counts)
+    # Within its text a piece spans [end - length, end) counted from the "▁" before the text (-1).
+    row_base = np.repeat(np.concatenate([[0], ends[row_end[:-1] - 1]]), counts)
+    row_offset = np.repeat(offsets, counts)
+    begin = np.maximum(ends - piece_len - row_base - 1, 0) + row_offset
+    end = np.maximum(ends - row_base - 1 + row_offset, begin)
+    starts = before[end] > before[begin]
+    # Pieces whose lengths do not add up to their text's: SentencePiece's own offsets.
+    sums = np.add.reduceat(piece_len, np.concatenate([[0], row_end[:-1]]))
+    known = np.minimum.reduceat(piece_len, np.concatenate([[0], row_end[:-1]])) >= 0
+    for j in np.flatnonzero(~known | (sums != text_len + 1)).tolist():
+      lo = row_end[j] - counts[j]
+      mapped = tok.sp.encode(texts[which[j]], return_type="offset_mapping")["offsets"]
+      for k, (b, e) in enumerate(mapped):
+        b = max(b, 0) + offsets[j]
+        starts[lo + k] = before[max(e + offsets[j], b)] > before[b]
+  flagged = np.where(starts, flat | SEGMENTED_WORD_START, flat)
+  for i, row in zip(which, np.split(flagged, np.cumsum(counts)[:-1])):
+    ids[i] = row.tolist()
   return ids
