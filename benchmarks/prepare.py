@@ -47,7 +47,7 @@ _FORMATS = flags.DEFINE_bool("formats", False, "Compare the corpus formats on on
 _SCRIPTS = flags.DEFINE_bool(
   "scripts", False, "Compare English, Chinese (segmented) and Hindi (marks kept) instead."
 )
-_SCRIPTS_MB = flags.DEFINE_float("scripts_mb", 8.0, "--scripts: MB of text per language.")
+_SCRIPTS_MB = flags.DEFINE_float("scripts_mb", 4.0, "--scripts: MB of text per language.")
 _VOCAB = 8000
 
 _CHILD = """

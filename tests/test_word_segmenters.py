@@ -137,10 +137,27 @@ def test_masked_runs_in_chinese_and_japanese_are_words(tok, spm_model_path):
 
 def test_missing_extra_is_one_line_naming_it(monkeypatch):
   word_segmenters.segmenter.cache_clear()
-  monkeypatch.setitem(sys.modules, "jieba", None)  # import jieba raises ImportError
-  with pytest.raises(ConfigError, match=r'needs the jieba package.*pip install -e "\.\[chinese\]"'):
+  monkeypatch.setitem(sys.modules, "rjieba", None)  # import rjieba raises ImportError
+  monkeypatch.setitem(sys.modules, "jieba", None)
+  with pytest.raises(
+    ConfigError, match=r'needs the rjieba package.*pip install -e "\.\[chinese\]"'
+  ):
     word_segmenters.segmenter("jieba")
   word_segmenters.segmenter.cache_clear()
+
+
+def test_rjieba_segments_as_jieba(monkeypatch):
+  """jieba's two implementations (rjieba, in Rust, preferred; jieba itself) give the same words."""
+  pytest.importorskip("rjieba")
+  pytest.importorskip("jieba")
+  text = "\n".join(SENTENCES["zh"] + SENTENCES["ja"])
+  word_segmenters.segmenter.cache_clear()
+  fast = word_segmenters.segmenter("jieba")(text)
+  word_segmenters.segmenter.cache_clear()
+  monkeypatch.setitem(sys.modules, "rjieba", None)
+  slow = word_segmenters.segmenter("jieba")(text)
+  word_segmenters.segmenter.cache_clear()
+  assert fast == slow and len(fast) > 100
 
 
 def test_auto_decides_the_segmenter_by_script():

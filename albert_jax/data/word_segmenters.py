@@ -10,8 +10,9 @@ bit and clears it. Text in spaced scripts gets no bits (English data is byte-ide
 marker rule's). Without a segmenter ("none") each piece holding unspaced letters is a word of its
 own: a few characters, never a clause.
 
-The segmenters are optional extras, imported inside `segmenter`: jieba (Chinese), fugashi with
-unidic-lite (Japanese, MeCab), pythainlp (Thai); which script gets which is scripts.SEGMENTER_FOR.
+The segmenters are optional extras, imported inside `segmenter`: jieba (Chinese: rjieba, its Rust
+port, or jieba itself), fugashi with unidic-lite (Japanese, MeCab), pythainlp (Thai); which script
+gets which is scripts.SEGMENTER_FOR.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ SEGMENTED_WORD_START = 1 << 30
 
 # segmenter -> (the module it imports, the setup.py extra that installs it)
 _EXTRAS = {
-  "jieba": ("jieba", "chinese"),
+  "jieba": ("rjieba", "chinese"),
   "fugashi": ("fugashi", "japanese"),
   "pythainlp": ("pythainlp", "thai"),
 }
@@ -64,6 +65,12 @@ def segmenter(name: str) -> Callable[[str], list[int]]:
   """The word segmenter `name` (one of config_lib.SEGMENTERS): text -> character offsets where its
   words begin. A one-line ConfigError naming the extra when its package is missing."""
   if name == "jieba":
+    try:  # jieba-rs, jieba's dictionary and algorithm in Rust: the same words, 12x faster
+      import rjieba  # pylint: disable=g-import-not-at-top
+
+      return lambda text: [start for _, start, _ in rjieba.tokenize(text, hmm=True)]
+    except ImportError:
+      pass
     try:
       import jieba  # pylint: disable=g-import-not-at-top
     except ImportError as e:
