@@ -164,3 +164,12 @@ def test_recorded_settings_of_runs_exports_and_hf_directories(tmp_path, spm_mode
     out.mkdir()
     hf_tokenizer.write_hf_tokenizer(spm_model_path, str(out), keep_accents=keep)
     assert settings(model_dir.Kind.HF, str(out), {})["keep_accents"] is keep
+
+
+def test_auto_on_accented_latin_says_how_to_keep_them():
+  """Latin script is stripped (the original's rule), but Vietnamese tones are a third of the
+  letters: the one line says so and names the switch; English has none."""
+  vietnamese = ["Chiến tranh đã thay đổi đất nước mãi mãi.", "Má mà mả mã mạ."]
+  keep, why = scripts.decide_keep_accents(vietnamese)
+  assert keep is False and "data.keep_accents=true keeps them" in why
+  assert "keeps them" not in scripts.decide_keep_accents(SENTENCES["en"])[1]

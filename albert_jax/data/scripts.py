@@ -220,15 +220,20 @@ def has_unspaced(text: str) -> bool:
 
 def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
   """data.keep_accents=auto from a sample of the corpus: (keep, why). Strip (the original's rule)
-  only where the letters are in a script whose marks are accents a reader can do without."""
+  only where the letters are in a script whose marks are accents a reader can do without (Latin);
+  where stripping still changes more than 0.5% of the letters (Vietnamese tones, French or German
+  accents), `why` says so and names the switch."""
   counts = collections.Counter()
   for text in texts:
     counts.update(script_counts(text))
   script = dominant_script(counts)
+  share = share_changed_by_stripping(texts)
   if strips_safely(script):
     what = f"in the {script} script" if script else "without letters"
-    return False, f"the corpus is {what}: accents stripped as the original did"
-  share = share_changed_by_stripping(texts)
+    why = f"the corpus is {what}: accents stripped as the original did"
+    if share > 0.005:
+      why += f"; they are {share:.1%} of its letters: data.keep_accents=true keeps them"
+    return False, why
   return True, (
     f"the corpus is mostly {script}, not Latin script: stripping would change {share:.1%} of its "
     f"letters"
