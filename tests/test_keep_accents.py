@@ -2,6 +2,7 @@
 corpus, recorded, and inherited by init_from, fine-tuning (SQuAD's alignment too) and the export."""
 
 import json
+import logging
 import os
 
 import ml_collections
@@ -88,12 +89,19 @@ def _records(ddir):
   return {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d) if "array_record" in n}
 
 
-def test_prepare_auto_english_is_byte_identical_to_stripping(tmp_path, capsys):
+def _lines(caplog, what):
+  lines = [r.getMessage() for r in caplog.records if what in r.getMessage()]
+  caplog.clear()
+  return lines
+
+
+def test_prepare_auto_english_is_byte_identical_to_stripping(tmp_path, caplog):
   """English: auto decides to strip, with one line saying why; the examples are byte for byte
   those of keep_accents=false (the original's rule)."""
+  caplog.set_level(logging.INFO)
   auto = _config(tmp_path, "en", 120)
   dataset.prepare(auto, str(tmp_path / "w"))
-  out = capsys.readouterr().out
+  (out,) = _lines(caplog, "data.keep_accents=auto")
   assert "data.keep_accents=auto: stripping accents (the corpus is in the Latin script" in out
   assert auto.data.keep_accents == "false"  # recorded in the config (config.json)
   off = _config(tmp_path, "en", 120, keep_accents="false")
@@ -103,11 +111,13 @@ def test_prepare_auto_english_is_byte_identical_to_stripping(tmp_path, capsys):
   assert fp["keep_accents"] is False
 
 
-def test_prepare_auto_hindi_keeps_marks_and_false_warns(tmp_path, capsys):
+def test_prepare_auto_hindi_keeps_marks_and_false_warns(tmp_path, caplog):
+  caplog.set_level(logging.INFO)
   auto = _config(tmp_path, "hi", 100)
   info = dataset.prepare(auto, str(tmp_path / "w"))
-  assert "data.keep_accents=auto: keeping accents (the corpus is mostly Devanagari, not Latin" in (
-    capsys.readouterr().out
+  (line,) = _lines(caplog, "data.keep_accents=auto")
+  assert (
+    "data.keep_accents=auto: keeping accents (the corpus is mostly Devanagari, not Latin" in line
   )
   assert auto.data.keep_accents == "true"
   fp = json.loads(open(os.path.join(auto.data.data_dir, PREPARED_FILE)).read())["fingerprint"]
@@ -126,7 +136,7 @@ def test_prepare_auto_hindi_keeps_marks_and_false_warns(tmp_path, capsys):
   # false on Hindi: stripping changes well over 0.5% of the letters: a warning names the share.
   off = _config(tmp_path, "hi", 100, keep_accents="false")
   dataset.prepare(off, str(tmp_path / "w3"))
-  warning = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+  warning = _lines(caplog, "data.keep_accents=false strips")
   assert len(warning) == 1 and "data.keep_accents=true keeps them" in warning[0]
   share = scripts.share_changed_by_stripping(SENTENCES["hi"])
   assert share > 0.005 and f"{share:.1%}" in warning[0]

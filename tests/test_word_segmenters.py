@@ -1,6 +1,7 @@
 """Whole words in unspaced scripts (data.word_start=auto): segmenter word starts stored in the ids
 at prepare time, read by the masker; without a segmenter a word is a piece, never a clause."""
 
+import logging
 import sys
 
 import numpy as np
@@ -177,7 +178,7 @@ def test_auto_decides_the_segmenter_by_script():
   )
 
 
-def test_prepare_chinese_stores_segmenter_words(tmp_path, capsys):
+def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   """prepare decides jieba for a Chinese corpus (one console line), records it, stores the word
   starts in the ids; the loader masks whole words and never shows the bit to the model."""
   pytest.importorskip("jieba")
@@ -203,8 +204,9 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, capsys):
     spm_character_coverage=0.99,  # a small corpus: not every rare character needs a piece
   )
   workdir = str(tmp_path / "w")
+  caplog.set_level(logging.INFO)
   dataset.prepare(c, workdir)
-  out = capsys.readouterr().out
+  out = "\n".join(r.getMessage() for r in caplog.records)
   assert "data.word_start=auto: words from the jieba segmenter (the corpus is in Han" in out
   assert "data.keep_accents=auto: keeping accents" in out
   assert c.data.word_segmenter == "jieba" and c.data.keep_accents == "true"

@@ -37,7 +37,6 @@ from absl import logging
 from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.base.log import log
 from albert_jax.data import (
   corpus as corpus_lib,
   scripts,
@@ -174,15 +173,15 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
   sample = decision_sample(job_data(d), shards) if keep is not True or wants_segmenter else []
   if keep is None:
     keep, why = scripts.decide_keep_accents(sample)
-    log(f"data.keep_accents=auto: {'keeping' if keep else 'stripping'} accents ({why})")
+    logging.info("data.keep_accents=auto: %s accents (%s)", "keeping" if keep else "stripping", why)
     validation.record_decision(config, "data", "keep_accents", "true" if keep else "false")
   elif not keep:
     share = scripts.share_changed_by_stripping(sample)
     if share > 0.005:
-      log(
-        f"warning: data.keep_accents=false strips marks that change {share:.1%} of the corpus's "
-        f"letters (Hindi's virama, Japanese voicing marks, Russian й ...); "
-        f"data.keep_accents=true keeps them"
+      logging.warning(
+        "data.keep_accents=false strips marks that change %.1f%% of the corpus's letters "
+        "(Hindi's virama, Japanese voicing marks, Russian й ...); data.keep_accents=true keeps them",
+        100 * share,
       )
   fp["keep_accents"] = keep
   if d.word_start != "auto":
@@ -191,10 +190,10 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
   name = d.word_segmenter
   if wants_segmenter:
     name, why = scripts.decide_segmenter(sample, d.word_segmenter)
-    log(
-      "data.word_start=auto: "
-      + (f"words from the {name} segmenter" if name != "none" else "no word segmenter")
-      + f" ({why})"
+    logging.info(
+      "data.word_start=auto: %s (%s)",
+      f"words from the {name} segmenter" if name != "none" else "no word segmenter",
+      why,
     )
     validation.record_decision(config, "data", "word_segmenter", name)
   if name != "none":
