@@ -183,3 +183,27 @@ def test_auto_on_accented_latin_says_how_to_keep_them():
   keep, why = scripts.decide_keep_accents(vietnamese)
   assert keep is False and "data.keep_accents=true keeps them" in why
   assert "keeps them" not in scripts.decide_keep_accents(SENTENCES["en"])[1]
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+  """A vocabulary of the seven languages with their marks kept."""
+  path = tmp_path_factory.mktemp("kept") / "spiece.model"
+  text = [s for x in LANGUAGES for s in SENTENCES[x]]
+  return tokenizer.load(
+    tokenizer.train(text * 3, str(path), 850, keep_accents=True), keep_accents=True
+  )
+
+
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_squad_answers_map_back_with_marks_kept(kept, lang):
+  """With keep_accents the pieces of a context cover it as written: every word's pieces span
+  exactly that word (a Hindi word with its virama, a Japanese one with its voicing marks)."""
+  tok = kept
+  context = " ".join(SENTENCES[lang][:4])
+  ids, spans = squad._pieces_with_spans(tok, context)
+  assert ids == tok.encode(context)
+  for word in context.split()[:12]:
+    start = context.index(word)
+    first, last = squad._answer_pieces(spans, start, start + len(word))
+    assert (spans[first][0], spans[last][1]) == (start, start + len(word)), word
