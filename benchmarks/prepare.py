@@ -17,11 +17,12 @@ process; prints MB/s of raw text per worker (the text's own UTF-8 bytes over the
 sharding, reading, tokenizing, pairing, writing) side by side, and each format's ratio to plain
 text's (the goals: JSON Lines and Parquet >= 0.9, compressed >= 0.8).
 
---scripts: the same news sentences in English, Chinese and Hindi (tests/multiscript_text.py,
+--scripts: the same news sentences in English, Chinese, Hindi and Japanese (tests/multiscript_text.py,
 translations of each other), each repeated to about --scripts_mb MB and prepared on one worker in
 a fresh process with its own vocabulary and the defaults (keep_accents=auto, word_start=auto):
-Chinese with the jieba segmenter, Hindi with its marks kept, English as the original. Prints MB
-of text per CPU-second for each and its ratio to English's (the goal: >= 0.5).
+Chinese with the jieba segmenter, Hindi with its marks kept, Japanese with fugashi (MeCab), English
+as the original. Prints MB of text per CPU-second for each and its ratio to English's (the goal for
+Chinese and Hindi: >= 0.5).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def _formats(docs: list[list[str]], vocab: str) -> None:
 
 
 def _scripts() -> None:
-  """--scripts: MB per CPU-second of English, Chinese with jieba and Hindi with kept marks."""
+  """--scripts: MB per CPU-second of English, Chinese with jieba, Hindi with kept marks and
+  Japanese with fugashi."""
   from tests.multiscript_text import SENTENCES  # pylint: disable=g-import-not-at-top
 
   root = os.path.join(_WORKDIR.value, "scripts")
@@ -201,6 +203,7 @@ def _scripts() -> None:
     ("en", "English", 140),
     ("zh", "Chinese", 167),
     ("hi", "Hindi", 100),
+    ("ja", "Japanese", 180),
   ):
     sents = SENTENCES[lang]
     docs = [sents[i : i + 3] for i in range(0, len(sents), 3)]
