@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -207,15 +208,15 @@ def share_changed_by_stripping(texts: Iterable[str]) -> float:
 SEGMENTER_FOR = {"Han": "jieba", "Japanese": "fugashi", "Thai": "pythainlp"}
 
 
+# The letters of UNSPACED scripts as one regex class (from _RANGES): a search in C per text.
+_UNSPACED_LETTER = re.compile(
+  "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, script in _RANGES if script in UNSPACED) + "]"
+)
+
+
 def has_unspaced(text: str) -> bool:
   """Whether `text` holds a letter of a script written without spaces between words (kana count)."""
-  if text.isascii():
-    return False
-  for ch in text:
-    s = script_of(ch)
-    if s is not None and (s in UNSPACED or s in ("Hiragana", "Katakana")):
-      return True
-  return False
+  return not text.isascii() and _UNSPACED_LETTER.search(text) is not None
 
 
 def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
