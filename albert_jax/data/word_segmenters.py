@@ -122,6 +122,8 @@ def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int 
   placed by the pieces' lengths (SentencePiece's "▁" is the space before a word, or the one it
   puts before the text), all in NumPy. A sentence whose pieces are not as long as its text (NFKC
   changed a length, an unknown piece) asks SentencePiece for its offsets instead."""
+  if tok.vocab_size > SEGMENTED_WORD_START:
+    raise ConfigError(f"a vocabulary of {tok.vocab_size} pieces leaves no bit for word starts")
   texts = [tok.preprocess(s) for s in sentences]
   ids = tok.sp.encode(texts, num_threads=num_threads)
   which = [i for i, t in enumerate(texts) if scripts.has_unspaced(t)]
