@@ -174,7 +174,11 @@ def test_auto_decides_the_segmenter_by_script():
   }
   assert scripts.decide_segmenter(["ພາສາລາວ"], "auto") == (
     "none",
-    "the corpus is in Lao, without spaces: a piece of it is a word",
+    "each piece of unspaced text a word (the corpus is in Lao, without spaces, and no segmenter "
+    "for it)",
+  )
+  assert scripts.decide_segmenter(SENTENCES["en"], "auto")[1] == (
+    "the marker rule (the corpus is in Latin script, written with spaces between words)"
   )
 
 
@@ -207,7 +211,9 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   caplog.set_level(logging.INFO)
   dataset.prepare(c, workdir)
   out = "\n".join(r.getMessage() for r in caplog.records)
-  assert "data.word_start=auto: words from the jieba segmenter (the corpus is in Han" in out
+  assert (
+    "data.word_start=auto: words from the jieba segmenter (the corpus is in Han, without" in out
+  )
   assert "data.keep_accents=auto: keeping accents" in out
   assert c.data.word_segmenter == "jieba" and c.data.keep_accents == "true"
   assert read_prepared(dataset.data_dir(c, workdir))["fingerprint"]["word_segmenter"] == "jieba"

@@ -190,11 +190,7 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
   name = d.word_segmenter
   if wants_segmenter:
     name, why = scripts.decide_segmenter(sample, d.word_segmenter)
-    logging.info(
-      "data.word_start=auto: %s (%s)",
-      f"words from the {name} segmenter" if name != "none" else "no word segmenter",
-      why,
-    )
+    logging.info("data.word_start=auto: %s", why)
     validation.record_decision(config, "data", "word_segmenter", name)
   if name != "none":
     word_segmenters.segmenter(name)  # its extra is installed: one line if not, before the work

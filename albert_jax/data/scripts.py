@@ -242,20 +242,23 @@ def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
 
 
 def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
-  """data.word_start=auto's word segmenter from a sample of the corpus: (segmenter, why). Text
-  written with spaces gets "none": the marker rule, and any unspaced text in it a piece at a
-  time; unspaced text its script's segmenter (SEGMENTER_FOR), "none" where it has none.
-  `wanted` is data.word_segmenter ("auto" here)."""
+  """data.word_start=auto's word segmenter from a sample of the corpus: (segmenter, what it means
+  and why). Text written with spaces gets "none": the marker rule, and any unspaced text in it a
+  piece at a time; unspaced text its script's segmenter (SEGMENTER_FOR), "none" where it has
+  none. `wanted` is data.word_segmenter ("auto" here)."""
   counts = collections.Counter()
   for text in texts:
     counts.update(script_counts(text))
   script = dominant_script(counts)
   if not is_unspaced(script):
     return "none", (
-      f"the corpus is in {script or 'no'} script, written with spaces between words: the "
-      f"marker rule"
+      f"the marker rule (the corpus is in {script or 'no'} script, written with spaces between "
+      f"words)"
     )
   name = SEGMENTER_FOR.get(script, "none") if wanted == "auto" else wanted
   if name == "none":
-    return "none", f"the corpus is in {script}, without spaces: a piece of it is a word"
-  return name, f"the corpus is in {script}, without spaces between words"
+    return "none", (
+      f"each piece of unspaced text a word (the corpus is in {script}, without spaces, and no "
+      f"segmenter for it)"
+    )
+  return name, f"words from the {name} segmenter (the corpus is in {script}, without spaces)"
