@@ -47,6 +47,13 @@ setup(
     "wandb": ["wandb"],
     # hf://ORG/NAME[@REVISION] model ids (init_from, evaluate --checkpoint): parse_hf_uri is 2.4's.
     "hub": ["huggingface_hub>=2.4"],
+    # data.word_segmenter (data.word_start=auto on unspaced text; docs/languages.md): jieba for
+    # Chinese (rjieba: jieba's dictionary and algorithm in Rust, 12x faster than jieba itself, which
+    # is used when installed instead), MeCab through fugashi with the unidic-lite dictionary for
+    # Japanese, pythainlp for Thai.
+    "chinese": ["rjieba"],
+    "japanese": ["fugashi", "unidic-lite"],
+    "thai": ["pythainlp"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -68,6 +75,12 @@ setup(
       "huggingface_hub>=2.4",
       # tests/test_tokens.py checks our entity precision/recall/F1 against it.
       "seqeval",
+      # Whole words in Chinese and Japanese (tests/test_word_segmenters.py); pythainlp (Thai) is
+      # left out for its size, and its test skips without it.
+      "rjieba",
+      "jieba",  # the pure-Python fallback, checked to segment as rjieba does
+      "fugashi",
+      "unidic-lite",
     ],
   },
 )

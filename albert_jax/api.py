@@ -66,7 +66,11 @@ def load(path: str, step: str | int = "latest") -> Loaded:
     model=module,
     params=params,
     tokenizer=tokenizer_lib.load(
-      d.vocab, d.tokenizer["do_lower_case"], rule, d.tokenizer["normalize_quotes"]
+      d.vocab,
+      d.tokenizer["do_lower_case"],
+      rule,
+      d.tokenizer["normalize_quotes"],
+      d.tokenizer["keep_accents"],
     ),
     config=config,
     kind=names.get(d.kind, "hf"),
@@ -117,7 +121,8 @@ def fill_mask(loaded: Loaded, text: str, top_k: int = 1) -> list[list[str]]:
     raise ConfigError(f"fill_mask: the text holds no {MASK}")
   ids, positions = [tokenizer_lib.CLS_ID], []
   for i, part in enumerate(parts):
-    ids += tok.encode(part) if part.strip() else []
+    if part.strip():  # text right after a [MASK] continues it: no word marker of its own
+      ids += tok.encode(part) if i == 0 else tok.encode_continuation(part)
     if i < len(parts) - 1:
       positions.append(len(ids))
       ids.append(tokenizer_lib.MASK_ID)

@@ -16,6 +16,13 @@ Lines plain and compressed in every codec, Parquet, Arrow), each prepared on one
 process; prints MB/s of raw text per worker (the text's own UTF-8 bytes over the whole build:
 sharding, reading, tokenizing, pairing, writing) side by side, and each format's ratio to plain
 text's (the goals: JSON Lines and Parquet >= 0.9, compressed >= 0.8).
+
+--scripts: the same news sentences in English, Chinese, Hindi and Japanese (tests/multiscript_text.py,
+translations of each other), each repeated to about --scripts_mb MB and prepared on one worker in
+a fresh process with its own vocabulary and the defaults (keep_accents=auto, word_start=auto):
+Chinese with the jieba segmenter, Hindi with its marks kept, Japanese with fugashi (MeCab), English
+as the original. Prints MB of text per CPU-second for each and its ratio to English's (the goal for
+Chinese and Hindi: >= 0.5).
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ _COPIES = flags.DEFINE_integer("corpus_copies", 20, "Copies of the built-in corp
 _WORKERS = flags.DEFINE_integer("workers", 0, "Workers of the parallel run (0: every core).")
 _SEQ = flags.DEFINE_integer("seq_length", 512, "data.max_seq_length.")
 _FORMATS = flags.DEFINE_bool("formats", False, "Compare the corpus formats on one worker instead.")
+_SCRIPTS = flags.DEFINE_bool(
+  "scripts", False, "Compare English, Chinese (segmented) and Hindi (marks kept) instead."
+)
+_SCRIPTS_MB = flags.DEFINE_float("scripts_mb", 4.0, "--scripts: MB of text per language.")
 _VOCAB = 8000
 
 _CHILD = """
@@ -64,7 +75,9 @@ print(json.dumps({"cpu_seconds": time.process_time() - t0 + kids.ru_utime + kids
 """
 
 
-def _run(files: str, vocab: str, workdir: str, workers: int, **data_fields) -> dict:
+def _run(
+  files: str, vocab: str, workdir: str, workers: int, vocab_size: int = _VOCAB, **data_fields
+) -> dict:
   shutil.rmtree(workdir, ignore_errors=True)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   run = subprocess.run(
@@ -75,7 +88,7 @@ def _run(files: str, vocab: str, workdir: str, workers: int, **data_fields) -> d
       files,
       vocab,
       workdir,
-      str(_VOCAB),
+      str(vocab_size),
       str(_SEQ.value),
       str(workers),
       json.dumps(data_fields),
@@ -173,8 +186,55 @@ def _formats(docs: list[list[str]], vocab: str) -> None:
   print(json.dumps({"text_mb": round(mb, 3), "formats": figures}))
 
 
+def _scripts() -> None:
+  """--scripts: MB per CPU-second of English, Chinese with jieba, Hindi with kept marks and
+  Japanese with fugashi."""
+  from tests.multiscript_text import SENTENCES  # pylint: disable=g-import-not-at-top
+
+  root = os.path.join(_WORKDIR.value, "scripts")
+  shutil.rmtree(root, ignore_errors=True)
+  os.makedirs(root)
+  print(
+    f"{_SCRIPTS_MB.value:.1f} MB of text per language, 1 worker, os.getloadavg() "
+    f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())} before"
+  )
+  figures = {}
+  for lang, name, vocab_size in (
+    ("en", "English", 140),
+    ("zh", "Chinese", 167),
+    ("hi", "Hindi", 100),
+    ("ja", "Japanese", 180),
+  ):
+    sents = SENTENCES[lang]
+    docs = [sents[i : i + 3] for i in range(0, len(sents), 3)]
+    text = "\n\n".join("\n".join(d) for d in docs) + "\n\n"
+    copies = max(1, int(_SCRIPTS_MB.value * 1e6 / len(text.encode("utf-8"))))
+    path = os.path.join(root, f"{lang}.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text * copies)
+    keep = lang != "en"
+    vocab = os.path.join(root, f"{lang}.model")
+    tokenizer.train(sents * 4, vocab, vocab_size, keep_accents=keep)
+    run = _run(path, vocab, os.path.join(root, f"w-{lang}"), 1, vocab_size, text_format="sentences")
+    figures[name] = run
+  base = figures["English"]["mb_per_cpu_second"]
+  print(f"{'language':<10} {'MB':>6} {'MB/CPU-s':>9} {'x English':>10} {'goal':>5}")
+  for name, run in figures.items():
+    run["ratio"] = round(run["mb_per_cpu_second"] / base, 3)
+    goal = "" if name == "English" else "0.5"
+    print(
+      f"{name:<10} {run['mb']:>6.2f} {run['mb_per_cpu_second']:>9.3f} {run['ratio']:>10.2f} "
+      f"{goal:>5}"
+    )
+  print(f"load average after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+  print(json.dumps({"scripts": figures}))
+
+
 def main(argv):
   del argv
+  if _SCRIPTS.value:
+    _scripts()
+    return
   os.makedirs(_WORKDIR.value, exist_ok=True)
   text_dir = os.path.join(_WORKDIR.value, "corpus")
   shutil.rmtree(text_dir, ignore_errors=True)  # a run with fewer copies must not read old ones

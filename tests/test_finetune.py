@@ -897,3 +897,16 @@ def test_text_is_read_as_a_hugging_face_init_from_says(env, tmp_path):
   config.init_from = str(cased)
   ft = finetune.resolved(config)
   assert (ft.data.do_lower_case, ft.data.normalize_quotes) == (False, True)
+  assert ft.data.keep_accents is False
+  # keep_accents: taken from tokenizer_config.json; one set otherwise is refused (exit 2).
+  kept = tmp_path / "kept"
+  shutil.copytree(env / "init", kept)
+  (kept / "tokenizer_config.json").write_text(json.dumps(dict(tok, keep_accents=True)))
+  config = ft_config(env)
+  config.init_from = str(kept)
+  assert finetune.resolved(config).data.keep_accents is True
+  config = ft_config(env)
+  config.init_from = str(kept)
+  config.data.keep_accents = False
+  with pytest.raises(ConfigError, match=f"keep_accents=false: init_from={kept} was trained"):
+    finetune.resolved(config)

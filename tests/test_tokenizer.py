@@ -127,7 +127,8 @@ def test_training_is_reproducible(spm_model_path, tmp_path):
 def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
   """The fill-mask and --inspect lines show each masked target as [MASK](text): for every piece of a
   real vocabulary the text is not empty, and a bare word marker (SentencePiece emits "▁" alone before
-  a piece that cannot begin a word) shows as "▁", not as [MASK]()."""
+  a piece that cannot begin a word, and before Chinese text) shows as a visible space "␣", not as
+  [MASK]() nor as a stray "▁" (issue 38)."""
   from albert_jax.data import input_pipeline, masking
 
   tok = tokenizer.load(spm_model_path)
@@ -146,7 +147,7 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
 
   shown = {i: input_pipeline.render_example(tok, masked(i), 0).split(" ")[1] for i in ids}
   assert all(text.startswith("[MASK](") and len(text) > len("[MASK]()") for text in shown.values())
-  assert {shown[i] for i in bare} == {"[MASK](\u2581)"}
+  assert {shown[i] for i in bare} == {"[MASK](\u2423)"}
   assert all(tokenizer.piece_text(tok.id_to_piece(i)) for i in ids)
 
 

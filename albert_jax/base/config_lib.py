@@ -28,6 +28,19 @@ TASKS = ("sop", "nsp", "none")
 # data.input_format and data.text_format (data/formats.py reads them).
 INPUT_FORMATS = ("auto", "text", "jsonl", "parquet", "arrow")
 TEXT_FORMATS = ("auto", "sentences", "documents")
+# data.word_start, data.keep_accents and data.word_segmenter (data/word_segmenters.py has the
+# segmenters themselves; docs/languages.md).
+WORD_START_RULES = ("auto", "marker", "original")
+KEEP_ACCENTS = ("auto", "true", "false")
+SEGMENTERS = ("jieba", "fugashi", "pythainlp")
+
+
+def keep_accents_value(value) -> bool | None:
+  """data.keep_accents as a bool: "true"/"false" (or a bool, as a fine-tuning config or an export
+  records it); None for "auto" or unset (not decided yet)."""
+  if isinstance(value, bool) or value is None:
+    return value
+  return {"true": True, "false": False}.get(str(value).lower())
 
 
 def examples_task(task: str) -> str:
@@ -174,10 +187,23 @@ def base_config() -> ml_collections.ConfigDict:
       masked_lm_prob=0.15,
       short_seq_prob=0.1,
       max_ngram=3,
-      # Which pieces begin a word for whole-word masking: "marker" (starts with "▁", docs/data.md)
-      # | "original" (google-research/albert's rule: also lone punctuation, "<..." and
-      # pieces with digits or non-English letters).
-      word_start="marker",
+      # Which pieces begin a word for whole-word masking: "auto" (the marker rule for scripts
+      # written with spaces; for Chinese, Japanese, Thai, Khmer, Lao and Burmese, word boundaries
+      # from data.word_segmenter, stored at prepare time; docs/languages.md) | "marker" (starts
+      # with "▁", docs/data.md) | "original" (google-research/albert's rule: also lone
+      # punctuation, "<..." and pieces with digits or non-English letters).
+      word_start="auto",
+      # Characters and words in every script (docs/languages.md), decided once at prepare time
+      # from a sample of the corpus and recorded with the data and the run:
+      # keep_accents: "auto" (strip combining marks as the original did when the corpus is in
+      # the Latin script, keep them otherwise) | "true" (keep every mark: Hugging Face's
+      # keep_accents=True) | "false" (the original's NFKD + drop combining marks).
+      keep_accents="auto",
+      # word_segmenter (word_start=auto on unspaced text): "auto" (jieba for Chinese, fugashi
+      # with unidic-lite for Japanese, pythainlp for Thai, none otherwise) | "none" (a piece of
+      # unspaced text is a word of its own) | one of SEGMENTERS (an extra: pip install -e
+      # ".[chinese]" / ".[japanese]" / ".[thai]").
+      word_segmenter="auto",
       task="sop",  # sop | nsp | none (MLM only: the sentence head is not trained)
       # The original, in SOP mode, takes segment B from a random document when a chunk holds a single
       # sentence (a hidden NSP negative). False: split that sentence in two instead.
@@ -324,6 +350,9 @@ def finetune_base_config() -> ml_collections.ConfigDict:
       # (a Hugging Face directory: its tokenizer_config.json's lowercasing, quotes normalized).
       do_lower_case=ml_collections.FieldReference(None, field_type=bool),
       normalize_quotes=ml_collections.FieldReference(None, field_type=bool),
+      # Kept accents (data.keep_accents of pretraining): None takes init_from's; one that differs
+      # from init_from's is refused (its vocabulary was trained on text read that way).
+      keep_accents=ml_collections.FieldReference(None, field_type=bool),
       # 0: the task's (task.max_seq_length, capped to the model's positions); a value set here must
       # fit in the model's positions.
       max_seq_length=0,

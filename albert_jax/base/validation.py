@@ -18,13 +18,16 @@ from albert_jax.base.config_lib import (
   DTYPES,
   FINETUNE_KINDS,
   INPUT_FORMATS,
+  KEEP_ACCENTS,
   OPTIMIZERS,
   REMAT_POLICIES,
+  SEGMENTERS,
   SHARING_MODES,
   SIZE_FIELDS,
   TASKS,
   TEXT_FORMATS,
   TRACKERS,
+  WORD_START_RULES,
   ConfigError,
   parse_source_weights,
   trackers,
@@ -123,8 +126,16 @@ def validate_data(d, model) -> None:
     f"data.text_format={d.text_format!r} is not one of {', '.join(TEXT_FORMATS)}",
   )
   _check(
-    d.word_start in ("marker", "original"),
-    f"data.word_start={d.word_start!r} is not 'marker' or 'original'",
+    d.word_start in WORD_START_RULES,
+    f"data.word_start={d.word_start!r} is not one of {', '.join(WORD_START_RULES)}",
+  )
+  _check(
+    str(d.keep_accents).lower() in KEEP_ACCENTS,
+    f"data.keep_accents={d.keep_accents!r} is not one of {', '.join(KEEP_ACCENTS)}",
+  )
+  _check(
+    d.word_segmenter in ("auto", "none") + SEGMENTERS,
+    f"data.word_segmenter={d.word_segmenter!r} is not one of auto, none, {', '.join(SEGMENTERS)}",
   )
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")
@@ -328,6 +339,17 @@ def is_resolved(config) -> bool:
   """Whether `config` went through resolve() and has not changed since."""
   mark = getattr(config, _MARK, None)
   return mark is not None and mark == _content(config)
+
+
+def record_decision(config, section: str, key: str, value) -> None:
+  """Sets `config.<section>.<key>` to what an `auto` setting decided from the data (prepare's
+  keep_accents, word_segmenter), keeping a resolved config's mark: the decision is part of the
+  resolution, made as soon as the data can tell, and config.json records it."""
+  was = is_resolved(config)
+  with config.unlocked():
+    config[section][key] = value
+  if was:
+    object.__setattr__(config, _MARK, _content(config))
 
 
 def resolve(config, complete: Callable | None = None):

@@ -34,10 +34,16 @@ import uuid
 
 from absl import logging
 
-from albert_jax.base import files, validation
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, sources as sources_lib, tokenizer as tokenizer_lib
+from albert_jax.data import (
+  corpus as corpus_lib,
+  scripts,
+  sources as sources_lib,
+  tokenizer as tokenizer_lib,
+  word_segmenters,
+)
 from albert_jax.data.corpus_stats import LONG_DOCUMENT, UNSPLIT_WARNING
 from albert_jax.data.prepare.assemble import assemble, format_stats, summed_stats
 from albert_jax.data.prepare.fingerprint import (
@@ -45,6 +51,7 @@ from albert_jax.data.prepare.fingerprint import (
   differences,
   fingerprint,
   read_prepared,
+  take_decisions,
 )
 from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE, SPLITS
 from albert_jax.data.prepare.parallel import (
@@ -85,6 +92,7 @@ def check_prepared(config, workdir: str) -> tuple[str, dict]:
       f"no prepared data in {ddir}: run python -m albert_jax.prepare "
       f"--config=... --workdir={workdir}"
     )
+  take_decisions(config, as_read_today(prepared, config)["fingerprint"])
   diffs = differences(as_read_today(prepared, config), fingerprint(config, must_exist=False))
   if diffs:
     keep = ""
@@ -135,6 +143,61 @@ def open_source(ddir: str, split: str, raw: bool = True):
 # ----------------------------------------------------------------------------------------------
 # prepare.
 
+# data.keep_accents=auto and data.word_segmenter=auto decide from this many sentences, taken from
+# the shards in turn (a few from each, so that one file does not decide for a mixed corpus).
+DECISION_SENTENCES = 2_000
+
+
+def decision_sample(data, shards: list[dict]) -> list[str]:
+  """About DECISION_SENTENCES sentences of the corpus, from up to 64 shards spread over it."""
+  step = max(1, len(shards) // 64)
+  chosen = shards[::step][:64]
+  per_shard = max(1, DECISION_SENTENCES // len(chosen))
+  sample: list[str] = []
+  for shard in chosen:
+    taken = 0
+    for _, doc in corpus_lib.shard_documents(data, shard, count_file=False):
+      sample.extend(doc[: per_shard - taken])
+      taken = min(per_shard, taken + len(doc))
+      if taken >= per_shard:
+        break
+  return sample
+
+
+def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
+  """data.keep_accents=auto and data.word_segmenter=auto (with data.word_start=auto), decided
+  once from a sample of the corpus: each decision is a console line, goes into the config (and
+  so config.json) and into prepared.json's fingerprint `fp`. With keep_accents=false on text
+  where stripping changes more than 0.5% of the letters, a warning names the share."""
+  d = config.data
+  keep = config_lib.keep_accents_value(d.keep_accents)
+  wants_segmenter = d.word_start == "auto" and d.word_segmenter == "auto"
+  sample = decision_sample(job_data(d), shards) if keep is not True or wants_segmenter else []
+  if keep is None:
+    keep, why = scripts.decide_keep_accents(sample)
+    logging.info("data.keep_accents=auto: %s accents (%s)", "keeping" if keep else "stripping", why)
+    validation.record_decision(config, "data", "keep_accents", "true" if keep else "false")
+  elif not keep:
+    share = scripts.share_changed_by_stripping(sample)
+    if share > 0.005:
+      logging.warning(
+        "data.keep_accents=false strips marks that change %.1f%% of the corpus's letters "
+        "(Hindi's virama, Japanese voicing marks, Russian й ...); data.keep_accents=true keeps them",
+        100 * share,
+      )
+  fp["keep_accents"] = keep
+  if d.word_start != "auto":
+    fp["word_segmenter"] = ""
+    return
+  name = d.word_segmenter
+  if wants_segmenter:
+    name, why = scripts.decide_segmenter(sample, d.word_segmenter)
+    logging.info("data.word_start=auto: %s", why)
+    validation.record_decision(config, "data", "word_segmenter", name)
+  if name != "none":
+    word_segmenters.segmenter(name)  # its extra is installed: one line if not, before the work
+  fp["word_segmenter"] = name
+
 
 def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir=None) -> dict:
   """Builds everything prepare() promises inside `out` (a fresh temporary directory, or on gs://
@@ -161,9 +224,15 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   corpus_lib.check_language(d, shards)
   names = corpus_lib.source_names(d)
   shard_seconds = time.time() - t0
+  decide_text_settings(config, shards, fp)
   if not d.spm_model_path:
     vocab_seconds, vocab_settings = train_vocab(config, shards, out, names)
-  tok = tokenizer_lib.load(vocab_path, d.do_lower_case, normalize_quotes=d.normalize_quotes)
+  tok = tokenizer_lib.load(
+    vocab_path,
+    d.do_lower_case,
+    normalize_quotes=d.normalize_quotes,
+    keep_accents=config_lib.keep_accents_value(d.keep_accents),
+  )
   if tok.vocab_size != config.model.vocab_size:
     raise ConfigError(
       f"the vocabulary has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}"

@@ -649,15 +649,14 @@ def make_iterator(
   d = config.data
   source = open_source(ddir, split)
   n = len(source)
-  tok = tokenizer_lib.load(
-    os.path.join(ddir, VOCAB_FILE), d.do_lower_case, d.word_start, d.normalize_quotes
-  )
+  tok = tokenizer_lib.load_for(os.path.join(ddir, VOCAB_FILE), d)
   masker = masking_lib.Masker(
     tok.word_start,
     tok.candidate,
     max_predictions_per_seq=d.max_predictions_per_seq,
     masked_lm_prob=d.masked_lm_prob,
     max_ngram=d.max_ngram,
+    segmented_words=d.word_start == "auto",
   )
   train = split == "train"
   pairs = None
@@ -740,7 +739,7 @@ def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray]
   """One masked example as text. Targets: [MASK](original), a random replacement {shown>original},
   a kept target <original>. Pieces of one word are joined; [SEP] separates the segments."""
   marker = tokenizer_lib.WORD_MARKER
-  shown = lambda i: tokenizer_lib.piece_text(tok.id_to_piece(i))  # noqa: E731
+  shown = lambda i: tokenizer_lib.display_piece(tok.id_to_piece(i))  # noqa: E731
   n = int(features["input_mask"][row].sum())
   k = int(features["masked_lm_weights"][row].sum())
   targets = dict(
@@ -791,12 +790,7 @@ def inspect(
   """A few decoded train examples (masks visible) and statistics of the prepared data and batches."""
   info = prepare(config, workdir)
   ddir = info["data_dir"]
-  tok = tokenizer_lib.load(
-    os.path.join(ddir, VOCAB_FILE),
-    config.data.do_lower_case,
-    config.data.word_start,
-    config.data.normalize_quotes,
-  )
+  tok = tokenizer_lib.load_for(os.path.join(ddir, VOCAB_FILE), config.data)
   config = config.copy_and_resolve_references()  # a small batch, without touching the caller's
   config.train.batch_size = min(config.train.batch_size, 256)
   config.data.num_workers = 0

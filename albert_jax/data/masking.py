@@ -24,6 +24,7 @@ import numpy as np
 
 from albert_jax.data.examples import splitmix64
 from albert_jax.data.tokenizer import MASK_ID
+from albert_jax.data.word_segmenters import SEGMENTED_WORD_START
 
 NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start above these
 
@@ -138,7 +139,9 @@ class Masker:
 
   Vectorised over the batch except the span choice, which is a short Python loop per example.
   `word_start[id]` (pieces starting with "▁") and `candidate[id]` (ids that may be masked: all but
-  pad, [CLS], [SEP], [MASK]) come from tokenizer.Tokenizer.
+  pad, [CLS], [SEP], [MASK]) come from tokenizer.Tokenizer. Stored ids may carry
+  SEGMENTED_WORD_START (data.word_start=auto on unspaced text, data/word_segmenters.py): the bit
+  is cleared here, and with `segmented_words` (word_start=auto) such a piece begins a word too.
   """
 
   def __init__(
@@ -149,7 +152,9 @@ class Masker:
     max_predictions_per_seq: int,
     masked_lm_prob: float = 0.15,
     max_ngram: int = 3,
+    segmented_words: bool = True,
   ):
+    self.segmented_words = segmented_words
     self.word_start = np.asarray(word_start, bool)
     self.candidate = np.asarray(candidate, bool)
     self.vocab_size = len(self.word_start)
@@ -183,12 +188,17 @@ class Masker:
     """Masks a padded batch ([b, S] arrays). One generator per example: `rngs[i]` or the Philox
     generator keyed by `keys[i]` (two uint64, see example_rng). Returns the model's features."""
     input_ids = np.asarray(input_ids, np.int32)
+    segmented = (input_ids & SEGMENTED_WORD_START) != 0
+    if segmented.any():
+      input_ids = input_ids & ~SEGMENTED_WORD_START
+      if not self.segmented_words:
+        segmented[:] = False
     b, seq = input_ids.shape
     num_p = self.max_predictions
     cand = self.candidate[input_ids] & (np.asarray(input_mask) > 0)
     prev = np.zeros_like(cand)
     prev[:, 1:] = cand[:, :-1]
-    start = cand & (self.word_start[input_ids] | ~prev)
+    start = cand & (self.word_start[input_ids] | segmented | ~prev)
     flat_start = np.flatnonzero(start)
     flat_bound = np.flatnonzero(start | ~cand)
     flat_end = flat_bound[np.searchsorted(flat_bound, flat_start, side="right")]
@@ -267,6 +277,7 @@ def mask_example(
   masked_lm_prob: float = 0.15,
   max_ngram: int = 3,
   spans: list | None = None,
+  segmented_words: bool = True,
 ) -> dict[str, np.ndarray]:
   """Masks one unmasked example (from create_pairs) into padded model features (unbatched)."""
   masker = Masker(
@@ -275,6 +286,7 @@ def mask_example(
     max_predictions_per_seq=max_predictions_per_seq,
     masked_lm_prob=masked_lm_prob,
     max_ngram=max_ngram,
+    segmented_words=segmented_words,
   )
   ids, seg, mask = pad_example(example, max_seq_length)
   out = masker(

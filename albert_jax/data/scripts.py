@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -295,3 +296,65 @@ def language_contradiction(language: str, counts: collections.Counter) -> str | 
 # Scripts of thousands of characters (Chinese, Japanese, Korean), whose rare tail SentencePiece
 # advises covering less of (character_coverage 0.9995: data.spm_character_coverage=auto).
 RICH_CHARACTER_SETS = frozenset({"Han", "Hiragana", "Katakana", "Hangul", "Bopomofo"})
+
+
+# The word segmenter of each unspaced writing system that has one on PyPI with its dictionary
+# (data.word_segmenter=auto; data/word_segmenters.py runs them). Khmer, Lao, Burmese and Tibetan
+# have none here: their pieces count as words of their own.
+SEGMENTER_FOR = {"Han": "jieba", "Japanese": "fugashi", "Thai": "pythainlp"}
+
+
+# The letters of UNSPACED scripts as one regex class (from _RANGES): a search in C per text.
+_UNSPACED_LETTER = re.compile(
+  "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, script in _RANGES if script in UNSPACED) + "]"
+)
+
+
+def has_unspaced(text: str) -> bool:
+  """Whether `text` holds a letter of a script written without spaces between words (kana count)."""
+  return not text.isascii() and _UNSPACED_LETTER.search(text) is not None
+
+
+def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
+  """data.keep_accents=auto from a sample of the corpus: (keep, why). Strip (the original's rule)
+  only where the letters are in a script whose marks are accents a reader can do without (Latin);
+  where stripping still changes more than 0.5% of the letters (Vietnamese tones, French or German
+  accents), `why` says so and names the switch."""
+  counts = collections.Counter()
+  for text in texts:
+    counts.update(script_counts(text))
+  script = dominant_script(counts)
+  share = share_changed_by_stripping(texts)
+  if strips_safely(script):
+    what = f"in the {script} script" if script else "without letters"
+    why = f"the corpus is {what}: accents stripped as the original did"
+    if share > 0.005:
+      why += f"; they are {share:.1%} of its letters: data.keep_accents=true keeps them"
+    return False, why
+  return True, (
+    f"the corpus is mostly {script}, not Latin script: stripping would change {share:.1%} of its "
+    f"letters"
+  )
+
+
+def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
+  """data.word_start=auto's word segmenter from a sample of the corpus: (segmenter, what it means
+  and why). Text written with spaces gets "none": the marker rule, and any unspaced text in it a
+  piece at a time; unspaced text its script's segmenter (SEGMENTER_FOR), "none" where it has
+  none. `wanted` is data.word_segmenter ("auto" here)."""
+  counts = collections.Counter()
+  for text in texts:
+    counts.update(script_counts(text))
+  script = dominant_script(counts)
+  if not is_unspaced(script):
+    return "none", (
+      f"the marker rule (the corpus is in {script or 'no'} script, written with spaces between "
+      f"words)"
+    )
+  name = SEGMENTER_FOR.get(script, "none") if wanted == "auto" else wanted
+  if name == "none":
+    return "none", (
+      f"each piece of unspaced text a word (the corpus is in {script}, without spaces, and no "
+      f"segmenter for it)"
+    )
+  return name, f"words from the {name} segmenter (the corpus is in {script}, without spaces)"

@@ -24,7 +24,7 @@ import numpy as np
 import sentencepiece as spm
 
 from albert_jax.base import files
-from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError, keep_accents_value
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
@@ -33,12 +33,14 @@ USER_DEFINED_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
 WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it begins a word.
 
 # Which pieces begin a word, for whole-word masking (data.word_start):
+#   auto      the marker rule, plus the word starts a segmenter stored with unspaced text
+#             (data/word_segmenters.py; the masker reads them);
 #   marker    a piece that starts with "▁" (docs/data.md, whole-word masking);
 #   original  google-research/albert's _is_start_piece_sp: also a piece starting with "<", a lone
 #             punctuation piece, and a piece with any character that is neither a-z nor that
 #             punctuation (digits, accents, other scripts). Its "€"/"£" entries are UTF-8 bytes, which
 #             no piece equals under Python 3; they are left out here for the same result.
-WORD_START_RULES = ("marker", "original")
+WORD_START_RULES = ("auto", "marker", "original")
 # SentencePiece's trainer skips a "sentence" longer than this many bytes (its max_sentence_length):
 # train() hands it longer ones in pieces, so that no text is lost to the vocabulary.
 MAX_SENTENCE_BYTES = 4192
@@ -56,8 +58,21 @@ def piece_text(piece: str) -> str:
   return piece.replace(WORD_MARKER, "") or piece
 
 
+def display_piece(piece: str) -> str:
+  """A piece as the console shows it on its own (the fill-mask glimpse's targets and predictions):
+  piece_text, with a bare word marker as "␣" (a word boundary, e.g. before Chinese text) and a
+  piece that begins with a mark (a Devanagari vowel sign, a kept accent) on a dotted circle, as
+  typesetters show marks alone ("◌ु"), so it does not fall onto the character before it."""
+  text = piece_text(piece)
+  if text and set(text) == {WORD_MARKER}:
+    return "\u2423" * len(text)
+  if text and unicodedata.category(text[0]).startswith("M"):
+    return "\u25cc" + text
+  return text
+
+
 def starts_word(piece: str, rule: str = "marker") -> bool:
-  if rule == "marker":
+  if rule in ("marker", "auto"):
     return piece.startswith(WORD_MARKER)
   if rule == "original":
     return (
@@ -68,19 +83,23 @@ def starts_word(piece: str, rule: str = "marker") -> bool:
   raise ValueError(f"word-start rule {rule!r} is not one of {WORD_START_RULES}")
 
 
-def preprocess_text(text: str, lower: bool = True, normalize_quotes: bool = True) -> str:
+def preprocess_text(
+  text: str, lower: bool = True, normalize_quotes: bool = True, keep_accents: bool = False
+) -> str:
   """Collapse whitespace, `` and '' -> " (normalize_quotes), strip accents, lowercase.
 
   The original's preprocess_text (google-research/albert tokenization.py) without the quote rule:
   that rule is XLNet's, which Hugging Face's AlbertTokenizer applies; data.normalize_quotes=False
-  drops it as the original did. Accents are always stripped (NFKD, drop combining marks), as in
-  the original, cased or not. ASCII text takes a fast path: NFKD is the identity on it and it has
-  no combining marks.
+  drops it as the original did. Accents are stripped (NFKD, drop combining marks) as in the
+  original unless keep_accents (Hugging Face's AlbertTokenizer(keep_accents=True): the text is
+  left as written, and SentencePiece's own NFKC normalisation is all it gets; data.keep_accents,
+  docs/languages.md). ASCII text takes a fast path: NFKD is the identity on it and it has no
+  combining marks.
   """
   out = " ".join(text.split())
   if normalize_quotes:
     out = out.replace("``", '"').replace("''", '"')
-  if not out.isascii():
+  if not keep_accents and not out.isascii():
     out = unicodedata.normalize("NFKD", out)
     out = "".join(c for c in out if not unicodedata.combining(c))
   if lower:
@@ -98,13 +117,14 @@ def train(
   input_sentence_size: int = 10_000_000,
   normalize_quotes: bool = True,
   byte_fallback: bool = False,
+  keep_accents: bool = False,
   num_threads: int = TRAIN_THREADS,
   seed: int = 0,
 ) -> str:
   """Trains an ALBERT unigram SentencePiece model on `sentences` (raw text, one sentence each).
 
   Writes `model_path` (and the matching .vocab next to it) and returns `model_path`. Sentences are
-  preprocessed here (normalize_quotes: see preprocess_text); SentencePiece samples
+  preprocessed here (normalize_quotes, keep_accents: see preprocess_text); SentencePiece samples
   `input_sentence_size` of them when there are more (10,000,000: the original's spm_train flag;
   0: all). A sentence longer than MAX_SENTENCE_BYTES once preprocessed (a document with no sentence
   end the splitter knows; NFKD makes Hangul three times longer) reaches SentencePiece in pieces
@@ -121,7 +141,7 @@ def train(
   def _sentences() -> Iterator[str]:
     try:
       for s in sentences:
-        s = preprocess_text(s, lower, normalize_quotes)
+        s = preprocess_text(s, lower, normalize_quotes, keep_accents)
         if s:
           nonempty[0] = True
           yield from within_sentence_limit(s)
@@ -180,7 +200,9 @@ def train(
   os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
   with open(model_path, "wb") as f:
     f.write(model.getvalue())
-  tok = Tokenizer(model_path, lower=lower, normalize_quotes=normalize_quotes)
+  tok = Tokenizer(
+    model_path, lower=lower, normalize_quotes=normalize_quotes, keep_accents=keep_accents
+  )
   with open(os.path.splitext(model_path)[0] + ".vocab", "w", encoding="utf-8") as f:
     for i in range(tok.vocab_size):
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
@@ -222,6 +244,7 @@ class Tokenizer:
     lower: bool = True,
     word_start_rule: str = "marker",
     normalize_quotes: bool = True,
+    keep_accents: bool = False,
   ):
     if not files.path(model_path).is_file():
       raise ConfigError(f"SentencePiece model not found: {model_path}")
@@ -235,6 +258,7 @@ class Tokenizer:
     self.model_path = model_path
     self.lower = lower
     self.normalize_quotes = normalize_quotes
+    self.keep_accents = keep_accents
     self.vocab_size = self.sp.get_piece_size()
     expected = {PAD_ID: "pad", UNK_ID: "unk", CLS_ID: "[CLS]", SEP_ID: "[SEP]", MASK_ID: "[MASK]"}
     pieces = [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
@@ -255,14 +279,34 @@ class Tokenizer:
     )
     self.candidate[UNK_ID] = True
 
+  def preprocess(self, text: str) -> str:
+    """preprocess_text with this tokenizer's settings: the text SentencePiece is given."""
+    return preprocess_text(text, self.lower, self.normalize_quotes, self.keep_accents)
+
   def encode(self, text: str) -> list[int]:
     """Preprocesses one text (as the original) and returns its piece ids."""
-    return self.sp.encode(preprocess_text(text, self.lower, self.normalize_quotes))
+    return self.sp.encode(self.preprocess(text))
+
+  def encode_continuation(self, text: str) -> list[int]:
+    """`encode` for text that continues the previous text with no space between them (after a
+    [MASK] in "战争[MASK]改变了"): without the word marker SentencePiece puts before every text,
+    which would be a word boundary the text does not have."""
+    ids = self.encode(text)
+    if text[:1].isspace() or not ids:
+      return ids
+    first = self.sp.id_to_piece(ids[0])
+    if first == WORD_MARKER:
+      return ids[1:]
+    if first.startswith(WORD_MARKER):
+      unmarked = self.sp.piece_to_id(first[len(WORD_MARKER) :])
+      if unmarked != self.sp.unk_id():
+        return [unmarked] + ids[1:]
+    return ids
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
     """`encode` for many texts at once (SentencePiece encodes the list in C++, on num_threads
     threads; -1: every core)."""
-    texts = [preprocess_text(t, self.lower, self.normalize_quotes) for t in texts]
+    texts = [self.preprocess(t) for t in texts]
     return self.sp.encode(texts, num_threads=num_threads)
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -277,8 +321,26 @@ def load(
   lower: bool = True,
   word_start_rule: str = "marker",
   normalize_quotes: bool = True,
+  keep_accents: bool = False,
 ) -> Tokenizer:
   """Loads an ALBERT SentencePiece model (ours or a released spiece.model)."""
   return Tokenizer(
-    model_path, lower=lower, word_start_rule=word_start_rule, normalize_quotes=normalize_quotes
+    model_path,
+    lower=lower,
+    word_start_rule=word_start_rule,
+    normalize_quotes=normalize_quotes,
+    keep_accents=keep_accents,
+  )
+
+
+def load_for(model_path: str, data) -> Tokenizer:
+  """The tokenizer a pretraining data config reads text with (its lowercasing, quotes, kept
+  accents as decided, word-start rule); a config written before a field existed gets the value
+  that version used."""
+  return Tokenizer(
+    model_path,
+    lower=bool(data.get("do_lower_case", True)),
+    word_start_rule=str(data.get("word_start", "marker")),
+    normalize_quotes=bool(data.get("normalize_quotes", True)),
+    keep_accents=bool(keep_accents_value(data.get("keep_accents", False))),
   )

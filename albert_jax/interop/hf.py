@@ -493,6 +493,7 @@ def save_hf(
   spm_model_path: str | None = None,
   *,
   do_lower_case: bool = True,
+  keep_accents: bool = False,
   unshare: bool = False,
   readme: str | None = None,
   task: Any = None,
@@ -514,6 +515,6 @@ def save_hf(
     files.write_json(os.path.join(tmp, CONFIG_FILE), hf_config)
     if spm_model_path:
       hf_tokenizer.write_hf_tokenizer(
-        spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings
+        spm_model_path, tmp, do_lower_case, cfg.max_position_embeddings, keep_accents
       )
   return out_dir

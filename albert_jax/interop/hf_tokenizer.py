@@ -11,11 +11,13 @@ import dataclasses
 import json
 import os
 import struct
+import unicodedata
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.base.log import log
+from albert_jax.data import scripts, tokenizer as tokenizer_lib
 
 # ----------------------------------------------------------------------------------------------------
 # spiece.model's own fields, read from its protobuf wire format. sentencepiece's generated
@@ -31,6 +33,7 @@ class SpmModel:
   model_type: int  # TrainerSpec.model_type: 1 unigram, 2 bpe, 3 word, 4 char
   character_coverage: float  # TrainerSpec.character_coverage
   precompiled_charsmap: bytes  # NormalizerSpec.precompiled_charsmap
+  byte_fallback: bool = False  # TrainerSpec.byte_fallback: unknown characters as <0xNN> pieces
 
 
 def _fields(buf: bytes):
@@ -67,9 +70,11 @@ def _fields(buf: bytes):
 
 
 def read_spm_model(path: str) -> SpmModel:
-  """spiece.model's pieces, scores and types, model type, character coverage and charsmap."""
+  """spiece.model's pieces, scores and types, model type, character coverage, byte fallback and
+  charsmap."""
   data = files.path(path).read_bytes()
   pieces, model_type, coverage, charsmap = [], 1, 0.9995, b""  # the proto's defaults
+  byte_fallback = False
   try:
     for number, _, value in _fields(data):
       if number == 1:  # ModelProto.pieces: SentencePiece {piece = 1, score = 2, type = 3}
@@ -82,12 +87,14 @@ def read_spm_model(path: str) -> SpmModel:
           elif n == 3:
             kind = v
         pieces.append((piece, score, kind))
-      elif number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10
-        for n, _, v in _fields(value):
+      elif number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10,
+        for n, _, v in _fields(value):  # byte_fallback = 35
           if n == 3:
             model_type = v
           elif n == 10:
             coverage = struct.unpack("<f", v)[0]
+          elif n == 35:
+            byte_fallback = bool(v)
       elif number == 3:  # ModelProto.normalizer_spec: precompiled_charsmap = 2
         for n, _, v in _fields(value):
           if n == 2:
@@ -96,23 +103,71 @@ def read_spm_model(path: str) -> SpmModel:
     raise ConfigError(f"{path} is not a SentencePiece model ({e})") from None
   if not pieces:
     raise ConfigError(f"{path} is not a SentencePiece model (no pieces)")
-  return SpmModel(pieces, model_type, coverage, charsmap)
+  return SpmModel(pieces, model_type, coverage, charsmap, byte_fallback)
+
+
+def _stripped_marks_regex() -> str:
+  """A regex class of every character preprocess_text's accent stripping drops (combining class
+  != 0, as unicodedata says): Hugging Face's StripAccents drops every mark (spacing vowel signs
+  such as Devanagari's U+093E too), which is not our rule."""
+  ranges, first, last = [], None, None
+  for cp in range(0x300, 0x110000):
+    if 0xD800 <= cp <= 0xDFFF:
+      continue
+    if unicodedata.combining(chr(cp)):
+      if first is not None and cp == last + 1:
+        last = cp
+        continue
+      if first is not None:
+        ranges.append((first, last))
+      first = last = cp
+  ranges.append((first, last))
+  return "[" + "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges) + "]"
+
+
+def _albert_tokenizer_differs(proto: SpmModel, keep_accents: bool) -> str:
+  """Why transformers' AlbertTokenizer class cannot give our ids with this vocabulary ("" when it
+  can). transformers 5 rebuilds its normaliser from tokenizer_config.json (keep_accents,
+  do_lower_case) and takes only the pieces and the charsmap from tokenizer.json: without
+  keep_accents it decomposes Hangul into jamo that its charsmap step never recomposes (every
+  Korean syllable becomes <unk>) and its StripAccents drops spacing vowel signs that ours keeps
+  (Hindi, Bengali, Thai ...); and it never falls back to bytes."""
+  if proto.byte_fallback:
+    return "the vocabulary falls back to bytes, which AlbertTokenizer never does"
+  if keep_accents:
+    return ""
+  for piece, _, _ in proto.pieces:
+    for c in piece:
+      if scripts.script_of(c) == "Hangul":
+        return "AlbertTokenizer(keep_accents=False) turns Korean into <unk>"
+      if unicodedata.category(c).startswith("M") and not unicodedata.combining(c):
+        return f"AlbertTokenizer(keep_accents=False) drops marks such as U+{ord(c):04X}"
+  return ""
 
 
 def write_hf_tokenizer(
-  spm_model_path: str, out_dir: str, do_lower_case: bool = True, model_max_length: int = 512
-) -> None:
+  spm_model_path: str,
+  out_dir: str,
+  do_lower_case: bool = True,
+  model_max_length: int = 512,
+  keep_accents: bool = False,
+) -> str:
   """spiece.model, tokenizer.json and tokenizer_config.json that AlbertTokenizer.from_pretrained loads.
 
-  transformers 5.x builds AlbertTokenizer's normaliser itself (`` '' -> ", NFKD, strip accents,
-  lowercase, the model's precompiled charsmap; our tokenizer.preprocess_text) but takes the pieces and
-  scores from tokenizer.json. We write SentencePiece's scores as they are (the converter that runs from
-  spiece.model alone lowers pieces like "9," by 100, the original's comma quirk we do not reproduce),
-  and the user-defined symbols (. - ( ) ...) as ordinary pieces with SentencePiece's own bonus
-  (length * max_score - 0.1, unigram_model.cc) instead of the converter's added tokens, which split
-  them off before the word and so change the ids around them. The result gives our ids; known
-  exceptions are characters outside SentencePiece's and Hugging Face's common ground (marks with
-  combining class 0 such as U+0903, the ASCII separators U+001C..U+001F).
+  tokenizer.json's normaliser is our tokenizer.preprocess_text followed by SentencePiece's own
+  (`` '' -> ", with keep_accents=False NFKD and the marks preprocess_text strips (combining class
+  != 0, not Hugging Face's StripAccents, which drops spacing vowel signs too) then NFC, which
+  puts Hangul syllables back together as SentencePiece's NFKC does, lowercase, the model's
+  precompiled charsmap). tokenizer_config.json carries keep_accents and do_lower_case for
+  transformers' AlbertTokenizer, which builds its normaliser from them (see
+  _albert_tokenizer_differs for where it cannot match: then the config names
+  PreTrainedTokenizerFast, which reads tokenizer.json as written, and AutoTokenizer gives our
+  ids). We write SentencePiece's scores as they are (the converter that runs from spiece.model
+  alone lowers pieces like "9," by 100, the original's comma quirk we do not reproduce), and the
+  user-defined symbols (. - ( ) ...) as ordinary pieces with SentencePiece's own bonus (length *
+  max_score - 0.1, unigram_model.cc) instead of the converter's added tokens, which split them off
+  before the word and so change the ids around them. A vocabulary trained with byte_fallback
+  (its trainer_spec says so) is exported with byte fallback. Returns the tokenizer class written.
   """
   tokenizer_lib.load(
     spm_model_path
@@ -135,9 +190,13 @@ def write_hf_tokenizer(
   normalizers = [
     {"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
     {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
-    {"type": "NFKD"},
-    {"type": "StripAccents"},
   ]
+  if not keep_accents:
+    normalizers += [
+      {"type": "NFKD"},
+      {"type": "Replace", "pattern": {"Regex": _stripped_marks_regex()}, "content": ""},
+      {"type": "NFC"},
+    ]
   if do_lower_case:
     normalizers.append({"type": "Lowercase"})
   charsmap = proto.precompiled_charsmap
@@ -146,6 +205,29 @@ def write_hf_tokenizer(
       {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")}
     )
   normalizers.append({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})
+  differs = _albert_tokenizer_differs(proto, keep_accents)
+  tokenizer_class = "PreTrainedTokenizerFast" if differs else "AlbertTokenizer"
+  if differs:
+    log(
+      f"export: tokenizer_class=PreTrainedTokenizerFast ({differs}): load the tokenizer with "
+      f"AutoTokenizer.from_pretrained, which reads tokenizer.json as written"
+    )
+  decoder = {
+    "type": "Metaspace",
+    "replacement": "\u2581",
+    "prepend_scheme": "always",
+    "split": True,
+  }
+  if proto.byte_fallback:  # as Hugging Face's byte-fallback SentencePiece tokenizers decode
+    decoder = {
+      "type": "Sequence",
+      "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+      ],
+    }
   special = lambda name: {"SpecialToken": {"id": name, "type_id": 0}}
   tokenizer_json = {
     "version": "1.0",
@@ -186,13 +268,13 @@ def write_hf_tokenizer(
         sep: {"id": sep, "ids": [3], "tokens": [sep]},
       },
     },
-    "decoder": {
-      "type": "Metaspace",
-      "replacement": "\u2581",
-      "prepend_scheme": "always",
-      "split": True,
+    "decoder": decoder,
+    "model": {
+      "type": "Unigram",
+      "unk_id": 1,
+      "vocab": vocab,
+      "byte_fallback": proto.byte_fallback,
     },
-    "model": {"type": "Unigram", "unk_id": 1, "vocab": vocab, "byte_fallback": False},
   }
   files.path(spm_model_path).copy(files.path(out_dir, VOCAB_FILE), overwrite=True)
   with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
@@ -209,9 +291,9 @@ def write_hf_tokenizer(
   files.write_json(
     os.path.join(out_dir, "tokenizer_config.json"),
     {
-      "tokenizer_class": "AlbertTokenizer",
+      "tokenizer_class": tokenizer_class,
       "do_lower_case": bool(do_lower_case),
-      "keep_accents": False,
+      "keep_accents": bool(keep_accents),
       "remove_space": True,
       "model_max_length": int(model_max_length),
       # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
@@ -220,3 +302,4 @@ def write_hf_tokenizer(
     },
   )
   files.write_json(os.path.join(out_dir, "special_tokens_map.json"), tokens)
+  return tokenizer_class

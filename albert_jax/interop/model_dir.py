@@ -16,7 +16,7 @@ from typing import Any
 
 import ml_collections
 
-from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.config_lib import ConfigError, keep_accents_value
 from albert_jax.base.files import path as fpath, read_json
 from albert_jax.base.layout import CONFIG_FILE, RESULTS_FILE, VOCAB_FILE, Kind, is_run, kind
 from albert_jax.data import dataset
@@ -33,8 +33,8 @@ class ModelDir:
   vocab: str  # its spiece.model
   task: str  # a run's data.task or task.name, an export's recorded task, else "unknown"
   run_config: ml_collections.ConfigDict | None  # a run's whole config.json (None for exports)
-  # {"do_lower_case": bool, "normalize_quotes": bool}: the text preprocessing the model was trained
-  # with (tokenizer_settings).
+  # {"do_lower_case": bool, "normalize_quotes": bool, "keep_accents": bool}: the text preprocessing
+  # the model was trained with (tokenizer_settings).
   tokenizer: dict
   load: Callable[..., tuple[Any, Any]]  # load(step="latest") -> (params, step or None)
 
@@ -69,14 +69,21 @@ def run_vocabulary(config, workdir: str) -> str:
 
 def tokenizer_settings(found: Kind, d: str, recorded) -> dict:
   """The text preprocessing a model directory's model was trained with, as `recorded` says (a run's
-  data config, an export's config.json); a Hugging Face directory lowercases as its
-  tokenizer_config.json says and always turns `` and '' into " (AlbertTokenizer does). Written
-  before data.normalize_quotes existed: quotes normalized (what every model was trained with then)."""
+  data config, an export's config.json); a Hugging Face directory lowercases and keeps accents as
+  its tokenizer_config.json says and always turns `` and '' into " (AlbertTokenizer does). Written
+  before data.normalize_quotes existed: quotes normalized (what every model was trained with
+  then); before data.keep_accents: accents stripped."""
   if found is Kind.HF:
     tok = fpath(d, "tokenizer_config.json")
-    lower = read_json(tok).get("do_lower_case", True) if tok.is_file() else True
-    return {"do_lower_case": bool(lower), "normalize_quotes": True}
-  return {k: bool(recorded.get(k, True)) for k in ("do_lower_case", "normalize_quotes")}
+    settings = read_json(tok) if tok.is_file() else {}
+    return {
+      "do_lower_case": bool(settings.get("do_lower_case", True)),
+      "normalize_quotes": True,
+      "keep_accents": bool(settings.get("keep_accents", False)),
+    }
+  out = {k: bool(recorded.get(k, True)) for k in ("do_lower_case", "normalize_quotes")}
+  out["keep_accents"] = bool(keep_accents_value(recorded.get("keep_accents", False)))
+  return out
 
 
 def open_model_dir(p: str, what: str = "path") -> ModelDir:

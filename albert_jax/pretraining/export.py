@@ -12,7 +12,7 @@ import tempfile
 from typing import Any
 
 from albert_jax import tasks
-from albert_jax.base import files
+from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer
 from albert_jax.engine import checkpoint, workdir as workdir_lib
@@ -208,6 +208,11 @@ def write_export(
     raise ConfigError(f"vocabulary not found: {spm_model_path} (pass --spm_model_path)")
   metrics = {k: float(v) for k, v in (metrics or {}).items()}
   do_lower_case = bool(config.data.do_lower_case) if "data" in config else True
+  # Recorded by prepare (data.keep_accents=auto decided) or by fine-tuning (init_from's); a run
+  # from before data.keep_accents stripped accents.
+  keep_accents = bool(
+    config_lib.keep_accents_value(config.data.get("keep_accents")) if "data" in config else False
+  )
   readme = model_card(config, step, metrics, fmt, source)
   # Written locally first: beside the output (one rename puts it in place), or for gs:// in a
   # temporary directory uploaded once complete, the model card last.
@@ -224,6 +229,7 @@ def write_export(
         staging,
         spm_model_path,
         do_lower_case=do_lower_case,
+        keep_accents=keep_accents,
         unshare=unshare,
         readme=readme,
         task=tasks.of(config) if "task" in config else None,
@@ -238,6 +244,7 @@ def write_export(
         extra["max_seq_length"] = int(config.data.max_seq_length)
         extra["task"] = str(config.data.task)  # which sentence-pair task the head learned
         extra["normalize_quotes"] = bool(config.data.get("normalize_quotes", True))
+        extra["keep_accents"] = keep_accents
       jax_export.save_jax(
         params,
         config.model,

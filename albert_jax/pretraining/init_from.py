@@ -57,6 +57,8 @@ def complete(config) -> None:
     pretrained.check_architecture(
       pretrained.read_model_config(config.init_from), config.model, config.init_from
     )
+    source = model_dir.open_model_dir(config.init_from, "init_from")
+    take_keep_accents(config, source.tokenizer["keep_accents"], config.init_from)
 
 
 def resolve(config):
@@ -117,9 +119,27 @@ def resolve_init_from(config) -> None:
   _take_tokenizer_settings(config, source.tokenizer, p)
 
 
+def take_keep_accents(config, theirs: bool, p: str) -> None:
+  """data.keep_accents: init_from's where not set (None, or a pretraining config's "auto"); one set
+  that differs is refused: init_from's vocabulary was trained on text read the other way, so its
+  embeddings would be read with other pieces."""
+  field = config.data.get("keep_accents")
+  given = config_lib.keep_accents_value(field)
+  if given is None:  # a fine-tuning config's None takes a bool, a pretraining config's "auto" text
+    with config.unlocked():
+      config.data.keep_accents = theirs if field is None else ("true" if theirs else "false")
+  elif given != theirs:
+    raise ConfigError(
+      f"data.keep_accents={str(given).lower()}: init_from={p} was trained with "
+      f"keep_accents={str(theirs).lower()}; leave data.keep_accents unset to take it"
+    )
+
+
 def _take_tokenizer_settings(config, theirs: dict, p: str) -> None:
   """data.do_lower_case / data.normalize_quotes: init_from's where None; a value set that differs
-  from init_from's is kept, and said."""
+  from init_from's is kept, and said. data.keep_accents: take_keep_accents."""
+  theirs = dict(theirs)
+  take_keep_accents(config, theirs.pop("keep_accents", False), p)
   with config.unlocked():
     for k, v in theirs.items():
       given = config.data.get(k)

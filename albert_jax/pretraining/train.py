@@ -56,12 +56,7 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
   """
   if jax.process_count() > 1:
     return []
-  tok = input_pipeline.tokenizer_lib.load(
-    dataset.spm_model_path(config, workdir),
-    config.data.do_lower_case,
-    config.data.word_start,
-    config.data.normalize_quotes,
-  )
+  tok = input_pipeline.tokenizer_lib.load_for(dataset.spm_model_path(config, workdir), config.data)
   with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
     batch = next(batches)
   with sharding.with_mesh(mesh):
@@ -76,7 +71,7 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
       )["mlm_logits"]
     )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))
-  piece = lambda i: input_pipeline.tokenizer_lib.piece_text(tok.id_to_piece(int(i)))  # noqa: E731
+  piece = lambda i: input_pipeline.tokenizer_lib.display_piece(tok.id_to_piece(int(i)))  # noqa: E731
   lines = []
   for row in range(min(num_examples, len(batch["input_ids"]))):
     k = int(batch["masked_lm_weights"][row].sum())

@@ -57,6 +57,7 @@ def load_data(config, task) -> dict[str, tuple[dict, Any]]:
     config.data.spm_model_path,
     lower=True if lower is None else bool(lower),
     normalize_quotes=True if quotes is None else bool(quotes),
+    keep_accents=bool(config.data.get("keep_accents")),
   )
   out = {}
   for split in task.splits:

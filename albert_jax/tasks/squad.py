@@ -175,9 +175,10 @@ def _example(
 
 
 def _preprocess_with_map(
-  text: str, lower: bool, normalize_quotes: bool = True
+  text: str, lower: bool, normalize_quotes: bool = True, keep_accents: bool = False
 ) -> tuple[str, list[int], list[int]]:
-  """tokenizer.preprocess_text one character at a time, with each output character's source."""
+  """tokenizer.preprocess_text one character at a time, with each output character's source
+  (keep_accents: the character as written, no NFKD and no mark dropped)."""
   out, source, source_end = [], [], []
   i, pending_space = 0, False
   while i < len(text):
@@ -197,8 +198,8 @@ def _preprocess_with_map(
       source_end.append(i + 2)
       i += 2
       continue
-    for d in unicodedata.normalize("NFKD", c) if not c.isascii() else c:
-      if unicodedata.combining(d):
+    for d in unicodedata.normalize("NFKD", c) if not (keep_accents or c.isascii()) else c:
+      if not keep_accents and unicodedata.combining(d):
         continue
       for e in d.lower() if lower else d:
         out.append(e)
@@ -235,7 +236,9 @@ def _align(joined: str, norm: str) -> np.ndarray:
 
 def _pieces_with_spans(tok: tokenizer_lib.Tokenizer, text: str) -> tuple[list[int], np.ndarray]:
   """The piece ids of `text` and each piece's [start, end) in `text` (empty for a bare "▁")."""
-  norm, source, source_end = _preprocess_with_map(text, tok.lower, tok.normalize_quotes)
+  norm, source, source_end = _preprocess_with_map(
+    text, tok.lower, tok.normalize_quotes, tok.keep_accents
+  )
   ids = tok.sp.encode(norm)
   # An unknown piece's text ("<unk>") is not in the text: a character that matches nothing.
   pieces = [

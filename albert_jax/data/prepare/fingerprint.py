@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from albert_jax.base import config_lib, files
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, sources, tokenizer as tokenizer_lib
@@ -57,6 +57,9 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "vocab_size": config.model.vocab_size,
     "do_lower_case": d.do_lower_case,
     "normalize_quotes": d.normalize_quotes,
+    # Decided at prepare time when "auto" (dataset.decide_text_settings): None until then.
+    "keep_accents": config_lib.keep_accents_value(d.keep_accents),
+    "word_segmenter": _segmenter(d),
     "max_seq_length": d.max_seq_length,
     "short_seq_prob": d.short_seq_prob,
     "task": config_lib.examples_task(d.task),
@@ -67,6 +70,27 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "corpus": corpus_lib.identity(d),
     **({"sampling": sampling} if (sampling := sources.fingerprint(d)) else {}),
   }
+
+
+def _segmenter(d) -> str | None:
+  """The word segmenter the stored examples' word starts come from: "" with no word starts stored
+  (data.word_start other than auto), None while data.word_segmenter=auto is not decided."""
+  if d.word_start != "auto":
+    return ""
+  return None if d.word_segmenter == "auto" else d.word_segmenter
+
+
+def take_decisions(config, stored: dict) -> None:
+  """data.keep_accents / data.word_segmenter left at auto take what the prepared data's
+  fingerprint `stored` recorded (the decision made from its corpus), so a run on prepared data
+  reads text as the data was made."""
+  d = config.data
+  if config_lib.keep_accents_value(d.keep_accents) is None:
+    keep = stored.get("keep_accents")
+    if keep is not None:
+      validation.record_decision(config, "data", "keep_accents", "true" if keep else "false")
+  if d.word_start == "auto" and d.word_segmenter == "auto" and stored.get("word_segmenter"):
+    validation.record_decision(config, "data", "word_segmenter", stored["word_segmenter"])
 
 
 def config_for_prepared(data_dir: str, prepared: dict):
@@ -91,7 +115,13 @@ def config_for_prepared(data_dir: str, prepared: dict):
       builtin_corpus="",
     )
     for field, before in _FIELDS_SINCE.items():  # what data prepared before them was made with
-      d[field] = fp.get(field, before)
+      value = fp.get(field, before)
+      if field == "keep_accents":
+        value = "true" if value else "false"
+      elif field == "word_segmenter":
+        d.word_start = "auto" if value else "marker"
+        value = value or "auto"
+      d[field] = value
     if fp["vocab"]["source"] == "file":
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
     else:
@@ -123,7 +153,12 @@ _READ_FIELDS = ("input_format", "text_format", "text_feature")
 
 
 # Fingerprint fields added since FORMAT_VERSION 3, with the value data prepared before had.
-_FIELDS_SINCE = {"normalize_quotes": True, "pairing": "static"}
+_FIELDS_SINCE = {
+  "normalize_quotes": True,
+  "pairing": "static",
+  "keep_accents": False,  # accents were always stripped
+  "word_segmenter": "",  # no word starts stored
+}
 
 
 def as_read_today(prepared: dict, config) -> dict:
@@ -167,6 +202,8 @@ def differences(stored: dict, current: dict) -> list[str]:
         diffs.append(f"vocabulary ({_describe_vocab(there)} there, {_describe_vocab(here)} here)")
     elif key == "corpus":
       diffs.extend(_corpus_differences(there, here))
+    elif key in ("keep_accents", "word_segmenter") and here is None:
+      continue  # auto: takes what the data recorded (take_decisions)
     elif there != here:
       diffs.append(f"{key} ({there!r} there, {here!r} here)")
   return diffs

@@ -27,6 +27,7 @@ from albert_jax.data import (
   corpus as corpus_lib,
   examples as examples_lib,
   tokenizer as tokenizer_lib,
+  word_segmenters,
 )
 from albert_jax.data.prepare.layout import SPLITS, document_features, example_features
 
@@ -45,13 +46,19 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
   GROUP_DOCUMENTS with a generator seeded by (seed, split, shard, group). Returns, per split,
   the examples as flat arrays (tokens, segments, lengths, labels), and the shard's statistics.
   """
-  key = (vocab_path, data.do_lower_case, data.normalize_quotes)
+  keep_accents = config_lib.keep_accents_value(data.keep_accents)
+  key = (vocab_path, data.do_lower_case, data.normalize_quotes, keep_accents)
   if key not in _TOKENIZERS:
     _TOKENIZERS.clear()
     _TOKENIZERS[key] = tokenizer_lib.load(
-      vocab_path, data.do_lower_case, normalize_quotes=data.normalize_quotes
+      vocab_path,
+      data.do_lower_case,
+      normalize_quotes=data.normalize_quotes,
+      keep_accents=bool(keep_accents),
     )
   tok = _TOKENIZERS[key]
+  # data.word_start=auto: word starts of unspaced text stored in the ids (word_segmenters.py).
+  segmenter = data.word_segmenter if data.word_start == "auto" else ""
   cstats = corpus_lib.CorpusStats()
   pair_stats: dict = {}
   docs: dict = {split: [] for split in SPLITS}
@@ -64,9 +71,16 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
   def flush(split: str):
     if not docs[split]:
       return
-    ids = tok.encode_batch([s for doc in docs[split] for s in doc], num_threads=num_threads)
+    sentences = [s for doc in docs[split] for s in doc]
+    if segmenter:
+      ids = word_segmenters.word_start_flags(tok, sentences, segmenter, num_threads=num_threads)
+    else:
+      ids = tok.encode_batch(sentences, num_threads=num_threads)
     pieces[f"{split}_pieces"] += sum(len(x) for x in ids)
-    pieces[f"{split}_unk"] += sum(x.count(tokenizer_lib.UNK_ID) for x in ids)
+    # a segmenter's word starts ride on the ids (word_segmenters.SEGMENTED_WORD_START): an <unk>
+    # that begins a word is UNK_ID with that bit
+    unk = (tokenizer_lib.UNK_ID, tokenizer_lib.UNK_ID | word_segmenters.SEGMENTED_WORD_START)
+    pieces[f"{split}_unk"] += sum(x.count(unk[0]) + x.count(unk[1]) for x in ids)
     tokenized, i = [], 0
     for doc in docs[split]:
       tokenized.append(ids[i : i + len(doc)])

@@ -16,7 +16,7 @@ import time
 
 from absl import logging
 
-from albert_jax.base import files
+from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data import corpus as corpus_lib, scripts, sources, tokenizer as tokenizer_lib
@@ -190,7 +190,9 @@ def _input_sentence_size(d, sentences: list[str]) -> int:
   extra = 0
   for s in sentences:
     if len(s.encode("utf-8")) > tokenizer_lib.MAX_SENTENCE_BYTES // 11:
-      text = tokenizer_lib.preprocess_text(s, d.do_lower_case, d.normalize_quotes)
+      text = tokenizer_lib.preprocess_text(
+        s, d.do_lower_case, d.normalize_quotes, bool(config_lib.keep_accents_value(d.keep_accents))
+      )
       if len(text.encode("utf-8")) > tokenizer_lib.MAX_SENTENCE_BYTES:
         extra += sum(1 for _ in tokenizer_lib.within_sentence_limit(text)) - 1
   return max(len(sentences), d.vocab_sample_sentences) + extra
@@ -204,6 +206,7 @@ def _train_vocab_on(config, sentences: list[str], settings: dict, out_dir: str) 
     config.model.vocab_size,
     lower=d.do_lower_case,
     normalize_quotes=d.normalize_quotes,
+    keep_accents=config_lib.keep_accents_value(d.keep_accents),
     input_sentence_size=_input_sentence_size(d, sentences),
     seed=config.seed,
     **settings,
