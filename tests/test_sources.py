@@ -269,3 +269,72 @@ def test_a_source_matching_no_file_is_one_line(corpora, tmp_path):
   with pytest.raises(ConfigError, match="source xx: data.input_files: no file matches"):
     dataset.prepare(config, str(tmp_path / "w"))
   assert not os.path.exists(tmp_path / "w")
+
+
+SCRIPTS = {"en": "LATIN", "ru": "CYRILLIC", "hi": "DEVANAGARI"}
+
+
+def _script_of(tok, ids) -> str:
+  import unicodedata
+
+  letters = [c for c in tok.decode([int(i) for i in ids]) if c.isalpha()]
+  names = collections.Counter(unicodedata.name(c).split()[0] for c in letters)
+  return names.most_common(1)[0][0]
+
+
+def test_each_sources_eval_alone_and_evaluate_reports_them(weighted, tmp_path):
+  import shutil
+
+  import torch
+  import transformers
+
+  from albert_jax.data import tokenizer as tokenizer_lib
+  from albert_jax.pretraining import evaluation
+
+  config, workdir, info = weighted
+  tok = tokenizer_lib.load(info["spm_model_path"], True)
+  prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
+  # A source's eval iterator shows that source's held-out examples only: their script says so.
+  for name, script in SCRIPTS.items():
+    it = input_pipeline.make_iterator(config, workdir, "eval", 0, 1, source=name)
+    batch = next(it)
+    rows = batch["input_ids"] * batch["input_mask"]
+    rows = np.where(rows > 4, rows, 0)  # pieces only (masks and control ids out)
+    assert {_script_of(tok, r[r > 0]) for r in rows} == {script}
+  with pytest.raises(ConfigError, match="no source 'xx'"):
+    input_pipeline.make_iterator(config, workdir, "eval", 0, 1, source="xx")
+  # evaluate's figures per source are those of each source's examples scored alone.
+  torch.manual_seed(0)
+  hf = transformers.AlbertConfig(
+    vocab_size=1000,
+    embedding_size=16,
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=SEQ,
+  )
+  model_dir = tmp_path / "hf"
+  transformers.AlbertForPreTraining(hf).save_pretrained(model_dir)
+  shutil.copy(info["spm_model_path"], model_dir / "spiece.model")
+  result = evaluation.score(str(model_dir), info["data_dir"], batches=2, batch_size=BATCH)
+  assert list(result["sources"]) == ["en", "ru", "hi"]
+  loaded = evaluation.load_model(str(model_dir))
+  cfg = evaluation.model_lib.model_config(loaded["model"])
+  data_config, _ = evaluation.data_config(info["data_dir"], BATCH)
+  mesh = evaluation.sharding.single_device_mesh()
+  for name in SCRIPTS:
+    it = input_pipeline.make_iterator(data_config, "", "eval", 0, 1, source=name)
+    alone = evaluation.train.evaluate(
+      evaluation._eval_step(cfg),
+      loaded["params"],
+      it,
+      2,
+      mesh,
+      evaluation.objective.Pretraining("sop").metrics,
+    )
+    got = result["sources"][name]
+    assert got["masked_lm_accuracy"] == pytest.approx(alone["masked_lm_accuracy"], abs=1e-6)
+    assert got["sentence_pair_accuracy"] == pytest.approx(alone["sentence_order_accuracy"], 1e-6)
+    assert got["masked_lm_loss"] == pytest.approx(alone["masked_lm_loss"], 1e-5)
+  assert result["masked_lm_loss"] != result["sources"]["hi"]["masked_lm_loss"]

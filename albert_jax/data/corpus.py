@@ -202,6 +202,8 @@ def identity(data) -> dict:
       )
     except (ConfigError, OSError):
       ident.update(files_sha256=None, files=None)
+      if any(names):
+        ident["source_files"] = None  # unknown: not compared
   elif kind == "tfds":
     ident.update(
       name=data.tfds_name,

@@ -61,9 +61,10 @@ class _EpochIndex:
     process_count: int,
     static_masking: bool,
     dupe_factor: int,
+    first: int = 0,
   ):
     self.n, self.h, self.p = num_examples, process_index, process_count
-    self.static, self.dupe = static_masking, dupe_factor
+    self.static, self.dupe, self.first = static_masking, dupe_factor, first
 
   def __call__(self, i: int, index: int):
     # Eval wraps around with new masks too: a split smaller than eval_steps * batch is not scored
@@ -71,7 +72,7 @@ class _EpochIndex:
     epoch = (self.h + i * self.p) // self.n
     if self.static:
       epoch %= self.dupe
-    return epoch, index
+    return epoch, index + self.first  # a source's run of records (make_iterator's source)
 
 
 class _Loader:
@@ -626,8 +627,12 @@ def make_iterator(
   split: str = "train",
   process_index: int | None = None,
   process_count: int | None = None,
+  source: str | None = None,
 ) -> BatchIterator:
   """An infinite iterator over this host's batches of `split` from the prepared data.
+
+  source: only that named source's examples of the eval split (evaluation per source,
+  prepared_sources; None: the whole split, its sources in their natural shares).
 
   Per-host batch = config.train.batch_size // process_count. Train: shuffled (data.shuffle; else in
   stored order, which is corpus order) with a new order and new masks each epoch. Eval: in one
@@ -647,8 +652,8 @@ def make_iterator(
   validation.check_batch_split(config.train, processes=process_count)
   per_host = config.train.batch_size // process_count
   d = config.data
-  source = open_source(ddir, split)
-  n = len(source)
+  data_source = open_source(ddir, split)
+  n = len(data_source)
   tok = tokenizer_lib.load_for(os.path.join(ddir, VOCAB_FILE), d)
   masker = masking_lib.Masker(
     tok.word_start,
@@ -661,8 +666,22 @@ def make_iterator(
   train = split == "train"
   pairs = None
   mixture = _mixture(config, ddir, prepared) if train else None
+  first, stream, records = 0, 0, None  # a source's run of eval records
+  if source is not None:
+    names = prepared_sources(prepared)
+    if train or source not in names:
+      raise ConfigError(
+        f"no source {source!r} to evaluate alone: the prepared eval split's sources are "
+        f"{', '.join(names) or 'none (no named sources)'}"
+      )
+    stream = names.index(source)
+    records = prepared["stats"]["sources"][stream]["eval_records"]
+    first, n = records[0], records[1] - records[0]
   if mixture is not None:
     n = mixture.epoch_size
+  elif d.pairing == "per_epoch" and records is not None:
+    pairs = _EpochPairs(ddir, split, d, config.seed, records=records, stream=stream)
+    n = pairs.size(0)
   elif d.pairing == "per_epoch":
     pairs = _EpochPairs(ddir, split, d, config.seed)
     # Epoch 0's pairs, counted by prepare for these settings (check_prepared), else here.
@@ -686,14 +705,16 @@ def make_iterator(
     ds = ds.repeat(None)
     ds = ds[process_index::process_count]
     ds = ds.map_with_index(
-      _EpochIndex(n, process_index, process_count, d.static_masking, d.dupe_factor)
+      _EpochIndex(
+        n, process_index, process_count, d.static_masking, d.dupe_factor, 0 if pairs else first
+      )
     )
   ds = ds.batch(per_host, drop_remainder=True)
   if mixture is not None:
     period = d.dupe_factor if d.static_masking else 0
     ds = ds.map(_MixtureLoader(mixture, ddir, d.max_seq_length, masker, config.seed, period))
   elif pairs is None:
-    ds = ds.map(_Loader(source, d.max_seq_length, masker, config.seed))
+    ds = ds.map(_Loader(data_source, d.max_seq_length, masker, config.seed))
   else:
     ds = ds.map(_PairLoader(pairs, d.max_seq_length, masker, config.seed, train))
   prefetch = max(0, d.prefetch)
@@ -721,6 +742,12 @@ def make_iterator(
     num_workers=d.num_workers,
     pairs=mixture if mixture is not None else (pairs if train else None),
   )
+
+
+def prepared_sources(prepared: dict) -> list[str]:
+  """The named sources of prepared data (prepared.json's stats.sources), each evaluated alone
+  beside the total; [] for a corpus without names."""
+  return [s["name"] for s in prepared.get("stats", {}).get("sources", []) if s["name"]]
 
 
 def batches(config, workdir: str, split: str = "train") -> Iterator[dict[str, np.ndarray]]:

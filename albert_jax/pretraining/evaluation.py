@@ -135,6 +135,35 @@ def _prepared(data: str, masking_from=None):
   return ddir, files.read_json(files.path(ddir, PREPARED_FILE)), masking_from
 
 
+def by_source(
+  config,
+  workdir: str,
+  evaluate_split,
+  prepared: dict | None = None,
+  split: str = "eval",
+  hosts: tuple[int, int] | None = None,
+) -> dict:
+  """The metrics of `split` and, on the eval split of data with named sources (prepared.json's
+  stats.sources), of each source's examples alone as "<source>/<metric>" (metrics.jsonl,
+  TensorBoard and W&B write them beside the total): evaluate_split(iterator) -> metrics, called on
+  the whole split first, then on each source's run of it (input_pipeline.make_iterator's source).
+  hosts: (process index, count) of the iterators (default: jax's)."""
+  if prepared is None:
+    prepared = dataset.check_prepared(config, workdir)[1]
+  index, count = hosts or (None, None)
+  out = {}
+  names = input_pipeline.prepared_sources(prepared) if split == "eval" else []
+  for name in [None, *names]:
+    with prints_to_log("tensorflow_datasets"):
+      it = input_pipeline.make_iterator(config, workdir, split, index, count, source=name)
+    try:
+      metrics = evaluate_split(it)
+    finally:
+      it.close()
+    out.update(metrics if name is None else {f"{name}/{k}": v for k, v in metrics.items()})
+  return out
+
+
 def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
 
@@ -187,19 +216,19 @@ def score(
   batches = batches or max(1, num_examples // batch_size)
 
   mesh = sharding.single_device_mesh()
-  # TFDS may print while opening the data; stdout is kept for the result line.
-  with prints_to_log("tensorflow_datasets"):
-    it = input_pipeline.make_iterator(config, "", split, process_index=0, process_count=1)
   labels = []  # the scored examples' sentence-pair labels: their balance is what chance scores
 
-  def tallied():
-    while True:
-      batch = next(it)
-      labels.append(np.asarray(batch["sentence_order_label"]))
-      yield batch
+  def evaluate_split(it):
+    whole = not labels  # the whole split is scored first (by_source)
 
-  try:
-    metrics = train.evaluate(
+    def tallied():
+      while True:
+        batch = next(it)
+        if whole:
+          labels.append(np.asarray(batch["sentence_order_label"]))
+        yield batch
+
+    return train.evaluate(
       _eval_step(cfg),
       loaded["params"],
       tallied(),
@@ -207,18 +236,31 @@ def score(
       mesh,
       objective.Pretraining("sop").metrics,
     )
-  finally:
-    it.close()
-  return {
-    "masked_lm_accuracy": metrics["masked_lm_accuracy"],
-    "masked_lm_loss": metrics["masked_lm_loss"],
-    "sentence_pair_accuracy": metrics["sentence_order_accuracy"],
-    "sentence_pair_loss": metrics["sentence_order_loss"],
-    "data_task": config.data.task,
-    "model_task": loaded["task"],
-    "examples": batches * batch_size,
-    # An uninformed prediction scores between this fraction and its complement.
-    "sentence_pair_label_1_fraction": float(np.concatenate(labels).mean()),
-    "split": split,
-    "step": loaded["step"],
+
+  # TFDS may print while opening the data; stdout is kept for the result line (by_source).
+  metrics = by_source(config, "", evaluate_split, prepared, split, hosts=(0, 1))
+  names = {
+    "masked_lm_accuracy": "masked_lm_accuracy",
+    "masked_lm_loss": "masked_lm_loss",
+    "sentence_order_accuracy": "sentence_pair_accuracy",
+    "sentence_order_loss": "sentence_pair_loss",
   }
+  result = {ours: metrics[theirs] for theirs, ours in names.items()}
+  result.update(
+    {
+      "data_task": config.data.task,
+      "model_task": loaded["task"],
+      "examples": batches * batch_size,
+      # An uninformed prediction scores between this fraction and its complement.
+      "sentence_pair_label_1_fraction": float(np.concatenate(labels).mean()),
+      "split": split,
+      "step": loaded["step"],
+    }
+  )
+  sources = input_pipeline.prepared_sources(prepared) if split == "eval" else []
+  if sources:  # each named source alone, `batches` batches of its examples
+    result["sources"] = {
+      name: {ours: metrics[f"{name}/{theirs}"] for theirs, ours in names.items()}
+      for name in sources
+    }
+  return result

@@ -23,7 +23,7 @@ from albert_jax.engine import (
   workdir as workdir_lib,
 )
 from albert_jax.model import albert as M, sharding
-from albert_jax.pretraining import init_from, objective as objective_lib
+from albert_jax.pretraining import evaluation, init_from, objective as objective_lib
 
 
 def build(config, mesh) -> train.Trainer:
@@ -140,11 +140,14 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
     return init_from.init_params(config, fresh, trainer.abstract.shardings.params)
 
   def evaluate_params(params):
-    split = input_pipeline.make_iterator(config, workdir, split="eval")
-    with contextlib.closing(split) as eval_batches:
-      return train.evaluate(
-        trainer.eval_step, params, eval_batches, t.eval_steps, mesh, objective.metrics
-      )
+    # The whole eval split, and each named source's part of it alone (evaluation.by_source).
+    return evaluation.by_source(
+      config,
+      workdir,
+      lambda batches: train.evaluate(
+        trainer.eval_step, params, batches, t.eval_steps, mesh, objective.metrics
+      ),
+    )
 
   def fill_mask(step, state, ckpt):
     if step == t.num_steps and t.eval_steps:  # what the model learned, in words

@@ -129,7 +129,10 @@ def config_for_prepared(data_dir: str, prepared: dict):
       d.spm_byte_fallback = fp["vocab"].get("byte_fallback", False)
       d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
     if corpus["source"] == "files":
-      d.input_files = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
+      gone = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
+      names = corpus.get("sources") or [""]
+      d.input_files = ",".join(f"{n}={gone}" if n else gone for n in names)
+      d.update(fp.get("sampling") or {})
       for field in ("input_format", "text_format", "text_feature"):
         d[field] = corpus.get(field, d[field])
     elif corpus["source"] == "tfds":
