@@ -338,3 +338,23 @@ def test_each_sources_eval_alone_and_evaluate_reports_them(weighted, tmp_path):
     assert got["sentence_pair_accuracy"] == pytest.approx(alone["sentence_order_accuracy"], 1e-6)
     assert got["masked_lm_loss"] == pytest.approx(alone["masked_lm_loss"], 1e-5)
   assert result["masked_lm_loss"] != result["sources"]["hi"]["masked_lm_loss"]
+
+
+@pytest.mark.slow
+def test_training_writes_eval_metrics_per_source(weighted, tmp_path):
+  from albert_jax.pretraining import train
+  from tests.conftest import MODEL
+
+  config, workdir, info = weighted
+  c = config.copy_and_resolve_references()
+  c.model.update(MODEL)
+  c.data.data_dir = info["data_dir"]
+  c.train.update(num_steps=2, warmup_steps=1, eval_every=2, eval_steps=1, checkpoint_every=1000)
+  run = str(tmp_path / "run")
+  train.train_and_evaluate(c, run)
+  rows = [json.loads(x) for x in open(os.path.join(run, "tensorboard", "metrics.jsonl"))]
+  evals = {k: v for r in rows if r["step"] == 2 for k, v in r.items() if k.startswith("eval/")}
+  for name in ("en", "ru", "hi"):
+    for metric in ("masked_lm_accuracy", "sentence_order_accuracy"):
+      assert 0 <= evals[f"eval/{name}/{metric}"] <= 1
+  assert "eval/masked_lm_accuracy" in evals
