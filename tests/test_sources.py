@@ -293,7 +293,6 @@ def test_each_sources_eval_alone_and_evaluate_reports_them(weighted, tmp_path):
 
   config, workdir, info = weighted
   tok = tokenizer_lib.load(info["spm_model_path"], True)
-  prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
   # A source's eval iterator shows that source's held-out examples only: their script says so.
   for name, script in SCRIPTS.items():
     it = input_pipeline.make_iterator(config, workdir, "eval", 0, 1, source=name)

@@ -24,6 +24,7 @@ dupe_factor (epoch % dupe_factor), which reproduces the original's regime.
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections.abc import Iterator
@@ -165,6 +166,7 @@ class _EpochPairs:
     self.__dict__.update(state)
     self._layouts, self._window, self._lock = {}, (None, None), threading.RLock()
     self._pairs, self._pair_tokens, self._source, self._parse = {}, 0, None, None
+    self._kept = None  # a small source's sentence lengths (_sentence_lengths)
 
   def pairing_epoch(self, epoch: int) -> int:
     """The epoch whose pairs epoch `epoch` shows (data.static_masking: the original's copies)."""
@@ -180,15 +182,12 @@ class _EpochPairs:
     return layout
 
   def _count(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    counts = [  # an int32 array per shard of the split
+    counts = [  # an int32 array per shard of the split (of the source's documents)
       examples_lib.epoch_pair_counts(lengths, per_doc, keys, epoch=epoch, **self.settings)
-      for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split)
+      for keys, per_doc, lengths in self._sentence_lengths()
     ]
     counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
-    first = 0
-    if self.records is not None:
-      first = self.records[0]
-      counts = counts[first : self.records[1]]
+    first = 0 if self.records is None else self.records[0]
     if self.shuffle:
       seed = self.seed if self.records is None else self.seed + 7919 * (self.stream + 1)
       order, offsets = examples_lib.epoch_layout(counts, seed, epoch)
@@ -202,6 +201,36 @@ class _EpochPairs:
     self._layouts[epoch] = layout
     return layout
 
+  # A source's sentence lengths are kept after the first read when they hold at most this many
+  # sentences (4 bytes each): a small source, repeated many times a pass, is not read again for
+  # each of its epochs.
+  KEEP_SENTENCES = 1 << 24
+
+  def _sentence_lengths(self):
+    """read_sentence_lengths of the split, or of its run of documents `records`."""
+    if self.records is None:
+      yield from read_sentence_lengths(self.ddir, self.split)
+      return
+    if self._kept is not None:
+      yield from self._kept
+      return
+    a, b = self.records
+    kept, sentences, start = [], 0, 0
+    for keys, per_doc, lengths in read_sentence_lengths(self.ddir, self.split):
+      end = start + len(keys)
+      lo, hi = max(a, start) - start, min(b, end) - start
+      if lo < hi:
+        bounds = np.concatenate([[0], np.cumsum(per_doc, dtype=np.int64)])
+        part = (keys[lo:hi], per_doc[lo:hi], lengths[bounds[lo] : bounds[hi]])
+        sentences += len(part[2])
+        kept.append(part)
+        yield part
+      start = end
+      if start >= b:
+        break
+    if sentences <= self.KEEP_SENTENCES:
+      self._kept = kept
+
   def size(self, epoch: int) -> int:
     return int(self.layout(self.pairing_epoch(epoch))[1][-1])
 
@@ -212,7 +241,7 @@ class _EpochPairs:
       with self._lock:  # the prefetch thread and get_state may both extend it
         while starts[-1] <= g:
           starts.append(starts[-1] + self.size(len(starts) - 1))
-    epoch = int(np.searchsorted(starts, g, side="right")) - 1
+    epoch = bisect.bisect_right(starts, g) - 1  # a list: no array made of it per call
     return epoch, g - starts[epoch]
 
   def pairing_state(self) -> dict:
