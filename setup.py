@@ -75,12 +75,13 @@ setup(
       "huggingface_hub>=2.4",
       # tests/test_tokens.py checks our entity precision/recall/F1 against it.
       "seqeval",
-      # Whole words in Chinese and Japanese (tests/test_word_segmenters.py); pythainlp (Thai) is
-      # left out for its size, and its test skips without it.
+      # Whole words in Chinese, Japanese and Thai (tests/test_word_segmenters.py): every segmenter
+      # the package offers is tested, none skipped.
       "rjieba",
       "jieba",  # the pure-Python fallback, checked to segment as rjieba does
       "fugashi",
       "unidic-lite",
+      "pythainlp",
     ],
   },
 )

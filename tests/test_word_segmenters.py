@@ -48,12 +48,10 @@ def _words(tok, ids):
   ],
 )
 def test_segmenter_words(tok, lang, name, expected):
-  pytest.importorskip(name)
   assert _words(tok, _segmented(tok, lang, name)[0]) == expected
 
 
 def test_thai_segmenter(tok):
-  pytest.importorskip("pythainlp")
   text = "สงครามเปลี่ยนประเทศไปตลอดกาล"
   starts = word_segmenters.segmenter("pythainlp")(text)
   words = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
@@ -122,7 +120,6 @@ def test_masked_runs_in_chinese_and_japanese_are_words(tok, spm_model_path):
   """The issue's goal: mean masked run <= 4 characters in Chinese and Japanese, and no more
   masked positions in runs over 6 pieces than in English (an English vocabulary on English
   text, about a third there; the marker rule put 91-93% of Chinese and Japanese there)."""
-  pytest.importorskip("jieba")
   pytest.importorskip("fugashi")
   english = tokenizer.load(spm_model_path)
   _, english_long = _masked_runs(english, english.encode_batch(pydoc_sentences()[:400]))
@@ -150,7 +147,6 @@ def test_missing_extra_is_one_line_naming_it(monkeypatch):
 def test_rjieba_segments_as_jieba(monkeypatch):
   """jieba's two implementations (rjieba, in Rust, preferred; jieba itself) give the same words."""
   pytest.importorskip("rjieba")
-  pytest.importorskip("jieba")
   text = "\n".join(SENTENCES["zh"] + SENTENCES["ja"])
   word_segmenters.segmenter.cache_clear()
   fast = word_segmenters.segmenter("jieba")(text)
@@ -185,7 +181,6 @@ def test_auto_decides_the_segmenter_by_script():
 def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   """prepare decides jieba for a Chinese corpus (one console line), records it, stores the word
   starts in the ids; the loader masks whole words and never shows the bit to the model."""
-  pytest.importorskip("jieba")
   from albert_jax.base import config_lib
   from albert_jax.data import dataset, input_pipeline
   from albert_jax.data.prepare.fingerprint import read_prepared
@@ -229,7 +224,6 @@ def test_flags_match_sentencepiece_offsets(tok):
   """The pieces placed by their lengths (NumPy, the fast path) agree with SentencePiece's own
   offsets, and a sentence where NFKC changes a length (㍿ -> 株式会社) or a piece is unknown takes
   the offsets: every piece that holds the start of a segmenter word is marked, and only those."""
-  pytest.importorskip("jieba")
   segment = word_segmenters.segmenter("jieba")
   sents = SENTENCES["zh"] + ["新的㍿公司在北京成立。", "龘龘的价格再次上涨。", "ＡＢＣ公司的价格"]
   got = word_segmenters.word_start_flags(tok, sents, "jieba")
