@@ -357,3 +357,18 @@ def test_training_writes_eval_metrics_per_source(weighted, tmp_path):
     for metric in ("masked_lm_accuracy", "sentence_order_accuracy"):
       assert 0 <= evals[f"eval/{name}/{metric}"] <= 1
   assert "eval/masked_lm_accuracy" in evals
+
+
+@pytest.mark.slow
+def test_weighted_loader_workers_give_the_same_batches(weighted):
+  config, workdir, info = weighted
+  got = []
+  for workers in (0, 2):
+    c = config.copy_and_resolve_references()
+    c.data.num_workers = workers
+    it = input_pipeline.make_iterator(c, workdir, process_index=0, process_count=1)
+    got.append([next(it) for _ in range(4)])
+    it.close()
+  for a, b in zip(*got):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
