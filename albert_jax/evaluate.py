@@ -17,7 +17,8 @@ checkpoint's run, else the defaults.
 Prints one JSON line: masked_lm_accuracy, masked_lm_loss, sentence_pair_accuracy,
 sentence_pair_loss, data_task, model_task, examples, sentence_pair_label_1_fraction (the scored
 examples' label balance: a prediction without information scores between it and its complement,
-so that is chance), split, step. Bad input exits with one
+so that is chance), split, step; on the eval split of data with named sources (docs/data.md), also
+sources: each source's examples scored alone ({name: the four scores}). Bad input exits with one
 line `error: ...` and status 2.
 The flags, the call and the exit codes; the scoring is pretraining/evaluation.py.
 """
