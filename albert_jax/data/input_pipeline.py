@@ -16,6 +16,12 @@ With data.pairing=per_epoch (the default) the records are documents and the pair
 the stored sentence lengths; the train stream is the epochs laid end to end (they differ in size), and
 the eval split shows epoch 0's pairs.
 
+With named sources and weights (data.source_weights / sampling_alpha, data/sources.py) the train
+stream is passes of the sources' examples in their sampled shares (_Mixture): each source runs
+through epochs of its own (repeated, with new pairs, or subsampled, with other documents each pass),
+mixed example by example in a seeded order; make_iterator(..., source=NAME) reads one source's part
+of the eval split (evaluation per source).
+
 Why masks are not stored: the original wrote dupe_factor=40 statically masked copies of the corpus;
 drawing them in the pipeline is cheap (docs/performance.md, Input pipeline) and gives a fresh mask
 every epoch (RoBERTa's dynamic masking). data.static_masking=True reuses masks with period
