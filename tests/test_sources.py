@@ -282,14 +282,8 @@ def _script_of(tok, ids) -> str:
   return names.most_common(1)[0][0]
 
 
-def test_each_sources_eval_alone_and_evaluate_reports_them(weighted, tmp_path):
-  import shutil
-
-  import torch
-  import transformers
-
+def test_a_sources_eval_iterator_shows_that_source_only(weighted):
   from albert_jax.data import tokenizer as tokenizer_lib
-  from albert_jax.pretraining import evaluation
 
   config, workdir, info = weighted
   tok = tokenizer_lib.load(info["spm_model_path"], True)
@@ -302,6 +296,18 @@ def test_each_sources_eval_alone_and_evaluate_reports_them(weighted, tmp_path):
     assert {_script_of(tok, r[r > 0]) for r in rows} == {script}
   with pytest.raises(ConfigError, match="no source 'xx'"):
     input_pipeline.make_iterator(config, workdir, "eval", 0, 1, source="xx")
+
+
+@pytest.mark.slow
+def test_evaluate_reports_each_source_as_scored_alone(weighted, tmp_path):
+  import shutil
+
+  import torch
+  import transformers
+
+  from albert_jax.pretraining import evaluation
+
+  config, workdir, info = weighted
   # evaluate's figures per source are those of each source's examples scored alone.
   torch.manual_seed(0)
   hf = transformers.AlbertConfig(
