@@ -74,7 +74,7 @@ def test_named_patterns_keep_unnamed_items_as_one_source():
     ("en", ["a/*.txt", "c.txt"]),
     ("hi", ["b/*.txt"]),
   ]
-  assert sources.named_patterns("gs://bucket/x=1/*.txt") == [("", ["gs://bucket/x=1/*.txt"])]
+  assert sources.named_patterns("/data/x=1/*.txt") == [("", ["/data/x=1/*.txt"])]
 
 
 def _plan(sizes, counts, seed=3):

@@ -13,8 +13,10 @@ data.vocab_sampling_alpha (0: the same shares) for the vocabulary's sample, whos
 sources' bytes (the tokens are not known before there is a vocabulary).
 
 `shares` turns sizes and settings into shares; `epoch_counts` into examples per source per pass
-(the loader's epoch plan: input_pipeline._Mixture); `parse_weights` / `named_patterns` read the
-settings, with one-line ConfigErrors.
+(the loader's epoch plan: input_pipeline._Mixture); `named_patterns` reads data.input_files and
+`check_names` the weights against it (data.source_weights itself is parsed by
+config_lib.parse_source_weights, which validation shares), with one-line ConfigErrors;
+`source_stats` / `report_lines` are prepare's per-source statistics and table.
 """
 
 from __future__ import annotations
@@ -38,16 +40,9 @@ def named_patterns(spec) -> list[tuple[str, list[str]]]:
   out: dict[str, list[str]] = {}
   for item in input_patterns(spec):
     m = _NAME.match(item)
-    name, pattern = (
-      (m.group(1), m.group(2).strip()) if m and "://" not in m.group(1) else ("", item)
-    )
+    name, pattern = (m.group(1), m.group(2).strip()) if m else (UNNAMED, item)
     out.setdefault(name, []).append(pattern)
   return list(out.items())
-
-
-def is_named(spec) -> bool:
-  """Whether data.input_files names any source (NAME=GLOB)."""
-  return bool(spec) and any(name for name, _ in named_patterns(spec))
 
 
 def check_names(data) -> list[str]:
