@@ -4,7 +4,7 @@ data.input_files items may be `NAME=GLOB` (`en=wiki/en/*.parquet,as=corpus/as/*.
 a source, read with its own format detection; unnamed items form one source (named "", as a corpus
 without names is today). A source is recorded with the prepared data: its shards are contiguous, in
 the order the sources are first named, so each source is one run of records in every split
-(prepared.json's stats.sources: `records`, per split).
+(prepared.json's stats.sources: `train_records`, `eval_records`).
 
 Weights (XLM-R, mT5: exponential smoothing): data.source_weights ("en=0.5,hi=0.3,as=0.2",
 normalised) or data.sampling_alpha in (0, 1] (a source's share proportional to its size to the
