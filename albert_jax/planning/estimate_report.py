@@ -29,6 +29,14 @@ def _collectives(found: dict[str, dict[str, float]]) -> str:
   return ", ".join(parts) or "none"
 
 
+def _chips(t: dict) -> str:
+  """ "4 chips, 1 host, " where the compile result says (a slice's name counts chips or cores)."""
+  if not t.get("chips"):
+    return ""
+  hosts = t.get("hosts", 1)
+  return f"{t['chips']} chip{'s' * (t['chips'] > 1)}, {hosts} host{'s' * (hosts > 1)}: "
+
+
 def format_tpu(est: Estimate) -> list[str]:
   """The TPU compiler's lines of the report."""
   t = est.tpu
@@ -42,7 +50,8 @@ def format_tpu(est: Estimate) -> list[str]:
     ]
   a = est.memory["total"]
   lines = [
-    f"TPU compiler ({t['slice']} = {t['topology']}: {t['devices']} x {t['device_kind']}, mesh {mesh}; "
+    f"TPU compiler ({t['slice']} = {t['topology']}: {_chips(t)}{t['devices']} x {t['device_kind']}, "
+    f"mesh {mesh}; "
     f"compiled on this host in {t['compile_seconds']:.0f}s), per device:",
     f"  arguments {_gib(t['arguments'])} + temporaries {_gib(t['temp'])} + outputs "
     f"{_gib(t['outputs'])} - aliased {_gib(t['aliased'])} = {_gib(t['total'])} of "
