@@ -139,6 +139,7 @@ def test_the_tiny_step_compiles_for_the_chips_people_rent(name):
   line = "\n".join(R.format_tpu(est))
   chips = {"v6e-8": "8 chips, 1 host: 8 x TPU v6 lite", "tpu7x-8": "4 chips, 1 host: 8 x TPU7x"}
   assert f"{name} = {tpu.topology}: {chips[name]}" in line and "HBM: fits" in line
+  assert f"attention: XLA's ops (einsum); the Pallas flash kernel is an option on {kind}" in line
 
 
 @pytest.mark.slow
@@ -483,3 +484,49 @@ def test_one_blocks_traffic_by_instruction_adds_up_to_the_compilers_bytes():
     m.group(1) for t in rows for x in (t["shape"], *t["operands"]) for m in square.finditer(x)
   ]
   assert moved == ["bf16"] * 7, rows[:8]
+
+
+def test_hbm_traffic_leaves_out_what_stays_in_vmem():
+  """hlo.traffic's "hbm": on v5e/v6e/TPU7x XLA keeps operands in VMEM (memory space S(1)); an async
+  copy into it moves its bytes once, and a fusion reading them there touches HBM only for what it
+  writes back. The compiler's bytes count all of it (here 4 MB in, a 4 MB prefetch, 4 MB out)."""
+  hlo_text = "\n".join(
+    [
+      "ENTRY %main (p: bf16[1024,1024]) -> bf16[1024,1024] {",
+      "  %p = bf16[1024,1024]{1,0:T(8,128)(2,1)} parameter(0)",
+      "  %cs = (bf16[1024,1024]{1,0:T(8,128)(2,1)S(1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)},"
+      " u32[]{:S(2)}) copy-start(%p)",
+      "  %cd = bf16[1024,1024]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)",
+      "  ROOT %f = bf16[1024,1024]{1,0:T(8,128)(2,1)} fusion(%cd), kind=kLoop, calls=%g",
+      "}",
+    ]
+  )
+  from albert_jax.planning import hlo
+
+  rows = {r["name"]: r for r in hlo.traffic(hlo_text)}
+  mb = 1024 * 1024 * 2
+  assert rows["cs"]["hbm"] == mb and rows["cd"]["hbm"] == 0  # the prefetch, once
+  assert rows["f"]["hbm"] == mb  # reads VMEM, writes HBM
+  assert rows["f"]["read"] + rows["f"]["written"] == 2 * mb  # what the compiler counts
+  assert hlo.hbm_shape_bytes("bf16[8]{0:S(1)}, f32[2,2]{1,0}") == 16
+
+
+def test_the_whole_step_roofline_reads_hbm_bytes_against_hbm_bandwidth():
+  """Where libtpu gives no per-op roofline (v4, v5e, v6e, TPU7x: a negative optimal_seconds), the
+  step is bound by the larger of FLOPs / peak and its HBM bytes / HBM bandwidth: the HBM part of
+  the bytes (hlo.traffic), not the compiler's count with VMEM traffic in it; the report says which."""
+  config = load_config("albert_base", "dtype=bfloat16")
+  config.train.batch_size = 128
+  est = E.estimate(config, "tpu_v6e", 8)
+  flops = est.flops_per_step / 8
+  cost = {"flops": flops, "bytes": 37.0e9, "hbm_bytes": 20.0e9, "optimal_seconds": -1.0}
+  est.tpu = {"cost": cost, "collective_seconds": 0.0}
+  r = R.roofline(est)
+  assert r["roofline_seconds"] == pytest.approx(20.0e9 / 1640e9) and r["bound"] == "HBM bytes"
+  assert r["roofline_mfu"] == pytest.approx(flops / 918e12 / (20.0e9 / 1640e9))
+  lines = R.format_roofline(est)
+  assert "37.0 GB accessed (20.0 GB of it in HBM, the rest in the chip's VMEM)" in lines[0]
+  assert "whole step bound by its HBM bytes" in lines[1]
+  cost["hbm_bytes"] = 1.0e9  # little HBM traffic: the FLOPs bound it
+  r = R.roofline(est)
+  assert r["bound"] == "FLOPs" and r["roofline_mfu"] == pytest.approx(1.0, rel=0.02)

@@ -22,7 +22,7 @@ from jax.experimental import topologies
 
 from albert_jax.base import hardware
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.model import sharding
+from albert_jax.model import albert as M, attention, sharding
 from albert_jax.planning import hlo
 from albert_jax.pretraining import init_from, train
 
@@ -351,6 +351,7 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
     "collectives": collectives(compiled.text),
   }
   result["collective_seconds"] = collective_seconds(result["collectives"], tpu)
+  result["attention"] = attention_paths(config, devices[0])
   if count:
     try:
       result["cost"] = hlo.count_train_step(config, mesh, compiled)
@@ -362,6 +363,20 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
         "error": f"the unrolled copy for counting does not fit: {failed['message']}"
       }
   return result
+
+
+def attention_paths(config, device) -> dict[str, Any]:
+  """The attention the step compiled with (model.attention_impl: einsum and dot_product are XLA's
+  ops, flash the Pallas kernel) and whether the flash kernel can run on `device`
+  (attention.check_attention_impl: Mosaic compiles it for TPU v4 and newer, not v2/v3): None where
+  it can, else the reason."""
+  cfg = M.model_config(config.model)
+  try:
+    attention.check_attention_impl(dataclasses.replace(cfg, attention_impl="flash"), device)
+    flash = None
+  except ConfigError as e:
+    flash = str(e)
+  return {"impl": cfg.attention_impl, "flash_refused": flash}
 
 
 def _does_not_fit(error: Exception) -> dict[str, Any] | None:
