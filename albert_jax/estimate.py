@@ -6,6 +6,7 @@ r"""Pre-launch estimate: parameters, FLOPs, per-device memory, step time and run
   python -m albert_jax.estimate --config=configs/albert_base.py --device=h100 --devices=8 --mfu=0.4
   python -m albert_jax.estimate --config=configs/albert_base.py --slice=v3-8      # the TPU compiler
   python -m albert_jax.estimate --config=configs/albert_xxlarge.py --slice=v3-256 --fit
+  python -m albert_jax.estimate --config=configs/albert_base.py:dtype=bfloat16 --slice=v6e-64
 
 Answers, before a pod is paid for, whether a config fits the devices' memory and how long it runs:
   - parameters (model.param_counts) and analytic FLOPs per step (model.flops_per_example x batch:
@@ -23,8 +24,9 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
     per-device memory the TPU would allocate, against the chip's HBM, and the step's collectives;
     --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
-Peaks and memory per device: albert_jax/planning/hardware.py. --devices counts devices as jax does: a TPU v3
-chip is 2 devices (a v3-256 slice is 256 devices, 128 chips); a v4 chip is 1. Config overrides work as
+Peaks and memory per device: albert_jax/base/hardware.py. --devices counts devices as jax does: a TPU v3
+chip is 2 devices (a v3-256 slice is 256 devices, 128 chips), a TPU7x (Ironwood) chip too; a v4, v5p,
+v5e or v6e chip is 1. Config overrides work as
 in albert_jax.main (--config.train.batch_size=..., --config.mesh.fsdp=...). Exit status 5 when the TPU
 compiler finds that the config as given does not fit the slice (2 for bad input).
 """
@@ -56,7 +58,7 @@ def run() -> None:
   device_flag = flags.DEFINE_string(
     "device",
     None,
-    "tpu_v3, tpu_v4, tpu_v5e, tpu_v5p, a100, h100, h200 "
+    "tpu_v3, tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, tpu7x, a100, h100, h200 "
     "or cpu (default: this machine's accelerator, else cpu).",
   )
   devices_flag = flags.DEFINE_integer(
@@ -83,8 +85,8 @@ def run() -> None:
   slice_flag = flags.DEFINE_string(
     "slice",
     None,
-    "A TPU slice (v3-8, v3-256, v4-32, v5p-8, "
-    "v5litepod-16): sets --device and --devices and compiles for it.",
+    "A TPU slice as Cloud TPU names it (v3-8, v4-32, v5p-128, v5litepod-16, v6e-8, v6e-256, "
+    "tpu7x-8): sets --device and --devices and compiles for it.",
   )
   fit_flag = flags.DEFINE_bool(
     "fit",

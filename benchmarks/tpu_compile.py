@@ -11,11 +11,13 @@ all-reduce (parameters x 4 bytes).
 
 With --cost, the compiler's cost model instead, per config x slice at --per_device sequences per
 device: the FLOPs it counts per device and step beside the model's analytic FLOPs, the bytes it
-accesses (HBM traffic), its roofline time and the roofline MFU (analytic FLOPs / (peak x roofline
-time)). Only the counting copy is compiled (layers unrolled, one micro-batch: hlo.count_config),
+accesses and the part of them in HBM (hlo.traffic: without the VMEM traffic of v5e/v6e/TPU7x), its
+roofline time and the roofline MFU (analytic FLOPs / (peak x roofline time)). Only the counting copy is compiled (layers unrolled, one micro-batch: hlo.count_config),
 so every layer is counted.
 
   python benchmarks/tpu_compile.py --cost --configs=albert_base:dtype=bfloat16 --slices=v3-8,v4-8,v5p-8
+  python benchmarks/tpu_compile.py --cost --slices=v5litepod-8,v6e-8,tpu7x-8,v3-8 \
+      --configs="albert_base:dtype=bfloat16;albert_large:dtype=bfloat16"   # the 2026 chips
   python benchmarks/tpu_compile.py --cost --slices=v4-8 \
       --configs="albert_base:dtype=bfloat16,attention_impl=flash;albert_base:dtype=bfloat16"
 
@@ -194,15 +196,16 @@ def main_block(args) -> None:
 def main_cost(args) -> None:
   rows = []
   print(
-    f"{'config':50} {'slice':6} {'batch':>5} {'TFLOPs/dev':>10} {'analytic':>8} {'ratio':>6} "
-    f"{'GB/dev':>7} {'roofline ms':>11} {'roofline MFU':>12} {'declared B/F':>12} {'compile s':>9}"
+    f"{'config':40} {'slice':9} {'batch':>5} {'TFLOPs/dev':>10} {'analytic':>8} {'ratio':>6} "
+    f"{'GB/dev':>7} {'HBM GB':>7} {'roofline ms':>11} {'roofline MFU':>12} {'declared B/F':>12} "
+    f"{'compile s':>9}"
   )
   for spec in split_specs(args.configs):
     for slice_name in args.slices.split(","):
       r = measure_cost(spec, slice_name, args.per_device)
       rows.append(r)
       if "error" in r:
-        print(f"{spec:50} {slice_name:6} {r['batch']:5d}  {r['error'][:90]}", flush=True)
+        print(f"{spec:40} {slice_name:9} {r['batch']:5d}  {r['error'][:90]}", flush=True)
         continue
       declared = (
         f"{100 * r['declared_bytes_share']:.0f}%/{100 * r['declared_flops_share']:.0f}%"
@@ -210,11 +213,11 @@ def main_cost(args) -> None:
         else "-"
       )
       print(
-        f"{spec:50} {slice_name:6} {r['batch']:5d} {r['flops'] / 1e12:10.2f} "
+        f"{spec:40} {slice_name:9} {r['batch']:5d} {r['flops'] / 1e12:10.2f} "
         f"{r['analytic_flops'] / 1e12:8.2f} {r['flops_vs_analytic']:6.3f} {r['bytes'] / 1e9:7.1f} "
-        f"{1e3 * r['roofline_seconds']:11.1f} {r['roofline_mfu']:12.2f} {declared:>12} "
-        f"{r['compile_seconds']:9.0f}"
-        + ("" if r["roofline_per_op"] else "  (whole-step bound: no per-op roofline)")
+        f"{r['hbm_bytes'] / 1e9:7.1f} {1e3 * r['roofline_seconds']:11.1f} "
+        f"{r['roofline_mfu']:12.2f} {declared:>12} {r['compile_seconds']:9.0f}"
+        + ("" if r["roofline_per_op"] else f"  (whole-step bound: {r['bound']})")
         + (
           f"  ({r['undeclared_kernels']} of {r['kernels']} kernel calls declare no cost: counted "
           f"as 0; their operands and results alone are {r['undeclared_io_bytes'] / 1e9:.1f} GB)"

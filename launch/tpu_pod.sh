@@ -11,8 +11,6 @@
 set -euo pipefail
 
 readonly DEFAULT_ACCELERATOR_TYPE="v3-64"
-# The Cloud TPU base image for JAX on TPU v4 and older (cloud.google.com/tpu/docs/runtimes).
-readonly DEFAULT_RUNTIME_VERSION="tpu-ubuntu2204-base"
 # Ubuntu 22.04 ships Python 3.10, but current jax needs >= 3.11: setup builds the venv on a Python
 # that uv downloads.
 readonly DEFAULT_PYTHON_VERSION="3.12"
@@ -73,8 +71,10 @@ Options (environment variable in brackets):
   --zone=ZONE               zone, e.g. europe-west4-a [ZONE] (required)
   --project=PROJECT         GCP project [PROJECT] (default: gcloud's configured project)
   --accelerator-type=TYPE   create: type [ACCELERATOR_TYPE] (default $DEFAULT_ACCELERATOR_TYPE)
-  --version=RUNTIME         create: TPU software version [RUNTIME_VERSION]
-                            (default $DEFAULT_RUNTIME_VERSION)
+  --version=RUNTIME         create: TPU software version [RUNTIME_VERSION] (default: the
+                            accelerator's: v2, v3, v4 tpu-ubuntu2204-base; v5litepod (v5e)
+                            v2-alpha-tpuv5-lite; v5p v2-alpha-tpuv5; v6e v2-alpha-tpuv6e; tpu7x
+                            (Ironwood) v2-alpha-tpu7-ubuntu2404)
   --spot | --preemptible    create: a Spot slice (preemptible, no time limit) or a legacy
                             preemptible one (24 h limit)
   --source=GIT_URL          setup: clone this repository on every worker instead of shipping the
@@ -131,6 +131,21 @@ EOF
 die() {
   printf '%s: error: %s\n' "$PROG" "$1" >&2
   exit "${2:-2}"
+}
+
+# The Cloud TPU runtime image for JAX on each generation (cloud.google.com/tpu/docs/runtimes and
+# each generation's page; docs/tpu_pod.md): v4 and older share the Ubuntu base image, the newer
+# ones have their own. The names are those albert_jax.estimate --slice accepts; v5e-N is Cloud's
+# v5litepod-N.
+runtime_version_for() {
+  case $1 in
+    v2-* | v3-* | v4-*) echo "tpu-ubuntu2204-base" ;;
+    v5litepod-* | v5e-*) echo "v2-alpha-tpuv5-lite" ;;
+    v5p-*) echo "v2-alpha-tpuv5" ;;
+    v6e-*) echo "v2-alpha-tpuv6e" ;;
+    tpu7x-*) echo "v2-alpha-tpu7-ubuntu2404" ;;
+    *) return 1 ;;
+  esac
 }
 
 warn() {
@@ -297,7 +312,9 @@ cmd_setup() {
   fi
   local script
   script="set -eu; $(busy_check)$fetch"
-  script+="; python3 -m pip install --user --quiet --upgrade uv"
+  # Ubuntu 24.04 (the TPU7x image) marks its Python externally managed (PEP 668): a --user install
+  # of uv is still allowed with PIP_BREAK_SYSTEM_PACKAGES, which older pips ignore.
+  script+="; PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --quiet --upgrade uv"
   script+="; test -x $REMOTE_VENV/bin/python || ~/.local/bin/uv venv --quiet --seed"
   script+=" --python $(quote "$PYTHON_VERSION") $REMOTE_VENV"
   script+="; $REMOTE_VENV/bin/pip install --quiet --upgrade pip"
@@ -631,7 +648,7 @@ TPU_NAME="${TPU_NAME:-}"
 ZONE="${ZONE:-}"
 PROJECT="${PROJECT:-}"
 ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-$DEFAULT_ACCELERATOR_TYPE}"
-RUNTIME_VERSION="${RUNTIME_VERSION:-$DEFAULT_RUNTIME_VERSION}"
+RUNTIME_VERSION="${RUNTIME_VERSION:-}"
 PYTHON_VERSION="$DEFAULT_PYTHON_VERSION"
 SOURCE=""
 REF=""
@@ -720,6 +737,14 @@ if ((${#PASSTHROUGH[@]})) && [[ ! $SUBCOMMAND =~ ^(train|prepare|run)$ ]]; then
   die "config overrides and '--' arguments only apply to train, prepare and run, not $SUBCOMMAND"
 fi
 [[ -n $TPU_NAME ]] || die "no TPU name; pass --name=NAME or set TPU_NAME"
+# Cloud TPU names v5e slices v5litepod-N; the estimate also takes v5e-N.
+if [[ $ACCELERATOR_TYPE =~ ^v5e-([0-9]+)$ ]]; then
+  ACCELERATOR_TYPE="v5litepod-${BASH_REMATCH[1]}"
+fi
+if [[ -z $RUNTIME_VERSION && $SUBCOMMAND =~ ^(create|run)$ ]]; then
+  RUNTIME_VERSION="$(runtime_version_for "$ACCELERATOR_TYPE")" ||
+    die "no runtime image known for --accelerator-type=$ACCELERATOR_TYPE (v3-8, v4-32, v5p-8, v5litepod-16, v6e-8, tpu7x-8, ...); pass --version=RUNTIME"
+fi
 [[ -n $ZONE ]] || die "no zone; pass --zone=ZONE or set ZONE"
 if ((!DRY_RUN)) && ! command -v gcloud > /dev/null; then
   die "gcloud not found; install the Google Cloud CLI (cloud.google.com/sdk)" 1

@@ -168,6 +168,45 @@ def test_create_prints_the_gcloud_create_command():
   ]
 
 
+@pytest.mark.parametrize(
+  "accelerator, created, runtime",
+  [
+    ("v3-8", "v3-8", "tpu-ubuntu2204-base"),
+    ("v4-32", "v4-32", "tpu-ubuntu2204-base"),
+    ("v5litepod-16", "v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5e-8", "v5litepod-8", "v2-alpha-tpuv5-lite"),  # the estimate's name; Cloud's is v5litepod
+    ("v5p-128", "v5p-128", "v2-alpha-tpuv5"),
+    ("v6e-8", "v6e-8", "v2-alpha-tpuv6e"),
+    ("v6e-256", "v6e-256", "v2-alpha-tpuv6e"),
+    ("tpu7x-8", "tpu7x-8", "v2-alpha-tpu7-ubuntu2404"),
+    ("tpu7x-128", "tpu7x-128", "v2-alpha-tpu7-ubuntu2404"),
+  ],
+)
+def test_create_picks_each_generations_runtime_image(accelerator, created, runtime):
+  (argv,) = _dry("create", "--spot", f"--accelerator-type={accelerator}")
+  assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", NAME]
+  assert _option(argv, "accelerator-type") == created
+  assert _option(argv, "version") == runtime
+  # A queued resource (run --queued) creates the same slice with the same image.
+  queued = _dry("run", "--queued", "--spot", f"--accelerator-type={accelerator}", *TRAIN_ARGS)
+  create = next(c for c in queued if c[3:5] == ["queued-resources", "create"])
+  assert _option(create, "accelerator-type") == created and "--spot" in create
+  assert _option(create, "runtime-version") == runtime
+  # --version (or RUNTIME_VERSION) still wins.
+  (argv,) = _dry("create", f"--accelerator-type={accelerator}", "--version=my-image")
+  assert _option(argv, "version") == "my-image"
+
+
+def test_an_accelerator_with_no_known_image_needs_a_version():
+  proc = _run("--dry-run", "--name=x", "--zone=z", "create", "--accelerator-type=v9-8")
+  assert proc.returncode == 2 and proc.stdout == ""
+  (line,) = proc.stderr.splitlines()
+  assert "no runtime image known for --accelerator-type=v9-8" in line and "--version" in line
+  (argv,) = _dry("create", "--accelerator-type=v9-8", "--version=some-image")
+  assert _option(argv, "version") == "some-image"
+  assert _dry("status", ACCELERATOR_TYPE="v9-8")  # only create and run need an image
+
+
 def test_create_reads_environment_variables_and_flags_override_them():
   (argv,) = _dry(
     "create",
@@ -542,9 +581,10 @@ def test_a_config_that_does_not_fit_stops_before_create(fake_gcloud):
   env, log = fake_gcloud
   env.update(ALBERT_JAX_SKIP_CHECK="0", ALBERT_JAX_PYTHON=sys.executable, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  # albert_base at batch 4096 is 512 sequences per core of a v3-8.
+  # albert_base at batch 4096 is 512 sequences per chip of a v6e-8: the pre-check takes the name
+  # of the TPU most users rent (the estimate once refused every v6e name).
   proc = subprocess.run(
-    ["bash", str(SCRIPT), "create", "--accelerator-type=v3-8", "--config=configs/albert_base.py"],
+    ["bash", str(SCRIPT), "create", "--accelerator-type=v6e-8", "--config=configs/albert_base.py"],
     capture_output=True,
     text=True,
     env=env,
@@ -556,7 +596,7 @@ def test_a_config_that_does_not_fit_stops_before_create(fake_gcloud):
   assert (
     proc.stderr.strip()
     .splitlines()[-1]
-    .endswith("error: the config does not fit a v3-8 (above); --skip-check launches anyway")
+    .endswith("error: the config does not fit a v6e-8 (above); --skip-check launches anyway")
   )
   assert not log.exists()  # no gcloud call: nothing created
 
@@ -786,10 +826,17 @@ def test_every_gcloud_command_passes_gclouds_argument_parsing(tmp_path):
     commands += [c for c in _dry(sub, *args) if c[0] == "gcloud"]
   queued = _dry("run", "--queued", "--spot", "--project=my-proj", *TRAIN_ARGS)
   commands += [c for c in queued if c[0] == "gcloud"]
+  # The newer generations' creates (their own runtime images), as a slice and as a queued resource.
+  for accelerator in ("v6e-8", "tpu7x-8"):
+    args = ["--project=my-proj", f"--accelerator-type={accelerator}"]
+    (create,) = _dry("create", "--spot", *args)
+    queued = _dry("run", "--queued", *args, *TRAIN_ARGS)
+    commands += [create, next(c for c in queued if c[3:5] == ["queued-resources", "create"])]
   # One of each shape (the command and its flag names): gcloud takes a second to start.
   shapes = {}
   for argv in commands:
     shape = (tuple(argv[:5]), tuple(sorted(a.split("=")[0] for a in argv if a.startswith("--"))))
+    shape += tuple(a for a in argv if a.startswith(("--version=", "--runtime-version=")))
     shapes.setdefault(shape, argv)
   assert {s[0][3:5] for s in shapes} >= {
     ("queued-resources", "create"),

@@ -1,4 +1,9 @@
-"""Peak FLOP/s of accelerators (for MFU and the pre-launch estimate), and a measured rate on CPU."""
+"""Peak FLOP/s of accelerators (for MFU and the pre-launch estimate), and a measured rate on CPU.
+
+TPU figures are the vendor's, per chip, from Cloud TPU's pages (docs/tpu_compile.md cites them):
+v5e cloud.google.com/tpu/docs/v5e, v5p .../v5p, v6e (Trillium) .../v6e, TPU7x (Ironwood) .../tpu7x.
+A v3 chip and a TPU7x chip each show two jax devices (two TensorCores; Ironwood's two chiplets), so
+their per-device figures are half the chip's."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ PEAK_FLOPS = {
   "tpu_v4": 275e12,  # per chip (megacore: one device)
   "tpu_v5e": 197e12,
   "tpu_v5p": 459e12,
+  "tpu_v6e": 918e12,
+  "tpu7x": 2307e12 / 2,  # per TensorCore; 2,307 TFLOP/s bf16 per chip (4,614 is its FP8 figure)
   "a100": 312e12,
   "h100": 989e12,
   "h200": 989e12,
@@ -25,6 +32,8 @@ DEVICE_MEMORY = {
   "tpu_v4": 32 * 2**30,
   "tpu_v5e": 16 * 2**30,
   "tpu_v5p": 95 * 2**30,
+  "tpu_v6e": 32 * 2**30,
+  "tpu7x": 192 * 2**30 // 2,  # 192 GiB per chip, 96 per TensorCore
   "a100": 40 * 2**30,
   "h100": 80 * 2**30,
   "h200": 141 * 2**30,
@@ -36,24 +45,38 @@ HBM_BANDWIDTH = {
   "tpu_v4": 1228e9,
   "tpu_v5e": 819e9,
   "tpu_v5p": 2765e9,
+  "tpu_v6e": 1640e9,
+  "tpu7x": 7380e9 / 2,
 }
 # Inter-chip interconnect bandwidth per chip, one direction (bytes/s; Cloud TPU's system architecture
-# pages: v4 2,400 Gbit/s, v5e 1,600 Gbit/s, v5p 4,800 Gbit/s; v3: 4 links of 656 Gbit/s).
+# pages: v4 2,400 Gbit/s, v5e 1,600 Gbit/s, v5p 4,800 Gbit/s; v3: 4 links of 656 Gbit/s; the TPU7x
+# page's table gives bidirectional figures, v6e 800 GB/s and TPU7x 1,200 GB/s, halved here).
 ICI_BANDWIDTH = {
   "tpu_v3": 328e9,
   "tpu_v4": 300e9,
   "tpu_v5e": 200e9,
   "tpu_v5p": 600e9,
+  "tpu_v6e": 400e9,
+  "tpu7x": 600e9,
 }
-# JAX devices per chip (a v3 chip's two cores are two devices; v4/v5p megacore and v5e one).
-DEVICES_PER_CHIP = {"tpu_v3": 2, "tpu_v4": 1, "tpu_v5e": 1, "tpu_v5p": 1}
+# JAX devices per chip (a v3 chip's two cores and a TPU7x chip's two chiplets are two devices each;
+# v4/v5p megacore, v5e and v6e one).
+DEVICES_PER_CHIP = {
+  "tpu_v3": 2,
+  "tpu_v4": 1,
+  "tpu_v5e": 1,
+  "tpu_v5p": 1,
+  "tpu_v6e": 1,
+  "tpu7x": 2,
+}
 
 
 def device_name(device=None) -> str | None:
   """Maps jax's device_kind to a PEAK_FLOPS key, or None (CPU, unknown).
 
   v5e devices say "TPU v5 lite" (or "TPU v5e"); v5p devices say "TPU v5" (or "TPU v5p"), so a bare
-  "v5" is a v5p once the lite forms are ruled out."""
+  "v5" is a v5p once the lite forms are ruled out; v6e devices say "TPU v6 lite" (or "TPU v6e"),
+  Ironwood's "TPU7x"."""
   kind = (device or jax.devices()[0]).device_kind.lower()
   for key, needle in (
     ("tpu_v3", "v3"),
@@ -62,6 +85,10 @@ def device_name(device=None) -> str | None:
     ("tpu_v5e", "v5e"),
     ("tpu_v5p", "v5p"),
     ("tpu_v5p", "v5"),
+    ("tpu_v6e", "v6 lite"),
+    ("tpu_v6e", "v6e"),
+    ("tpu7x", "tpu7x"),
+    ("tpu7x", "tpu v7"),
     ("h200", "h200"),
     ("h100", "h100"),
     ("a100", "a100"),

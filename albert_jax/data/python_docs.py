@@ -44,6 +44,12 @@ def _stdlib_sources() -> list[str]:
 DOCUMENTS: list[list[str]] = []  # the built-in corpus once read (2 MB): prepare reads it twice
 
 
+# What can hold a class or function definition: statements (in bodies, else and finally blocks),
+# exception handlers and match cases. Expressions cannot, so the walk skips them (nine tenths of a
+# module's nodes: the corpus is read in a third of the time, the same documents in the same order).
+_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def _docstrings(tree: ast.Module) -> Iterator[str]:
   """The module's, classes' and functions' docstrings in source order (depth first)."""
   stack = [tree]
@@ -53,7 +59,14 @@ def _docstrings(tree: ast.Module) -> Iterator[str]:
       doc = ast.get_docstring(node)
       if doc:
         yield doc
-    stack.extend(reversed(list(ast.iter_child_nodes(node))))
+    children = [
+      child
+      for _, value in ast.iter_fields(node)
+      if isinstance(value, list)
+      for child in value
+      if isinstance(child, _BLOCKS)
+    ]
+    stack.extend(reversed(children))
 
 
 def python_docs_documents(stats: CorpusStats | None = None) -> Iterator[list[str]]:

@@ -85,9 +85,16 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
   path prefixes set to zero."""
   if isinstance(mesh, Mesh):  # real devices (estimate's AbstractMesh has none to check)
     attention.check_attention_impl(model_lib.model_config(config.model), mesh.devices.flat[0])
-  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs))["params"]
+  # The model's init traced once, here: its jaxpr gives the shapes (and their boxes), and `init`
+  # below evaluates that jaxpr rather than tracing flax's init again (~0.4 s of every start).
+  key = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0))[0])
+  traced, boxed = jax.make_jaxpr(
+    lambda k: model.init({"params": k}, **inputs)["params"], return_shape=True
+  )(key)
   schedule = optim.make_schedule(config.train)
   tx = make_optimizer(config, boxed, schedule, frozen)
+
+  boxed_def = jax.tree_util.tree_structure(boxed)
 
   def state(params, rng: jax.Array) -> TrainState:
     return TrainState(
@@ -100,10 +107,11 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
 
   def init(rng: jax.Array) -> TrainState:
     params_rng, rng = jax.random.split(rng)
-    return state(nn.unbox(model.init({"params": params_rng}, **inputs)["params"]), rng)
+    values = jax.core.eval_jaxpr(traced.jaxpr, traced.consts, params_rng)
+    return state(nn.unbox(jax.tree_util.tree_unflatten(boxed_def, values)), rng)
 
-  # From the parameters' shapes: tracing the model once more (init) costs ~0.4 s of every start.
-  # (The boxes' values, not nn.unbox, which would put sharding constraints on shapes.)
+  # From the parameters' shapes, not by tracing init again. (The boxes' values, not nn.unbox,
+  # which would put sharding constraints on shapes.)
   params = jax.tree_util.tree_map(
     lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x,
     boxed,

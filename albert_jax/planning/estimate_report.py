@@ -29,6 +29,14 @@ def _collectives(found: dict[str, dict[str, float]]) -> str:
   return ", ".join(parts) or "none"
 
 
+def _chips(t: dict) -> str:
+  """ "4 chips, 1 host, " where the compile result says (a slice's name counts chips or cores)."""
+  if not t.get("chips"):
+    return ""
+  hosts = t.get("hosts", 1)
+  return f"{t['chips']} chip{'s' * (t['chips'] > 1)}, {hosts} host{'s' * (hosts > 1)}: "
+
+
 def format_tpu(est: Estimate) -> list[str]:
   """The TPU compiler's lines of the report."""
   t = est.tpu
@@ -42,7 +50,8 @@ def format_tpu(est: Estimate) -> list[str]:
     ]
   a = est.memory["total"]
   lines = [
-    f"TPU compiler ({t['slice']} = {t['topology']}: {t['devices']} x {t['device_kind']}, mesh {mesh}; "
+    f"TPU compiler ({t['slice']} = {t['topology']}: {_chips(t)}{t['devices']} x {t['device_kind']}, "
+    f"mesh {mesh}; "
     f"compiled on this host in {t['compile_seconds']:.0f}s), per device:",
     f"  arguments {_gib(t['arguments'])} + temporaries {_gib(t['temp'])} + outputs "
     f"{_gib(t['outputs'])} - aliased {_gib(t['aliased'])} = {_gib(t['total'])} of "
@@ -52,6 +61,20 @@ def format_tpu(est: Estimate) -> list[str]:
     f"  collectives per step: {_collectives(t['collectives'])}; the gradients' all-reduce is "
     f"{est.params_total * 4 / 2**20:,.1f} MiB (parameters x 4 bytes)",
   ]
+  if "attention" in t:
+    a = t["attention"]
+    path = "the Pallas flash kernel" if a["impl"] == "flash" else f"XLA's ops ({a['impl']})"
+    lines.append(
+      f"  attention: {path}; "
+      + (
+        f"the Pallas flash kernel is an option on {t['device_kind']} (model.attention_impl=flash; "
+        "Mosaic targets TPU v4 and newer)"
+        if a["flash_refused"] is None and a["impl"] != "flash"
+        else "the flash kernel cannot run here: " + a["flash_refused"].split(";")[0]
+        if a["flash_refused"]
+        else f"compiled for {t['device_kind']}"
+      )
+    )
   return lines
 
 
@@ -66,11 +89,14 @@ def roofline(est: Estimate) -> dict[str, float] | None:
     return None
   analytic = est.flops_per_step / est.devices
   roof, per_op = cost["optimal_seconds"], cost["optimal_seconds"] > 0
-  if not per_op:  # libtpu 0.0.42 gives a negative optimal_seconds for v4: the whole-step bound
-    roof = max(
-      cost["flops"] / est.peak_flops,
-      cost["bytes"] / hardware.HBM_BANDWIDTH.get(est.device, math.inf),
-    )
+  # The HBM part of the bytes (hlo.traffic: without the VMEM traffic of v5e/v6e/TPU7x, where XLA
+  # keeps operands on the chip); the compiler's own bytes where it was not read.
+  hbm = cost.get("hbm_bytes") or cost["bytes"]
+  bound = None
+  if not per_op:  # libtpu 0.0.42's optimal_seconds is negative for v4, v5e, v6e, TPU7x
+    compute = cost["flops"] / est.peak_flops
+    memory = hbm / hardware.HBM_BANDWIDTH.get(est.device, math.inf)
+    roof, bound = max(compute, memory), "FLOPs" if compute >= memory else "HBM bytes"
   step = roof + est.tpu["collective_seconds"]
   return {
     "flops": cost["flops"],
@@ -78,7 +104,9 @@ def roofline(est: Estimate) -> dict[str, float] | None:
     # What the compiler should count: the model's FLOPs plus what remat re-runs.
     "flops_vs_analytic": cost["flops"] / (analytic + est.recompute_flops_per_step / est.devices),
     "bytes": cost["bytes"],
+    "hbm_bytes": hbm,
     "roofline_seconds": roof,
+    "bound": bound,  # the whole-step bound's limit (None: the compiler's per-op roofline)
     "roofline_per_op": per_op,  # the compiler's per-op roofline, else max(FLOPs, bytes) for the step
     "roofline_mfu": analytic / (est.peak_flops * roof),
     "collective_seconds": est.tpu["collective_seconds"],
@@ -115,12 +143,17 @@ def format_roofline(est: Estimate) -> list[str]:
     f"  compiler cost per device per step (counted on {how}): {r['flops'] / 1e12:.2f} TFLOPs "
     f"(analytic {r['analytic_flops'] / 1e12:.2f} T"
     + (" + remat's recomputation" if est.recompute_flops_per_step else "")
-    + f": compiler/analytic {r['flops_vs_analytic']:.3f}), {r['bytes'] / 1e9:.1f} GB accessed",
+    + f": compiler/analytic {r['flops_vs_analytic']:.3f}), {r['bytes'] / 1e9:.1f} GB accessed"
+    + (
+      f" ({r['hbm_bytes'] / 1e9:.1f} GB of it in HBM, the rest in the chip's VMEM)"
+      if r["hbm_bytes"] < 0.99 * r["bytes"]
+      else ""
+    ),
     (
       "  roofline (each op bound by its FLOPs or HBM bytes): "
       if r["roofline_per_op"]
-      else "  roofline (the whole step bound by its FLOPs or its HBM bytes; the compiler gives no "
-      "per-op figure for this chip): "
+      else f"  roofline (the whole step bound by its {r['bound']}: the larger of FLOPs / peak and "
+      "HBM bytes / bandwidth; the compiler gives no per-op figure for this chip): "
     )
     + f"{1e3 * r['roofline_seconds']:.1f} ms, "
     f"roofline MFU {r['roofline_mfu']:.2f}; collectives {1e3 * r['collective_seconds']:.1f} ms at "

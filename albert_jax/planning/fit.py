@@ -177,7 +177,7 @@ def estimate_and_compile(
     else devices or (8 if given_device and device != "cpu" else jax.device_count())
   )
   if tpu is None and given_device and (compile_ == "yes" or fit_):
-    if device.startswith("tpu_"):
+    if tpu_compile.is_tpu(device):
       tpu = tpu_compile.slice_for(device, devices)
   if fit_ and tpu is None:
     raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")

@@ -50,6 +50,22 @@ def shape_bytes(text: str) -> int:
   return total
 
 
+# An array with its layout: `bf16[16,512,768]{2,1,0:T(8,128)(2,1)S(1)}`; S(n), n >= 1, is a memory
+# space other than HBM (S(1): the chip's VMEM, where XLA's memory-space assignment keeps operands on
+# v5e/v6e/TPU7x; S(2): a semaphore).
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\](\{[^{}]*\})?")
+_ON_CHIP = re.compile(r"S\([1-9]\d*\)")
+
+
+def hbm_shape_bytes(text: str) -> int:
+  """The bytes of the array shapes in an HLO fragment that live in HBM (no S(n) memory space)."""
+  total = 0
+  for dtype, dims, layout in _ARRAY.findall(text):
+    if dtype in _BYTES and not _ON_CHIP.search(layout or ""):
+      total += _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
 _KERNEL = re.compile(r'custom_call_target="tpu_custom_call"')
 _DECLARED = re.compile(r'"cost_estimate":\s*(\{[^{}]*\})')
 
@@ -110,7 +126,14 @@ def traffic(hlo_text: str) -> list[dict[str, Any]]:
   computation (a fusion, a copy, a collective, ...) with the bytes of its operands and of its result
   and their shapes, largest first. Their sum is close to the cost analysis's `bytes` on a loop-free program: the TPU
   compiler counts an instruction's traffic as what it reads and writes (a loop's body, not listed
-  here, would be missing). Parameters, constants, tuples and bitcasts move nothing and are left out."""
+  here, would be missing). Parameters, constants, tuples and bitcasts move nothing and are left out.
+
+  "hbm" is the part of it that touches HBM: operands and results outside the chip's VMEM (S(1)),
+  and an asynchronous copy or slice between the two (copy-start, slice-start: a prefetch into VMEM
+  or an eviction from it) once, as the bytes it moves; its -done moves nothing more. The compiler's
+  `bytes` counts VMEM reads and writes and both halves of each async copy as well, so on chips whose
+  XLA keeps operands in a large VMEM (v5e, v6e, TPU7x) it overstates the HBM traffic that the HBM
+  bandwidth bounds."""
   lines = hlo_text.splitlines()
   start = next((i for i, line in enumerate(lines) if line.startswith("ENTRY")), len(lines))
   sizes: dict[str, int] = {}
@@ -128,6 +151,16 @@ def traffic(hlo_text: str) -> list[dict[str, Any]]:
       continue
     operands = re.findall(r"%([\w.\-]+)", rest.split("), ", 1)[0])
     kind = re.search(r"kind=(k\w+)", rest)
+    if op in ("copy-start", "slice-start"):
+      # (destination, source, context): the destination's bytes move, HBM <-> VMEM.
+      destination = _ARRAY.search(shape)
+      hbm = shape_bytes(destination.group(0)) if destination else 0
+    elif op in ("copy-done", "slice-done"):
+      hbm = 0
+    else:
+      hbm = sum(hbm_shape_bytes(shapes[a]) for a in operands if a in shapes) + hbm_shape_bytes(
+        shape
+      )
     rows.append(
       {
         "name": name,
@@ -136,6 +169,7 @@ def traffic(hlo_text: str) -> list[dict[str, Any]]:
         "written": sizes[name],
         "shape": shape,
         "operands": [shapes[a] for a in operands if a in shapes],
+        "hbm": hbm,
       }
     )
   return sorted(rows, key=lambda r: -(r["read"] + r["written"]))
@@ -176,6 +210,7 @@ def count_train_step(config, mesh, compiled: Compiled | None = None) -> dict[str
     seconds = compiled.compile_seconds + compiled.lower_seconds
   if compiled.cost is None:
     return {"error": f"the {jax.default_backend()} compiler gives no cost analysis"}
-  cost = {k: v * factor for k, v in {**compiled.cost, **kernel_costs(compiled.text)}.items()}
+  hbm = {"hbm_bytes": float(sum(row["hbm"] for row in traffic(compiled.text)))}
+  cost = {k: v * factor for k, v in {**compiled.cost, **kernel_costs(compiled.text), **hbm}.items()}
   cost["count_compile_seconds"] = seconds
   return cost

@@ -22,7 +22,7 @@ from jax.experimental import topologies
 
 from albert_jax.base import hardware
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.model import sharding
+from albert_jax.model import albert as M, attention, sharding
 from albert_jax.planning import hlo
 from albert_jax.pretraining import init_from, train
 
@@ -34,32 +34,72 @@ def install_hint() -> str:
   )
 
 
-# Slice families: (topology prefix, estimate device key, jax devices per chip, the slice name counts
-# cores (True) or chips (False), topology dimensions, chip_config_name).
-_FAMILIES = {
-  "v2": ("v2", None, 2, True, 2, None),
-  "v3": ("v3", "tpu_v3", 2, True, 2, None),
-  "v4": ("v4", "tpu_v4", 1, True, 3, "megacore"),
-  "v5p": ("v5p", "tpu_v5p", 1, True, 3, "megacore"),
-  "v5litepod": ("v5e", "tpu_v5e", 1, False, 2, None),
-  "v5e": ("v5e", "tpu_v5e", 1, False, 2, None),
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A TPU generation as Cloud TPU names its slices and as libtpu names its topologies."""
+
+  topology_prefix: str  # libtpu's: v3, v4, v5p, v5e, v6e, tpu7x
+  device: str | None  # hardware.PEAK_FLOPS key (None: not supported)
+  devices_per_chip: int  # jax devices per chip (v3 and TPU7x: 2; megacore and lite chips: 1)
+  counts_cores: bool  # the name's number counts TensorCores (v3-8: 4 chips), else chips
+  dims: int  # the chip grid's dimensions (2D torus or 3D)
+  chip_config_name: str | None  # "megacore": one device per two-core chip (v4, v5p)
+  min_chips: int  # the smallest slice Cloud TPU offers (besides one chip where single_chip)
+  max_chips: int | None  # the largest (a v5e/v6e pod is 256 chips)
+  single_chip: bool  # a one-chip slice exists (v5litepod-1, v6e-1)
+  single_host_chips: int  # the chips of the largest one-host slice (v5e/v6e: 8, a 2x4 host)
+
+
+# Cloud TPU's accelerator types (cloud.google.com/tpu/docs/{v3,v4,v5e,v5p,v6e,tpu7x}) by their prefix.
+FAMILIES = {
+  "v2": Family("v2", None, 2, True, 2, None, 4, None, False, 4),
+  "v3": Family("v3", "tpu_v3", 2, True, 2, None, 4, None, False, 4),
+  "v4": Family("v4", "tpu_v4", 1, True, 3, "megacore", 4, None, False, 4),
+  "v5p": Family("v5p", "tpu_v5p", 1, True, 3, "megacore", 4, None, False, 4),
+  "v5litepod": Family("v5e", "tpu_v5e", 1, False, 2, None, 4, 256, True, 8),
+  "v5e": Family("v5e", "tpu_v5e", 1, False, 2, None, 4, 256, True, 8),
+  "v6e": Family("v6e", "tpu_v6e", 1, False, 2, None, 4, 256, True, 8),
+  # Ironwood: tpu7x-8 is one 4-chip VM (2x2x1), 8 TensorCores, 8 jax devices.
+  "tpu7x": Family("tpu7x", "tpu7x", 2, True, 3, None, 4, None, False, 4),
 }
 # The device key of --device and the slice family that names its slices.
-_FAMILY_OF_DEVICE = {"tpu_v3": "v3", "tpu_v4": "v4", "tpu_v5p": "v5p", "tpu_v5e": "v5litepod"}
+_FAMILY_OF_DEVICE = {
+  "tpu_v3": "v3",
+  "tpu_v4": "v4",
+  "tpu_v5p": "v5p",
+  "tpu_v5e": "v5litepod",
+  "tpu_v6e": "v6e",
+  "tpu7x": "tpu7x",
+}
+# libtpu assumes hosts of 2x2x1 chips; smaller slices and the one-host 8-chip v5e/v6e say theirs.
+_DEFAULT_HOST_CHIPS = 4
+
+
+def is_tpu(device: str) -> bool:
+  """Whether a --device key names a TPU the compiler can target."""
+  return device in _FAMILY_OF_DEVICE
 
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
-  name: str  # as Cloud TPU names it: v3-32, v4-64, v5litepod-16
-  topology: str  # as the compiler names it: v3:4x4, v4:2x2x4, v5e:4x4
+  name: str  # as Cloud TPU names it: v3-32, v4-64, v5litepod-16, v6e-8, tpu7x-8
+  topology: str  # as the compiler names it: v3:4x4, v4:2x2x4, v5e:4x4, v6e:2x4, tpu7x:2x2x1
   device: str  # hardware.PEAK_FLOPS key
-  devices: int  # jax devices (v3: 2 per chip; v4/v5p megacore and v5e: 1 per chip)
+  devices: int  # jax devices (v3, TPU7x: 2 per chip; v4/v5p megacore, v5e, v6e: 1 per chip)
   chip_config_name: str | None
+  chips: int = 0
+  host_bounds: tuple[int, int, int] | None = None  # libtpu's chips_per_host_bounds, where not 2x2x1
+
+  @property
+  def hosts(self) -> int:
+    """TPU VMs in the slice (4 chips each, or one host for a one-host v5e/v6e slice of 8)."""
+    per_host = math.prod(self.host_bounds) if self.host_bounds else _DEFAULT_HOST_CHIPS
+    return max(1, self.chips // per_host)
 
 
 def _grid(chips: int, dims: int) -> list[int]:
   """The chip grid of a power-of-two slice: double the smallest side (the last of equals), as
-  Cloud TPU shapes its slices (v3-32 is 4x4, v3-64 4x8; v4-32 is 2x2x4, v4-64 2x4x4)."""
+  Cloud TPU shapes its slices (v3-32 is 4x4, v3-64 4x8; v4-32 is 2x2x4, v4-64 2x4x4; v6e-8 2x4)."""
   grid = [1] * dims
   if dims == 3 and chips >= 4:
     grid = [2, 2, 1]
@@ -69,45 +109,70 @@ def _grid(chips: int, dims: int) -> list[int]:
   return grid
 
 
+_EXAMPLES = "v3-8, v4-32, v5p-128, v5litepod-16, v6e-8, v6e-256 or tpu7x-8"
+
+
 def parse_slice(name: str) -> Slice:
-  """A Cloud TPU accelerator type (v3-8, v3-256, v4-32, v5litepod-16, v5p-8) as a topology."""
-  m = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v5e)-(\d+)", name.strip().lower())
+  """A Cloud TPU accelerator type (v3-8, v4-32, v5p-8, v5litepod-16, v6e-8, tpu7x-8) as a topology.
+
+  v2, v3, v4, v5p and tpu7x names count TensorCores (v3-8 and tpu7x-8 are 4 chips), v5litepod (v5e)
+  and v6e names count chips; every slice is a power of two chips."""
+  m = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v5e|v6e|tpu7x)-(\d+)", name.strip().lower())
   if not m:
+    raise ConfigError(f"--slice={name!r} is not a TPU slice name such as {_EXAMPLES}")
+  prefix, n = m.group(1), int(m.group(2))
+  family = FAMILIES[prefix]
+  if family.device is None:
     raise ConfigError(
-      f"--slice={name!r} is not a TPU slice name such as v3-8, v3-256, v4-32, v5p-8 or v5litepod-16"
+      f"--slice={name!r}: {prefix} slices are not supported (v3, v4, v5p, v5e, v6e, tpu7x are)"
     )
-  prefix, device, per_chip, counts_cores, dims, chip_config = _FAMILIES[m.group(1)]
-  n = int(m.group(2))
-  chips = n // 2 if counts_cores else n
-  if device is None:
+  unit = "TensorCores" if family.counts_cores else "chips"
+  chips = n // 2 if family.counts_cores else n
+  if chips < 1 or chips & (chips - 1) or (family.counts_cores and n % 2):
     raise ConfigError(
-      f"--slice={name!r}: {m.group(1)} slices are not supported (v3, v4, v5p, v5e are)"
+      f"--slice={name!r}: the number of {unit} must be a power of two"
+      + (" (2 per chip)" if family.counts_cores else "")
     )
-  if chips < 1 or chips & (chips - 1) or (counts_cores and n % 2):
+  smallest = 1 if family.single_chip else family.min_chips
+  if (chips < family.min_chips and not (family.single_chip and chips == 1)) or (
+    family.max_chips and chips > family.max_chips
+  ):
+    per = 2 if family.counts_cores else 1
+    sizes = ([1] if family.single_chip else []) + [family.min_chips, 2 * family.min_chips]
+    largest = f" {prefix}-{family.max_chips * per}" if family.max_chips else ""
     raise ConfigError(
-      f"--slice={name!r}: the number of {'cores' if counts_cores else 'chips'} must be "
-      f"a power of two{' (2 cores per chip)' if counts_cores else ''}"
+      f"--slice={name!r}: Cloud TPU's {prefix} slices are "
+      f"{', '.join(f'{prefix}-{c * per}' for c in sizes)}, ...{largest} ({unit}; "
+      f"at least {smallest} chip{'s' if smallest > 1 else ''})"
     )
-  topology = f"{prefix}:{'x'.join(map(str, _grid(chips, dims)))}"
+  host_bounds = None
+  if chips < _DEFAULT_HOST_CHIPS:
+    host_bounds = (1, 1, 1)
+  elif chips == family.single_host_chips > _DEFAULT_HOST_CHIPS:
+    host_bounds = (2, 4, 1)
   return Slice(
-    name=f"{m.group(1)}-{n}",
-    topology=topology,
-    device=device,
-    devices=chips * per_chip,
-    chip_config_name=chip_config,
+    name=f"{prefix}-{n}",
+    topology=f"{family.topology_prefix}:{'x'.join(map(str, _grid(chips, family.dims)))}",
+    device=family.device,
+    devices=chips * family.devices_per_chip,
+    chip_config_name=family.chip_config_name,
+    chips=chips,
+    host_bounds=host_bounds,
   )
 
 
 def slice_for(device: str, devices: int) -> Slice:
-  """The slice of `devices` jax devices of kind `device` (tpu_v3 x 32 -> v3-32, tpu_v4 x 16 -> v4-32)."""
-  if device not in _FAMILY_OF_DEVICE:
+  """The slice of `devices` jax devices of kind `device` (tpu_v3 x 32 -> v3-32, tpu_v4 x 16 -> v4-32,
+  tpu_v6e x 8 -> v6e-8, tpu7x x 8 -> tpu7x-8)."""
+  if not is_tpu(device):
     raise ConfigError(
       f"--device={device!r} is not a TPU; the TPU compiler needs one of "
       f"{', '.join(_FAMILY_OF_DEVICE)}"
     )
-  family = _FAMILY_OF_DEVICE[device]
-  per_chip, counts_cores = _FAMILIES[family][2], _FAMILIES[family][3]
-  return parse_slice(f"{family}-{devices // per_chip * (2 if counts_cores else 1)}")
+  prefix = _FAMILY_OF_DEVICE[device]
+  family = FAMILIES[prefix]
+  chips = devices // family.devices_per_chip
+  return parse_slice(f"{prefix}-{chips * (2 if family.counts_cores else 1)}")
 
 
 def available() -> bool:
@@ -125,6 +190,8 @@ def topology_devices(tpu: Slice) -> list:
   hardware.quiet_libtpu()
 
   kwargs = {"chip_config_name": tpu.chip_config_name} if tpu.chip_config_name else {}
+  if tpu.host_bounds:
+    kwargs["chips_per_host_bounds"] = tpu.host_bounds
   try:
     topology = topologies.get_topology_desc(topology_name=tpu.topology, platform="tpu", **kwargs)
   except Exception as e:  # libtpu's own error, e.g. a topology it does not know
@@ -276,12 +343,15 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
     "topology": tpu.topology,
     "device_kind": devices[0].device_kind,
     "devices": len(devices),
+    "chips": tpu.chips,
+    "hosts": tpu.hosts,
     "mesh": mesh_shape,
     "compile_seconds": compiled.compile_seconds + compiled.lower_seconds,
     "device_memory": memory,
     "collectives": collectives(compiled.text),
   }
   result["collective_seconds"] = collective_seconds(result["collectives"], tpu)
+  result["attention"] = attention_paths(config, devices[0])
   if count:
     try:
       result["cost"] = hlo.count_train_step(config, mesh, compiled)
@@ -293,6 +363,20 @@ def compile_step(config, tpu: Slice, count: bool = False) -> dict[str, Any]:
         "error": f"the unrolled copy for counting does not fit: {failed['message']}"
       }
   return result
+
+
+def attention_paths(config, device) -> dict[str, Any]:
+  """The attention the step compiled with (model.attention_impl: einsum and dot_product are XLA's
+  ops, flash the Pallas kernel) and whether the flash kernel can run on `device`
+  (attention.check_attention_impl: Mosaic compiles it for TPU v4 and newer, not v2/v3): None where
+  it can, else the reason."""
+  cfg = M.model_config(config.model)
+  try:
+    attention.check_attention_impl(dataclasses.replace(cfg, attention_impl="flash"), device)
+    flash = None
+  except ConfigError as e:
+    flash = str(e)
+  return {"impl": cfg.attention_impl, "flash_refused": flash}
 
 
 def _does_not_fit(error: Exception) -> dict[str, Any] | None:
