@@ -40,7 +40,7 @@ from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.planning.estimate_report import format_fit, format_report
-from albert_jax.planning.fit import estimate_and_compile
+from albert_jax.planning.fit import estimate_and_compile, given_fields
 from albert_jax.planning.memory import DEFAULT_MFU
 
 # The library: planning/memory.py (the memory model), planning/fit.py (the compiler's view and the
@@ -94,6 +94,13 @@ def run() -> None:
     "When the config does not fit the TPU slice, search the "
     "smallest change that does (remat, micro-batches, fsdp), compiling each.",
   )
+  chip_flag = flags.DEFINE_bool(
+    "chip_defaults",
+    True,
+    "For a TPU slice, apply what its generation prefers for speed where no --config value is given "
+    "(bf16 compute, the micro-batches its HBM needs; docs/tpu_compile.md), saying so in one line; "
+    "false estimates the config exactly as given (launch/tpu_pod.sh's pre-check).",
+  )
   cli.define_verbose()
   flags.mark_flags_as_required(["config"])
 
@@ -117,10 +124,14 @@ def run() -> None:
         fit_flag.value,
         mfu_flag.value,
         config_name,
+        chip_flag.value,
+        given_fields(argv_all),
       )
       print(format_report(est), flush=True)
       if fit_flag.value:
-        given = [a for a in argv_all if a.startswith("--config.")]
+        given = [a for a in argv_all if a.startswith("--config.")] + [
+          f"--config.{k}={v}" for k, v in est.chip_overrides.items()
+        ]
         lines = (
           ["--fit: nothing compiled (--compile=no)"]
           if est.tpu is None
