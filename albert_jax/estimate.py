@@ -23,6 +23,8 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
     train step compiled for that TPU slice by the TPU compiler on this machine (tpu_compile.py): the
     per-device memory the TPU would allocate, against the chip's HBM, and the step's collectives;
     --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
+    fields the command line leaves open take the chip's defaults for speed (bf16 compute, the
+    micro-batches its HBM needs), said in one line (--chip_defaults=false: the config as given);
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
 Peaks and memory per device: albert_jax/base/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips), a TPU7x (Ironwood) chip too; a v4, v5p,
