@@ -274,7 +274,8 @@ def estimate_and_compile(
   chosen, line = (
     chip_defaults(config, device, devices, given) if chip_defaults_ and tpu else ({}, "")
   )
-  config = _with(config, chosen)
+  if chosen:
+    config = _with(config, chosen)
   est = estimate(config, device, devices, mfu, config_name=config_name)
   est.chip_overrides, est.chip_line = chosen, line
   if tpu is not None and compile_ != "no":
