@@ -23,6 +23,8 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
     train step compiled for that TPU slice by the TPU compiler on this machine (tpu_compile.py): the
     per-device memory the TPU would allocate, against the chip's HBM, and the step's collectives;
     --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
+    fields the command line leaves open take the chip's defaults for speed (bf16 compute, the
+    micro-batches its HBM needs), said in one line (--chip_defaults=false: the config as given);
   - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
 Peaks and memory per device: albert_jax/base/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips), a TPU7x (Ironwood) chip too; a v4, v5p,
@@ -40,7 +42,7 @@ from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.planning.estimate_report import format_fit, format_report
-from albert_jax.planning.fit import estimate_and_compile
+from albert_jax.planning.fit import estimate_and_compile, given_fields
 from albert_jax.planning.memory import DEFAULT_MFU
 
 # The library: planning/memory.py (the memory model), planning/fit.py (the compiler's view and the
@@ -94,6 +96,13 @@ def run() -> None:
     "When the config does not fit the TPU slice, search the "
     "smallest change that does (remat, micro-batches, fsdp), compiling each.",
   )
+  chip_flag = flags.DEFINE_bool(
+    "chip_defaults",
+    True,
+    "For a TPU slice, apply what its generation prefers for speed where no --config value is given "
+    "(bf16 compute, the micro-batches its HBM needs; docs/tpu_compile.md), saying so in one line; "
+    "false estimates the config exactly as given (launch/tpu_pod.sh's pre-check).",
+  )
   cli.define_verbose()
   flags.mark_flags_as_required(["config"])
 
@@ -117,10 +126,14 @@ def run() -> None:
         fit_flag.value,
         mfu_flag.value,
         config_name,
+        chip_flag.value,
+        given_fields(argv_all),
       )
       print(format_report(est), flush=True)
       if fit_flag.value:
-        given = [a for a in argv_all if a.startswith("--config.")]
+        given = [a for a in argv_all if a.startswith("--config.")] + [
+          f"--config.{k}={v}" for k, v in est.chip_overrides.items()
+        ]
         lines = (
           ["--fit: nothing compiled (--compile=no)"]
           if est.tpu is None

@@ -262,7 +262,8 @@ compile_check() {
   repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   cd "$repo_root"
   run "$LOCAL_PYTHON" -m albert_jax.estimate --config="$CONFIG" \
-    ${OVERRIDES[@]+"${OVERRIDES[@]}"} --slice="$ACCELERATOR_TYPE" --compile || status=$?
+    ${OVERRIDES[@]+"${OVERRIDES[@]}"} --slice="$ACCELERATOR_TYPE" --compile --chip_defaults=false \
+    || status=$?
   cd - > /dev/null
   if ((status == 5)); then
     die "the config does not fit a $ACCELERATOR_TYPE (above); --skip-check launches anyway" 5

@@ -188,3 +188,73 @@ def test_the_cpu_peak_is_the_fastest_repetition_not_the_mean(monkeypatch):
   monkeypatch.setattr(hardware.jax, "jit", timed_jit)
   flops = hardware.measured_matmul_flops(n=64, seconds=0.01)
   assert flops == pytest.approx(2 * 64**3 / 0.001)
+
+
+def test_each_tpu_generation_s_fit_order_follows_its_ridge_point():
+  # Peak bf16 FLOP/s over HBM bandwidth: the chips whose step is bound by HBM bytes (v6e, TPU7x)
+  # try remat first; those bound by FLOPs (v3 to v5p) micro-batches, which add no FLOPs.
+  ridge = {d: round(hardware.ridge_point(d)) for d in hardware.HBM_BANDWIDTH}
+  assert ridge == {
+    "tpu_v3": 137,
+    "tpu_v4": 224,
+    "tpu_v5e": 241,
+    "tpu_v5p": 166,
+    "tpu_v6e": 560,
+    "tpu7x": 313,
+  }
+  assert [d for d in ridge if hardware.remat_first(d)] == ["tpu_v6e", "tpu7x"]
+  config = small(batch_size=64)
+  remat_first = fit.fit_candidates(config, 8, remat_first=True)
+  micro_first = fit.fit_candidates(config, 8, remat_first=False)
+  assert remat_first[0] == {"model.remat": "dots_saveable"}
+  # 8 sequences per device: micro-batches 2, 4 and 8 under the config's own policy, then the rest.
+  assert micro_first[:4] == [
+    {"train.micro_batches": 2},
+    {"train.micro_batches": 4},
+    {"train.micro_batches": 8},
+    {"model.remat": "dots_saveable"},
+  ]
+  assert micro_first[3:] == remat_first
+
+
+def test_chip_defaults_choose_bf16_and_the_batch_split_the_chips_hbm_holds(monkeypatch):
+  config = small(batch_size=256)  # 32 sequences per device on 8 devices
+  # A chip's HBM sized to hold about 8 of this config's sequences per device in bf16 (the analytic
+  # memory at each split, as Estimate.fits reads it against the usable fraction).
+  bf16 = fit._with(config, {"model.dtype": "bfloat16"})
+  need = {m: E.estimate(fit._with(bf16, {"train.micro_batches": m}), "tpu_v5e", 8) for m in (2, 4)}
+  hbm = (need[4].memory["total"] + need[2].memory["total"]) / 2 / E.USABLE_MEMORY_FRACTION
+  monkeypatch.setitem(hardware.DEVICE_MEMORY, "tpu_v5e", hbm)
+  chosen, line = fit.chip_defaults(config, "tpu_v5e", 8, set())
+  assert chosen == {"model.dtype": "bfloat16", "train.micro_batches": 4}
+  assert "\n" not in line and line.startswith("chip defaults for tpu_v5e: model.dtype=bfloat16")
+  assert "train.micro_batches=4 (8 sequences per device per micro-step" in line
+  assert "--fit tries micro-batches before remat (ridge point 241" in line
+  # A chip with more HBM keeps the whole batch in one step; the given values always win.
+  monkeypatch.setitem(hardware.DEVICE_MEMORY, "tpu_v5e", 4 * hbm)
+  assert fit.chip_defaults(config, "tpu_v5e", 8, set())[0] == {"model.dtype": "bfloat16"}
+  given = fit.given_fields(
+    ["estimate", "--config=configs/tiny.py:dtype=float32", "--config.train.micro_batches=2"]
+  )
+  assert given == {"model.dtype", "train.micro_batches"}
+  chosen, line = fit.chip_defaults(config, "tpu_v6e", 8, given)
+  assert chosen == {} and "none (the config's dtype" in line
+  assert "--fit tries remat before micro-batches (ridge point 560" in line
+  assert fit.chip_defaults(config, "h100", 8, set()) == ({}, "")  # not a TPU generation
+
+
+def test_the_estimate_applies_the_chips_defaults_only_for_a_slice():
+  config = small(batch_size=64)
+  est = fit.estimate_and_compile(
+    config, "tpu_v6e", 8, compile_="no", chip_defaults_=True, given={"train.micro_batches"}
+  )
+  assert est.chip_overrides == {} and est.dtype == "float32"  # no slice: the config as given
+  est = fit.estimate_and_compile(
+    config, slice_name="v6e-8", compile_="no", chip_defaults_=True, given={"train.micro_batches"}
+  )
+  assert est.chip_overrides == {"model.dtype": "bfloat16"} and est.dtype == "bfloat16"
+  from albert_jax.planning.estimate_report import format_report
+
+  assert format_report(est).splitlines()[0] == est.chip_line
+  est = fit.estimate_and_compile(config, slice_name="v6e-8", compile_="no")
+  assert est.chip_overrides == {} and est.dtype == "float32" and not est.chip_line

@@ -554,6 +554,7 @@ def test_train_and_create_check_the_config_locally_first():
     *OVERRIDES,
     "--slice=v3-64",
     "--compile",
+    "--chip_defaults=false",  # the check compiles what will run: the config as given
   ]
   check, create = _dry(
     "create",
@@ -562,7 +563,11 @@ def test_train_and_create_check_the_config_locally_first():
     ALBERT_JAX_SKIP_CHECK="0",
     ALBERT_JAX_PYTHON="/opt/py",
   )
-  assert check[0] == "/opt/py" and check[-2:] == ["--slice=v3-8", "--compile"]
+  assert check[0] == "/opt/py" and check[-3:] == [
+    "--slice=v3-8",
+    "--compile",
+    "--chip_defaults=false",
+  ]
   assert create[4] == "create"
   assert [
     c[0]

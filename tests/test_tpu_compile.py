@@ -270,7 +270,8 @@ def test_pallas_kernels_cost_what_they_declare():
 @needs_libtpu
 @pytest.mark.slow
 def test_a_config_that_cannot_fit_is_reported_with_its_figures():
-  r = run_cli("--config=configs/albert_base.py", "--slice=v3-8")  # 512 sequences of 512 per core
+  # 512 sequences of 512 per core, as given (no chip defaults: they would split the batch)
+  r = run_cli("--config=configs/albert_base.py", "--slice=v3-8", "--chip_defaults=false")
   assert r.returncode == 5, r.stderr[-2000:]  # 5: does not fit (2 would be bad input)
   line = next(l for l in r.stdout.splitlines() if l.startswith("TPU compiler"))
   m = re.search(r"does not fit: needs ([0-9.]+) GiB, ([0-9.]+) GiB available", line)
@@ -302,10 +303,19 @@ def test_the_estimate_is_within_10_percent_of_the_compiler_at_the_paper_batch(na
 @pytest.mark.slow
 def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256(monkeypatch):
   # Given with the remat policy next to the one that fits (analytically 24.4 GiB, then full remat's
-  # 10.9 GiB of 16): the search compiles two configs, not the four from no remat. The order of the
-  # menu is test_fit_tries_the_models_remat_policies_in_order_of_savings's.
+  # 10.9 GiB of 16). A v3's step is bound by FLOPs (hardware.remat_first), so the search tries
+  # micro-batches under the given policy before remat; the order of the remat menu is
+  # test_fit_tries_the_models_remat_policies_in_order_of_savings's. The config as given (no chip
+  # defaults, which would split the batch) does not fit.
   remat = "--config.model.remat=dots_with_no_batch_dims_saveable"
-  r = run_cli("--config=configs/albert_xxlarge.py", "--slice=v3-256", "--fit", remat, timeout=1800)
+  r = run_cli(
+    "--config=configs/albert_xxlarge.py",
+    "--slice=v3-256",
+    "--fit",
+    "--chip_defaults=false",
+    remat,
+    timeout=1800,
+  )
   assert r.returncode == 5, r.stderr[-2000:]  # the config as given does not fit
   assert "does not fit: needs" in r.stdout  # as given (16 sequences per core)
   command = r.stdout.strip().splitlines()[-1].strip()
@@ -322,7 +332,8 @@ def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256(monkey
   m = re.search(r"fits v3-256: ([0-9.]+) GiB of ([0-9.]+) GiB per device \(TPU compiler\)", fits)
   assert m, fits
   assert float(m.group(1)) <= float(m.group(2)) == pytest.approx(16.0)
-  assert " ".join(f"--config.{k}={v}" for k, v in overrides.items()) in fits
+  # --fit's own overrides, after the given remat (a v3 tries micro-batches under it first).
+  assert " ".join(command.split()[5:-1]) in fits and command.split()[4] == remat
   # The printed command, parsed by main's flag (config_flags, in this process), is the config the
   # search compiled: the given config with one of its candidates' overrides (values, not strings).
   from absl import flags as absl_flags
@@ -333,7 +344,9 @@ def test_fit_finds_a_variant_of_albert_xxlarge_that_compiles_for_a_v3_256(monkey
   args = command.split()  # python -m albert_jax.main --config=... REMAT FIT'S... --workdir=DIR
   found = dict(a[len("--config.") :].split("=", 1) for a in args[5:-1])  # --fit's, after remat
   searched = [
-    c for c in fit.fit_candidates(given, 256) if {k: str(v) for k, v in c.items()} == found
+    c
+    for c in fit.fit_candidates(given, 256, hardware.remat_first("tpu_v3"))
+    if {k: str(v) for k, v in c.items()} == found
   ]
   assert len(searched) == 1, found
   argv = ["main", *[a for a in args if a.startswith("--config")]]

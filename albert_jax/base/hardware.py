@@ -71,6 +71,34 @@ DEVICES_PER_CHIP = {
 }
 
 
+# What each TPU generation prefers for a fast train step, where the config leaves it open
+# (`estimate --slice` applies it; planning/fit.py's chip_defaults). Read from the figures above, not
+# from measured TPU speed:
+#   - compute dtype bfloat16 on every generation: the MXUs multiply bf16 (PEAK_FLOPS are bf16 figures;
+#     an f32 dot runs as bf16 passes) and bf16 activations halve the HBM bytes the step moves;
+#   - the per-chip batch: the fewest micro-batches (the largest per-chip micro-step) whose analytic
+#     memory fits the chip's HBM (DEVICE_MEMORY), so a 16 GiB v5e splits a batch a 95 GiB v5p does not;
+#   - which change the fit search tries first when a config does not fit: on a chip whose ridge point
+#     (peak FLOP/s over HBM bandwidth) is at or above REMAT_FIRST_RIDGE the step is bound by HBM bytes,
+#     so remat's recomputed FLOPs land on an idle MXU and remat is tried first; below it the step is
+#     bound by FLOPs, so micro-batches (no extra FLOPs) are tried before remat.
+REMAT_FIRST_RIDGE = (
+  300.0  # FLOP per HBM byte: v6e's 560 and TPU7x's 313 above; v3-v5p 137-240 below
+)
+TPU_DTYPE = "bfloat16"
+
+
+def ridge_point(device: str) -> float:
+  """Peak FLOP/s over HBM bandwidth (FLOP per byte) of a TPU generation: above it a step is bound by
+  FLOPs, below it by HBM traffic."""
+  return PEAK_FLOPS[device] / HBM_BANDWIDTH[device]
+
+
+def remat_first(device: str) -> bool:
+  """Whether the fit search tries remat policies before micro-batches on this TPU generation."""
+  return ridge_point(device) >= REMAT_FIRST_RIDGE
+
+
 def device_name(device=None) -> str | None:
   """Maps jax's device_kind to a PEAK_FLOPS key, or None (CPU, unknown).
 

@@ -201,6 +201,7 @@ def format_report(est: Estimate) -> str:
   mem = est.memory
   mesh = " x ".join(f"{a}={s}" for a, s in est.mesh.items())
   lines = [
+    *([est.chip_line] if est.chip_line else []),
     f"config: {est.config_name or '(given)'}; remat={est.remat}, dtype={est.dtype}",
     f"devices: {est.devices} x {est.device} (mesh {mesh}); {est.peak_flops / 1e12:.1f} TFLOP/s peak and "
     f"{_gib(est.device_memory)} per device ({est.peak_source})",

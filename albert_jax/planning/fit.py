@@ -99,14 +99,23 @@ def remat_menu(config) -> list[tuple[str, float]]:
   return menu
 
 
-def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
+def fit_candidates(config, devices: int, remat_first: bool = True) -> list[dict[str, Any]]:
   """The changes --fit tries, smallest first: each remat policy of the model's menu (remat_menu) that
   saves more than the config's, then micro-batches under the policy that saves the most (full), then
-  fsdp (with micro-batches)."""
+  fsdp (with micro-batches). remat_first=False (a chip whose step is bound by FLOPs:
+  hardware.remat_first) tries micro-batches under the config's own policy before any remat."""
   menu = remat_menu(config)
   saved = dict(menu)
   current = config.model.remat
-  out = [{"model.remat": r} for r, b in menu if b < saved[current]]
+  out = []
+  if not remat_first:
+    dp = abstract_mesh(config, devices).shape
+    per_device = config.train.batch_size // (dp["data"] * dp["fsdp"])
+    micro = max(2, 2 * config.train.micro_batches)
+    while micro <= per_device:
+      out.append({"train.micro_batches": micro})
+      micro *= 2
+  out += [{"model.remat": r} for r, b in menu if b < saved[current]]
   most = menu[-1][0]  # the policy that saves the most
   remat = {"model.remat": most} if saved[current] > menu[-1][1] else {}
   fsdp = 1
@@ -123,10 +132,86 @@ def fit_candidates(config, devices: int) -> list[dict[str, Any]]:
   return out
 
 
+# ----------------------------------------------------------------------------------------------------
+# The chip's defaults (hardware.py's per-generation rules), where the command line leaves a field open.
+
+
+def given_fields(argv: list[str]) -> set[str]:
+  """The config fields a command line sets ("model.dtype", "train.micro_batches"): its
+  --config.SECTION.KEY=VALUE flags and the config file's variant arguments
+  (--config=configs/NAME.py:dtype=bfloat16,remat=full sets model.dtype and model.remat)."""
+  out = set()
+  for i, a in enumerate(argv):
+    if a.startswith("--config."):
+      out.add(a[len("--config.") :].split("=", 1)[0])
+      continue
+    if a.startswith("--config="):
+      value = a[len("--config=") :]
+    elif a == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    for item in value.partition(":")[2].split(","):
+      if "=" in item:
+        out.add("model." + item.split("=", 1)[0].strip())
+  return out
+
+
+def fewest_micro_batches(config, device: str, devices: int) -> int | None:
+  """The fewest micro-batches (the largest per-device micro-step) whose analytic memory fits the
+  device's HBM (Estimate.fits), trying powers of two; None when none does."""
+  dp = abstract_mesh(config, devices).shape
+  per_device = config.train.batch_size // (dp["data"] * dp["fsdp"])
+  micro = 1
+  while micro <= max(per_device, 1):
+    try:
+      if estimate(_with(config, {"train.micro_batches": micro}), device, devices).fits:
+        return micro
+    except ConfigError:  # a count the batch does not split into
+      pass
+    micro *= 2
+  return None
+
+
+def chip_defaults(config, device: str, devices: int, given: set[str]) -> tuple[dict[str, Any], str]:
+  """What a TPU generation prefers for speed (hardware.py: bf16 compute, the per-device batch its
+  HBM holds, the fit search's order) for the fields `given` leaves open, as (overrides, one console
+  line saying what was chosen and why). ({}, "") for a device that is not a TPU generation."""
+  if device not in hardware.HBM_BANDWIDTH:
+    return {}, ""
+  chosen, why = {}, []
+  if "model.dtype" not in given and config.model.dtype != hardware.TPU_DTYPE:
+    chosen["model.dtype"] = hardware.TPU_DTYPE
+    why.append(
+      f"model.dtype={hardware.TPU_DTYPE} (the MXU multiplies bf16; half the activation bytes)"
+    )
+  if "train.micro_batches" not in given:
+    trial = _with(config, chosen)
+    micro = fewest_micro_batches(trial, device, devices)
+    if micro is not None and micro != config.train.micro_batches:
+      chosen["train.micro_batches"] = micro
+      per = estimate(_with(trial, {"train.micro_batches": micro}), device, devices)
+      why.append(
+        f"train.micro_batches={micro} ({per.sequences_per_device} sequences per device per "
+        f"micro-step fit its {hardware.DEVICE_MEMORY[device] / 2**30:.0f} GiB HBM, analytic)"
+      )
+  order = (
+    "remat before micro-batches" if hardware.remat_first(device) else "micro-batches before remat"
+  )
+  bound = "HBM" if hardware.remat_first(device) else "FLOPs"
+  line = (
+    f"chip defaults for {device}: "
+    + ("; ".join(why) if why else "none (the config's dtype and micro-batches stand)")
+    + f"; --fit tries {order} (ridge point {hardware.ridge_point(device):.0f} FLOP/byte: "
+    f"bound by {bound}); a --config value given wins, --chip_defaults=false keeps the config as given"
+  )
+  return chosen, line
+
+
 def fit(config, tpu: tpu_compile.Slice, mfu: float = DEFAULT_MFU, on_try=None) -> dict[str, Any]:
   """The first of fit_candidates that the TPU compiler fits on `tpu`, with its compiler memory and
   predicted step time (remat's recomputation counted); {"overrides": None} when none does."""
-  for overrides in fit_candidates(config, tpu.devices):
+  for overrides in fit_candidates(config, tpu.devices, hardware.remat_first(tpu.device)):
     candidate = _with(config, overrides)
     try:
       est = estimate(candidate, tpu.device, tpu.devices, mfu)
@@ -160,10 +245,14 @@ def estimate_and_compile(
   fit_: bool = False,
   mfu: float = DEFAULT_MFU,
   config_name: str = "",
+  chip_defaults_: bool = False,
+  given: set[str] = frozenset(),
 ) -> Estimate:
   """albert_jax.estimate's answer: the analytic estimate on the devices its flags name, the TPU
   compiler's view for a slice (and with fit_, the search when it does not fit), or else the local
-  compiler's check. device/devices None: this machine's; compile_ "auto", "yes" or "no"."""
+  compiler's check. device/devices None: this machine's; compile_ "auto", "yes" or "no";
+  chip_defaults_: for a TPU slice, the chip's defaults (chip_defaults) for the fields not in `given`
+  are applied first (Estimate.chip_overrides and chip_line say which)."""
   tpu = tpu_compile.parse_slice(slice_name) if slice_name else None
   if tpu and ((device and device != tpu.device) or (devices and devices != tpu.devices)):
     raise ConfigError(
@@ -182,7 +271,13 @@ def estimate_and_compile(
   if fit_ and tpu is None:
     raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
   init_from.resolve(config)
+  chosen, line = (
+    chip_defaults(config, device, devices, given) if chip_defaults_ and tpu else ({}, "")
+  )
+  if chosen:
+    config = _with(config, chosen)
   est = estimate(config, device, devices, mfu, config_name=config_name)
+  est.chip_overrides, est.chip_line = chosen, line
   if tpu is not None and compile_ != "no":
     est.tpu = tpu_compile.compile_step(config, tpu, count=True)
     if fit_ and not est.tpu["fits"]:

@@ -268,6 +268,10 @@ class Estimate:
   compiled: dict[str, Any] | None = None
   tpu: dict[str, Any] | None = None  # the TPU compiler's view (tpu_compile.compile_step)
   fit: dict[str, Any] | None = None  # --fit's answer
+  # What `estimate --slice` chose for the chip where the command line left a field open
+  # (planning/fit.py's chip_defaults): {"model.dtype": "bfloat16", ...}, and its one console line.
+  chip_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+  chip_line: str = ""
 
   @property
   def total_seconds(self) -> float:
