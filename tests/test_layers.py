@@ -57,6 +57,12 @@ HEAVY = (
   "gcsfs",
   "safetensors",
   "array_record",
+  # word segmenters for unspaced scripts: optional extras, imported where they segment
+  # (data/word_segmenters.py; ../shared/STYLE.md, "Text in every script")
+  "rjieba",
+  "jieba",
+  "fugashi",
+  "pythainlp",
 )
 # The package's own __init__ is the public API: it imports the rest lazily, inside functions, so
 # that `import albert_jax` stays cheap. The two commands that prepare data import the package inside

@@ -43,7 +43,15 @@ from collections.abc import Iterable, Iterator
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import formats, python_docs, scripts, sources as sources_lib, tfds_corpus
+from albert_jax.data import (
+  columnar,
+  formats,
+  python_docs,
+  scripts,
+  sources as sources_lib,
+  text_layout,
+  tfds_corpus,
+)
 from albert_jax.data.corpus_stats import CorpusStats
 from albert_jax.data.sentence_split import splitter
 from albert_jax.data.text_files import (
@@ -91,7 +99,7 @@ def source_plan(data) -> list[tuple[str, str, int]]:
   """data.input_files as (path, format, source index) triples, format one of
   formats.LINE_FORMATS ("sentences", "documents", "jsonl"), "parquet" or "arrow"; each file's
   first bytes checked against its name and format (formats.check_bytes), each text file's
-  sentences or documents decided on its own (formats.decide_text_format), per source (each
+  sentences or documents decided on its own (text_layout.decide_text_format), per source (each
   source is read with its own detection)."""
   plan = []
   for source, (_, paths) in enumerate(source_files(data, say=True)):
@@ -99,7 +107,7 @@ def source_plan(data) -> list[tuple[str, str, int]]:
     for path, kind in zip(paths, kinds):
       formats.check_bytes(path, kind)
     texts = [p for p, k in zip(paths, kinds) if k == "text"]
-    text_formats = formats.decide_text_format(texts, data, splitter(data)) if texts else {}
+    text_formats = text_layout.decide_text_format(texts, data, splitter(data)) if texts else {}
     plan.extend((p, text_formats[p] if k == "text" else k, source) for p, k in zip(paths, kinds))
   return plan
 
@@ -121,9 +129,9 @@ def _whole_file_shards(path: str, fmt: str, data) -> list[dict]:
   if fmt in formats.LINE_FORMATS:
     return [dict(base, start=0, end=None, first_line=0)]
   if fmt == "parquet":
-    pieces = formats.parquet_pieces(path, data.text_feature)
+    pieces = columnar.parquet_pieces(path, data.text_feature)
   else:
-    pieces = formats.arrow_pieces(path, data.text_feature, SHARD_ROWS)
+    pieces = columnar.arrow_pieces(path, data.text_feature, SHARD_ROWS)
   return [dict(base, **piece) for piece in pieces]
 
 
@@ -290,9 +298,9 @@ def shards(
           total += piece["docs"]
         continue
       if fmt == "parquet":
-        pieces = formats.parquet_pieces(path, data.text_feature)
+        pieces = columnar.parquet_pieces(path, data.text_feature)
       else:
-        pieces = formats.arrow_pieces(path, data.text_feature, shard_documents)
+        pieces = columnar.arrow_pieces(path, data.text_feature, shard_documents)
       for piece in pieces:
         docs = int(min(piece.pop("rows"), limit - total))
         if total >= limit:
@@ -382,13 +390,13 @@ def shard_documents(
     if text is None and shard.get("spill"):  # a compressed file's shard, decompressed by the cut
       text = formats.read_spill(shard["spill"])
     if fmt == "parquet":
-      values = formats.parquet_values(path, shard["row_group"], data.text_feature)
-      it = formats.column_documents(
+      values = columnar.parquet_values(path, shard["row_group"], data.text_feature)
+      it = columnar.column_documents(
         values, path, shard["first_row"], shard["docs"], non_utf8, stats, splitter(data)
       )
     elif fmt == "arrow":
-      values = formats.arrow_values(path, *shard["batches"], data.text_feature)
-      it = formats.column_documents(
+      values = columnar.arrow_values(path, *shard["batches"], data.text_feature)
+      it = columnar.column_documents(
         values, path, shard["first_row"], shard["docs"], non_utf8, stats, splitter(data)
       )
     else:

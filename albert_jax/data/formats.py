@@ -10,11 +10,10 @@ Text and JSON Lines may be compressed: `.gz`, `.zst`, `.bz2`, `.xz` (gzip, zstan
 
 Here: which format a file is, whether its first bytes are what its name says (check_bytes,
 check_text, with data/sniff.py), its decompression (a stream cut short is an error, zstandard's
-included), its lines (LF, CRLF or CR alone), its records' text as sentences, the text layout of
-data.text_format=auto (decided per file: text_layout is the criterion), and the pieces of a file
-that prepare's workers read on their own (corpus.shards: byte ranges of a document a line,
-Parquet row groups, runs of Arrow record batches); corpus.py reads the original's text format and
-puts the pieces in order.
+included), its lines (LF, CRLF or CR alone), its records' text as sentences, and the byte ranges
+of a document a line that prepare's workers read on their own (corpus.shards); Parquet and Arrow
+columns are read in data/columnar.py, the text layout of data.text_format=auto is decided in
+data/text_layout.py, and corpus.py reads the original's text format and puts the pieces in order.
 
 A record's field is its text: a string is split into sentences (corpus.split_sentences, as for
 TFDS), a list of strings is taken as the sentences (a null in it dropped and counted). A record
@@ -33,16 +32,14 @@ import io
 import json
 import lzma
 import os
-import statistics
 import zlib
 from collections.abc import Iterator
 
 import zstandard
-from absl import logging
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import scripts, sniff
+from albert_jax.data import sniff
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -409,141 +406,7 @@ def check_json_field(path: str, line: bytes, lineno: int, field: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Parquet and Arrow: columns read by row group or record batch.
-
-
-def _check_column(path: str, schema, field: str) -> None:
-  import pyarrow as pa  # pylint: disable=g-import-not-at-top
-
-  if field not in schema.names:
-    raise missing_field(path, field, schema.names)
-  t = schema.field(field).type
-  if pa.types.is_dictionary(t):  # categorical text (a pandas category): read as its values
-    t = t.value_type
-  text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
-  text += (pa.types.is_large_binary,)
-  ok = any(f(t) for f in text) or (
-    (pa.types.is_list(t) or pa.types.is_large_list(t))
-    and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
-  )
-  if not ok:
-    raise ConfigError(f"{path}: field {field!r} (data.text_feature) is {t}, not text")
-
-
-def parquet_pieces(path: str, field: str) -> list[dict]:
-  """A Parquet file's row groups: {row_group, rows, first_row, bytes (uncompressed)}."""
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-
-  with open_file(path) as f:
-    try:
-      meta = pq.ParquetFile(f)
-    except Exception as e:  # pylint: disable=broad-except
-      raise ConfigError(f"cannot read {path} as Parquet: {e}") from None
-    _check_column(path, meta.schema_arrow, field)
-    out, row = [], 0
-    for i in range(meta.metadata.num_row_groups):
-      g = meta.metadata.row_group(i)
-      out.append(dict(row_group=i, rows=g.num_rows, first_row=row, bytes=g.total_byte_size))
-      row += g.num_rows
-  return out
-
-
-def parquet_values(path: str, row_group: int, field: str):
-  """The text field's values of one row group, a batch at a time (bounded memory)."""
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-
-  with open_file(path) as f:
-    try:
-      reader = pq.ParquetFile(f)
-      for batch in reader.iter_batches(batch_size=1024, row_groups=[row_group], columns=[field]):
-        yield from _as_bytes(batch.column(0)).to_pylist()
-    except (OSError, ValueError) as e:
-      raise ConfigError(f"cannot read {path} (row group {row_group}): {e}") from None
-
-
-def _arrow_batches(path: str):
-  """The record batches of an Arrow IPC file or stream (a save_to_disk directory's files are
-  streams), with its schema. Local files are memory-mapped: passing over batches costs nothing."""
-  import pyarrow as pa  # pylint: disable=g-import-not-at-top
-
-  if files_lib.is_remote(path):
-    source = open_file(path)
-  else:
-    try:
-      source = pa.memory_map(path)
-    except OSError as e:
-      raise ConfigError(f"cannot read {path}: {e}") from None
-  try:
-    magic = source.read(6)
-    source.seek(0)
-    if magic == b"ARROW1":
-      reader = pa.ipc.open_file(source)
-      batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-    else:
-      reader = pa.ipc.open_stream(source)
-      batches = iter(reader)
-  except (OSError, ValueError) as e:
-    source.close()
-    raise ConfigError(f"cannot read {path} as Arrow: {e}") from None
-  return source, reader.schema, batches
-
-
-def _as_bytes(column):
-  """A text column as bytes (a zero-copy cast), so that a row that is not UTF-8 is one record
-  decoded, skipped and counted (value_sentences), not an error for its whole batch; a dictionary
-  (categorical) column as its values."""
-  import pyarrow as pa  # pylint: disable=g-import-not-at-top
-
-  if pa.types.is_dictionary(column.type):
-    column = column.dictionary_decode()
-  t = column.type
-  if pa.types.is_string(t):
-    return column.cast(pa.binary())
-  if pa.types.is_large_string(t):
-    return column.cast(pa.large_binary())
-  if pa.types.is_list(t) and pa.types.is_string(t.value_type):
-    return column.cast(pa.list_(pa.binary()))
-  if pa.types.is_large_list(t) and pa.types.is_large_string(t.value_type):
-    return column.cast(pa.large_list(pa.large_binary()))
-  return column
-
-
-def arrow_pieces(path: str, field: str, rows_per_piece: int) -> list[dict]:
-  """An Arrow file cut into runs of whole record batches of about rows_per_piece rows:
-  {batches: [first, end), rows, first_row, bytes}."""
-  source, schema, batches = _arrow_batches(path)
-  with source:
-    _check_column(path, schema, field)
-    out, piece, row = [], None, 0
-    for i, batch in enumerate(batches):
-      if piece is None:
-        piece = dict(batches=[i, i], rows=0, first_row=row, bytes=0)
-      piece["batches"][1] = i + 1
-      piece["rows"] += batch.num_rows
-      piece["bytes"] += batch.nbytes
-      row += batch.num_rows
-      if piece["rows"] >= rows_per_piece:
-        out.append(piece)
-        piece = None
-    if piece is not None and piece["rows"]:
-      out.append(piece)
-  return out
-
-
-def arrow_values(path: str, first: int, end: int, field: str):
-  """The text field's values of record batches [first, end)."""
-  source, schema, batches = _arrow_batches(path)
-  with source:
-    column = schema.get_field_index(field)
-    for i, batch in enumerate(batches):
-      if i >= end:
-        break
-      if i >= first:
-        yield from _as_bytes(batch.column(column)).to_pylist()
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading and cutting a document a line, and Parquet and Arrow rows.
+# Reading and cutting a document a line.
 
 
 def line_records(
@@ -585,20 +448,6 @@ def line_records(
         return
   except READ_ERRORS as e:
     raise read_error(path, e, lineno, pos) from None
-
-
-def column_documents(values, path: str, first_row: int, max_docs: int, non_utf8: str, stats, split):
-  """Documents of Parquet or Arrow rows (their text field's values), the first being first_row."""
-  for n, value in enumerate(values):
-    if max_docs and n >= max_docs:
-      return
-    where = f"{path} row {first_row + n}"
-    doc = value_sentences(value, where, non_utf8, stats, split) or []
-    if doc:
-      stats.documents += 1
-      stats.sentences += len(doc)
-    stats.progress_done += 1
-    yield doc
 
 
 def line_pieces(
@@ -696,114 +545,3 @@ def read_spill(path: str) -> bytes | None:
   except FileNotFoundError:
     return None
   return zstandard.ZstdDecompressor().decompress(data)
-
-
-# ----------------------------------------------------------------------------------------------
-# data.text_format=auto.
-
-SAMPLE_LINES = 1000
-SAMPLE_BYTES = 256 << 10  # of each file: enough for a median, little to read over many files
-
-
-def _sample_lines(path: str) -> list[bytes]:
-  """A text file's first lines (at most SAMPLE_LINES, about SAMPLE_BYTES)."""
-  sample: list[bytes] = []
-  size = 0
-  with open_file(path) as raw:
-    try:
-      for line in lines(decompressed(path, raw)):
-        sample.append(line)
-        size += len(line)
-        if len(sample) >= SAMPLE_LINES or size >= SAMPLE_BYTES:
-          break
-    except READ_ERRORS as e:
-      raise read_error(path, e, len(sample), size) from None
-  return sample
-
-
-def _is_json_object(line: bytes) -> bool:
-  if not line.lstrip().startswith(b"{"):
-    return False
-  try:
-    return isinstance(json.loads(line), dict)
-  except (ValueError, RecursionError):
-    return False
-
-
-DOCUMENT_LINE_CHARACTERS = 400  # a line this long holds a document, in any script
-
-
-def _lines_hold_documents(texts: list[str], split) -> tuple[bool, str]:
-  """Whether lines `texts` (no blank line between them) are documents, not sentences: the median
-  line holds two sentences or more (cut by `split`, the multilingual splitter: 。 । ؟ ... count as
-  in English) or DOCUMENT_LINE_CHARACTERS characters (characters, not bytes: a Chinese or Hindi
-  line is not three times as long as an English one); with the figures that decided it, in words
-  (their script named where it is not Latin)."""
-  chars = statistics.median([len(t) for t in texts]) if texts else 0
-  per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
-  script = scripts.dominant_script(scripts.script_counts("".join(texts)[:100_000]))
-  written = f" of {script} text" if script not in (None, "Latin") else ""
-  figures = (
-    f"a median line of {chars:,.0f} characters{written} holding {per_line:g} "
-    f"{'sentence' if per_line == 1 else 'sentences'}"
-  )
-  return per_line >= 2 or chars >= DOCUMENT_LINE_CHARACTERS, figures
-
-
-def text_layout(sample: list[bytes], split) -> tuple[str, str]:
-  """The criterion of data.text_format=auto, for one file: ("sentences" or "documents", the
-  figures behind it) from its first lines (_lines_hold_documents). Blank lines mean the original's format; no blank line
-  and lines of several sentences, or long ones, mean a document per line; otherwise one document
-  of a sentence a line."""
-  filled = [sniff.strip_bom(l) for l in sample if l.strip()]
-  blank = len(sample) - len(filled)
-  texts = [l.decode("utf-8", "replace").strip() for l in filled[:200]]
-  documents_a_line, figures = _lines_hold_documents(texts, split)
-  if blank:
-    return "sentences", f"{blank:,} blank lines (between documents), {figures}"
-  if documents_a_line:
-    return "documents", f"no blank line and {figures}"
-  return "sentences", f"no blank line but {figures}: one document"
-
-
-_WHAT = {"sentences": "one sentence a line", "documents": "one document a line"}
-
-
-def decide_text_format(paths: list[str], data, split) -> dict[str, str]:
-  """{path: 'sentences' or 'documents'} for the text files `paths`: data.text_format, or, for
-  auto, each file's own layout from its first lines (text_layout), said on the console in one
-  line (which files are read which way, and why). Under data.input_format=auto, a text file whose
-  lines are JSON objects is refused."""
-  if data.text_format != "auto" and data.input_format != "auto":
-    return dict.fromkeys(paths, data.text_format)
-  decided: dict[str, tuple[str, str, int]] = {}
-  for path in paths:
-    sample = _sample_lines(path)
-    filled = [l for l in sample if l.strip()][:100]
-    if data.input_format == "auto" and filled:
-      objects = sum(_is_json_object(sniff.strip_bom(l)) for l in filled)
-      if objects >= 0.5 * len(filled):
-        raise ConfigError(
-          f"{path} holds JSON Lines ({objects} of its first {len(filled)} lines are JSON "
-          f"objects), not text: set data.input_format=jsonl"
-        )
-    if data.text_format == "auto":
-      decided[path] = (*text_layout(sample, split), len(sample))
-  if data.text_format != "auto":
-    return dict.fromkeys(paths, data.text_format)
-  by_format: dict[str, list[str]] = {}
-  for path, (fmt, _, _) in decided.items():
-    by_format.setdefault(fmt, []).append(path)
-  parts = []
-  for fmt, these in by_format.items():
-    first = these[0]
-    _, why, n = decided[first]
-    more = f" (and {len(these) - 1:,} more files)" if len(these) > 1 else ""
-    parts.append(f"{fmt} ({_WHAT[fmt]}): {why} in the first {n:,} lines of {first}{more}")
-  if len(parts) == 1:
-    logging.info("data.text_format=auto: reading text as %s", parts[0])
-  else:
-    logging.info(
-      "data.text_format=auto: the text files differ, each read its own way: %s", "; ".join(parts)
-    )
-  return {path: fmt for path, (fmt, _, _) in decided.items()}
