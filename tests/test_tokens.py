@@ -14,7 +14,7 @@ import pytest
 
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
-from albert_jax.tasks import tokens
+from albert_jax.tasks import tagged_files, tokens
 from tests.conftest import ROOT, built_once, pydoc_sentences
 
 # (words, NER tags): English, Chinese, Japanese, Korean, Hindi, Arabic, Russian.
@@ -125,7 +125,7 @@ COLUMN = {"conll": "", "conllu": "misc:NER", "jsonl": "", "parquet": ""}
 
 def test_four_formats_give_identical_examples(tmp_path, tok):
   paths = write_formats(tmp_path, SENTENCES)
-  corpora = {f: tokens.read_tagged(p, COLUMN[f]) for f, p in paths.items()}
+  corpora = {f: tagged_files.read_tagged(p, COLUMN[f]) for f, p in paths.items()}
   labels = tokens.label_set(corpora["conll"])
   assert labels == ("B-LOC", "B-PER", "I-LOC", "I-PER", "O")
   built = {}
@@ -140,15 +140,20 @@ def test_four_formats_give_identical_examples(tmp_path, tok):
       np.testing.assert_array_equal(built[f][0][k], built["conll"][0][k], err_msg=f"{f} {k}")
     np.testing.assert_array_equal(built[f][1].word_pos, built["conll"][1].word_pos)
   # The CoNLL file's POS column, and CoNLL-U's upos, are other label columns of the same words.
-  assert tokens.read_tagged(paths["conll"], "1").sentences[0].labels[0] == "PROPN"
-  assert tokens.read_tagged(paths["conllu"]).sentences[1].labels == ["PROPN", "X", "PROPN", "X"]
+  assert tagged_files.read_tagged(paths["conll"], "1").sentences[0].labels[0] == "PROPN"
+  assert tagged_files.read_tagged(paths["conllu"]).sentences[1].labels == [
+    "PROPN",
+    "X",
+    "PROPN",
+    "X",
+  ]
   # data.label_column applies to the formats it can name; the others take their default.
-  assert tokens.read_tagged(paths["parquet"], "misc:NER").label_column == "ner_tags"
-  assert tokens.read_tagged(paths["conll"], "ner_tags").sentences[0].labels[0] == "B-PER"
-  assert tokens.read_tagged(paths["conllu"], "ner_tags").sentences[0].labels[0] == "PROPN"
+  assert tagged_files.read_tagged(paths["parquet"], "misc:NER").label_column == "ner_tags"
+  assert tagged_files.read_tagged(paths["conll"], "ner_tags").sentences[0].labels[0] == "B-PER"
+  assert tagged_files.read_tagged(paths["conllu"], "ner_tags").sentences[0].labels[0] == "PROPN"
   # The Parquet file's ClassLabel order is the label set's (not sorted).
   hub = write_formats(tmp_path / "hub", SENTENCES, names=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])
-  assert tokens.label_set(tokens.read_tagged(hub["parquet"])) == (
+  assert tokens.label_set(tagged_files.read_tagged(hub["parquet"])) == (
     "O",
     "B-PER",
     "I-PER",
@@ -166,7 +171,7 @@ def test_label_ids_are_named_by_tner_label_json_and_any_features_layout(tmp_path
   (tmp_path / "dataset" / "train.json").write_text(
     '{"tokens": ["Иван", "Петров"], "tags": [1, 2]}\n'
   )
-  corpus = tokens.read_tagged(str(tmp_path / "dataset" / "train.json"))
+  corpus = tagged_files.read_tagged(str(tmp_path / "dataset" / "train.json"))
   assert corpus.label_column == "tags" and corpus.sentences[0].labels == ["B-PER", "I-PER"]
   assert tokens.label_set(corpus) == ("O", "B-PER", "I-PER")
   # datasets' features metadata: List (datasets 4+), Sequence (before), or a one-element list.
@@ -178,8 +183,8 @@ def test_label_ids_are_named_by_tner_label_json_and_any_features_layout(tmp_path
   ):
     meta = {"huggingface": json.dumps({"info": {"features": {"ner_tags": feature}}})}
     schema = pa.schema([("ner_tags", pa.list_(pa.int64()))], metadata=meta)
-    assert tokens.class_label_names(schema, "ner_tags") == ("O", "B-LOC")
-  assert tokens.class_label_names(pa.schema([("ner_tags", pa.int64())]), "ner_tags") == ()
+    assert tagged_files.class_label_names(schema, "ner_tags") == ("O", "B-LOC")
+  assert tagged_files.class_label_names(pa.schema([("ner_tags", pa.int64())]), "ner_tags") == ()
 
 
 def test_a_folder_of_hub_files_gives_each_split_its_shards(tmp_path):
@@ -201,11 +206,11 @@ def test_predictions_are_written_in_the_input_format(tmp_path):
   predicted = [["O"] * len(w) for w, _ in SENTENCES]
   predicted[0][0] = "B-LOC"
   for f, p in paths.items():
-    corpus = tokens.read_tagged(p, COLUMN[f])
+    corpus = tagged_files.read_tagged(p, COLUMN[f])
     out = str(tmp_path / "out" / f"eval.{f}")
-    tokens.write_tagged(out, corpus, predicted)
+    tagged_files.write_tagged(out, corpus, predicted)
     column = {"conll": "3", "conllu": "misc:NER", "jsonl": "predicted_ner_tags"}.get(f, "")
-    back = tokens.read_tagged(out, column or "predicted_ner_tags")
+    back = tagged_files.read_tagged(out, column or "predicted_ner_tags")
     assert [s.labels for s in back.sentences] == predicted, f
     assert [s.words for s in back.sentences] == [w for w, _ in SENTENCES], f
   # CoNLL-U keeps comments, ranges and empty nodes; only the MISC key changes.
@@ -236,7 +241,7 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   tags = [*tags, "O", "O", "O", "O"]
   labels = sorted(set(tags))
   ids = [labels.index(t) for t in tags]
-  sentence = tokens.Sentence(words, tags, list(range(len(words))))
+  sentence = tagged_files.Sentence(words, tags, list(range(len(words))))
   arrays, alignment = tokens.make_features([sentence], [ids], tok, max_seq_length=64, stride=16)
   theirs = transformers.AutoTokenizer.from_pretrained(str(env / "init"))(
     words, is_split_into_words=True
@@ -279,7 +284,7 @@ def test_windows_cover_every_word_once_and_rejoin_in_order(tok):
   sentences, label_ids = [], []
   for length in (3, 40, 97):
     words = list(rng.choice(vocabulary, length))
-    sentences.append(tokens.Sentence(words, ["O"] * length, list(range(length))))
+    sentences.append(tagged_files.Sentence(words, ["O"] * length, list(range(length))))
     label_ids.append(list(rng.integers(0, 5, length)))
   arrays, alignment = tokens.make_features(sentences, label_ids, tok, max_seq_length=24, stride=7)
   assert alignment.split_sentences == 2 and len(arrays["input_ids"]) > 3
@@ -418,7 +423,7 @@ def test_config_resolution_records_what_it_decided(env, tmp_path, capsys):
 def test_bad_files_are_one_line(tmp_path, name, content, column, match):
   (tmp_path / name).write_text(content)
   with pytest.raises(ConfigError, match=match) as e:
-    tokens.read_tagged(str(tmp_path / name), column)
+    tagged_files.read_tagged(str(tmp_path / name), column)
   assert "\n" not in str(e.value)
 
 
@@ -428,7 +433,7 @@ def test_parquet_without_tokens_is_one_line(tmp_path):
 
   pq.write_table(pa.table({"words": [["a"]], "ner_tags": [["O"]]}), tmp_path / "x.parquet")
   with pytest.raises(ConfigError, match=r"x.parquet has no 'tokens' column \(its columns: words"):
-    tokens.read_tagged(str(tmp_path / "x.parquet"))
+    tagged_files.read_tagged(str(tmp_path / "x.parquet"))
 
 
 # --- A tiny tagger end to end ------------------------------------------------------------------------
@@ -517,9 +522,9 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   assert scores["conll"]["f1"] == pytest.approx(metrics["f1"], abs=1e-6)
   assert scores["conll"]["accuracy"] == pytest.approx(metrics["accuracy"], abs=1e-6)
   # The predictions files: eval in CoNLL (a column more), test in JSON Lines, each word once.
-  written = tokens.read_tagged(str(tagger / "run" / "predictions" / "eval.conll"), "3")
+  written = tagged_files.read_tagged(str(tagger / "run" / "predictions" / "eval.conll"), "3")
   assert sum(len(s.words) for s in written.sentences) == len(tags)
-  test = tokens.read_tagged(
+  test = tagged_files.read_tagged(
     str(tagger / "run" / "predictions" / "test.jsonl"), "predicted_ner_tags"
   )
   assert [s.labels for s in test.sentences] == [s.labels for s in written.sentences]
@@ -548,7 +553,7 @@ def test_tagger_export_matches_transformers_and_its_pipeline(env, tagger, tmp_pa
   assert theirs.config.id2label == dict(enumerate(task.labels))
   assert theirs.config.label2id == {label: i for i, label in enumerate(task.labels)}
   words, tags = tagged_corpus(8, 5)[3]
-  sentence = tokens.Sentence(words, tags, list(range(len(words))))
+  sentence = tagged_files.Sentence(words, tags, list(range(len(words))))
   arrays, alignment = tokens.make_features(
     [sentence], [[task.labels.index(t) for t in tags]], loaded.tokenizer, max_seq_length=32,
     stride=8,
@@ -568,7 +573,7 @@ def test_tagger_export_matches_transformers_and_its_pipeline(env, tagger, tmp_pa
   np.testing.assert_allclose(ours[mask], t[mask], atol=1e-5)
   # pipeline("token-classification") on the sentence: each word's first piece's label is ours.
   english = ["john", "lives", "in", "paris", "and", "mary", "was", "at", "york"]
-  sentence = tokens.Sentence(english, None, list(range(len(english))))
+  sentence = tagged_files.Sentence(english, None, list(range(len(english))))
   arrays, alignment = tokens.make_features(
     [sentence], [None], loaded.tokenizer, max_seq_length=32, stride=8
   )

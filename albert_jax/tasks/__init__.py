@@ -6,7 +6,7 @@ score the model's outputs, which Hugging Face class holds its head, and which pr
 writes. finetune.py never asks which kind of task it runs; adding a task is one new subclass and
 one registry entry. The tasks themselves live beside their data code: glue.py (GLUE and generic
 sentence(-pair) classification/regression), squad.py (SQuAD v1.1/v2.0), race.py (RACE), tokens.py
-(token classification: named entities, part of speech).
+(token classification: named entities, part of speech; its files in tagged_files.py).
 """
 
 from __future__ import annotations
