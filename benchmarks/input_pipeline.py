@@ -16,7 +16,7 @@
 
 3. --mixture (on by default): three named sources of very different sizes (the copies of the
    corpus; a tenth of its documents; a hundredth) prepared at 512 with per-epoch pairs and
-   data.sampling_alpha=0.3, read the same way (input_pipeline._Mixture: the small sources repeated,
+   data.sampling_alpha=0.3, read the same way (epoch_plan.Mixture: the small sources repeated,
    the large one subsampled, mixed example by example): goal 5,000 as for one corpus.
 
 4. With --data_dir (a bucket, or any path): each prepared dataset is also uploaded there and read from

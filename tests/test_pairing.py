@@ -262,9 +262,9 @@ def _rows(batches):
 
 def _stream_epochs(config, workdir, info, epochs):
   """The unmasked train examples of the first `epochs` epochs, cut at the epochs' sizes."""
-  from albert_jax.data import input_pipeline
+  from albert_jax.data import epoch_plan, input_pipeline
 
-  pairs = input_pipeline._EpochPairs(
+  pairs = epoch_plan.EpochPairs(
     input_pipeline.check_prepared(config, workdir)[0], "train", config.data, config.seed
   )
   sizes = [pairs.size(e) for e in range(epochs)]
@@ -291,13 +291,13 @@ def test_per_epoch_prepare_stores_documents_and_epoch_0_statistics(per_epoch):
 
 
 def test_each_epoch_holds_every_documents_pairs_once_and_epochs_differ(per_epoch):
-  from albert_jax.data import dataset, input_pipeline
+  from albert_jax.data import dataset, epoch_plan, input_pipeline
 
   config, workdir, info = per_epoch
   (e0, e1), sizes = _stream_epochs(config, workdir, info, 2)
   ddir = input_pipeline.check_prepared(config, workdir)[0]
   source = dataset.open_source(ddir, "train")
-  pairs = input_pipeline._EpochPairs(ddir, "train", config.data, config.seed)
+  pairs = epoch_plan.EpochPairs(ddir, "train", config.data, config.seed)
   for epoch, rows in ((0, e0), (1, e1)):
     expected = collections.Counter(
       tuple(p["input_ids"].tolist())
@@ -349,13 +349,13 @@ def test_per_epoch_resume_in_epoch_2_counts_epoch_2_only(per_epoch, monkeypatch)
   continues exactly; loader workers get the starts with their pickled copy."""
   import pickle
 
-  from albert_jax.data import examples as examples_lib, input_pipeline
+  from albert_jax.data import epoch_plan, examples as examples_lib, input_pipeline
 
   config, workdir, _ = per_epoch
   config = config.copy_and_resolve_references()
   config.train.batch_size = batch = 64
   ddir = input_pipeline.check_prepared(config, workdir)[0]
-  pairs = input_pipeline._EpochPairs(ddir, "train", config.data, config.seed)
+  pairs = epoch_plan.EpochPairs(ddir, "train", config.data, config.seed)
   s0, s1, s2 = (pairs.size(e) for e in range(3))
   stop = (s0 + s1) // batch + 2
   assert s0 + s1 <= stop * batch and (stop + 4) * batch < s0 + s1 + s2  # resumed inside epoch 2
@@ -387,7 +387,7 @@ def test_per_epoch_resume_in_epoch_2_counts_epoch_2_only(per_epoch, monkeypatch)
   # Loader workers unpickle their copy when the first batch is asked for, after set_state.
   pairs.restore(state["pairing"])
   assert pickle.loads(pickle.dumps(pairs)).starts == state["pairing"]["epoch_starts"]
-  other = input_pipeline._EpochPairs(ddir, "train", config.data, config.seed + 1)
+  other = epoch_plan.EpochPairs(ddir, "train", config.data, config.seed + 1)
   assert not other.restore(state["pairing"]) and other.starts == [0]
 
 

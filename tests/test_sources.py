@@ -1,7 +1,7 @@
-"""Named sources with weights (data/sources.py, input_pipeline._Mixture): shares, the epoch plan,
+"""Named sources with weights (data/sources.py, data/epoch_plan.py): shares, the epoch plan,
 per-source prepare statistics, the vocabulary sample, resume and hosts, one-line errors.
 
-Unit tests of the plan run on _SourceRecords (no data); one small corpus of three sources of very
+Unit tests of the plan run on SourceRecords (no data); one small corpus of three sources of very
 different sizes (English pydoc topics, Russian and Hindi sentences) is prepared once per module.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset, input_pipeline, sentence_split, sources
+from albert_jax.data import dataset, epoch_plan, input_pipeline, sentence_split, sources
 from albert_jax.data.prepare.layout import records_dir
 
 SEQ, BATCH = 64, 8
@@ -80,10 +80,9 @@ def test_named_patterns_keep_unnamed_items_as_one_source():
 def _plan(sizes, counts, seed=3):
   start = np.concatenate([[0], np.cumsum(sizes)])
   streams = [
-    input_pipeline._SourceRecords((start[i], start[i + 1]), seed, i, True)
-    for i in range(len(sizes))
+    epoch_plan.SourceRecords((start[i], start[i + 1]), seed, i, True) for i in range(len(sizes))
   ]
-  return input_pipeline._Mixture(streams, counts, seed, True)
+  return epoch_plan.Mixture(streams, counts, seed, True)
 
 
 def test_epoch_plan_shares_repeats_subsamples_and_mixes():
@@ -187,7 +186,7 @@ def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted):
   # Hindi's sentences are all in the sample (its quota is more than it holds).
   assert sample["hi"] == 60 and sample["ru"] == 240
   # The loader's train examples over several passes: the sampled shares, pass after pass.
-  mix = input_pipeline._mixture(config, info["data_dir"], prepared)
+  mix = epoch_plan.mixture(config, info["data_dir"], prepared)
   n = mix.epoch_size
   per = collections.Counter(mix.locate(g)[0] for g in range(3 * n))
   got = np.array([per[i] for i in range(3)]) / (3 * n)
@@ -240,7 +239,7 @@ def test_vocab_sample_follows_vocab_sampling_alpha(corpora, tmp_path):
   np.testing.assert_allclose([sample[n] for n in ("en", "ru", "hi")], want, atol=2)
   assert [s["sampled_share"] for s in info["sources"]] == pytest.approx([1 / 3] * 3, abs=1e-5)
   # Static pairs: passes of exactly the pass counts, per source.
-  mix = input_pipeline._mixture(config, info["data_dir"], prepared)
+  mix = epoch_plan.mixture(config, info["data_dir"], prepared)
   per = collections.Counter(mix.locate(g)[0] for g in range(mix.epoch_size))
   assert [per[i] for i in range(3)] == [s["pass_examples"] for s in info["sources"]]
 

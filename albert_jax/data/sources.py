@@ -13,7 +13,7 @@ data.vocab_sampling_alpha (0: the same shares) for the vocabulary's sample, whos
 sources' bytes (the tokens are not known before there is a vocabulary).
 
 `shares` turns sizes and settings into shares; `epoch_counts` into examples per source per pass
-(the loader's epoch plan: input_pipeline._Mixture); `named_patterns` reads data.input_files and
+(the loader's epoch plan: epoch_plan.Mixture); `named_patterns` reads data.input_files and
 `check_names` the weights against it (data.source_weights itself is parsed by
 config_lib.parse_source_weights, which validation shares), with one-line ConfigErrors;
 `source_stats` / `report_lines` are prepare's per-source statistics and table.
