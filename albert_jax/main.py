@@ -13,15 +13,13 @@ from __future__ import annotations
 from absl import app, flags
 from ml_collections import config_flags
 
+from albert_jax import cli
+from albert_jax.base import distributed, files
+from albert_jax.pretraining import init_from, train
+
 
 def run():
-  """Defines the flags (here, not at import) and runs the job.
-
-  The package is imported here, not at the top: prepare's spawned workers import this module again
-  (as __mp_main__) and need none of it (0.5 CPU-s of every worker's start)."""
-  from albert_jax import cli
-  from albert_jax.base import distributed, files
-  from albert_jax.pretraining import init_from, train
+  """Defines the flags (here, not at import) and runs the job."""
 
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True

@@ -18,15 +18,13 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
+from albert_jax import cli
+from albert_jax.data import dataset, input_pipeline
+from albert_jax.pretraining import init_from
+
 
 def run() -> None:
-  """Defines the flags (here, not at import) and prepares or inspects the data.
-
-  The package is imported here, not at the top: the spawned workers import this module again (as
-  __mp_main__) and need only what their jobs unpickle."""
-  from albert_jax import cli
-  from albert_jax.data import dataset, input_pipeline
-  from albert_jax.pretraining import init_from
+  """Defines the flags (here, not at import) and prepares or inspects the data."""
 
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True

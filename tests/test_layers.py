@@ -65,10 +65,8 @@ HEAVY = (
   "pythainlp",
 )
 # The package's own __init__ is the public API: it imports the rest lazily, inside functions, so
-# that `import albert_jax` stays cheap. The two commands that prepare data import the package inside
-# run(): prepare's spawned workers import the command's module again (as __mp_main__), and need none
-# of it (0.5 CPU-s of every worker's start).
-LAZY = ("albert_jax", "albert_jax.main", "albert_jax.prepare")
+# that `import albert_jax` stays cheap.
+LAZY = ("albert_jax",)
 
 
 def _modules() -> dict[str, str]:
