@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import os
 import sys
 
@@ -306,13 +305,7 @@ def _rows(path: str) -> tuple[list[str] | None, list]:
         rows = []
         for n, line in enumerate(f, 1):
           if line.strip():
-            try:
-              row = json.loads(line)
-            except json.JSONDecodeError as e:
-              raise ConfigError(f"{path}:{n}: not a JSON line ({e.msg})") from None
-            if not isinstance(row, dict):
-              raise ConfigError(f"{path}:{n}: a JSON line must be an object")
-            rows.append(row)
+            rows.append(tasks.json_object(path, n, line))
         return None, rows
       csv.field_size_limit(sys.maxsize)
       if ext == ".csv":

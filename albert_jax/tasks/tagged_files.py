@@ -256,12 +256,7 @@ def _read_jsonl(path: str, label_column: str, tokens: str) -> Corpus:
   for n, line in enumerate(_text(path).splitlines(), 1):
     if not line.strip():
       continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ConfigError(f"{path}:{n}: not a JSON line ({e.msg})") from None
-    if not isinstance(row, dict):
-      raise ConfigError(f"{path}:{n}: a JSON line must be an object")
+    row = tasks.json_object(path, n, line)
     if tokens not in row:
       raise ConfigError(f"{path}:{n}: no {tokens!r} field (it has {', '.join(row)})")
     if column is None:

@@ -3,6 +3,7 @@ classification sums (the tasks themselves: glue.py, squad.py, race.py; the regis
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, ClassVar
 
@@ -187,6 +188,17 @@ def hub_dir(directory: str, folder: str) -> str:
     if d and files.path(d).is_dir() and any(_SHARD.match(c.name) for c in files.path(d).iterdir()):
       return d
   return ""
+
+
+def json_object(path: str, n: int, line: str) -> dict:
+  """Line n of a JSON Lines task file as an object; anything else is one ConfigError naming the line."""
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+  if not isinstance(row, dict):
+    raise ConfigError(f"{path}:{n}: a JSON line must be an object")
+  return row
 
 
 def read_parquet(path: str) -> list[dict]:
