@@ -127,12 +127,20 @@ def bucket(gcs_url, request):
   return make_bucket(f"{stem}-{os.getpid()}-{next(_bucket_numbers)}")
 
 
-def load_config(name, arg=None):
-  """configs/<name>.py's get_config(arg), loaded from the file as the CLIs load it."""
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+def load_file(relative_path: str):
+  """A Python file of the repository (a config, a benchmark script) loaded as a module from its path,
+  as the CLIs load configs: the folders are not packages."""
+  path = os.path.join(ROOT, relative_path)
+  name = os.path.splitext(relative_path)[0].replace("/", "_")
+  spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return module
+
+
+def load_config(name, arg=None):
+  """configs/<name>.py's get_config(arg), loaded from the file as the CLIs load it."""
+  return load_file(f"configs/{name}.py").get_config(arg)
 
 
 # A shrunken tiny config: the same code path, seconds per run.

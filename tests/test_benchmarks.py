@@ -4,7 +4,6 @@ assertions: the times are whatever the shared machine gives."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import pytest
 
 from albert_jax.base import config_lib
+from tests.conftest import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "compile_time.py")
@@ -31,10 +31,7 @@ TINY = [
 
 
 def load_compile_time():
-  spec = importlib.util.spec_from_file_location("compile_time", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("benchmarks/compile_time.py")
 
 
 @pytest.mark.slow
@@ -93,11 +90,7 @@ def test_train_step_tiny_with_torch(capsys):
   and the ratios computed from the medians, the table printed. No timing assertions."""
   import math
 
-  spec = importlib.util.spec_from_file_location(
-    "train_step", os.path.join(ROOT, "benchmarks", "train_step.py")
-  )
-  train_step = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(train_step)
+  train_step = load_file("benchmarks/train_step.py")
   tiny = dict(
     hidden_size=32,
     num_hidden_layers=2,
@@ -150,12 +143,7 @@ def test_train_step_tiny_with_torch(capsys):
 
 
 def load_tpu_compile():
-  spec = importlib.util.spec_from_file_location(
-    "tpu_compile_bench", os.path.join(ROOT, "benchmarks", "tpu_compile.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("benchmarks/tpu_compile.py")
 
 
 def test_tpu_compile_configs_take_variants_with_several_arguments():

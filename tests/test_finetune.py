@@ -26,7 +26,7 @@ from albert_jax.interop import hf
 from albert_jax.model import albert as M
 from albert_jax.pretraining import init_from
 from albert_jax.tasks import glue, squad
-from tests.conftest import built_once
+from tests.conftest import built_once, load_file
 
 torch.set_num_threads(2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,14 +111,7 @@ def ft_config(env, **train):
 
 
 def _glue_config(arg):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(
-    "glue_config", os.path.join(ROOT, "configs/finetune/glue.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_file("configs/finetune/glue.py").get_config(arg)
 
 
 @pytest.fixture(scope="module")
@@ -648,13 +641,7 @@ def test_cli_bad_input_is_one_line(env, tmp_path, task, name, content, match):
 @pytest.mark.slow
 def test_benchmark_tiny():
   """benchmarks/finetune.py end to end on tiny shapes: both rates positive, the ratio theirs."""
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(
-    "ft_bench", os.path.join(ROOT, "benchmarks", "finetune.py")
-  )
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = load_file("benchmarks/finetune.py")
   figures = bench.benchmark(batch=2, seq=16, steps=2, tiny=True)
   assert figures["ours_sequences_per_second"] > 0 and figures["torch_sequences_per_second"] > 0
   assert figures["ours_over_torch"] == pytest.approx(

@@ -16,7 +16,7 @@ from albert_jax import evaluate, finetune
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.interop import hub
 from albert_jax.pretraining import export, train
-from tests.conftest import ROOT, built_once, main_cmd, small_config
+from tests.conftest import ROOT, built_once, load_file, main_cmd, small_config
 
 MAIN = hashlib.sha1(b"the hf export").hexdigest()  # commits are 40 hex digits
 JAX = hashlib.sha1(b"the jax export").hexdigest()
@@ -120,14 +120,7 @@ def test_an_unreachable_hub_falls_back_to_the_cache_at_once(hub_cache, monkeypat
 @pytest.mark.slow
 def test_finetune_init_from_a_hub_id_takes_its_architecture_and_vocabulary(offline):
   _, workdir, snapshots = offline
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(
-    "glue", os.path.join(ROOT, "configs/finetune/glue.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config("task=sst2")
+  config = load_file("configs/finetune/glue.py").get_config("task=sst2")
   config.init_from = "hf://org/tiny"
   config = finetune.resolved(config)
   assert config.init_from == snapshots[MAIN]

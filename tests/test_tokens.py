@@ -15,7 +15,7 @@ import pytest
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import tokenizer as tokenizer_lib
 from albert_jax.tasks import tagged_files, tokens
-from tests.conftest import ROOT, built_once, pydoc_sentences
+from tests.conftest import ROOT, built_once, load_file, pydoc_sentences
 
 # (words, NER tags): English, Chinese, Japanese, Korean, Hindi, Arabic, Russian.
 SENTENCES = [
@@ -607,13 +607,7 @@ def test_cli_bad_eval_label_is_one_line_and_writes_nothing(env, tmp_path):
 @pytest.mark.slow
 def test_benchmark_tagging_tiny():
   """benchmarks/finetune.py --task=tagging on tiny shapes: both rates positive, the ratio theirs."""
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(
-    "ft_bench", os.path.join(ROOT, "benchmarks", "finetune.py")
-  )
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = load_file("benchmarks/finetune.py")
   figures = bench.benchmark(batch=2, seq=16, steps=1, tiny=True, task="tagging")
   assert figures["task"] == "tagging" and figures["torch_sequences_per_second"] > 0
   assert figures["ours_over_torch"] == pytest.approx(

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from albert_jax.base import hardware
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.planning import estimate_report as R, fit, memory as E, tpu_compile as T
-from tests.conftest import load_config
+from tests.conftest import load_config, load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
@@ -480,13 +480,7 @@ def test_one_blocks_traffic_by_instruction_adds_up_to_the_compilers_bytes():
   [B, heads, S, S] tensors 7 times (forward: the scores written, read once by the second matmul,
   which also gives the row sums; backward: read for dV, read and the scores' gradient written once,
   which dQ and dK read), all in bfloat16. jax's softmax differentiated by autodiff took 10 passes."""
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(
-    "tpu_compile_bench", os.path.join(ROOT, "benchmarks", "tpu_compile.py")
-  )
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = load_file("benchmarks/tpu_compile.py")
   b, s = 2, 512
   r = bench.measure_block("albert_base:dtype=bfloat16", "v3-8", b)
   rows = r["traffic"]
