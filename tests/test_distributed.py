@@ -25,7 +25,7 @@ from albert_jax.base import distributed
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data import dataset
 from albert_jax.engine import checkpoint
-from tests.conftest import DATA as SMALL_DATA, MODEL, ROOT, load_config
+from tests.conftest import DATA as SMALL_DATA, MODEL, ROOT, load_config, xla_flags
 
 # conftest's small model on fewer documents: this module prepares its own data, once.
 DATA = dict(SMALL_DATA, max_documents=100)
@@ -95,7 +95,7 @@ def free_port() -> int:
 def env(devices, tmp_path, **extra):
   return dict(
     os.environ,
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    XLA_FLAGS=xla_flags(devices),
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
     JAX_COMPILATION_CACHE_DIR=str(tmp_path.parent / "jax_cache"),

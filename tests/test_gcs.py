@@ -75,11 +75,11 @@ def _corpus(bucket: str) -> str:
 
 
 def _run(args, tmpdir=None, **kw):
-  from tests.conftest import ROOT
+  from tests.conftest import ROOT, xla_flags
 
   env = dict(
     os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=xla_flags(1),
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
   )
@@ -92,7 +92,7 @@ def _run(args, tmpdir=None, **kw):
 def test_main_job_export_and_evaluate_on_gs_only(bucket, tmp_path):
   """Corpus, prepared data and workdir in the bucket: train, resume, a damaged newest step set
   aside in the bucket, SIGTERM's save and resume, an export to the bucket and evaluate on it."""
-  from tests.conftest import ROOT, main_cmd
+  from tests.conftest import ROOT, main_cmd, xla_flags
 
   corpus, run, data = _corpus(bucket), f"{bucket}/run", f"{bucket}/data"
   cmd = lambda **t: main_cmd(run, data, f"--config.data.input_files={corpus}", **t)  # noqa: E731
@@ -121,9 +121,7 @@ def test_main_job_export_and_evaluate_on_gs_only(bucket, tmp_path):
   proc = subprocess.Popen(
     cmd(num_steps=10_000, checkpoint_every=2),
     cwd=ROOT,
-    env=dict(
-      os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1"
-    ),
+    env=dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1"),
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,

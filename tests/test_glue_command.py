@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from albert_jax.tasks import glue_benchmark
+from tests.conftest import xla_flags
 from tests.test_finetune import ROOT, env, sentence, write_sst2  # noqa: F401 (env: the fixture)
 
 STEPS = [
@@ -76,7 +77,7 @@ def _glue(env, glue_dir, workdir, *args):  # noqa: F811
   ]
   # One host device (not conftest's 8): nothing here is about the mesh, and the tasks' programs
   # compile and run several times cheaper.
-  environ = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  environ = dict(os.environ, XLA_FLAGS=xla_flags(1))
   return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environ, timeout=900)
 
 

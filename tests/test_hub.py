@@ -16,7 +16,7 @@ from albert_jax import evaluate, finetune
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.interop import hub
 from albert_jax.pretraining import export, train
-from tests.conftest import ROOT, built_once, load_file, main_cmd, small_config
+from tests.conftest import ROOT, built_once, load_file, main_cmd, small_config, xla_flags
 
 MAIN = hashlib.sha1(b"the hf export").hexdigest()  # commits are 40 hex digits
 JAX = hashlib.sha1(b"the jax export").hexdigest()
@@ -150,7 +150,7 @@ def test_main_and_evaluate_take_hub_ids_and_a_missing_one_is_one_line(offline, t
   proc, _ = _run(
     *main_cmd(str(tmp_path / "from_hub"), data_dir, num_steps=1)[1:],
     "--config.init_from=hf://org/tiny@jax",
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=xla_flags(1),
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert f"init_from: hf://org/tiny@jax is {snapshots[JAX]}\n" in proc.stdout

@@ -31,10 +31,11 @@ SOP_BAR = 0.56
 @pytest.mark.slow
 def test_tiny_main_job_learns(tmp_path):
   workdir = tmp_path / "runs" / "tiny"
-  # glibc's malloc on transparent huge pages (docs/performance.md, "On CPU"): XLA:CPU's step buffers
-  # are not page-faulted back in every step; 10-17% less CPU for the 300 steps, the same figures to
-  # the bit. Only here: a process that does not run a long loop pays more than it gains (the whole
-  # suite under it took 5% more CPU).
+  # XLA's default optimisation, not conftest.xla_flags' -O0: these 300 steps are mostly running, and
+  # they are the README's figures. glibc's malloc on transparent huge pages (docs/performance.md,
+  # "On CPU"): XLA:CPU's step buffers are not page-faulted back in every step; 10-17% less CPU for
+  # the 300 steps, the same figures to the bit. Only here: a process that does not run a long loop
+  # pays more than it gains (the whole suite under it took 5% more CPU).
   env = dict(
     os.environ,
     XLA_FLAGS="--xla_force_host_platform_device_count=1",

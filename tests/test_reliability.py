@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import checkpoint
-from tests.conftest import ROOT, main_cmd
+from tests.conftest import ROOT, main_cmd, xla_flags
 
 TRAIN = ml_collections.ConfigDict(dict(keep_checkpoints=5, keep_best=True))
 ABSTRACT = {
@@ -171,7 +171,7 @@ def env():
   # are read back, not compiled again.
   return dict(
     os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=xla_flags(1),
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
   )

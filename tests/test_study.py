@@ -16,7 +16,7 @@ from albert_jax.planning.study import (
   runner,
   variants as variants_lib,
 )
-from tests.conftest import DATA, MODEL, ROOT, load_config
+from tests.conftest import DATA, MODEL, ROOT, load_config, xla_flags
 
 SMALL = (
   [f"--config.model.{k}={v}" for k, v in MODEL.items()]
@@ -40,7 +40,7 @@ def _study(workdir, *extra, name="table5"):
       *extra,
     ],
     cwd=ROOT,
-    env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1"),
+    env=dict(os.environ, XLA_FLAGS=xla_flags(1)),
     capture_output=True,
     text=True,
     timeout=1200,

@@ -22,7 +22,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import workdir as workdir_lib
 from albert_jax.engine.metrics import MetricWriter
 from albert_jax.pretraining import train
-from tests.conftest import ROOT, main_cmd, small_config
+from tests.conftest import ROOT, main_cmd, small_config, xla_flags
 from tests.test_finetune import env, ft_config  # noqa: F401 (env: the fine-tuning fixture)
 
 
@@ -177,7 +177,7 @@ def test_an_unreachable_wandb_server_is_one_line_and_the_run_finishes(tmp_path, 
   environ = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=xla_flags(1),
     WANDB_MODE="online",
     WANDB_BASE_URL=f"http://127.0.0.1:{port}",
     WANDB_API_KEY="x" * 40,
@@ -279,7 +279,7 @@ def test_tensorboard_event_files_are_written_without_loading_torch(tmp_path):
     [sys.executable, "-c", _TENSORBOARD_WITHOUT_TORCH, str(tmp_path / "tb")],
     capture_output=True,
     text=True,
-    env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=1"),
+    env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS=xla_flags(1)),
     timeout=120,
   )
   assert r.returncode == 0, r.stderr[-3000:]

@@ -18,7 +18,7 @@ from albert_jax.data import input_pipeline
 from albert_jax.engine import checkpoint, optim, workdir as workdir_lib
 from albert_jax.model import sharding
 from albert_jax.pretraining import train
-from tests.conftest import ROOT, main_cmd, small_config
+from tests.conftest import ROOT, main_cmd, small_config, xla_flags
 
 
 def first_batches(config, n):
@@ -135,7 +135,7 @@ def test_non_finite_step_is_skipped_and_counted(data_dir):
 def env():
   e = dict(
     os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=xla_flags(1),
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
   )
