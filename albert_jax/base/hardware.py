@@ -7,6 +7,7 @@ their per-device figures are half the chip's."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -140,6 +141,14 @@ def measured_matmul_flops(
   return 2 * n**3 / fastest_seconds(lambda: f(a).block_until_ready(), seconds)
 
 
+@functools.cache
+def cpu_matmul_peak() -> float:
+  """measured_matmul_flops() once per process: every run a process starts (a study's, the tests'
+  in-process trainers) reads its MFU against the same figure, and pays the measurement (0.2 s on
+  every core) once."""
+  return measured_matmul_flops()
+
+
 def fastest_seconds(call, seconds: float) -> float:
   """The shortest time one `call()` took, repeating it for `seconds` (a peak rate's denominator)."""
   best, start = float("inf"), time.perf_counter()
@@ -156,7 +165,7 @@ def peak_flops_per_device(measure_cpu: bool = True) -> tuple[float, str]:
   if name:
     return PEAK_FLOPS[name], f"{name} datasheet"
   if measure_cpu:
-    return measured_matmul_flops(), "measured f32 matmul on this CPU"
+    return cpu_matmul_peak(), "measured f32 matmul on this CPU"
   return 0.0, "unknown"
 
 

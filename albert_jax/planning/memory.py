@@ -320,7 +320,7 @@ def device_specs(device: str) -> tuple[float, float, str]:
   """(peak FLOP/s, memory bytes, where the peak comes from) of one device."""
   if device == "cpu":
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / jax.local_device_count()
-    return hardware.measured_matmul_flops(), memory, "measured f32 matmul on this CPU"
+    return hardware.cpu_matmul_peak(), memory, "measured f32 matmul on this CPU"
   if device not in hardware.PEAK_FLOPS:
     raise ConfigError(
       f"--device={device!r} is not one of {', '.join(sorted(hardware.PEAK_FLOPS))}, cpu"
