@@ -19,20 +19,23 @@ import urllib.request
 
 import pytest
 
+# XLA:CPU's LLVM backend at -O0 for the suite: the same HLO, the same programs and results, machine
+# code that compiles faster and runs slower. Nearly every test compiles more than it runs (a train
+# step compiled for a few steps): tests/test_train.py and test_finetune.py took 382 then 274 CPU-s,
+# side by side. The one test that is mostly running, the README main job's 300 steps
+# (tests/test_main_job.py), keeps XLA's default, as users run it and as docs/performance.md quotes it.
+os.environ.setdefault(
+  "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+)
+
 
 def xla_flags(devices: int) -> str:
-  """XLA_FLAGS for a test process with `devices` host CPU devices.
-
-  XLA:CPU's LLVM backend at -O0 (`--xla_backend_optimization_level=0`): the same HLO, the same
-  programs and results, machine code that is compiled about a third faster and runs slower. Nearly
-  every test compiles more than it runs (a train step compiled for a few steps), so the suite takes
-  about 28% less CPU (tests/test_train.py and test_finetune.py: 382 to 274 CPU-s, side by side).
-  The one test that is mostly running, the README main job's 300 steps (tests/test_main_job.py),
-  keeps XLA's default, as users run it and as docs/performance.md quotes it."""
-  return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+  """The session's XLA_FLAGS with `devices` host CPU devices instead of its count: for a
+  subprocess that needs no mesh (one device compiles and runs cheaper on 2 cores)."""
+  others = [f for f in os.environ["XLA_FLAGS"].split() if "host_platform_device_count" not in f]
+  return " ".join([f"--xla_force_host_platform_device_count={devices}", *others])
 
 
-os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session: the tests' many trainer processes compile the same
 # small programs, and a program compiled once is read back by the others (set before the xdist
