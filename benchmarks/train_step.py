@@ -31,6 +31,7 @@ before and after the rounds is recorded too. On a shared machine read the ratios
 
   python benchmarks/train_step.py                                  # albert base, B=8, S=128, f32, CPU
   python benchmarks/train_step.py --model=albert_large --seq=512 --dtype=bfloat16 --skip_torch  # GPU
+  bash benchmarks/gpu.sh   # every GPU figure of docs/performance.md, flash attention too
 
 One CPU device: XLA's CPU client runs one device's work on a thread pool over every core, so the
 benchmark uses jax.devices()[:1] and does not split the host into several devices. Prints a table and,
@@ -285,7 +286,7 @@ def torch_matmul_flops(n: int, dtype: str, seconds: float, device: str) -> float
   import torch
 
   tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-  a = torch.ones((n, n), dtype=tdtype, device=device)
+  a = torch.randn((n, n), generator=torch.Generator().manual_seed(0)).to(device, tdtype)  # as jax's
   sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
 
   def matmul():
@@ -552,6 +553,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   )
   p.add_argument("--skip_torch", action="store_true", help="time ours only")
   p.add_argument(
+    "--attention_impl",
+    default="",
+    help="model.attention_impl for ours (einsum | dot_product_attention | flash); default: the config's",
+  )
+  p.add_argument(
     "--torch_variants",
     default=",".join(TORCH_VARIANTS),
     help="hf (MLM head on all positions, as HF runs) and/or gathered (on the P masked ones)",
@@ -583,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch_variants=[v for v in args.torch_variants.split(",") if v],
     matmul_size=args.matmul_size,
     budget_s=args.budget_s,
+    model_overrides={"attention_impl": args.attention_impl} if args.attention_impl else None,
     log=log,
   )
   print(format_table(figures))

@@ -183,3 +183,38 @@ def test_tpu_compile_bad_configs_is_one_line_error():
   )
   assert run.returncode == 2, run.stderr
   assert run.stderr.strip().splitlines()[-1].startswith("error: --configs:")
+
+
+def test_gpu_script_is_clean_and_passes_only_real_flags():
+  """benchmarks/gpu.sh (the GPU figures of docs/performance.md; it runs only where a GPU is): bash
+  parses it, shellcheck passes it, and every train_step.py argument in it is one the benchmark
+  accepts, --attention_impl reaching the model as an override."""
+  import re
+  import shutil
+
+  path = os.path.join(ROOT, "benchmarks", "gpu.sh")
+  assert subprocess.run(["bash", "-n", path], check=False).returncode == 0
+  shellcheck = shutil.which("shellcheck") or os.path.join(
+    os.path.dirname(sys.executable), "shellcheck"
+  )
+  if os.path.exists(shellcheck):
+    proc = subprocess.run([shellcheck, path], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+  text = open(path, encoding="utf-8").read().replace("\\\n", " ")
+  arrays = dict(re.findall(r"^(\w+)=\((.*)\)$", text, re.M))
+  assert set(arrays) == {"base", "large"}
+  train_step = load_file("benchmarks/train_step.py")
+  runs = re.findall(r"benchmarks/train_step.py (.*)$", text, re.M)
+  assert len(runs) == 4
+  impls = []
+  for line in runs:
+    argv = re.sub(r'"\$\{(\w+)\[@\]\}"', lambda m: arrays[m.group(1)], line).split()
+    args = train_step.parse_args(argv)  # argparse exits on an unknown flag
+    assert args.dtype == "bfloat16" and args.model in train_step.MODELS
+    impls.append((args.model, args.attention_impl, args.skip_torch))
+  assert impls == [
+    ("albert_base", "", False),
+    ("albert_large", "", False),
+    ("albert_base", "flash", True),
+    ("albert_large", "flash", True),
+  ]

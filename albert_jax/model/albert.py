@@ -232,12 +232,21 @@ class AlbertEmbeddings(nn.Module):
         f"a sequence of {length} tokens exceeds the model's max_position_embeddings="
         f"{self.cfg.max_position_embeddings}"
       )
-    positions = jnp.arange(length)[None, :]
-    x = (
-      self.word_embeddings(input_ids)
-      + self.position_embeddings(positions)
-      + self.token_type_embeddings(token_type_ids)
+    # Positions are 0..S-1 in every row: a slice of the table, whose gradient is a sum over the
+    # batch; token types (2 of them) as a one-hot matmul, as the original always does ("always faster
+    # for a small vocabulary"). A lookup's gradient is a scatter-add, and one of 8,192 rows onto the 2
+    # token-type rows (or onto each position row B times) serialises on a GPU: it was 56 of the 76 ms
+    # of albert base's bf16 step on an H200 (docs/performance.md). The values are the table's rows
+    # either way (HIGHEST: no bf16 pass of an f32 matmul on a TPU).
+    compute = self.cfg.compute_dtype
+    positions = self.position_embeddings.embedding[:length].astype(compute)[None]
+    types = jnp.einsum(
+      "bst,te->bse",
+      jax.nn.one_hot(token_type_ids, self.cfg.type_vocab_size, dtype=compute),
+      self.token_type_embeddings.embedding.astype(compute),
+      precision=jax.lax.Precision.HIGHEST,
     )
+    x = self.word_embeddings(input_ids) + positions + types
     x = self.dropout(self.LayerNorm(x)).astype(self.cfg.compute_dtype)
     return _constrain(x, ("act_batch", "act_length", "act_embed"))
 

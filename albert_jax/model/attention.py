@@ -101,9 +101,16 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   real keys, which changes their (unused) outputs only. The kernel is split over the batch (and the
   heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler. Sequences
   that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths)."""
-  mask = attention_mask[:, None, None, :].astype(bool)
   if jax.default_backend() == "gpu":
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
+    return jax.nn.dot_product_attention(
+      q,
+      k,
+      v,
+      scale=scale,
+      key_value_seq_lengths=key_lengths(attention_mask),
+      implementation="cudnn",
+    )
+  mask = attention_mask[:, None, None, :].astype(bool)
   if q.shape[1] % 128:  # the kernel's key blocks are multiples of 128 (init traces 8 tokens)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
 
@@ -127,6 +134,14 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   )(q, k, v, segments)
 
 
+def key_lengths(attention_mask):
+  """The real keys of each row, for cuDNN's own padding mask (no [B, 1, S, S] mask or bias in memory;
+  a full-shaped one is what its bias path would need): the masks here are real tokens then padding,
+  as every example and task batch is built. At least 1: a row of padding only (a batch filled up to
+  its size) then attends to its first key and stays finite, as the einsum path's uniform row does."""
+  return jnp.maximum(jnp.sum(attention_mask.astype(jnp.int32), axis=-1), 1)
+
+
 def check_attention_impl(cfg, device) -> None:
   """A one-line ConfigError when model.attention_impl cannot run on `device` (a jax device): the
   Pallas flash kernel needs a TPU v4 or newer (Mosaic cannot compile it for v3), or a GPU (cuDNN),
@@ -139,6 +154,11 @@ def check_attention_impl(cfg, device) -> None:
     raise config_lib.ConfigError(
       f"model.attention_impl='flash' needs a TPU v4 or newer or a GPU; on {device.device_kind} "
       f"use one of: {others}"
+    )
+  if device.platform == "gpu" and jnp.dtype(cfg.compute_dtype).itemsize > 2:
+    raise config_lib.ConfigError(
+      "model.attention_impl='flash' on a GPU is cuDNN's kernel, which takes bfloat16 or float16: "
+      f"set model.dtype=bfloat16 or use one of: {others}"
     )
   if device.platform == "cpu" and not _pallas_interpreting():
     raise config_lib.ConfigError(
