@@ -40,7 +40,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session: the tests' many trainer processes compile the same
 # small programs, and a program compiled once is read back by the others (set before the xdist
 # workers start, so they share it).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="albert_jax_tests_jit_"))
+# Made by the process that starts the session (the workers inherit the variable) and removed when
+# the session ends.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _OWN_CACHE = tempfile.mkdtemp(prefix="albert_jax_tests_jit_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The bytecode of what the suite imports, written once: the test command installs with
 # `pip install --no-compile` (pip compiles the ~22,000 files it installs one after another, 35 s of
@@ -126,7 +131,8 @@ def gcs_url():
       if time.time() > deadline:
         raise RuntimeError(f"the GCS emulator did not start (see {log.name})") from None
       time.sleep(0.05)
-  return GCS_URL
+  yield GCS_URL
+  shutil.rmtree(os.path.dirname(log.name), ignore_errors=True)  # its log goes with the session
 
 
 _bucket_numbers = itertools.count()
@@ -274,6 +280,12 @@ def spm_model_path(tmp_path_factory):
 
   path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
   return tokenizer.train(pydoc_sentences(), path, 1000, seed=0)
+
+
+def pytest_unconfigure(config):
+  """The session's compilation cache goes with the session (where this process made it)."""
+  if _OWN_CACHE and not os.environ.get("PYTEST_XDIST_WORKER"):
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -147,12 +147,15 @@ def test_main_job_export_and_evaluate_on_gs_only(bucket, tmp_path):
   assert r.returncode == 0 and f"resumed from step {saved[-1]}" in r.stdout, r.stderr[-3000:]
   # Export into the bucket (never a local folder named gs:), then evaluate reads both from it.
   export_dir = f"{bucket}/export"
+  (tmp_path / "export_tmp").mkdir()
   r = _run(
     [sys.executable, "-m", "albert_jax.export", f"--workdir={run}", f"--output={export_dir}",
-     "--format=jax"]
+     "--format=jax"],
+    tmpdir=tmp_path / "export_tmp",
   )  # fmt: skip
   assert r.returncode == 0, r.stderr[-3000:]
   assert workdir_lib.kind(export_dir) is workdir_lib.Kind.EXPORT
+  assert os.listdir(tmp_path / "export_tmp") == []  # its local staging is gone, folder and all
   assert not os.path.exists(os.path.join(ROOT, "gs:")) and not os.path.exists("gs:")
   r = _run(
     [sys.executable, "-m", "albert_jax.evaluate", f"--checkpoint={export_dir}", f"--data={data}",

@@ -216,10 +216,8 @@ def write_export(
   readme = model_card(config, step, metrics, fmt, source)
   # Written locally first: beside the output (one rename puts it in place), or for gs:// in a
   # temporary directory uploaded once complete, the model card last.
-  if files.is_remote(output):
-    staging = os.path.join(tempfile.mkdtemp(prefix="albert_jax_export_"), "export")
-  else:
-    staging = output + f".new-{os.getpid()}"
+  scratch = tempfile.mkdtemp(prefix="albert_jax_export_") if files.is_remote(output) else None
+  staging = os.path.join(scratch, "export") if scratch else output + f".new-{os.getpid()}"
   shutil.rmtree(staging, ignore_errors=True)
   try:
     if fmt == "hf":
@@ -261,7 +259,7 @@ def write_export(
     else:
       os.replace(staging, output)
   finally:
-    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(scratch or staging, ignore_errors=True)  # the local scratch folder too
   return output
 
 
