@@ -270,6 +270,8 @@ def estimate_and_compile(
       tpu = tpu_compile.slice_for(device, devices)
   if fit_ and tpu is None:
     raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
+  if tpu is not None and compile_ != "no" and not tpu_compile.available():
+    raise ConfigError(tpu_compile.install_hint())  # before the analytic work (10 s for albert_base)
   init_from.resolve(config)
   chosen, line = (
     chip_defaults(config, device, devices, given) if chip_defaults_ and tpu else ({}, "")

@@ -9,6 +9,7 @@ compiled here (fit.py compiles); albert_jax.estimate prints it (estimate_report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -114,19 +115,30 @@ def abstract_layer(cfg, seq_len: int):
   return layer, nn.unbox(jax.eval_shape(init)["params"])
 
 
-def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, only=None) -> float:
+def layer_bytes_per_token(
+  model_config, seq_len: int, remat: str | None = None, attention_only: bool = False
+) -> float:
   """Bytes per token that one application of the block keeps for its backward pass under a remat
-  policy (default: the config's), traced from model.AlbertLayer.
+  policy (default: the config's), traced from model.AlbertLayer (once per process for each model,
+  length and policy: the fit search and the micro-batch choice ask again and again).
 
   E.g. float32, einsum attention: no remat keeps the block input, q, k, v, the context, both
   LayerNorms' intermediates, the FFN's pre-activation and GELU intermediates, and two float32 n x S
   attention tensors per token (at S = 512 the attention alone is 2 x 4 x n x 512 bytes per token);
   `full` and `nothing_saveable` keep the block input (H); `dots_saveable` the input and every matmul
   output (7H + I + nS); `dots_with_no_batch_dims_saveable` drops the attention einsums from those.
-  `only(shape)` counts only the residuals it accepts (default all).
+  `attention_only`: only the [heads, S, S] attention tensors.
   """
   cfg = M.model_config(model_config)
-  remat = cfg.remat if remat is None else remat
+  return _layer_bytes_per_token(
+    cfg, int(seq_len), cfg.remat if remat is None else remat, attention_only
+  )
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_bytes_per_token(cfg, seq_len: int, remat: str, attention_only: bool) -> float:
+  n = cfg.num_attention_heads
+  only = (lambda shape: tuple(shape[-3:]) == (n, seq_len, seq_len)) if attention_only else None
   layer, params = abstract_layer(cfg, seq_len)
   H, S = cfg.hidden_size, seq_len
 
@@ -142,12 +154,22 @@ def layer_bytes_per_token(model_config, seq_len: int, remat: str | None = None, 
 def model_bytes_per_sequence(config) -> float:
   """Bytes per sequence that the pretraining loss keeps for its backward pass: every layer application
   under the config's remat policy (stacked by nn.scan), the embeddings and both heads (the MLM logits
-  and their log-softmax over the vocabulary at the masked positions), traced from the real model."""
-  model = M.AlbertForPreTraining(M.model_config(config.model))
-  params = nn.unbox(M.init_shapes(config.model))
+  and their log-softmax over the vocabulary at the masked positions), traced from the real model
+  (once per process for each model and shape)."""
+  return _model_bytes_per_sequence(
+    M.model_config(config.model),
+    int(config.data.max_seq_length),
+    int(config.data.max_predictions_per_seq),
+  )
+
+
+@functools.lru_cache(maxsize=256)
+def _model_bytes_per_sequence(cfg, seq_len: int, predictions: int) -> float:
+  model = M.AlbertForPreTraining(cfg)
+  params = nn.unbox(M.init_shapes(cfg))
 
   def batch(b):
-    return examples.batch_spec(config, batch_size=b)
+    return examples.batch_shapes(b, seq_len, predictions)
 
   def loss(p, bt):
     out = model.apply(
@@ -198,8 +220,7 @@ def fused_bytes_per_sequence(config) -> float:
   and benchmarks/tpu_compile.py)."""
   cfg = M.model_config(config.model)
   n, S, H = cfg.num_attention_heads, config.data.max_seq_length, cfg.hidden_size
-  attention = lambda shape: tuple(shape[-3:]) == (n, S, S)  # noqa: E731
-  per_token = layer_bytes_per_token(config.model, S, only=attention)
+  per_token = layer_bytes_per_token(cfg, S, attention_only=True)
   one = n * S * 4  # one float32 [heads, S] row per token (the scores are float32 in every dtype)
   fused = max(per_token - one, 0.0) + (2 * H * 4 if cfg.remat == "none" else 0)
   return fused * S * cfg.depth
