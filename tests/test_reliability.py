@@ -649,6 +649,23 @@ def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_wri
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
 
 
+def test_flash_attention_on_a_cpu_is_refused_before_anything_is_written(tmp_path):
+  """A config these devices cannot run (flash attention on a CPU): one line, exit 2, before the data
+  is prepared or a log is written."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  r = run_command(
+    "main", "--config=configs/tiny.py:dtype=bfloat16,attention_impl=flash", f"--workdir={workdir}"
+  )
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines()[-1] == (
+    "error: model.attention_impl='flash' runs on TPU v4 or newer or a GPU; on CPU use one of: "
+    "einsum, dot_product_attention"
+  )
+  assert sorted(os.listdir(workdir)) == ["notes.txt"]
+
+
 BACKGROUND_PROBE = """
 import asyncio, gc, logging, sys, threading
 from absl import app
