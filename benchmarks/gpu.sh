@@ -3,7 +3,8 @@
 #   1. benchmarks/train_step.py, bf16: albert base at S=128 and albert large at S=512, ours against
 #      PyTorch's AlbertForPreTraining (autocast bf16) in the same process, then ours with
 #      model.attention_impl=flash (cuDNN's fused attention);
-#   2. the README's main job (configs/tiny.py on the built-in corpus) on the GPU, end to end.
+#   2. the README's main job (configs/tiny.py on the built-in corpus) on the GPU, end to end, in
+#      /tmp/albert_gpu_tiny (removed first; only its console log is kept, in OUT).
 # (benchmarks/finetune.py runs PyTorch on the CPU only: not part of this.)
 # Each part has its own time limit and log (OUT/<part>.log); one that fails does not stop the rest.
 #   bash benchmarks/gpu.sh [OUT]      # OUT defaults to ./gpu_out

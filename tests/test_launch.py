@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import shellcheck_path
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "launch" / "tpu_pod.sh"
 SUBCOMMANDS = ("create", "setup", "prepare", "train", "run", "logs", "status", "stop", "delete")
@@ -506,12 +508,6 @@ def test_help_lists_every_subcommand():
     assert re.search(rf"^  {sub} ", proc.stdout, re.M), sub
 
 
-def _shellcheck() -> str | None:
-  found = shutil.which("shellcheck")
-  beside = Path(sys.executable).parent / "shellcheck"
-  return found or (str(beside) if beside.exists() else None)
-
-
 def test_script_and_remote_command_lines_are_shellcheck_clean(tmp_path):
   # Remote lines are checked too (as bash scripts): they are code that runs on every worker.
   remote = {}
@@ -524,7 +520,7 @@ def test_script_and_remote_command_lines_are_shellcheck_clean(tmp_path):
   for path in (SCRIPT, *remote):
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, (path, syntax.stderr)
-  shellcheck = _shellcheck()
+  shellcheck = shellcheck_path()
   if shellcheck is None:
     print(
       "shellcheck not found on PATH or beside the Python executable "

@@ -247,7 +247,7 @@ class AlbertEmbeddings(nn.Module):
       precision=jax.lax.Precision.HIGHEST,
     )
     x = self.word_embeddings(input_ids) + positions + types
-    x = self.dropout(self.LayerNorm(x)).astype(self.cfg.compute_dtype)
+    x = self.dropout(self.LayerNorm(x)).astype(compute)
     return _constrain(x, ("act_batch", "act_length", "act_embed"))
 
   def attend(self, x):
