@@ -649,15 +649,34 @@ def test_a_config_invalid_only_after_init_from_is_refused_before_anything_is_wri
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
 
 
-def test_flash_attention_on_a_cpu_is_refused_before_anything_is_written(tmp_path):
+@pytest.mark.parametrize("command", ["main", "finetune", "glue"])
+def test_flash_attention_on_a_cpu_is_refused_before_anything_is_written(
+  tmp_path, other_model, command
+):
   """A config these devices cannot run (flash attention on a CPU): one line, exit 2, before the data
-  is prepared or a log is written."""
+  is prepared, the workdir is locked or a log is written, in every command that trains."""
+  from tests.test_finetune import write_sst2
+
   workdir = tmp_path / "w"
   workdir.mkdir()
   (workdir / "notes.txt").write_text("mine")
-  r = run_command(
-    "main", "--config=configs/tiny.py:dtype=bfloat16,attention_impl=flash", f"--workdir={workdir}"
-  )
+  glue = tmp_path / "glue" / "SST-2"
+  glue.mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  write_sst2(glue / "train.tsv", 8, rng)
+  write_sst2(glue / "dev.tsv", 8, rng)
+  flash = "--config.model.attention_impl=flash"
+  args = {
+    "main": ["--config=configs/tiny.py:dtype=bfloat16,attention_impl=flash"],
+    "finetune": [
+      "--config=configs/finetune/glue.py:task=sst2",
+      f"--config.init_from={other_model}",
+      f"--config.data.glue_dir={glue}",
+      flash,
+    ],
+    "glue": ["--tasks=sst2", f"--init_from={other_model}", f"--glue_dir={glue.parent}", flash],
+  }[command]
+  r = run_command(command, *args, f"--workdir={workdir}")
   assert r.returncode == 2, r.stderr[-2000:]
   assert r.stderr.strip().splitlines()[-1] == (
     "error: model.attention_impl='flash' runs on TPU v4 or newer or a GPU; on CPU use one of: "
