@@ -207,3 +207,19 @@ def test_byte_fallback_turns_unknown_characters_into_bytes(tmp_path):
   assert tokenizer.UNK_ID not in ids
   assert [on.id_to_piece(i) for i in ids][-3:] == ["<0xE4>", "<0xB8>", "<0xAD>"]  # 中 in UTF-8
   assert on.decode(ids) == "москва 中"
+
+
+def test_a_file_that_is_not_a_sentencepiece_model_is_named_as_such(tmp_path, spm_model_path):
+  """The .vocab beside a .model (a common slip) or any other bytes: a ConfigError that says what the
+  file is not, without sentencepiece's source line; a missing file says so."""
+  vocab = tmp_path / "spiece.vocab"
+  vocab.write_text("".join(f"▁piece{i}\t-{i}.0\n" for i in range(20)), encoding="utf-8")
+  with pytest.raises(ConfigError) as e:
+    tokenizer.Tokenizer(str(vocab))
+  assert str(e.value) == (
+    f"cannot load SentencePiece model {vocab}: its bytes are not a SentencePiece model "
+    "(the .model file spm_train writes, not .vocab)"
+  )
+  with pytest.raises(ConfigError, match="SentencePiece model not found: .*missing.model"):
+    tokenizer.Tokenizer(str(tmp_path / "missing.model"))
+  assert tokenizer.Tokenizer(spm_model_path).vocab_size == 1000

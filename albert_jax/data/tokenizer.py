@@ -252,9 +252,12 @@ class Tokenizer:
     try:  # from bytes: sentencepiece opens local files only, the model may be on gs://
       self.sp.load(model_proto=files.path(model_path).read_bytes())
     except (OSError, RuntimeError) as e:
-      raise ConfigError(
-        f"cannot load SentencePiece model {model_path}: {str(e).splitlines()[0]}"
-      ) from None
+      why = str(e).splitlines()[0]
+      if "ParseFromArray" in why:  # sentencepiece's own words name its source line, not the cause
+        why = (
+          "its bytes are not a SentencePiece model (the .model file spm_train writes, not .vocab)"
+        )
+      raise ConfigError(f"cannot load SentencePiece model {model_path}: {why}") from None
     self.model_path = model_path
     self.lower = lower
     self.normalize_quotes = normalize_quotes
