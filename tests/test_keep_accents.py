@@ -207,3 +207,43 @@ def test_squad_answers_map_back_with_marks_kept(kept, lang):
     start = context.index(word)
     first, last = squad._answer_pieces(spans, start, start + len(word))
     assert (spans[first][0], spans[last][1]) == (start, start + len(word)), word
+
+
+def test_auto_on_a_many_language_corpus_keeps_marks():
+  """Latin is the commonest script of the seven languages (English thrice), but stripping would wreck the
+  Hindi, Russian, Japanese and Arabic in it: auto keeps the marks and names those scripts. A Latin
+  corpus quoting one Russian sentence still strips (the original's rule)."""
+  mixed = SENTENCES["en"] * 2 + [s for lang in LANGUAGES for s in SENTENCES[lang]]
+  keep, why = scripts.decide_keep_accents(mixed)
+  assert keep is True, why
+  assert why.startswith("the corpus's commonest script is Latin, but it also holds ")
+  for script in ("Devanagari", "Cyrillic", "Japanese", "Arabic"):
+    assert script in why
+  assert "Hangul" not in why and "Han " not in why  # stripping changes neither
+  english = SENTENCES["en"] * 20 + ["Толстой написал «Войну и мир»."]
+  assert scripts.decide_keep_accents(english)[0] is False
+
+
+def test_prepare_auto_on_a_many_language_corpus(tmp_path, caplog):
+  """Seven files, one language each, read as one corpus: the decision sample takes from every file,
+  so auto keeps the marks (the virama reaches the vocabulary); the word_start line says the Chinese
+  and Japanese text is masked a piece at a time and names the segmenters."""
+  caplog.set_level(logging.INFO)
+  for lang in LANGUAGES:
+    _corpus(tmp_path, lang, copies=36 if lang == "en" else 12)  # English the commonest script
+  c = _config(tmp_path, "en", 850)
+  c.data.input_files = str(tmp_path / "*.txt")
+  info = dataset.prepare(c, str(tmp_path / "w"))
+  (segmenter,) = [
+    r.getMessage() for r in caplog.records if "data.word_start=auto" in r.getMessage()
+  ]
+  (line,) = _lines(caplog, "data.keep_accents=auto")
+  assert "keeping accents (the corpus's commonest script is Latin, but it also holds" in line
+  assert c.data.keep_accents == "true"
+  tok = tokenizer.load_for(info["spm_model_path"], c.data)
+  assert "\u094d" in "".join(tok.id_to_piece(i) for i in tok.encode("क्या परिवर्तन"))
+  assert "й" in "".join(tok.id_to_piece(i) for i in tok.encode("войны"))
+  assert "the marker rule (the corpus is in Latin script" in segmenter
+  assert (
+    "its Han and kana text" in segmenter and "data.word_segmenter=fugashi or jieba" in segmenter
+  )

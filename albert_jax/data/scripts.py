@@ -184,22 +184,34 @@ def strips_safely(script: str | None) -> bool:
   return script is None or script in STRIP_SAFE
 
 
-def share_changed_by_stripping(texts: Iterable[str]) -> float:
-  """The share of letters that the original's accent stripping (NFKD, drop combining marks)
-  changes: a letter whose decomposition has a combining mark, or a mark that stands alone."""
-  letters = changed = 0
+def stripping_changes(texts: Iterable[str]) -> tuple[int, collections.Counter]:
+  """(letters, {script: letters changed}) under the original's accent stripping (NFKD, drop
+  combining marks): a letter whose decomposition has a combining mark, or a mark that stands alone
+  (counted in the script of the letter before it)."""
+  letters = 0
+  changed = collections.Counter()
   for text in texts:
     if text.isascii():
       letters += sum(c.isalpha() for c in text)
       continue
+    last = None
     for c in text:
-      if c.isalpha() or unicodedata.combining(c):
-        letters += 1
-        if unicodedata.combining(c) or any(
-          unicodedata.combining(d) for d in unicodedata.normalize("NFKD", c)
-        ):
-          changed += 1
-  return changed / letters if letters else 0.0
+      mark = unicodedata.combining(c)
+      if not (c.isalpha() or mark):
+        continue
+      letters += 1
+      script = script_of(c) or (last if mark else None)
+      if not mark:
+        last = script
+      if mark or any(unicodedata.combining(d) for d in unicodedata.normalize("NFKD", c)):
+        changed[script] += 1
+  return letters, changed
+
+
+def share_changed_by_stripping(texts: Iterable[str]) -> float:
+  """The share of letters that the original's accent stripping changes (stripping_changes)."""
+  letters, changed = stripping_changes(texts)
+  return sum(changed.values()) / letters if letters else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,26 +327,54 @@ def has_unspaced(text: str) -> bool:
   return not text.isascii() and _UNSPACED_LETTER.search(text) is not None
 
 
+# A spaced corpus whose unspaced letters (Chinese, Japanese, Thai ...) are more than this share: the
+# word_start=auto line says that text is masked a piece at a time and names the segmenters.
+UNSPACED_IN_SPACED = 0.01
+
+# data.keep_accents=auto strips a Latin-script corpus only if stripping changes at most this share of
+# its letters in other scripts (a many-language corpus, or Latin text quoting Hindi or Russian at
+# length): there marks are letters' parts, and one setting serves the whole corpus.
+OTHER_SCRIPTS_CHANGED = 0.001
+
+
 def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
   """data.keep_accents=auto from a sample of the corpus: (keep, why). Strip (the original's rule)
-  only where the letters are in a script whose marks are accents a reader can do without (Latin);
-  where stripping still changes more than 0.5% of the letters (Vietnamese tones, French or German
-  accents), `why` says so and names the switch."""
+  only where the letters are in a script whose marks are accents a reader can do without (Latin)
+  and stripping changes next to nothing in any other script (OTHER_SCRIPTS_CHANGED); where it
+  still changes more than 0.5% of the letters (Vietnamese tones, French or German accents), `why`
+  says so and names the switch."""
   counts = collections.Counter()
   for text in texts:
     counts.update(script_counts(text))
   script = dominant_script(counts)
-  share = share_changed_by_stripping(texts)
-  if strips_safely(script):
+  letters, changed = stripping_changes(texts)
+  share = sum(changed.values()) / letters if letters else 0.0
+  harmed = collections.Counter()
+  for s, n in changed.items():
+    if s is not None and not strips_safely(s):
+      harmed["Japanese" if s in ("Hiragana", "Katakana") else s] += n
+  harmed_share = sum(harmed.values()) / letters if letters else 0.0
+  if strips_safely(script) and harmed_share <= OTHER_SCRIPTS_CHANGED:
     what = f"in the {script} script" if script else "without letters"
     why = f"the corpus is {what}: accents stripped as the original did"
     if share > 0.005:
       why += f"; they are {share:.1%} of its letters: data.keep_accents=true keeps them"
     return False, why
+  if strips_safely(script):
+    names = sorted(harmed, key=lambda s: (-harmed[s], s))
+    return True, (
+      f"the corpus's commonest script is {script}, but it also holds {_and(names)} text, whose "
+      f"marks are parts of letters (stripping would change {harmed_share:.1%} of all its "
+      f"letters); data.keep_accents=false strips them all as the original did"
+    )
   return True, (
     f"the corpus is mostly {script}, not Latin script: stripping would change {share:.1%} of its "
     f"letters"
   )
+
+
+def _and(names: list[str]) -> str:
+  return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
@@ -347,10 +387,31 @@ def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
     counts.update(script_counts(text))
   script = dominant_script(counts)
   if not is_unspaced(script):
-    return "none", (
+    why = (
       f"the marker rule (the corpus is in {script or 'no'} script, written with spaces between "
       f"words)"
     )
+    letters = sum(counts.values())
+    unspaced = collections.Counter()
+    for s, n in counts.items():
+      if s in UNSPACED:
+        unspaced["kana" if s in ("Hiragana", "Katakana") else s] += n
+    if letters and sum(unspaced.values()) > UNSPACED_IN_SPACED * letters:
+      names = sorted(unspaced, key=lambda s: (-unspaced[s], s))
+      offered = sorted(
+        {
+          SEGMENTER_FOR["Japanese" if s == "kana" else s]
+          for s in names
+          if s in SEGMENTER_FOR or s == "kana"
+        }
+      )
+      why = why[:-1] + (
+        f"; its {_and(names)} text, {sum(unspaced.values()) / letters:.0%} of the letters, a piece "
+        f"at a time"
+        + (f": data.word_segmenter={' or '.join(offered)} segments it" if offered else "")
+        + ")"
+      )
+    return "none", why
   name = SEGMENTER_FOR.get(script, "none") if wanted == "auto" else wanted
   if name == "none":
     return "none", (
