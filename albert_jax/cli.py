@@ -14,6 +14,8 @@ stderr and one exit status:
   4  an environment fault: no space left on the device, a lost peer host, another OS error
   5  estimate: the config, as given, does not fit the memory of the slice it was compiled for
   130  interrupted (Ctrl-C, SIGINT)
+  141  standard output closed by its reader (`... --inspect | head`): no message, as Unix tools (the
+       status of a process ended by SIGPIPE); a trainer stops there, as after any error
 
 SIGTERM is no error: the trainers (main, finetune) save the current step and exit 0; the same command
 resumes.
@@ -28,6 +30,7 @@ import atexit
 import contextlib
 import logging
 import os
+import select
 import shutil
 import sys
 import tempfile
@@ -44,6 +47,7 @@ from albert_jax.base.log import PRINTS_LOGGER, prints_to_log  # noqa: F401
 from albert_jax.engine import workdir as workdir_lib
 
 BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT, DOES_NOT_FIT = 2, 1, 3, 4, 5
+STDOUT_CLOSED = 141
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -301,6 +305,10 @@ def guard() -> Iterator[None]:
   except KeyboardInterrupt:
     fail("interrupted", 130)
   except Exception as e:  # noqa: BLE001 (the one place every remaining error is turned into a line)
+    if isinstance(e, BrokenPipeError) and stdout_reader_gone():
+      # Nothing left to say to: stdout to /dev/null, so that the exit's flush cannot fail again.
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      sys.exit(STDOUT_CLOSED)
     where = _record(e)
     if files.is_disk_full(e):
       fail(
@@ -312,6 +320,17 @@ def guard() -> Iterator[None]:
     fail(f"internal error: {type(e).__name__}: {one_line(e)}{where}", INTERNAL)
   finally:
     _upload_log()
+
+
+def stdout_reader_gone() -> bool:
+  """Whether standard output is a pipe whose reading end has closed (`| head` has read enough):
+  poll reports an error on the writing end. A BrokenPipeError from anything else is a real error."""
+  try:
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+  except (AttributeError, OSError, ValueError):  # no real stdout (a notebook's, a closed one)
+    return False
 
 
 def _lost_peer(e: BaseException) -> bool:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from albert_jax import cli
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import checkpoint
@@ -683,6 +684,37 @@ def test_flash_attention_on_a_cpu_is_refused_before_anything_is_written(
     "einsum, dot_product_attention"
   )
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
+
+
+def test_a_reader_that_stops_ends_the_command_quietly_as_unix_tools_do():
+  """`estimate ... | head` where head has stopped reading: no `error: BrokenPipeError` line and no
+  "Exception ignored" at exit, status 141 (a process ended by SIGPIPE), as cat or grep."""
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "albert_jax.estimate", "--config=configs/tiny.py", "--compile=no"],
+    cwd=ROOT,
+    env=env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  proc.stdout.close()  # the reader gone before the report's first line
+  err = proc.stderr.read()
+  assert proc.wait(timeout=300) == cli.STDOUT_CLOSED == 141, err
+  assert "error" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(monkeypatch, capsys):
+  """Only a closed standard output is quiet: a BrokenPipeError from anything else (a peer's socket,
+  a child's pipe) while stdout is open stays one line and status 4."""
+  read, write = os.pipe()
+  with os.fdopen(write, "w") as healthy, os.fdopen(read) as _:
+    monkeypatch.setattr(sys, "stdout", healthy)
+    assert not cli.stdout_reader_gone()
+    with pytest.raises(SystemExit) as e:
+      with cli.guard():
+        raise BrokenPipeError(32, "Broken pipe")
+  assert e.value.code == cli.ENVIRONMENT
+  assert capsys.readouterr().err.startswith("error: BrokenPipeError: [Errno 32] Broken pipe")
 
 
 BACKGROUND_PROBE = """
