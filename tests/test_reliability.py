@@ -468,6 +468,19 @@ def test_bad_config_values_are_refused(field, value, message):
       [
         "-m",
         "albert_jax.main",
+        "--config=configs/tinny.py:dtype=bfloat16",
+        "--workdir=never_written",
+      ],
+      "--config: no file configs/tinny.py (configs/ holds albert_base.py, albert_large.py,",
+    ),
+    (
+      ["-m", "albert_jax.finetune", "--config=configs/finetune/glu.py", "--workdir=never_written"],
+      "--config: no file configs/finetune/glu.py (configs/finetune/ holds glue.py, tokens.py)",
+    ),
+    (
+      [
+        "-m",
+        "albert_jax.main",
         "--config=configs/tiny.py",
         "--workdir=never_written",
         "--config.seed=-1",
