@@ -236,3 +236,54 @@ def test_flags_match_sentencepiece_offsets(tok):
       for i, (b, e) in zip(mapped["ids"], mapped["offsets"])
     ]
     assert row == want, sentence
+
+
+def test_several_segmenters_each_read_their_own_scripts_sentences(tok):
+  """fugashi+jieba on a corpus of seven languages: the Chinese sentences get exactly jieba's word
+  starts, the Japanese exactly fugashi's, Thai (no segmenter chosen) a piece at a time, the spaced
+  languages no bits; the order of the sentences does not matter."""
+  mixed = [s for lang in LANGUAGES for s in SENTENCES[lang]] + ["สงครามเปลี่ยนประเทศไปตลอดกาล"]
+  got = word_segmenters.word_start_flags(tok, mixed, "fugashi+jieba")
+  expected = {
+    "zh": _segmented(tok, "zh", "jieba"),
+    "ja": _segmented(tok, "ja", "fugashi"),
+    **{
+      lang: tok.sp.encode([tok.preprocess(s) for s in SENTENCES[lang]])
+      for lang in LANGUAGES
+      if lang not in ("zh", "ja")
+    },
+  }
+  at = 0
+  for lang in LANGUAGES:
+    n = len(SENTENCES[lang])
+    assert got[at : at + n] == expected[lang], lang
+    at += n
+  assert got[-1] == word_segmenters.word_start_flags(tok, mixed[-1:], "none")[0]
+  assert word_segmenters.word_start_flags(tok, mixed[::-1], "fugashi+jieba") == got[::-1]
+
+
+def test_auto_on_a_many_language_corpus_takes_a_segmenter_per_script():
+  """Chinese and Japanese beside five spaced languages: both segmenters, each named for its text;
+  a Japanese corpus whose kanji-only headings are few stays fugashi alone."""
+  mixed = SENTENCES["en"] * 3 + [s for lang in LANGUAGES for s in SENTENCES[lang]]
+  name, why = scripts.decide_segmenter(mixed, "auto")
+  assert name == "fugashi+jieba"
+  assert why.startswith(
+    "the marker rule (the corpus is in Latin script, written with spaces between words); words "
+    "from jieba for its Han text and fugashi for its Japanese text ("
+  )
+  both = SENTENCES["ja"] * 2 + SENTENCES["zh"]
+  assert scripts.decide_segmenter(both, "auto")[0] == "fugashi+jieba"
+  headings = SENTENCES["ja"] + ["東京大学"]
+  assert scripts.decide_segmenter(headings, "auto")[0] == "fugashi"
+  assert scripts.unspaced_writing("・中国") == "Han"  # a borrowed middle dot is not kana
+
+
+@pytest.mark.parametrize("value", ["jieba+bogus", "jieba+jieba", "none+jieba"])
+def test_a_bad_segmenter_list_is_one_line(value):
+  from albert_jax.base import config_lib, validation
+
+  c = config_lib.base_config()
+  c.data.word_segmenter = value
+  with pytest.raises(ConfigError, match=r"or several of these joined by \+"):
+    validation.validate(c)

@@ -202,7 +202,8 @@ def base_config() -> ml_collections.ConfigDict:
       # word_segmenter (word_start=auto on unspaced text): "auto" (jieba for Chinese, fugashi
       # with unidic-lite for Japanese, pythainlp for Thai, none otherwise) | "none" (a piece of
       # unspaced text is a word of its own) | one of SEGMENTERS (an extra: pip install -e
-      # ".[chinese]" / ".[japanese]" / ".[thai]").
+      # ".[chinese]" / ".[japanese]" / ".[thai]"), for all unspaced text | several joined by "+"
+      # ("fugashi+jieba"), each for its own script's sentences (a many-language corpus).
       word_segmenter="auto",
       task="sop",  # sop | nsp | none (MLM only: the sentence head is not trained)
       # The original, in SOP mode, takes segment B from a random document when a chunk holds a single

@@ -133,9 +133,12 @@ def validate_data(d, model) -> None:
     str(d.keep_accents).lower() in KEEP_ACCENTS,
     f"data.keep_accents={d.keep_accents!r} is not one of {', '.join(KEEP_ACCENTS)}",
   )
+  parts = str(d.word_segmenter).split("+")
   _check(
-    d.word_segmenter in ("auto", "none") + SEGMENTERS,
-    f"data.word_segmenter={d.word_segmenter!r} is not one of auto, none, {', '.join(SEGMENTERS)}",
+    d.word_segmenter in ("auto", "none")
+    or (all(p in SEGMENTERS for p in parts) and len(set(parts)) == len(parts)),
+    f"data.word_segmenter={d.word_segmenter!r} is not one of auto, none, {', '.join(SEGMENTERS)} "
+    f"or several of these joined by + (each for its own script's text: fugashi+jieba)",
   )
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")

@@ -194,8 +194,8 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
     name, why = scripts.decide_segmenter(sample, d.word_segmenter)
     logging.info("data.word_start=auto: %s", why)
     validation.record_decision(config, "data", "word_segmenter", name)
-  if name != "none":
-    word_segmenters.segmenter(name)  # its extra is installed: one line if not, before the work
+  for part in name.split("+") if name != "none" else ():
+    word_segmenters.segmenter(part)  # its extra is installed: one line if not, before the work
   fp["word_segmenter"] = name
 
 

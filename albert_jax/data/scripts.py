@@ -322,6 +322,27 @@ _UNSPACED_LETTER = re.compile(
 )
 
 
+# Kana letters (not the prolonged sound mark or the middle dot, which Chinese text borrows).
+_KANA = re.compile("[\u3041-\u3096\u30a1-\u30fa\u31f0-\u31ff\uff66-\uff9d]")
+_UNSPACED_SCRIPT = {
+  script: re.compile(
+    "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, s in _RANGES if s == script) + "]"
+  )
+  for script in sorted(UNSPACED - {"Hiragana", "Katakana"})
+}
+
+
+def unspaced_writing(text: str) -> str | None:
+  """The writing system without spaces that `text` is in, named as dominant_script names it:
+  "Japanese" when it holds kana (Japanese mixes Han and kana; Chinese has no kana), else the first
+  unspaced script found (Han, Thai, Khmer ...); None when it holds no unspaced letter."""
+  if not has_unspaced(text):
+    return None
+  if _KANA.search(text):
+    return "Japanese"
+  return next((s for s, pattern in _UNSPACED_SCRIPT.items() if pattern.search(text)), None)
+
+
 def has_unspaced(text: str) -> bool:
   """Whether `text` holds a letter of a script written without spaces between words (kana count)."""
   return not text.isascii() and _UNSPACED_LETTER.search(text) is not None
@@ -330,6 +351,10 @@ def has_unspaced(text: str) -> bool:
 # A spaced corpus whose unspaced letters (Chinese, Japanese, Thai ...) are more than this share: the
 # word_start=auto line says that text is masked a piece at a time and names the segmenters.
 UNSPACED_IN_SPACED = 0.01
+
+# In a corpus mostly in Japanese, sentences of Han without kana up to this share of the letters are
+# taken for Japanese (kanji headings, names); past it, for Chinese text beside the Japanese.
+JAPANESE_KANJI_LINES = 0.1
 
 # data.keep_accents=auto strips a Latin-script corpus only if stripping changes at most this share of
 # its letters in other scripts (a many-language corpus, or Latin text quoting Hindi or Russian at
@@ -379,43 +404,48 @@ def _and(names: list[str]) -> str:
 
 def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
   """data.word_start=auto's word segmenter from a sample of the corpus: (segmenter, what it means
-  and why). Text written with spaces gets "none": the marker rule, and any unspaced text in it a
-  piece at a time; unspaced text its script's segmenter (SEGMENTER_FOR), "none" where it has
-  none. `wanted` is data.word_segmenter ("auto" here)."""
+  and why). Each writing system without spaces (unspaced_writing: Japanese, Chinese, Thai ...)
+  whose sentences hold more than UNSPACED_IN_SPACED of the letters gets its segmenter
+  (SEGMENTER_FOR), joined by "+" when there are several, each for its own sentences; one that
+  makes most of an unspaced corpus gets its segmenter whatever its share. Text written with
+  spaces keeps the marker rule; unspaced text without a segmenter is read a piece at a time
+  ("none"). `wanted` is data.word_segmenter ("auto" here)."""
   counts = collections.Counter()
+  by_writing = collections.Counter()  # letters of the sentences of each unspaced writing system
   for text in texts:
-    counts.update(script_counts(text))
+    letters_here = script_counts(text)
+    counts.update(letters_here)
+    writing = unspaced_writing(text)
+    if writing:
+      by_writing[writing] += sum(letters_here.values())
   script = dominant_script(counts)
+  letters = sum(counts.values())
+  if script == "Japanese" and by_writing["Han"] < JAPANESE_KANJI_LINES * letters:
+    # Sentences of Han without kana in a Japanese corpus: headings and names in kanji, not Chinese.
+    by_writing["Japanese"] += by_writing.pop("Han", 0)
+  if wanted != "auto":
+    return wanted, f"data.word_segmenter={wanted}"
+  chosen = {w for w, n in by_writing.items() if n > UNSPACED_IN_SPACED * letters}
+  if is_unspaced(script):
+    chosen.add(script)
+  with_segmenter = sorted(w for w in chosen if w in SEGMENTER_FOR)
+  without = sorted(chosen - set(with_segmenter), key=lambda w: (-by_writing[w], w))
+  name = "+".join(sorted(SEGMENTER_FOR[w] for w in with_segmenter)) or "none"
+  share = sum(by_writing[w] for w in chosen) / letters if letters else 0.0
   if not is_unspaced(script):
-    why = (
-      f"the marker rule (the corpus is in {script or 'no'} script, written with spaces between "
-      f"words)"
-    )
-    letters = sum(counts.values())
-    unspaced = collections.Counter()
-    for s, n in counts.items():
-      if s in UNSPACED:
-        unspaced["kana" if s in ("Hiragana", "Katakana") else s] += n
-    if letters and sum(unspaced.values()) > UNSPACED_IN_SPACED * letters:
-      names = sorted(unspaced, key=lambda s: (-unspaced[s], s))
-      offered = sorted(
-        {
-          SEGMENTER_FOR["Japanese" if s == "kana" else s]
-          for s in names
-          if s in SEGMENTER_FOR or s == "kana"
-        }
-      )
-      why = why[:-1] + (
-        f"; its {_and(names)} text, {sum(unspaced.values()) / letters:.0%} of the letters, a piece "
-        f"at a time"
-        + (f": data.word_segmenter={' or '.join(offered)} segments it" if offered else "")
-        + ")"
-      )
-    return "none", why
-  name = SEGMENTER_FOR.get(script, "none") if wanted == "auto" else wanted
+    why = f"the marker rule (the corpus is in {script or 'no'} script, written with spaces between words"
+    if with_segmenter:
+      words = _and([f"{SEGMENTER_FOR[w]} for its {w} text" for w in with_segmenter])
+      why += f"); words from {words} ({share:.0%} of the letters"
+    if without:
+      why += f"; its {_and(without)} text a piece at a time, no segmenter for it"
+    return name, why + ")"
   if name == "none":
     return "none", (
       f"each piece of unspaced text a word (the corpus is in {script}, without spaces, and no "
       f"segmenter for it)"
     )
-  return name, f"words from the {name} segmenter (the corpus is in {script}, without spaces)"
+  if len(with_segmenter) == 1:
+    return name, f"words from the {name} segmenter (the corpus is in {script}, without spaces)"
+  words = _and([f"{SEGMENTER_FOR[w]} for its {w} text" for w in with_segmenter])
+  return name, f"words from {words} (the corpus is mostly {script}, without spaces)"

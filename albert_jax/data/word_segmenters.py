@@ -115,7 +115,10 @@ def _piece_tables(tok) -> tuple[np.ndarray, np.ndarray]:
 def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int = 1):
   """`tok.encode_batch(sentences)` with SEGMENTED_WORD_START set on each piece of unspaced text
   where a word begins: by the segmenter `name`, or, for "none", on every piece that holds an
-  unspaced letter. Sentences without unspaced letters are encoded as they are (no bits).
+  unspaced letter; several names joined by "+" (fugashi+jieba) give each sentence its writing
+  system's segmenter (scripts.unspaced_writing: kana -> fugashi, Han alone -> jieba, Thai ->
+  pythainlp), "none" where none of them is its. Sentences without unspaced letters are encoded as
+  they are (no bits).
 
   The segmenter runs once on the batch's unspaced sentences joined by newlines (few calls into
   it); a piece begins a word when a segmenter word starts within the characters it stands for,
@@ -129,6 +132,23 @@ def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int 
   which = [i for i, t in enumerate(texts) if scripts.has_unspaced(t)]
   if not which:
     return ids
+  if "+" not in name:
+    _flag_word_starts(tok, texts, ids, which, name)
+    return ids
+  # Several segmenters: each sentence goes to its writing system's (none: a piece at a time).
+  names = name.split("+")
+  groups: dict[str, list[int]] = {}
+  for i in which:
+    chosen = scripts.SEGMENTER_FOR.get(scripts.unspaced_writing(texts[i]), "none")
+    groups.setdefault(chosen if chosen in names else "none", []).append(i)
+  for chosen, rows in sorted(groups.items()):
+    _flag_word_starts(tok, texts, ids, rows, chosen)
+  return ids
+
+
+def _flag_word_starts(tok, texts: list[str], ids: list, which: list[int], name: str) -> None:
+  """Sets SEGMENTED_WORD_START in ids[i] for i in `which` (texts holding unspaced letters), from
+  the segmenter `name` or, for "none", on every piece holding an unspaced letter."""
   lengths, unspaced = _piece_tables(tok)
   rows = [np.asarray(ids[i], np.int64) for i in which]
   counts = np.array([len(r) for r in rows])
@@ -163,4 +183,3 @@ def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int 
   flagged = np.where(starts, flat | SEGMENTED_WORD_START, flat)
   for i, row in zip(which, np.split(flagged, np.cumsum(counts)[:-1])):
     ids[i] = row.tolist()
-  return ids
