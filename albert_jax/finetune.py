@@ -10,13 +10,12 @@ The flags, the call and the exit codes; the runner is tasks/finetuning.py.
 
 from __future__ import annotations
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.base import files
-from albert_jax.model import albert as M, attention
+from albert_jax.model import albert as M
 from albert_jax.tasks.finetuning import (  # noqa: F401  (the library's entry points, as before)
   finetune,
   load_data,
@@ -51,7 +50,7 @@ def run():
     with cli.guard():  # a bad value: one line before anything is written (no log file, no lock)
       config = resolved(config)
       # What these devices cannot run (flash attention on a CPU or a TPU v3): one line, no lock or log.
-      attention.check_attention_impl(M.model_config(config.model), jax.devices()[0])
+      M.check_runs_on(config.model)
     with cli.guard():
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import os
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.base import files
-from albert_jax.model import albert as M, attention
+from albert_jax.model import albert as M
 from albert_jax.tasks import glue_benchmark
 
 
@@ -85,7 +84,7 @@ def run():
       )
       # What these devices cannot run (flash attention on a CPU or a TPU v3): one line, no lock or log.
       for config in configs.values():
-        attention.check_attention_impl(M.model_config(config.model), jax.devices()[0])
+        M.check_runs_on(config.model)
     with cli.guard():
       with files.primary_workdir_lock(workdir):
         cli.setup_logging("glue", workdir)

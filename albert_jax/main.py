@@ -10,13 +10,12 @@ latest sound checkpoint in --workdir. Errors are one line `error: ...`; exit sta
 
 from __future__ import annotations
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.base import distributed, files
-from albert_jax.model import albert as M, attention
+from albert_jax.model import albert as M
 from albert_jax.pretraining import init_from, train
 
 
@@ -42,7 +41,7 @@ def run():
     with cli.guard():  # joining the other hosts writes nothing: a start that fails leaves no trace
       distributed.initialize(config)
       # What these devices cannot run (flash attention on a CPU or a TPU v3): one line, nothing written.
-      attention.check_attention_impl(M.model_config(config.model), jax.devices()[0])
+      M.check_runs_on(config.model)
     with cli.guard():
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):

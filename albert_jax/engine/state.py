@@ -23,7 +23,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from albert_jax.engine import optim
-from albert_jax.model import albert as model_lib, attention, sharding
+from albert_jax.model import albert as model_lib, sharding
 
 
 @struct.dataclass
@@ -84,7 +84,7 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
   caller trains (initialised from `inputs`), with the updates of the parameters under the `frozen`
   path prefixes set to zero."""
   if isinstance(mesh, Mesh):  # real devices (estimate's AbstractMesh has none to check)
-    attention.check_attention_impl(model_lib.model_config(config.model), mesh.devices.flat[0])
+    model_lib.check_runs_on(config.model, mesh.devices.flat[0])
   # The model's init traced once, here: its jaxpr gives the shapes (and their boxes), and `init`
   # below evaluates that jaxpr rather than tracing flax's init again (~0.4 s of every start).
   key = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0))[0])

@@ -102,6 +102,13 @@ def model_config(config: Any) -> ModelConfig:
   return cfg
 
 
+def check_runs_on(config: Any, device=None) -> None:
+  """A one-line ConfigError when the model `config` cannot run on `device` (default: this
+  process's first; attention.check_attention_impl: flash attention on a CPU or a TPU v3). The
+  commands call it before they lock or write anything; the train state again for the library."""
+  attention.check_attention_impl(model_config(config), device or jax.devices()[0])
+
+
 def layer_to_group(num_layers: int, num_groups: int) -> list[int]:
   """The original's assignment of layers to groups: layer i runs group int(i / L * G) (modeling.py)."""
   return [int(i / num_layers * num_groups) for i in range(num_layers)]
