@@ -409,7 +409,9 @@ def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
   (SEGMENTER_FOR), joined by "+" when there are several, each for its own sentences; one that
   makes most of an unspaced corpus gets its segmenter whatever its share. Text written with
   spaces keeps the marker rule; unspaced text without a segmenter is read a piece at a time
-  ("none"). `wanted` is data.word_segmenter ("auto" here)."""
+  ("none"). `wanted` is data.word_segmenter: anything but "auto" is taken as it is."""
+  if wanted != "auto":
+    return wanted, f"data.word_segmenter={wanted}"
   counts = collections.Counter()
   by_writing = collections.Counter()  # letters of the sentences of each unspaced writing system
   for text in texts:
@@ -423,15 +425,13 @@ def decide_segmenter(texts: list[str], wanted: str) -> tuple[str, str]:
   if script == "Japanese" and by_writing["Han"] < JAPANESE_KANJI_LINES * letters:
     # Sentences of Han without kana in a Japanese corpus: headings and names in kanji, not Chinese.
     by_writing["Japanese"] += by_writing.pop("Han", 0)
-  if wanted != "auto":
-    return wanted, f"data.word_segmenter={wanted}"
   chosen = {w for w, n in by_writing.items() if n > UNSPACED_IN_SPACED * letters}
   if is_unspaced(script):
     chosen.add(script)
   with_segmenter = sorted(w for w in chosen if w in SEGMENTER_FOR)
   without = sorted(chosen - set(with_segmenter), key=lambda w: (-by_writing[w], w))
   name = "+".join(sorted(SEGMENTER_FOR[w] for w in with_segmenter)) or "none"
-  share = sum(by_writing[w] for w in chosen) / letters if letters else 0.0
+  share = sum(by_writing[w] for w in with_segmenter) / letters if letters else 0.0
   if not is_unspaced(script):
     why = f"the marker rule (the corpus is in {script or 'no'} script, written with spaces between words"
     if with_segmenter:
