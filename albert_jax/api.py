@@ -19,7 +19,8 @@ from albert_jax import tasks
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import Kind
 from albert_jax.base.log import quiet_libraries
-from albert_jax.data import input_pipeline, tokenizer as tokenizer_lib
+from albert_jax.data.pipeline import loader
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.interop import hub, model_dir
 from albert_jax.model import albert as model_lib
 from albert_jax.pretraining import evaluation, init_from
@@ -107,7 +108,7 @@ def batches(
 ) -> Iterator[dict]:
   """The loader's host batches of the prepared data of `config` (in data.data_dir, else in
   <workdir>/data), as the trainer sees them: masked, in order, resumable (get_state/set_state)."""
-  return input_pipeline.make_iterator(config, workdir, split=split)
+  return loader.make_iterator(config, workdir, split=split)
 
 
 def fill_mask(loaded: Loaded, text: str, top_k: int = 1) -> list[list[str]]:

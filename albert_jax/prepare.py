@@ -6,7 +6,7 @@
       --config.data.input_files='/data/wiki/*.txt.gz'
 
 Idempotent: a finished dataset is reused; one prepared with other settings is refused. The trainer
-calls the same dataset.prepare when the data is missing. --inspect prints a few examples as
+calls the same build.prepare when the data is missing. --inspect prints a few examples as
 the model will see them (masks visible: [MASK](original), {random>original}, <kept>) and one JSON
 line of statistics. The last line on stdout is always that JSON line.
 """
@@ -19,7 +19,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
-from albert_jax.data import dataset, input_pipeline
+from albert_jax.data.pipeline import inspection
+from albert_jax.data.prepare import build
 from albert_jax.pretraining import init_from
 
 
@@ -52,10 +53,11 @@ def run() -> None:
     cli.setup_logging("prepare", workdir)
     with cli.guard():
       if inspect_flag.value:
-        lines, stats = input_pipeline.inspect(config, workdir, num_examples=num_examples_flag.value)
+        info = build.prepare(config, workdir)
+        lines, stats = inspection.inspect(config, workdir, info, num_examples_flag.value)
         print("\n".join(lines))
       else:
-        stats = dataset.prepare(config, workdir)
+        stats = build.prepare(config, workdir)
         stats.pop("vocab_sha256", None)
       print(json.dumps(stats), flush=True)
 

@@ -43,7 +43,7 @@ import ml_collections  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
 from albert_jax.base import config_lib, validation
-from albert_jax.data import examples  # noqa: E402
+from albert_jax.data.examples import features as features_lib
 from albert_jax.engine import compiling
 from albert_jax.model import albert as albert_model  # noqa: E402
 from albert_jax.pretraining import objective  # noqa: E402
@@ -117,7 +117,7 @@ def measure_once(
   step, params = train_style_step(cfg)
   abstract = (
     params,
-    examples.batch_shapes(batch, seq, predictions),
+    features_lib.batch_shapes(batch, seq, predictions),
     jax.eval_shape(lambda: jax.random.key(0)),
   )
   cpu_start = time.process_time()

@@ -39,8 +39,10 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax.base import config_lib, files as albert_files  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax.data import dataset, input_pipeline, python_docs  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax.data.prepare.layout import PREPARED_FILE  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data.corpus import python_docs
+from albert_jax.data.pipeline import loader
+from albert_jax.data.prepare import build
+from albert_jax.data.store.layout import PREPARED_FILE
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_bench", "Where corpora and datasets go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 4, "Copies of the built-in corpus to prepare.")
@@ -128,7 +130,7 @@ def _config(
 
 def _pipeline_rate(config, workdir: str, batches: int) -> dict:
   t0 = time.process_time()
-  it = input_pipeline.make_iterator(config, workdir, "train", process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, "train", process_index=0, process_count=1)
   open_cpu = time.process_time() - t0  # per_epoch: the first epoch's layout
   for _ in range(3):  # warm up: readers opened, first pages cached
     next(it)
@@ -158,7 +160,7 @@ def main(argv):
     workdir = os.path.join(root, name)
     config = _config(files, seq, spm_path, _BATCH.value, pairing=pairing)
     t0 = time.perf_counter()
-    info = dataset.prepare(config, workdir)
+    info = build.prepare(config, workdir)
     fresh = info["seconds"] <= time.perf_counter() - t0 + 1
     spm_path = spm_path or info["spm_model_path"]
     rate = _pipeline_rate(config, workdir, _BATCHES.value)
@@ -204,7 +206,7 @@ def main(argv):
     config = _config(mixed, 512, spm_path, _BATCH.value, pairing="per_epoch")
     config.data.sampling_alpha = 0.3
     workdir = os.path.join(root, "seq512_per_epoch_mixture")
-    info = dataset.prepare(config, workdir)
+    info = build.prepare(config, workdir)
     rate = _pipeline_rate(config, workdir, _BATCHES.value)
     results["seq512_per_epoch_mixture"] = dict(
       rate,

@@ -38,7 +38,8 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from albert_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
-from albert_jax.data import python_docs, tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from albert_jax.data.corpus import python_docs
+from albert_jax.data.text import tokenizer
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/albert_prepare_bench", "Where corpus and data go.")
 _COPIES = flags.DEFINE_integer("corpus_copies", 20, "Copies of the built-in corpus to prepare.")

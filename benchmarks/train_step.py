@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
 from albert_jax.base import config_lib, hardware, validation  # noqa: E402
-from albert_jax.data import examples  # noqa: E402
+from albert_jax.data.examples import features as features_lib  # noqa: E402
 from albert_jax.engine import train  # noqa: E402
 from albert_jax.model import albert as albert_model, sharding  # noqa: E402
 from albert_jax.pretraining import train as pretraining  # noqa: E402
@@ -130,7 +130,7 @@ def random_batch(
     "masked_lm_weights": np.ones((batch, predictions)),
     "sentence_order_label": rng.integers(0, 2, (batch,)),
   }
-  return {k: values[k].astype(dtype) for k, (_, dtype) in examples.FEATURES.items()}
+  return {k: values[k].astype(dtype) for k, (_, dtype) in features_lib.FEATURES.items()}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -240,10 +240,10 @@ def built_once(tmp_path_factory, name: str, build) -> str:
 def data_dir(tmp_path_factory):
   """Data prepared once per test session for small_config, read-only for the tests that share it (a
   module's own data_dir replaces it)."""
-  from albert_jax.data import dataset
+  from albert_jax.data.prepare import build
 
   def prepare(workdir):
-    dataset.prepare(small_config(os.path.join(workdir, "data")), workdir)
+    build.prepare(small_config(os.path.join(workdir, "data")), workdir)
 
   return os.path.join(built_once(tmp_path_factory, "prepared", prepare), "data")
 
@@ -276,7 +276,7 @@ def pydoc_sentences() -> list[str]:
 def spm_model_path(tmp_path_factory):
   """A real 1000-piece SentencePiece model trained on pydoc_sentences (seed 0), once per test
   process."""
-  from albert_jax.data import tokenizer
+  from albert_jax.data.text import tokenizer
 
   path = str(tmp_path_factory.mktemp("spm") / "spiece.model")
   return tokenizer.train(pydoc_sentences(), path, 1000, seed=0)

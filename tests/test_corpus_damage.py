@@ -1,5 +1,5 @@
 """Corpora that are damaged, duplicated or not what their names say (data/sniff.py, formats.py,
-text_files.py): each case is files this test writes, read as prepare reads them (corpus.shards,
+text_files.py): each case is files this test writes, read as prepare reads them (reader.shards,
 then each shard's documents), under the commands' own error guard (cli.guard): a refusal is exit
 status 2 and one line naming the file; an accepted corpus gives its true number of documents."""
 
@@ -17,9 +17,10 @@ import pytest
 
 from albert_jax import cli
 from albert_jax.base import config_lib
-from albert_jax.data import corpus, formats
-from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import split_sentences
+from albert_jax.data.corpus import formats, reader
+from albert_jax.data.corpus.stats import CorpusStats
+from albert_jax.data.store import dataset
+from albert_jax.data.text.sentences import split_sentences
 
 # Sentences in seven languages: every reader path is exercised beyond English.
 SENTENCES = [
@@ -71,8 +72,8 @@ def data_for(input_files, **fields):
 def read(data) -> tuple[list[list[str]], CorpusStats]:
   """The documents prepare would read: the corpus cut into small shards, each read on its own."""
   stats = CorpusStats()
-  shards = corpus.shards(data, 2048, 50)
-  docs = [d for s in shards for _, d in corpus.shard_documents(data, s, stats) if d]
+  shards = reader.shards(data, 2048, 50)
+  docs = [d for s in shards for _, d in reader.shard_documents(data, s, stats) if d]
   return docs, stats
 
 
@@ -320,17 +321,17 @@ def test_text_layout_is_decided_per_file_and_cr_only_lines_are_lines(tmp_path, c
   # Cut into many shards, a CR-only file reads the same (shards record its line ends).
   (tmp_path / "big.txt").write_bytes(sentences_text(documents(300, "c")).replace(b"\n", b"\r"))
   data = data_for(str(tmp_path / "big.txt"))
-  shards = corpus.shards(data, 512, 50)
+  shards = reader.shards(data, 512, 50)
   assert len(shards) > 10 and all(s["newline"] == "\r" for s in shards)
   assert read(data)[0] == documents(300, "c")
-  assert list(corpus.documents(data)) == documents(300, "c")  # read whole, not by shard
+  assert list(reader.documents(data)) == documents(300, "c")  # read whole, not by shard
   gz = tmp_path / "big.txt.gz"
   gz.write_bytes(gzip.compress(sentences_text(documents(300, "c")).replace(b"\n", b"\r")))
   streamed = [
-    s for (s,) in corpus.with_shard_text((s,) for s in corpus.shards(data_for(str(gz)), 512, 50))
+    s for (s,) in reader.with_shard_text((s,) for s in reader.shards(data_for(str(gz)), 512, 50))
   ]
   assert [
-    d for s in streamed for _, d in corpus.shard_documents(data_for(str(gz)), s)
+    d for s in streamed for _, d in reader.shard_documents(data_for(str(gz)), s)
   ] == documents(300, "c")
 
 
@@ -375,10 +376,10 @@ def _config(input_files, spm_model_path, **fields):
 
 
 def prepare_refused(capsys, config, workdir) -> str:
-  from albert_jax.data import dataset
+  from albert_jax.data.prepare import build
 
   with pytest.raises(SystemExit) as e, cli.guard():
-    dataset.prepare(config, str(workdir))
+    build.prepare(config, str(workdir))
   assert e.value.code == 2
   (line,) = capsys.readouterr().err.strip().splitlines()
   assert not (workdir / "data").exists()  # a refused prepare leaves nothing
@@ -391,7 +392,7 @@ def test_prepare_counts_the_true_documents_names_skips_and_changed_files(
   """An awkward but sound corpus (a file named twice, a BOM, a null sentence, a bad record, CR
   line ends) prepares its true number of documents, warns naming the file of each skip, and the
   corpus changed afterwards is refused naming the file and the two ways on."""
-  from albert_jax.data import dataset
+  from albert_jax.data.prepare import build
 
   caplog.set_level(logging.INFO)
   root = tmp_path / "corpus"
@@ -403,7 +404,7 @@ def test_prepare_counts_the_true_documents_names_skips_and_changed_files(
   lines[7] = '{"text": 7}'
   (root / "b.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
   config = _config(f"{root}/*,{root}/a.txt", spm_model_path)
-  info = dataset.prepare(config, str(tmp_path / "w"))
+  info = build.prepare(config, str(tmp_path / "w"))
   assert info["documents"] == 30 + 24  # each file once; b's record 7 skipped, record 4 kept
   assert info["skipped_by_file"] == {str(root / "b.jsonl"): {"bad_records": 1, "null_sentences": 1}}
   warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -458,4 +459,4 @@ def test_a_compressed_files_text_is_checked_as_it_is_first_read(tmp_path, capsys
   for path, what in [(utf16, "UTF-16 LE text (byte-order mark)"), (array, "a JSON array")]:
     assert refused(capsys, data_for(str(path))).startswith(f"error: {path} holds {what}")
     with pytest.raises(Exception, match=re.escape(f"holds {what}")):
-      list(corpus.documents(data_for(str(path))))
+      list(reader.documents(data_for(str(path))))

@@ -17,10 +17,12 @@ import pytest
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import corpus, dataset, formats
-from albert_jax.data.prepare.fingerprint import config_for_prepared
-from albert_jax.data.prepare.layout import PREPARED_FILE, SPLITS
+from albert_jax.data.corpus import formats, reader
+from albert_jax.data.prepare import build
 from albert_jax.data.prepare.vocab import vocab_sample_caps
+from albert_jax.data.store import dataset
+from albert_jax.data.store.fingerprint import config_for_prepared
+from albert_jax.data.store.layout import PREPARED_FILE, SPLITS
 
 _WORDS = (
   "river stone garden window paper market silver number answer letter winter summer forest "
@@ -142,8 +144,8 @@ def _data(input_files, **fields):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt):
   data = _data(write(tmp_path, fmt))
-  stats = corpus.CorpusStats()
-  assert list(corpus.documents(data, stats)) == DOCS
+  stats = reader.CorpusStats()
+  assert list(reader.documents(data, stats)) == DOCS
   assert (stats.documents, stats.sentences) == (len(DOCS), sum(map(len, DOCS)))
   text_bytes = sum(len(" ".join(d).encode()) for d in DOCS)  # a record's text, as read
   if fmt in ("jsonl", "jsonl.gz", "parquet", "arrow", "save_to_disk"):
@@ -151,36 +153,36 @@ def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt)
   elif fmt == "documents.txt":
     assert stats.bytes == text_bytes + len(DOCS)  # and each line's newline
   # Small shards: many of them, read on their own or streamed (compressed files), in order.
-  shards = corpus.shards(data, 512, 8)
+  shards = reader.shards(data, 512, 8)
   assert len(shards) >= (2 if fmt == "save_to_disk" else 4)
   assert sum(s["docs"] for s in shards) == len(DOCS)
-  streamed = [s for (s,) in corpus.with_shard_text((s,) for s in shards)]
+  streamed = [s for (s,) in reader.with_shard_text((s,) for s in shards)]
   for jobs in (shards, streamed):
-    read = [(i, doc) for s in jobs for i, doc in corpus.shard_documents(data, s)]
+    read = [(i, doc) for s in jobs for i, doc in reader.shard_documents(data, s)]
     assert read == list(enumerate(DOCS))
   compressed = fmt.endswith((".gz", ".zst", ".bz2", ".xz"))
   assert all(("text" in s) == compressed for s in streamed)
   # Cut for a build: a compressed file's shards are spilled as they are cut, the same cut, the
   # spills holding the very bytes streamed; with_shard_text passes them on unread.
   os.makedirs(tmp_path / "spill")
-  spilled = corpus.shards(data, 512, 8, str(tmp_path / "spill"))
+  spilled = reader.shards(data, 512, 8, str(tmp_path / "spill"))
   assert [dict(s, spill=None) for s in spilled] == [dict(s, spill=None) for s in shards]
   assert all(("spill" in s) == compressed for s in spilled)
   assert len(os.listdir(tmp_path / "spill")) == (len(shards) if compressed else 0)
   for s, t in zip(spilled, streamed):
     if compressed:
       assert formats.read_spill(s["spill"]) == t["text"]
-  assert [s for (s,) in corpus.with_shard_text((s,) for s in spilled)] == spilled
-  read = [(i, doc) for s in spilled for i, doc in corpus.shard_documents(data, s)]
+  assert [s for (s,) in reader.with_shard_text((s,) for s in spilled)] == spilled
+  read = [(i, doc) for s in spilled for i, doc in reader.shard_documents(data, s)]
   assert read == list(enumerate(DOCS))
   if fmt == "parquet":
     assert [s["row_group"] for s in shards] == [0, 1, 2, 3, 4]
   # max_documents cuts every format at the same document.
   data.max_documents = 13
-  shards = corpus.shards(data, 512, 8)
-  assert [d for s in shards for _, d in corpus.shard_documents(data, s)] == DOCS[:13]
-  spilled = corpus.shards(data, 512, 8, str(tmp_path / "spill"))
-  assert [d for s in spilled for _, d in corpus.shard_documents(data, s)] == DOCS[:13]
+  shards = reader.shards(data, 512, 8)
+  assert [d for s in shards for _, d in reader.shard_documents(data, s)] == DOCS[:13]
+  spilled = reader.shards(data, 512, 8, str(tmp_path / "spill"))
+  assert [d for s in spilled for _, d in reader.shard_documents(data, s)] == DOCS[:13]
   if compressed:  # the last spill ends where its shard does
     last = spilled[-1]
     assert len(formats.read_spill(last["spill"])) == last["end"] - last["start"]
@@ -189,11 +191,11 @@ def test_every_format_reads_the_same_documents_whole_and_by_shard(tmp_path, fmt)
 def _shards_digest(data) -> str:
   """The shards' cut, their documents and the vocabulary sample's caps: what prepare's examples
   and vocabulary are made from, as one hash."""
-  shards = corpus.shards(data, 2048, 10)
+  shards = reader.shards(data, 2048, 10)
   h = hashlib.sha256()
   for s in shards:
     h.update(repr((s["index"], s["first_doc"], s["docs"], s["start"], s["end"])).encode())
-    h.update(repr(list(corpus.shard_documents(data, s))).encode())
+    h.update(repr(list(reader.shard_documents(data, s))).encode())
   h.update(repr(vocab_sample_caps(shards, 1000)).encode())
   return h.hexdigest()
 
@@ -215,19 +217,19 @@ def test_the_original_format_is_cut_and_read_as_before(tmp_path, suffix):
 
 def test_auto_text_format_decides_from_a_sample_and_says_why(tmp_path, caplog):
   caplog.set_level(logging.INFO)
-  fmt = corpus.file_plan(_data(write(tmp_path, "documents.txt")))[0][1]
+  fmt = reader.file_plan(_data(write(tmp_path, "documents.txt")))[0][1]
   assert fmt == "documents"
   line = [r.getMessage() for r in caplog.records if "text_format=auto" in r.getMessage()][-1]
   assert "documents" in line and "no blank line" in line and "median line of" in line
-  assert corpus.file_plan(_data(write(tmp_path, "sentences.txt")))[0][1] == "sentences"
+  assert reader.file_plan(_data(write(tmp_path, "sentences.txt")))[0][1] == "sentences"
   line = [r.getMessage() for r in caplog.records if "text_format=auto" in r.getMessage()][-1]
   assert f"{len(DOCS) - 1} blank lines" in line
   # Forced either way: no sample taken, no line.
   caplog.clear()
   forced = _data(write(tmp_path, "documents.txt"), text_format="sentences")
-  assert corpus.file_plan(forced)[0][1] == "sentences"
+  assert reader.file_plan(forced)[0][1] == "sentences"
   assert not [r for r in caplog.records if "text_format=auto" in r.getMessage()]
-  assert len(list(corpus.documents(forced))) == 1  # one "document" of one article a line
+  assert len(list(reader.documents(forced))) == 1  # one "document" of one article a line
 
 
 def test_a_txt_holding_json_lines_is_refused_and_a_forced_format_reads_it(tmp_path):
@@ -235,12 +237,12 @@ def test_a_txt_holding_json_lines_is_refused_and_a_forced_format_reads_it(tmp_pa
   txt = str(tmp_path / "corpus.txt")
   os.rename(jsonl, txt)
   with pytest.raises(ConfigError, match=r"corpus\.txt holds JSON Lines .*data\.input_format=jsonl"):
-    corpus.shards(_data(txt), 1 << 20, 100)
-  assert list(corpus.documents(_data(txt, input_format="jsonl"))) == DOCS
+    reader.shards(_data(txt), 1 << 20, 100)
+  assert list(reader.documents(_data(txt, input_format="jsonl"))) == DOCS
   array = tmp_path / "array.json"
   array.write_text(json.dumps([{"text": " ".join(d)} for d in DOCS], indent=1))
   with pytest.raises(ConfigError, match=r"array.json holds a JSON array, not JSON Lines"):
-    corpus.shards(_data(str(array)), 1 << 20, 100)
+    reader.shards(_data(str(array)), 1 << 20, 100)
   with pytest.raises(ConfigError, match="is not one of auto, text, jsonl, parquet, arrow"):
     validation.validate_data(_data(txt, input_format="csv"), config_lib.base_config().model)
   with pytest.raises(ConfigError, match="data.text_format='lines' is not one of"):
@@ -251,14 +253,14 @@ def test_missing_field_names_the_file_and_its_fields(tmp_path):
   for fmt in ("jsonl.gz", "parquet", "save_to_disk"):
     data = _data(write(tmp_path, fmt), text_feature="body")
     with pytest.raises(ConfigError, match=r"has no field 'body' \(data.text_feature\).*'text'"):
-      corpus.shards(data, 1 << 20, 100)
+      reader.shards(data, 1 << 20, 100)
   import pyarrow as pa
   import pyarrow.parquet as pq
 
   path = str(tmp_path / "numbers.parquet")
   pq.write_table(pa.table({"text": [1, 2, 3]}), path)
   with pytest.raises(ConfigError, match=r"numbers.parquet: field 'text' .* is int64, not text"):
-    corpus.shards(_data(path), 1 << 20, 100)
+    reader.shards(_data(path), 1 << 20, 100)
 
 
 def _bad_jsonl(tmp_path) -> str:
@@ -273,16 +275,16 @@ def _bad_jsonl(tmp_path) -> str:
 
 def test_bad_records_are_skipped_and_counted_or_named(tmp_path):
   path = _bad_jsonl(tmp_path)
-  stats = corpus.CorpusStats()
-  got = list(corpus.documents(_data(path), stats))
+  stats = reader.CorpusStats()
+  got = list(reader.documents(_data(path), stats))
   assert got == [d for i, d in enumerate(DOCS[:10]) if i not in (3, 6, 8)]
   assert stats.bad_records == 3 and stats.documents == 7
   # Shards keep the skipped records' places (the eval split is decided by a document's index).
   data = _data(path)
-  read = [(i, d) for s in corpus.shards(data, 256, 10) for i, d in corpus.shard_documents(data, s)]
+  read = [(i, d) for s in reader.shards(data, 256, 10) for i, d in reader.shard_documents(data, s)]
   assert [i for i, d in read if not d] == [3, 6, 8]
   with pytest.raises(ConfigError, match=r"bad.jsonl.zst:4: not valid JSON .*data.non_utf8=skip"):
-    list(corpus.documents(_data(path, non_utf8="error")))
+    list(reader.documents(_data(path, non_utf8="error")))
   import pyarrow as pa
   import pyarrow.parquet as pq
 
@@ -290,11 +292,11 @@ def test_bad_records_are_skipped_and_counted_or_named(tmp_path):
     pa.table({"text": ["One sentence here.", None, "Two. And three."]}),
     p := str(tmp_path / "n.parquet"),
   )
-  stats = corpus.CorpusStats()
-  assert list(corpus.documents(_data(p), stats)) == [["One sentence here."], ["Two.", "And three."]]
+  stats = reader.CorpusStats()
+  assert list(reader.documents(_data(p), stats)) == [["One sentence here."], ["Two.", "And three."]]
   assert stats.bad_records == 1
   with pytest.raises(ConfigError, match=r"n.parquet row 1: the text field is null, not text"):
-    list(corpus.documents(_data(p, non_utf8="error")))
+    list(reader.documents(_data(p, non_utf8="error")))
 
 
 def _config(input_files, spm_model_path, **fields):
@@ -321,7 +323,7 @@ def test_a_refused_prepare_writes_nothing(tmp_path, spm_model_path):
   for n, (config, message) in enumerate(cases):
     workdir = tmp_path / f"work{n}"
     with pytest.raises(ConfigError, match=message):
-      dataset.prepare(config, str(workdir))
+      build.prepare(config, str(workdir))
     assert not (workdir / "data").exists()
     assert not workdir.exists() or not os.listdir(workdir)  # no build left behind either
 
@@ -329,7 +331,7 @@ def test_a_refused_prepare_writes_nothing(tmp_path, spm_model_path):
 def _records(ddir):
   out = {}
   for split in SPLITS:
-    source = dataset.open_source(ddir, split, raw=True)
+    source = dataset.open_split(ddir, split, raw=True)
     out[split] = [bytes(source[i]) for i in range(len(source))]
   return out
 
@@ -341,7 +343,7 @@ def test_every_format_prepares_the_same_documents_and_examples(tmp_path, spm_mod
   files) examples, paired within each shard, agree in their statistics."""
   built = {}
   for fmt in ("sentences.txt", "documents.txt", "jsonl.zst", "save_to_disk", "parquet"):
-    info = dataset.prepare(
+    info = build.prepare(
       _config(write(tmp_path / "corpora", fmt), spm_model_path), str(tmp_path / fmt)
     )
     built[fmt] = info
@@ -369,7 +371,7 @@ def test_every_format_prepares_the_same_documents_and_examples(tmp_path, spm_mod
 def test_parquet_and_compressed_jsonl_one_two_workers_and_beam_byte_identical(
   tmp_path, spm_model_path, monkeypatch
 ):
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 2048)
+  monkeypatch.setattr(build, "SHARD_BYTES", 2048)
   root = tmp_path / "corpora"
   write(root, "parquet", _documents(60, seed=2))
   write(root, "jsonl.gz", _documents(60, seed=3))
@@ -384,7 +386,7 @@ def test_parquet_and_compressed_jsonl_one_two_workers_and_beam_byte_identical(
   }
   built = {}
   for name, fields in runs.items():
-    info = dataset.prepare(_config(files, spm_model_path, **fields), str(tmp_path / name))
+    info = build.prepare(_config(files, spm_model_path, **fields), str(tmp_path / name))
     built[name] = _records(info["data_dir"])
     assert info["documents"] == 120 and info["shards"] >= 8
     assert set(info["formats"]) == {"parquet", "jsonl, gzip"}
@@ -393,15 +395,15 @@ def test_parquet_and_compressed_jsonl_one_two_workers_and_beam_byte_identical(
 
 
 def test_inspect_shows_the_first_documents_as_sentences(tmp_path):
-  from albert_jax.data import input_pipeline
+  from albert_jax.data.pipeline import inspection
 
-  lines = input_pipeline.corpus_documents(_data(write(tmp_path, "jsonl.zst")), 2)
+  lines = inspection.corpus_documents(_data(write(tmp_path, "jsonl.zst")), 2)
   n = len(DOCS[0])
   assert lines[0] == f"document 0: {n} sentences"
   assert lines[1 : 1 + n] == [f"  | {s}" for s in DOCS[0]]
   assert lines[1 + n] == f"document 1: {len(DOCS[1])} sentences"
   assert len(lines) == 2 + n + len(DOCS[1])
-  gone = input_pipeline.corpus_documents(_data(str(tmp_path / "gone.jsonl")), 2)
+  gone = inspection.corpus_documents(_data(str(tmp_path / "gone.jsonl")), 2)
   assert gone == [
     f"corpus not read here: data.input_files: no file matches '{tmp_path}/gone.jsonl'"
   ]
@@ -412,9 +414,9 @@ def test_the_read_format_is_part_of_the_fingerprint(tmp_path, spm_model_path):
   """Prepared data read another way is refused, naming the corpus; a config rebuilt from
   prepared.json (evaluate --data) accepts it."""
   path = write(tmp_path / "corpora", "documents.txt")
-  info = dataset.prepare(_config(path, spm_model_path), str(tmp_path / "work"))
+  info = build.prepare(_config(path, spm_model_path), str(tmp_path / "work"))
   with pytest.raises(ConfigError, match=r"corpus \(.*'text_format': 'auto'.* here\)"):
-    dataset.prepare(_config(path, spm_model_path, text_format="sentences"), str(tmp_path / "work"))
+    build.prepare(_config(path, spm_model_path, text_format="sentences"), str(tmp_path / "work"))
   prepared = json.loads(open(os.path.join(info["data_dir"], PREPARED_FILE)).read())
   assert prepared["fingerprint"]["corpus"]["text_format"] == "auto"
   again = config_for_prepared(info["data_dir"], prepared)
@@ -430,7 +432,7 @@ def test_data_prepared_before_the_read_formats_still_resumes(tmp_path, spm_model
   for name in ("sentences.txt", "documents.txt"):
     config = _config(write(root, name), spm_model_path)
     workdir = str(tmp_path / name)
-    info = dataset.prepare(config, workdir)
+    info = build.prepare(config, workdir)
     path = os.path.join(info["data_dir"], PREPARED_FILE)
     prepared = json.loads(open(path).read())
     for field in ("input_format", "text_format", "text_feature"):

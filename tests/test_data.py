@@ -18,16 +18,13 @@ import pytest
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import (
-  corpus,
-  dataset,
-  examples,
-  input_pipeline,
-  python_docs,
-  sentence_split,
-  tfds_corpus,
-)
-from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE
+from albert_jax.data.corpus import python_docs, reader, tfds_corpus
+from albert_jax.data.examples import features as features_lib
+from albert_jax.data.pipeline import loader
+from albert_jax.data.prepare import build
+from albert_jax.data.store import dataset
+from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE
+from albert_jax.data.text import sentences
 from tests.conftest import build_tiny_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +45,7 @@ def _write_corpus(directory, documents, gz_half=True):
 def _topic_documents():
   from pydoc_data import topics
 
-  return [sentence_split.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  return [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _config(input_files, **data_fields):
@@ -73,7 +70,7 @@ def prepared(tmp_path_factory):
   files = _write_corpus(str(root / "corpus"), _topic_documents())
   config = _config(files)
   workdir = str(root / "work")
-  info = dataset.prepare(config, workdir)
+  info = build.prepare(config, workdir)
   return config, workdir, info
 
 
@@ -111,10 +108,10 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
   # Read back through tfds.data_source with TFDS's own decoding; the loader's fast decoding agrees.
   source = tfds.data_source(DATASET_NAME, split="train", data_dir=ddir, download=False)
   assert len(source) == info["num_train_examples"]
-  raw = dataset.open_source(ddir, "train")
-  loader = input_pipeline._Loader(raw, SEQ, _NoMask(), seed=0)
+  raw = dataset.open_split(ddir, "train")
+  read = loader._Loader(raw, SEQ, _NoMask(), seed=0)
   picks = np.array([0, 7, len(source) - 1])
-  got = loader((np.zeros(3, np.int64), picks))
+  got = read((np.zeros(3, np.int64), picks))
   for r, i in enumerate(picks):
     ex = source[int(i)]
     n = len(ex["input_ids"])
@@ -147,7 +144,7 @@ class _NoMask:
 def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   config, workdir, info = prepared
   stamp = os.path.getmtime(os.path.join(info["data_dir"], PREPARED_FILE))
-  assert dataset.prepare(config, workdir) == info
+  assert build.prepare(config, workdir) == info
   for field, value, name in [
     ("max_seq_length", 128, "max_seq_length"),
     ("task", "nsp", "task"),
@@ -156,14 +153,14 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   ]:
     other = _config(config.data.input_files, **{field: value})
     with pytest.raises(ConfigError, match=f"prepared with other settings: .*{name}"):
-      dataset.prepare(other, workdir)
+      build.prepare(other, workdir)
   other = _config(config.data.input_files)
   other.seed = 1
   with pytest.raises(ConfigError, match="seed"):
-    input_pipeline.make_iterator(other, workdir)
+    loader.make_iterator(other, workdir)
   # Bringing the very vocabulary the data was built with is accepted.
   same_vocab = _config(config.data.input_files, spm_model_path=info["spm_model_path"])
-  assert dataset.prepare(same_vocab, workdir)["num_train_examples"] == info["num_train_examples"]
+  assert build.prepare(same_vocab, workdir)["num_train_examples"] == info["num_train_examples"]
   assert os.path.getmtime(os.path.join(info["data_dir"], PREPARED_FILE)) == stamp
   # Data of an earlier format is refused, naming how to keep its vocabulary for a rebuild.
   old = os.path.join(os.path.dirname(workdir), "old-format")
@@ -173,18 +170,18 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
   stored["fingerprint"]["format"] = 2
   json.dump(stored, open(path, "w"))
   with pytest.raises(ConfigError, match=r"format \(2 there, 3 here\).*to keep its vocabulary"):
-    dataset.prepare(config, old)
+    build.prepare(config, old)
   # Masking settings are not part of the data: they may change freely.
   masking = _config(config.data.input_files, max_predictions_per_seq=5, static_masking=True)
-  assert next(input_pipeline.make_iterator(masking, workdir, process_index=0, process_count=1))[
+  assert next(loader.make_iterator(masking, workdir, process_index=0, process_count=1))[
     "masked_lm_positions"
   ].shape == (BATCH, 5)
 
 
-def test_batches_entry_point(prepared):
+def test_make_iterator_defaults(prepared):
   config, workdir, _ = prepared
-  batch = next(input_pipeline.batches(config, workdir))  # process index/count from jax: 0 of 1
-  assert sorted(batch) == sorted(examples.FEATURE_KEYS)
+  batch = next(loader.make_iterator(config, workdir))  # process index/count from jax: 0 of 1
+  assert sorted(batch) == sorted(features_lib.FEATURE_KEYS)
   shapes = {k: (v.shape, v.dtype.name) for k, v in batch.items()}
   assert shapes == {
     "input_ids": ((BATCH, SEQ), "int32"),
@@ -212,13 +209,11 @@ def _unmasked_row(batch, r):
 def test_same_seed_same_batches_and_new_masks_each_epoch(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
-  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   steps = 2 * n // BATCH + 1
   batches = _take(it, steps)
   threaded = _config(config.data.input_files, prefetch=2)  # a prefetch thread changes nothing
-  again = _take(
-    input_pipeline.make_iterator(threaded, workdir, process_index=0, process_count=1), 10
-  )
+  again = _take(loader.make_iterator(threaded, workdir, process_index=0, process_count=1), 10)
   for a, b in zip(batches, again):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
@@ -243,7 +238,7 @@ def test_static_masking_repeats_with_period_dupe_factor(prepared):
   rows = [
     (key, b["masked_lm_positions"][r].tolist())
     for b in _take(
-      input_pipeline.make_iterator(static, workdir, process_index=0, process_count=1),
+      loader.make_iterator(static, workdir, process_index=0, process_count=1),
       3 * n // BATCH + 1,
     )
     for r, key in enumerate(_unmasked(b))
@@ -257,12 +252,12 @@ def test_static_masking_repeats_with_period_dupe_factor(prepared):
 def test_restored_iterator_continues_exactly(prepared):
   config, workdir, info = prepared
   n = info["num_train_examples"]
-  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   stop = n // BATCH - 3  # mid-epoch, and the following batches cross into epoch 1
   _take(it, stop)
   state = json.loads(json.dumps(it.get_state()))
   reference = _take(it, 8)
-  resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   resumed.set_state(state)
   for a, b in zip(reference, _take(resumed, 8)):
     for k in a:
@@ -270,7 +265,7 @@ def test_restored_iterator_continues_exactly(prepared):
   other = _config(config.data.input_files)
   bad = dict(state, num_examples=n + 1)
   with pytest.raises(ConfigError, match="dataset of"):
-    input_pipeline.make_iterator(other, workdir, process_index=0, process_count=1).set_state(bad)
+    loader.make_iterator(other, workdir, process_index=0, process_count=1).set_state(bad)
 
 
 def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
@@ -278,7 +273,7 @@ def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
   n = info["num_train_examples"]
   steps = -(-n // BATCH)
   hosts = [
-    _take(input_pipeline.make_iterator(config, workdir, process_index=h, process_count=2), steps)
+    _take(loader.make_iterator(config, workdir, process_index=h, process_count=2), steps)
     for h in (0, 1)
   ]
   assert hosts[0][0]["input_ids"].shape == (BATCH // 2, SEQ)
@@ -299,19 +294,15 @@ def test_two_hosts_read_disjoint_examples_that_cover_the_split(prepared):
 
 def test_eval_is_deterministic_and_a_seeded_sample_of_the_split(prepared):
   config, workdir, info = prepared
-  first = _take(
-    input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4
-  )
-  second = _take(
-    input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4
-  )
+  first = _take(loader.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
+  second = _take(loader.make_iterator(config, workdir, "eval", process_index=0, process_count=1), 4)
   for a, b in zip(first, second):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
   # The files hold the split in corpus order; every evaluation reads it in one seeded order, so
   # a few eval batches are a sample of the whole split, and each pass covers it once.
   stored = _split_contents(info, "eval")
-  it = input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
   rows = [
     (key, b["masked_lm_positions"][r].tolist())
     for b in _take(it, 2 * len(stored) // BATCH + 1)
@@ -450,7 +441,7 @@ def test_bad_input_is_one_clear_line(prepared, tmp_path, case, vocab):
     config.model.vocab_size = 2000
   workdir = tmp_path / "work"
   with pytest.raises(ConfigError, match=match) as err:
-    dataset.prepare(config, str(workdir))
+    build.prepare(config, str(workdir))
   assert "\n" not in str(err.value)
   # Nothing is left behind by the failed run (no data dir, no temporary directory).
   assert not workdir.exists() or os.listdir(workdir) == []
@@ -465,7 +456,7 @@ def test_missing_bucket_is_one_line_and_creates_nothing(prepared, tmp_path, monk
   for data_dir, workdir in [("gs://no-such-bucket-d/data", "w"), ("", "gs://no-such-bucket-w/run")]:
     config.data.data_dir = data_dir
     with pytest.raises(ConfigError, match=r"bucket gs://no-such-bucket-[dw] does not exist"):
-      dataset.prepare(config, workdir)
+      build.prepare(config, workdir)
   assert os.listdir(tmp_path) == []
 
 
@@ -476,8 +467,8 @@ def test_damaged_prepared_json_is_one_line_and_kept(prepared, tmp_path, content)
   ddir.mkdir(parents=True)
   (ddir / "prepared.json").write_text(content)
   for call in (
-    lambda: dataset.prepare(config, str(tmp_path / "work")),
-    lambda: input_pipeline.make_iterator(config, str(tmp_path / "work")),
+    lambda: build.prepare(config, str(tmp_path / "work")),
+    lambda: loader.make_iterator(config, str(tmp_path / "work")),
   ):
     with pytest.raises(ConfigError, match=r"prepared.json is damaged .*remove .*data to prepare"):
       call()
@@ -502,12 +493,12 @@ def test_skipped_bytes_single_sentences_and_long_lines(prepared, tmp_path):
   )
   (d / "a.txt").write_bytes(text)
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.1)
-  got = dataset.prepare(config, str(tmp_path / "work"))
+  got = build.prepare(config, str(tmp_path / "work"))
   assert got["non_utf8_lines_skipped"] == 1
   assert got["single_sentence_chunks"] >= 40 and got["truncated_pairs"] >= 20
   assert got["documents"] == 121
   batch = next(
-    input_pipeline.make_iterator(config, str(tmp_path / "work"), process_index=0, process_count=1)
+    loader.make_iterator(config, str(tmp_path / "work"), process_index=0, process_count=1)
   )
   assert batch["input_ids"].shape == (BATCH, SEQ)
 
@@ -534,7 +525,7 @@ def test_builds_left_by_killed_prepares_are_removed(prepared, tmp_path):
   foreign = work / ".data.tmp-otherhost-1-x3"  # another host's: never touched
   for p in (stale, running, foreign):
     (p / "albert_pretraining").mkdir(parents=True)
-  dataset.prepare(config, str(work))
+  build.prepare(config, str(work))
   assert sorted(os.listdir(work)) == sorted(["data", running.name, foreign.name])
 
 
@@ -551,7 +542,7 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
   )
   workdir = str(tmp_path / "work")
   config = _config(str(d / "a.txt"), spm_model_path=info["spm_model_path"], eval_fraction=0.5)
-  before = dataset.prepare(config, workdir)
+  before = build.prepare(config, workdir)
   listing = sorted(os.listdir(before["data_dir"]))
   # An edit that keeps the file's size is another corpus too (its modification time moved).
   text = (d / "a.txt").read_text()
@@ -560,18 +551,16 @@ def test_existing_data_survives_a_failed_run(prepared, tmp_path):
     d / "a.txt", ns=(os.stat(d / "a.txt").st_atime_ns, os.stat(d / "a.txt").st_mtime_ns + 10**9)
   )
   with pytest.raises(ConfigError, match="corpus"):
-    dataset.prepare(config, workdir)
+    build.prepare(config, workdir)
   (d / "a.txt").write_text("changed corpus, and now \n")  # another corpus: refused, data kept
   with pytest.raises(ConfigError, match="corpus"):
-    dataset.prepare(config, workdir)
+    build.prepare(config, workdir)
   assert sorted(os.listdir(before["data_dir"])) == listing
   assert len(_split_contents(before, "train")) == before["num_train_examples"]
   # Training needs only the prepared data: the raw corpus may go away.
   os.remove(d / "a.txt")
-  assert dataset.prepare(config, workdir)["num_train_examples"] == before["num_train_examples"]
-  assert next(
-    input_pipeline.make_iterator(config, workdir, "eval", process_index=0, process_count=1)
-  )
+  assert build.prepare(config, workdir)["num_train_examples"] == before["num_train_examples"]
+  assert next(loader.make_iterator(config, workdir, "eval", process_index=0, process_count=1))
 
 
 @pytest.mark.slow
@@ -587,7 +576,7 @@ def test_tfds_text_source(prepared, tmp_path):
     tfds_data_dir=str(tmp_path / "tfds"),
     spm_model_path=info["spm_model_path"],
   )
-  got = dataset.prepare(config, str(tmp_path / "work"))
+  got = build.prepare(config, str(tmp_path / "work"))
   assert got["documents"] == 40 and got["num_train_examples"] > 100
   with pytest.raises(ConfigError, match="cannot open TFDS dataset 'no_such_dataset'"):
     list(tfds_corpus.tfds_documents("no_such_dataset", data_dir=str(tmp_path / "tfds")))
@@ -595,15 +584,15 @@ def test_tfds_text_source(prepared, tmp_path):
 
 @pytest.mark.slow
 def test_builtin_corpus_needs_nothing_but_python():
-  stats = corpus.CorpusStats()
+  stats = reader.CorpusStats()
   first = [doc for _, doc in zip(range(5), python_docs.python_docs_documents(stats))]
   again = [doc for _, doc in zip(range(5), python_docs.python_docs_documents())]
   assert first == again
-  docs = list(python_docs.python_docs_documents(stats := corpus.CorpusStats()))
+  docs = list(python_docs.python_docs_documents(stats := reader.CorpusStats()))
   assert len(docs) >= 500 and stats.bytes > 1_500_000
   sentences = [s for d in docs for s in d]
   assert np.mean([s.endswith((".", ":", "?", "!")) for s in sentences]) > 0.5
-  assert sentence_split.split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
+  assert sentences.split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
     "Dr. Smith left.",
     "He said no!",
     "Why?",
@@ -631,9 +620,7 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
   docs = list(python_docs.python_docs_documents())
   from pydoc_data import topics
 
-  module_docs = docs[
-    sum(1 for t in topics.topics.values() if sentence_split.paragraph_sentences(t)) :
-  ]
+  module_docs = docs[sum(1 for t in topics.topics.values() if sentences.paragraph_sentences(t)) :]
   assert len(module_docs) > 3000 and min(len(d) for d in module_docs) >= 2
   import json
 
@@ -642,7 +629,7 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
       n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef) and n.name == "dumps"
     )
   assert (
-    sentence_split.paragraph_sentences(ast.get_docstring(dumps)) in module_docs
+    sentences.paragraph_sentences(ast.get_docstring(dumps)) in module_docs
   )  # exactly one document
 
 
@@ -676,11 +663,9 @@ def _no_children_within(seconds: float) -> bool:
 @pytest.mark.slow
 def test_worker_processes_give_the_same_batches(prepared):
   config, workdir, _ = prepared
-  reference = _take(
-    input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1), 4
-  )
+  reference = _take(loader.make_iterator(config, workdir, process_index=0, process_count=1), 4)
   workers = _config(config.data.input_files, num_workers=2, prefetch=2)
-  it = input_pipeline.make_iterator(workers, workdir, process_index=0, process_count=1)
+  it = loader.make_iterator(workers, workdir, process_index=0, process_count=1)
   try:
     got = _take(it, 2)
     state = json.loads(json.dumps(it.get_state()))
@@ -693,14 +678,14 @@ def test_worker_processes_give_the_same_batches(prepared):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
       assert type(b[k]) is np.ndarray
-  resumed = input_pipeline.make_iterator(workers, workdir, process_index=0, process_count=1)
+  resumed = loader.make_iterator(workers, workdir, process_index=0, process_count=1)
   try:
     resumed.set_state(state)
     np.testing.assert_array_equal(next(resumed)["input_ids"], reference[2]["input_ids"])
   finally:
     resumed.close()
   with pytest.raises(ConfigError, match="num_workers=2"):
-    input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
+    loader.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
 
 
 @pytest.mark.slow

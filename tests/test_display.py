@@ -4,7 +4,8 @@
 import numpy as np
 import pytest
 
-from albert_jax.data import input_pipeline, tokenizer
+from albert_jax.data.pipeline import inspection
+from albert_jax.data.text import tokenizer
 from tests.multiscript_text import LANGUAGES, SENTENCES
 
 MARKER = tokenizer.WORD_MARKER
@@ -57,10 +58,10 @@ def test_rendered_example_shows_text_as_written(tok, lang):
     "masked_lm_weights": np.ones((1, 2), np.float32),
   }
   features["input_ids"][0, positions] = tokenizer.MASK_ID
-  shown = input_pipeline.render_example(tok, features, 0)
+  shown = inspection.render_example(tok, features, 0)
   assert MARKER not in shown
   assert shown.startswith("[CLS] [MASK](") and shown.endswith("[SEP]")
   unmasked = dict(features, masked_lm_weights=np.zeros((1, 2), np.float32))
   unmasked["input_ids"] = np.array([ids])
-  plain = input_pipeline.render_example(tok, unmasked, 0)
+  plain = inspection.render_example(tok, unmasked, 0)
   assert plain.replace(" ", "") == ("[CLS]" + tok.preprocess(sentence) + "[SEP]").replace(" ", "")

@@ -23,7 +23,7 @@ import pytest
 
 from albert_jax.base import distributed
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset
+from albert_jax.data.prepare import build
 from albert_jax.engine import checkpoint
 from tests.conftest import DATA as SMALL_DATA, MODEL, ROOT, load_config, xla_flags
 
@@ -82,7 +82,7 @@ def small_config(data_dir):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   root = tmp_path_factory.mktemp("prepared")
-  dataset.prepare(small_config(str(root / "data")), str(root))
+  build.prepare(small_config(str(root / "data")), str(root))
   return str(root / "data")
 
 

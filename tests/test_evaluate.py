@@ -12,8 +12,8 @@ import pytest
 
 from albert_jax import evaluate
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer
-from albert_jax.data.prepare.layout import PREPARED_FILE
+from albert_jax.data.store.layout import PREPARED_FILE
+from albert_jax.data.text import tokenizer
 from albert_jax.pretraining import export, train
 from tests.conftest import ROOT, built_once, small_config
 

@@ -10,8 +10,8 @@ import collections
 import numpy as np
 import pytest
 
-from albert_jax.data import examples as E, masking as M
-from albert_jax.data.tokenizer import CLS_ID, MASK_ID, SEP_ID
+from albert_jax.data.examples import masking as M, pairs as E
+from albert_jax.data.text.tokenizer import CLS_ID, MASK_ID, SEP_ID
 
 VOCAB = 4000
 SEQ = 128

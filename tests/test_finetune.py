@@ -20,7 +20,7 @@ import transformers
 from albert_jax import finetune, tasks
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.engine import checkpoint, workdir as workdir_lib
 from albert_jax.interop import hf
 from albert_jax.model import albert as M

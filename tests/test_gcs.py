@@ -13,7 +13,7 @@ import pytest
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION
+from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION
 from albert_jax.engine import workdir as workdir_lib
 
 
@@ -236,10 +236,11 @@ def _record_files(ddir: str) -> dict:
 def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monkeypatch):
   """Corpus and vocabulary in the bucket, prepared data written there by 2 workers and by Beam's
   DirectRunner: the same files, byte for byte, as a local prepare with one worker."""
-  from albert_jax.data import dataset, tokenizer as tokenizer_lib
+  from albert_jax.data.prepare import build
+  from albert_jax.data.text import tokenizer as tokenizer_lib
   from tests import test_prepare_parallel as parallel
 
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   docs = parallel._documents()[::2]
   (tmp_path / "corpus").mkdir()
   for i in range(2):
@@ -249,7 +250,7 @@ def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monk
     )
   vocab = tokenizer_lib.train([s for d in docs for s in d], str(tmp_path / "spiece.model"), 1000)
   files.path(vocab).copy(files.path(bucket, "spiece.model"))
-  local = dataset.prepare(parallel._config((tmp_path, vocab)), str(tmp_path / "local"))
+  local = build.prepare(parallel._config((tmp_path, vocab)), str(tmp_path / "local"))
   want = _record_files(local["data_dir"])
   assert len(want) > 5
   remote = dict(input_files=f"{bucket}/corpus/*.txt", spm_model_path=f"{bucket}/spiece.model")
@@ -262,7 +263,7 @@ def test_prepare_into_a_bucket_is_byte_identical_to_local(bucket, tmp_path, monk
   }
   for name, fields in runs.items():
     config = parallel._config((tmp_path, vocab), **remote, **fields, data_dir=f"{bucket}/{name}")
-    info = dataset.prepare(config, str(tmp_path / name))
+    info = build.prepare(config, str(tmp_path / name))
     assert info["data_dir"] == f"{bucket}/{name}"
     assert _record_files(info["data_dir"]) == want, name
     assert info["num_train_examples"] == local["num_train_examples"], name
@@ -278,13 +279,14 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
   directory without prepared.json) is cleared by the next one."""
   import socket
 
-  from albert_jax.data import dataset
+  from albert_jax.data.prepare import build
+  from albert_jax.data.store import dataset
   from tests.conftest import small_config
 
   local_tmp = tmp_path / "tmp"
   local_tmp.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(local_tmp))
-  monkeypatch.setattr(dataset, "SHARD_DOCUMENTS", 100)
+  monkeypatch.setattr(build, "SHARD_DOCUMENTS", 100)
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
   left = f"{bucket}/.data.tmp-{socket.gethostname()}-{dead.pid}-x1"
@@ -305,7 +307,7 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
   monkeypatch.setattr(files, "upload", measured_upload)
   config = small_config(f"{bucket}/data")
   config.data.num_prepare_workers = 1
-  info = dataset.prepare(config, str(tmp_path / "work"))
+  info = build.prepare(config, str(tmp_path / "work"))
 
   assert uploads[0][:2] == (f"{bucket}/data", ["spiece.model", "spiece.vocab"])
   shards = uploads[1:]
@@ -339,17 +341,18 @@ def test_prepare_into_a_bucket_keeps_one_shard_on_local_disk(bucket, tmp_path, m
     + [f"{DATASET_NAME}/{DATASET_VERSION}/{n}" for n in ("dataset_info.json", "features.json")]
   )
   # A record per document; the loader pairs them (reading the sentence lengths from the bucket).
-  assert 5 < len(dataset.open_source(info["data_dir"], "train")) <= info["train_documents"]
+  assert 5 < len(dataset.open_split(info["data_dir"], "train")) <= info["train_documents"]
   assert info["num_train_examples"] > 50
-  from albert_jax.data import input_pipeline
+  from albert_jax.data.pipeline import loader
 
-  it = input_pipeline.make_iterator(config, str(tmp_path / "work"), "train", 0, 1)
+  it = loader.make_iterator(config, str(tmp_path / "work"), "train", 0, 1)
   assert next(it)["input_ids"].shape == (config.train.batch_size, config.data.max_seq_length)
 
 
 def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
   """data.tfds_data_dir on gs://: the TFDS source is read from the bucket, as from a local copy."""
-  from albert_jax.data import dataset, tfds_corpus
+  from albert_jax.data.corpus import tfds_corpus
+  from albert_jax.data.prepare import build
   from tests.conftest import build_tiny_text, small_config
 
   documents = [[f"document {i} sentence {j} is here ." for j in range(12)] for i in range(30)]
@@ -367,7 +370,7 @@ def test_tfds_corpus_in_a_bucket(bucket, tmp_path, spm_model_path):
     tfds_data_dir=f"{bucket}/tfds",
     spm_model_path=spm_model_path,
   )
-  info = dataset.prepare(config, str(tmp_path / "work"))
+  info = build.prepare(config, str(tmp_path / "work"))
   assert info["documents"] == 30 and info["num_train_examples"] > 20
 
 
@@ -376,7 +379,8 @@ def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_
   """A Parquet file and a compressed JSON Lines file read from gs://: the same documents and
   prepared records as from a local copy, prepared locally or into the bucket (the compressed file's
   spills on local disk, removed); a save_to_disk directory read from the bucket."""
-  from albert_jax.data import corpus, dataset, formats
+  from albert_jax.data.corpus import formats, reader
+  from albert_jax.data.prepare import build
   from tests import test_corpus_formats as formats_test
 
   local = tmp_path / "corpus"
@@ -397,9 +401,9 @@ def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_
     ("bucket_data", f"{bucket}/corpus", f"{bucket}/data"),
   ):
     config = formats_test._config(f"{root}/*.parquet,{root}/*.zst", spm_model_path, data_dir=ddir)
-    docs = list(corpus.documents(config.data))
+    docs = list(reader.documents(config.data))
     assert len(docs) == 60
-    info = dataset.prepare(config, str(tmp_path / where))
+    info = build.prepare(config, str(tmp_path / where))
     assert info["documents"] == 60 and set(info["formats"]) == {"parquet", "jsonl, zstd"}
     built[where] = (docs, formats_test._records(info["data_dir"]))
   assert built["bucket"] == built["local"] == built["bucket_data"]
@@ -409,5 +413,5 @@ def test_parquet_and_json_lines_corpora_in_a_bucket(bucket, tmp_path, spm_model_
   for name in files.files_under(saved):
     files.path(saved, name).copy(files.path(bucket, "saved", name))
   data = formats_test._data(f"{bucket}/saved")
-  assert list(corpus.documents(data)) == formats_test.DOCS
-  assert len(corpus.shards(data, 1 << 20, 100)) == 2  # its two Arrow files
+  assert list(reader.documents(data)) == formats_test.DOCS
+  assert len(reader.shards(data, 1 << 20, 100)) == 2  # its two Arrow files

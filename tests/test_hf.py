@@ -23,7 +23,8 @@ from safetensors.numpy import load_file
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.data.store import dataset
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.interop import hf, jax_export, pretrained
 from albert_jax.model import albert as M
 from albert_jax.pretraining import export, init_from
@@ -335,7 +336,6 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   """A tiny model trained a few steps by the trainer, exported from its checkpoint by the CLI: no
   missing/unexpected keys, the same logits on a padded batch the exported tokenizer builds, and the
   exported tokenizer gives our ids (special tokens included) on the run's own vocabulary."""
-  from albert_jax.data import dataset
   from albert_jax.pretraining import train
   from tests.conftest import load_config
 

@@ -8,7 +8,7 @@ import os
 import pytest
 import sentencepiece as spm
 
-from albert_jax.data import tokenizer
+from albert_jax.data.text import tokenizer
 from albert_jax.interop import hf_tokenizer
 from tests.multiscript_text import LANGUAGES, SENTENCES
 

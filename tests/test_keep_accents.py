@@ -10,8 +10,10 @@ import pytest
 
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset, scripts, tokenizer
-from albert_jax.data.prepare.layout import PREPARED_FILE, records_dir
+from albert_jax.data.prepare import build
+from albert_jax.data.store import dataset
+from albert_jax.data.store.layout import PREPARED_FILE, records_dir
+from albert_jax.data.text import scripts, tokenizer
 from albert_jax.interop import hf_tokenizer, model_dir
 from albert_jax.pretraining import init_from
 from albert_jax.tasks import squad
@@ -100,12 +102,12 @@ def test_prepare_auto_english_is_byte_identical_to_stripping(tmp_path, caplog):
   those of keep_accents=false (the original's rule)."""
   caplog.set_level(logging.INFO)
   auto = _config(tmp_path, "en", 120)
-  dataset.prepare(auto, str(tmp_path / "w"))
+  build.prepare(auto, str(tmp_path / "w"))
   (out,) = _lines(caplog, "data.keep_accents=auto")
   assert "data.keep_accents=auto: stripping accents (the corpus is in the Latin script" in out
   assert auto.data.keep_accents == "false"  # recorded in the config (config.json)
   off = _config(tmp_path, "en", 120, keep_accents="false")
-  dataset.prepare(off, str(tmp_path / "w2"))
+  build.prepare(off, str(tmp_path / "w2"))
   assert _records(auto.data.data_dir) == _records(off.data.data_dir)
   fp = json.loads(open(os.path.join(auto.data.data_dir, PREPARED_FILE)).read())["fingerprint"]
   assert fp["keep_accents"] is False
@@ -114,7 +116,7 @@ def test_prepare_auto_english_is_byte_identical_to_stripping(tmp_path, caplog):
 def test_prepare_auto_hindi_keeps_marks_and_false_warns(tmp_path, caplog):
   caplog.set_level(logging.INFO)
   auto = _config(tmp_path, "hi", 100)
-  info = dataset.prepare(auto, str(tmp_path / "w"))
+  info = build.prepare(auto, str(tmp_path / "w"))
   (line,) = _lines(caplog, "data.keep_accents=auto")
   assert (
     "data.keep_accents=auto: keeping accents (the corpus is mostly Devanagari, not Latin" in line
@@ -135,7 +137,7 @@ def test_prepare_auto_hindi_keeps_marks_and_false_warns(tmp_path, caplog):
     dataset.check_prepared(other, str(tmp_path / "w"))
   # false on Hindi: stripping changes well over 0.5% of the letters: a warning names the share.
   off = _config(tmp_path, "hi", 100, keep_accents="false")
-  dataset.prepare(off, str(tmp_path / "w3"))
+  build.prepare(off, str(tmp_path / "w3"))
   warning = _lines(caplog, "data.keep_accents=false strips")
   assert len(warning) == 1 and "data.keep_accents=true keeps them" in warning[0]
   share = scripts.share_changed_by_stripping(SENTENCES["hi"])
@@ -233,7 +235,7 @@ def test_prepare_auto_on_a_many_language_corpus(tmp_path, caplog):
     _corpus(tmp_path, lang, copies=36 if lang == "en" else 12)  # English the commonest script
   c = _config(tmp_path, "en", 850)
   c.data.input_files = str(tmp_path / "*.txt")
-  info = dataset.prepare(c, str(tmp_path / "w"))
+  info = build.prepare(c, str(tmp_path / "w"))
   (segmenter,) = [
     r.getMessage() for r in caplog.records if "data.word_start=auto" in r.getMessage()
   ]

@@ -148,7 +148,9 @@ def test_every_module_is_in_a_layer():
   assert "albert_jax.engine.train" in MODULES and layer("albert_jax.engine.train") == "engine"
   assert layer("albert_jax.main") == "commands" and layer("albert_jax") == "commands"
   assert "albert_jax.data.prepare.shards" in MODULES
-  assert layer("albert_jax.data.prepare.shards") == layer("albert_jax.data.dataset") == "model"
+  assert (
+    layer("albert_jax.data.prepare.shards") == layer("albert_jax.data.store.dataset") == "model"
+  )
 
 
 # Modules by job, none over MAX_LINES lines.
@@ -179,6 +181,46 @@ def test_independent_packages_do_not_import_each_other():
     for target, line, _ in ours
     for x, y in ((a, b), (b, a))
     if (m == x or m.startswith(x + ".")) and (target == y or target.startswith(y + "."))
+  ]
+  assert not bad, "\n".join(bad)
+
+
+# The data path's stages (albert_jax/data/__init__.py), lowest first: a stage imports only itself and
+# the stages before it; the writer (prepare) and the loader (pipeline) stand side by side, each
+# reading the stored format through store/, neither importing the other.
+DATA_STAGES = ("text", "corpus", "examples", "store", ("prepare", "pipeline"))
+
+
+def data_stage(module: str) -> int | None:
+  parts = module.split(".")
+  if len(parts) < 3 or parts[:2] != ["albert_jax", "data"]:
+    return None
+  for i, stage in enumerate(DATA_STAGES):
+    if parts[2] in (stage if isinstance(stage, tuple) else (stage,)):
+      return i
+  raise AssertionError(f"{module} is in no stage of the data path")
+
+
+def test_every_data_module_is_in_a_stage():
+  data = [m for m in MODULES if m.startswith("albert_jax.data.")]
+  assert len(data) > 30 and all(data_stage(m) is not None for m in data)
+  # Each stage's package says in its docstring what the stage does.
+  for stage in ("text", "corpus", "examples", "store", "prepare", "pipeline"):
+    doc = ast.get_docstring(ast.parse(open(MODULES[f"albert_jax.data.{stage}"]).read()))
+    assert doc and len(doc.splitlines()[0]) > 20, stage
+
+
+def test_data_stages_import_only_downward():
+  bad = [
+    f"{m}:{line} imports {target}"
+    for m, (ours, _) in GRAPH.items()
+    if data_stage(m) is not None
+    for target, line, _ in ours
+    if data_stage(target) is not None
+    and (
+      data_stage(target) > data_stage(m)
+      or (data_stage(target) == data_stage(m) and m.split(".")[2] != target.split(".")[2])
+    )
   ]
   assert not bad, "\n".join(bad)
 
@@ -266,7 +308,7 @@ def test_importing_the_engine_loads_no_application(module):
     for m in loaded
     if m.startswith(("albert_jax.tasks", "albert_jax.pretraining", "albert_jax.interop"))
     or m.startswith("albert_jax.data.prepare.")
-    or m in ("albert_jax.data.dataset", "albert_jax.prepare", "albert_jax.cli")
+    or m in ("albert_jax.prepare", "albert_jax.cli")
     or layer(m) in ("apps", "interop", "planning", "commands")
     and m != "albert_jax"
   ]

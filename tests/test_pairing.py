@@ -12,8 +12,10 @@ import pytest
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import examples as E, masking as M, philox, tokenizer
-from albert_jax.data.prepare.fingerprint import config_for_prepared
+from albert_jax.data.examples import masking as M, pairs as E, philox
+from albert_jax.data.store import dataset
+from albert_jax.data.store.fingerprint import config_for_prepared
+from albert_jax.data.text import tokenizer
 from tests.conftest import load_config
 
 # sha256 of create_pairs' output on _hash_documents for the settings of _STATIC_CASES, computed with
@@ -176,7 +178,7 @@ def test_epoch_statistics_within_the_originals_bounds():
 def test_bulk_philox_outputs_are_numpys():
   """philox4x64 (epoch_pair_counts' precomputed draws) gives numpy's Philox outputs exactly."""
   rng = np.random.default_rng(5)
-  key0 = E.splitmix64(E.splitmix64(7) ^ E._PLAN_STREAM)
+  key0 = philox.splitmix64(philox.splitmix64(7) ^ E._PLAN_STREAM)
   key1 = rng.integers(0, 2**63, 50, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
   raw = philox.philox4x64(key0, key1, 3)
   for i in range(len(key1)):
@@ -233,21 +235,21 @@ def test_epoch_layout_maps_every_example_once_and_resumes_anywhere():
 
 @pytest.fixture(scope="module")
 def per_epoch(tmp_path_factory):
-  from albert_jax.data import dataset
+  from albert_jax.data.prepare import build
   from tests.test_data import _config, _topic_documents, _write_corpus
 
   root = tmp_path_factory.mktemp("per_epoch")
   files = _write_corpus(str(root / "corpus"), _topic_documents())
   config = _config(files, pairing="per_epoch")
   workdir = str(root / "work")
-  info = dataset.prepare(config, workdir)
+  info = build.prepare(config, workdir)
   return config, workdir, info
 
 
 def _batches(config, workdir, n, split="train", host=0, hosts=1):
-  from albert_jax.data import input_pipeline
+  from albert_jax.data.pipeline import loader
 
-  it = input_pipeline.make_iterator(config, workdir, split, process_index=host, process_count=hosts)
+  it = loader.make_iterator(config, workdir, split, process_index=host, process_count=hosts)
   try:
     return [next(it) for _ in range(n)]
   finally:
@@ -262,10 +264,10 @@ def _rows(batches):
 
 def _stream_epochs(config, workdir, info, epochs):
   """The unmasked train examples of the first `epochs` epochs, cut at the epochs' sizes."""
-  from albert_jax.data import epoch_plan, input_pipeline
+  from albert_jax.data.pipeline import epoch_plan
 
   pairs = epoch_plan.EpochPairs(
-    input_pipeline.check_prepared(config, workdir)[0], "train", config.data, config.seed
+    dataset.check_prepared(config, workdir)[0], "train", config.data, config.seed
   )
   sizes = [pairs.size(e) for e in range(epochs)]
   batch = config.train.batch_size
@@ -291,12 +293,12 @@ def test_per_epoch_prepare_stores_documents_and_epoch_0_statistics(per_epoch):
 
 
 def test_each_epoch_holds_every_documents_pairs_once_and_epochs_differ(per_epoch):
-  from albert_jax.data import dataset, epoch_plan, input_pipeline
+  from albert_jax.data.pipeline import epoch_plan
 
   config, workdir, info = per_epoch
   (e0, e1), sizes = _stream_epochs(config, workdir, info, 2)
-  ddir = input_pipeline.check_prepared(config, workdir)[0]
-  source = dataset.open_source(ddir, "train")
+  ddir = dataset.check_prepared(config, workdir)[0]
+  source = dataset.open_split(ddir, "train")
   pairs = epoch_plan.EpochPairs(ddir, "train", config.data, config.seed)
   for epoch, rows in ((0, e0), (1, e1)):
     expected = collections.Counter(
@@ -323,7 +325,7 @@ def test_per_epoch_static_masking_repeats_pairs_and_masks_with_period_dupe_facto
 
 
 def test_per_epoch_batches_are_deterministic_and_resume_mid_epoch(per_epoch):
-  from albert_jax.data import input_pipeline
+  from albert_jax.data.pipeline import loader
 
   config, workdir, info = per_epoch
   n = info["num_train_examples"]
@@ -333,10 +335,10 @@ def test_per_epoch_batches_are_deterministic_and_resume_mid_epoch(per_epoch):
   for a, b in zip(reference, again):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
-  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   _ = [next(it) for _ in range(stop)]
   state = json.loads(json.dumps(it.get_state()))
-  resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   resumed.set_state(state)
   for a, b in zip(reference[stop:], [next(resumed) for _ in range(8)]):
     for k in a:
@@ -349,34 +351,35 @@ def test_per_epoch_resume_in_epoch_2_counts_epoch_2_only(per_epoch, monkeypatch)
   continues exactly; loader workers get the starts with their pickled copy."""
   import pickle
 
-  from albert_jax.data import epoch_plan, examples as examples_lib, input_pipeline
+  from albert_jax.data.examples import pairs as pairs_lib
+  from albert_jax.data.pipeline import epoch_plan, loader
 
   config, workdir, _ = per_epoch
   config = config.copy_and_resolve_references()
   config.train.batch_size = batch = 64
-  ddir = input_pipeline.check_prepared(config, workdir)[0]
+  ddir = dataset.check_prepared(config, workdir)[0]
   pairs = epoch_plan.EpochPairs(ddir, "train", config.data, config.seed)
   s0, s1, s2 = (pairs.size(e) for e in range(3))
   stop = (s0 + s1) // batch + 2
   assert s0 + s1 <= stop * batch and (stop + 4) * batch < s0 + s1 + s2  # resumed inside epoch 2
   reference = _batches(config, workdir, stop + 4)
-  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   _ = [next(it) for _ in range(stop)]
   state = json.loads(json.dumps(it.get_state()))
   it.close()
   assert state["pairing"]["epoch_starts"] == [0, s0, s0 + s1, s0 + s1 + s2]
 
-  real, epochs = examples_lib.epoch_pair_counts, []
+  real, epochs = pairs_lib.epoch_pair_counts, []
 
   def counted(*args, **kwargs):
     epochs.append(kwargs["epoch"])
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(examples_lib, "epoch_pair_counts", counted)
+  monkeypatch.setattr(E, "epoch_pair_counts", counted)
   old = {k: v for k, v in state.items() if k not in ("pairing", "batches")}
   for saved, counted_epochs in ((state, {2}), (old, {0, 1, 2})):
     epochs.clear()
-    resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+    resumed = loader.make_iterator(config, workdir, process_index=0, process_count=1)
     resumed.set_state(saved)
     got = [next(resumed) for _ in range(4)]
     assert set(epochs) == counted_epochs and epochs, epochs
@@ -424,7 +427,7 @@ def test_per_epoch_eval_shows_epoch_0_pairs_every_time(per_epoch):
 
 
 def test_per_epoch_masking_statistics(per_epoch):
-  from albert_jax.data.tokenizer import MASK_ID
+  from albert_jax.data.text.tokenizer import MASK_ID
 
   config, workdir, info = per_epoch
   batches = _batches(config, workdir, 40)
@@ -444,17 +447,17 @@ def test_per_epoch_prepare_is_the_same_on_one_and_two_workers(tmp_path, monkeypa
   """Documents keyed by shard and place: 1 and 2 prepare workers write the same records, sentence
   lengths and statistics."""
   from albert_jax.base import files
-  from albert_jax.data import dataset
+  from albert_jax.data.prepare import build
   from tests.test_data import _config, _topic_documents, _write_corpus
 
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   corpus = _write_corpus(str(tmp_path / "corpus"), _topic_documents())
   built = {}
   for workers in (1, 2):
     config = _config(corpus, pairing="per_epoch", num_prepare_workers=workers)
     if workers == 2:
       config.data.spm_model_path = os.path.join(built[1]["data_dir"], "spiece.model")
-    built[workers] = dataset.prepare(config, str(tmp_path / f"w{workers}"))
+    built[workers] = build.prepare(config, str(tmp_path / f"w{workers}"))
   assert built[1]["shards"] > 3
 
   def contents(ddir):
@@ -471,7 +474,6 @@ def test_per_epoch_prepare_is_the_same_on_one_and_two_workers(tmp_path, monkeypa
 
 
 def test_prepared_static_data_is_refused_for_per_epoch(per_epoch, tmp_path):
-  from albert_jax.data import dataset
   from tests.test_data import _config
 
   config, workdir, _ = per_epoch

@@ -1,7 +1,7 @@
 """prepare on many cores and as a Beam pipeline: the same dataset, bounded memory, atomic failure.
 
 The corpus is the interpreter's pydoc topics written as BERT-format text files here; shards are
-made small (dataset.SHARD_BYTES) so that even this corpus is cut into many of them.
+made small (build.SHARD_BYTES) so that even this corpus is cut into many of them.
 """
 
 from __future__ import annotations
@@ -19,17 +19,12 @@ import pytest
 from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import (
-  corpus,
-  dataset,
-  formats,
-  samples,
-  sentence_split,
-  tokenizer as tokenizer_lib,
-)
-from albert_jax.data.prepare import fingerprint as fingerprint_lib, vocab as vocab_lib
-from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, SPLITS
+from albert_jax.data.corpus import formats, reader
+from albert_jax.data.prepare import build, vocab as vocab_lib
 from albert_jax.data.prepare.vocab import vocab_sample, vocab_sample_caps
+from albert_jax.data.store import dataset, fingerprint as fingerprint_lib
+from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION, SPLITS
+from albert_jax.data.text import samples, sentences, tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _documents():
   from pydoc_data import topics
 
-  return [sentence_split.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  return [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _write(path, documents):
@@ -76,7 +71,7 @@ def _records(ddir):
   """The serialized records of both splits, in order."""
   out = {}
   for split in SPLITS:
-    source = dataset.open_source(ddir, split, raw=True)
+    source = dataset.open_split(ddir, split, raw=True)
     out[split] = [bytes(source[i]) for i in range(len(source))]
   return out
 
@@ -92,7 +87,7 @@ def _examples(ddir):
   """The decoded examples of both splits, in order."""
   out = {}
   for split in SPLITS:
-    source = dataset.open_source(ddir, split, raw=False)
+    source = dataset.open_split(ddir, split, raw=False)
     out[split] = [
       (
         tuple(e["input_ids"].tolist()),
@@ -106,7 +101,7 @@ def _examples(ddir):
 
 @pytest.mark.slow
 def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkeypatch):
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   built = {}
   runs = [("1", {"num_prepare_workers": 1}), ("2", {"num_prepare_workers": 2})]
   try:
@@ -124,7 +119,7 @@ def test_one_two_workers_and_beam_build_the_same_dataset(setup, tmp_path, monkey
   except ImportError:
     pass
   for name, fields in runs:
-    info = dataset.prepare(_config(setup, **fields), str(tmp_path / name))
+    info = build.prepare(_config(setup, **fields), str(tmp_path / name))
     assert info["shards"] > 5
     built[name] = info["data_dir"]
   one = _examples(built["1"])
@@ -145,7 +140,7 @@ def test_one_large_gz_file_is_many_shards_and_the_same_dataset(setup, tmp_path, 
   file, so 1 and 2 workers write byte-identical files, and the same examples as the plain file."""
   import gzip
 
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   root, _ = setup
   text = b"".join((root / "corpus" / f"part-{i}.txt").read_bytes() + b"\n" for i in range(3))
   (tmp_path / "one.txt").write_bytes(text)
@@ -157,7 +152,7 @@ def test_one_large_gz_file_is_many_shards_and_the_same_dataset(setup, tmp_path, 
     ("gz2", "one.txt.gz", 2),
   ]:
     config = _config(setup, input_files=str(tmp_path / pattern), num_prepare_workers=workers)
-    info = dataset.prepare(config, str(tmp_path / name))
+    info = build.prepare(config, str(tmp_path / name))
     assert info["shards"] > 5, name
     built[name] = info["data_dir"]
   assert _files(built["gz1"]) == _files(built["gz2"])
@@ -169,7 +164,7 @@ def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_p
   # SentencePiece's trainer learns another vocabulary on another number of threads: prepare
   # trains on a fixed number, so hosts with other core counts build the same vocabulary; the
   # sentences it trains on are sampled by the workers, the same sample for any number of them.
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   _write(str(tmp_path / "corpus.txt"), _documents()[::2])
   c = _config(setup, input_files=str(tmp_path / "corpus.txt"), spm_model_path="")
   c.model.vocab_size = 500
@@ -178,12 +173,12 @@ def test_the_trained_vocabulary_does_not_depend_on_cores_or_workers(setup, tmp_p
   for cores, workers in ((1, 1), (4, 2)):
     monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
     c.data.num_prepare_workers = workers
-    info = dataset.prepare(c, str(tmp_path / f"cores-{cores}"))
+    info = build.prepare(c, str(tmp_path / f"cores-{cores}"))
     assert info["shards"] > 3 and info["sentences"] > 2 * c.data.vocab_sample_sentences
     vocabs.append(files.sha256(os.path.join(info["data_dir"], VOCAB_FILE)))
   assert vocabs[0] == vocabs[1]
   c.seed = 1  # another seed, another sample
-  other = dataset.prepare(c, str(tmp_path / "seed-1"))["data_dir"]
+  other = build.prepare(c, str(tmp_path / "seed-1"))["data_dir"]
   assert files.sha256(os.path.join(other, VOCAB_FILE)) != vocabs[0]
 
 
@@ -276,7 +271,7 @@ def test_long_documents_keep_all_their_text_in_the_vocabulary_sample(tmp_path):
   path.write_text("".join(d + "\n" for d in long_docs), encoding="utf-8")
   data = config_lib.base_config().data
   data.update(input_files=str(path), text_format="documents")
-  (shard,) = corpus.shards(data, 1 << 20, 1000)
+  (shard,) = reader.shards(data, 1 << 20, 1000)
   sample = [s for _, s in vocab_sample(data, 0, shard, 100_000)["sample"]]
   assert len(sample) > 100
   chars = lambda texts: sorted("".join(texts).replace(" ", ""))  # noqa: E731
@@ -305,11 +300,11 @@ def test_sentencepiece_keeps_the_whole_sample():
 
 @pytest.mark.slow
 def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypatch):
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   c = _config(setup, num_prepare_workers=1)
-  a = _records(dataset.prepare(c, str(tmp_path / "a"))["data_dir"])
+  a = _records(build.prepare(c, str(tmp_path / "a"))["data_dir"])
   c.seed = 1
-  b = _records(dataset.prepare(c, str(tmp_path / "b"))["data_dir"])
+  b = _records(build.prepare(c, str(tmp_path / "b"))["data_dir"])
   assert a["train"][:50] != b["train"][:50]
 
 
@@ -322,7 +317,7 @@ c.model.vocab_size = 1000
 # The vocabulary is trained too (on a sample of a fixed size): its pass must not grow either.
 c.data.update(input_files=sys.argv[1], max_seq_length=64, num_prepare_workers=1,
               vocab_sample_sentences=3000)
-info = dataset.prepare(c, sys.argv[3])
+info = build.prepare(c, sys.argv[3])
 print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "mb": info["raw_text_mb"]}))
 """
@@ -380,7 +375,7 @@ def test_a_failing_worker_is_one_line_naming_the_file_and_leaves_nothing(setup, 
   os.makedirs(workdir)
   c = _config(setup, input_files=str(files / "*.txt"), non_utf8="error", num_prepare_workers=2)
   with pytest.raises(ConfigError) as e:
-    dataset.prepare(c, str(workdir))
+    build.prepare(c, str(workdir))
   message = str(e.value)
   assert "\n" not in message and str(victim) in message
   assert os.listdir(workdir) == []  # no data directory, no build left behind
@@ -402,21 +397,21 @@ def test_shards_read_together_are_the_corpus_and_errors_name_the_line(tmp_path, 
   path.write_bytes(gzip.compress(text) if suffix == ".gz" else text)
   data = config_lib.base_config().data
   data.update(input_files=str(path), max_documents=1900)
-  shards = corpus.shards(data, 4096, 100)
+  shards = reader.shards(data, 4096, 100)
   assert len(shards) > 10 and sum(s["docs"] for s in shards) == 1900
   assert max(s["end"] - s["start"] for s in shards) < 4096 + 64
-  read = [(i, doc) for s in shards for i, doc in corpus.shard_documents(data, s)]
+  read = [(i, doc) for s in shards for i, doc in reader.shard_documents(data, s)]
   assert [i for i, _ in read] == list(range(1900))
-  assert [doc for _, doc in read] == list(corpus.documents(data))
+  assert [doc for _, doc in read] == list(reader.documents(data))
   assert read[1500][1] == ["Sentence 1500 one."]  # its bad second line skipped
-  streamed = list(corpus.with_shard_text((data, s) for s in shards))
+  streamed = list(reader.with_shard_text((data, s) for s in shards))
   assert all(("text" in s) == (suffix == ".gz") for _, s in streamed)
-  assert [(i, d) for _, s in streamed for i, d in corpus.shard_documents(data, s)] == read
+  assert [(i, d) for _, s in streamed for i, d in reader.shard_documents(data, s)] == read
   data.non_utf8 = "error"
-  for jobs in (shards, [s for _, s in corpus.with_shard_text((data, s) for s in shards)]):
+  for jobs in (shards, [s for _, s in reader.with_shard_text((data, s) for s in shards)]):
     with pytest.raises(ConfigError, match=rf"a\{suffix}:4502: not valid UTF-8"):
       for s in jobs:
-        list(corpus.shard_documents(data, s))
+        list(reader.shard_documents(data, s))
 
 
 @pytest.mark.slow
@@ -425,7 +420,7 @@ def test_a_compressed_file_is_decompressed_once_per_prepare(setup, tmp_path, mon
   the examples are read from the spills, which go with the build; the data is the plain file's."""
   import bz2
 
-  monkeypatch.setattr(dataset, "SHARD_BYTES", 16 << 10)
+  monkeypatch.setattr(build, "SHARD_BYTES", 16 << 10)
   root, _ = setup
   text = b"".join((root / "corpus" / f"part-{i}.txt").read_bytes() + b"\n" for i in range(3))
   (tmp_path / "one.txt").write_bytes(text)
@@ -451,7 +446,7 @@ def test_a_compressed_file_is_decompressed_once_per_prepare(setup, tmp_path, mon
     c.model.vocab_size = 500
     c.data.update(num_prepare_workers=workers, input_format="text", text_format="sentences")
     del opened[:]
-    info = dataset.prepare(c, str(tmp_path / name))
+    info = build.prepare(c, str(tmp_path / name))
     assert info["shards"] > 5
     built[name] = info["data_dir"]
     assert os.listdir(tmp_path / name) == ["data"]  # the build and its spills are gone
@@ -466,11 +461,11 @@ def test_spills_of_a_bucket_build_are_local_and_removed_also_when_interrupted(
   tmp_path, monkeypatch
 ):
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-  with corpus.spill_directory("gs://bucket/.data.tmp-x") as spill:
+  with reader.spill_directory("gs://bucket/.data.tmp-x") as spill:
     assert os.path.dirname(spill) == str(tmp_path) and os.path.isdir(spill)
     assert f"-{os.getpid()}-" in os.path.basename(spill)
   assert not os.path.exists(spill)
-  with corpus.spill_directory(str(tmp_path / "build")) as spill:  # a local build: inside it
+  with reader.spill_directory(str(tmp_path / "build")) as spill:  # a local build: inside it
     assert spill == str(tmp_path / "build" / "spill") and os.path.isdir(spill)
   assert not os.path.exists(spill)
   # A killed prepare's folder (its process gone) is removed by the next prepare; a running one's stays.
@@ -482,5 +477,5 @@ def test_spills_of_a_bucket_build_are_local_and_removed_also_when_interrupted(
   alive = tmp_path / f"albert_jax_spill-{host}-{os.getpid()}-def"
   for d in (gone, alive):
     os.makedirs(d / "x")
-  dataset._remove_interrupted_builds(str(tmp_path / "elsewhere" / "data"))
+  build._remove_interrupted_builds(str(tmp_path / "elsewhere" / "data"))
   assert not gone.exists() and alive.exists()

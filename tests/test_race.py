@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer
+from albert_jax.data.text import tokenizer
 from albert_jax.tasks import race
 
 ARTICLE = (

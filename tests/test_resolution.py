@@ -11,7 +11,7 @@ import pytest
 from albert_jax import api
 from albert_jax.base import validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset
+from albert_jax.data.prepare import build
 from albert_jax.planning import fit
 from albert_jax.pretraining import evaluation, init_from, train
 from albert_jax.tasks import finetuning
@@ -51,10 +51,10 @@ def test_a_resolved_config_is_validated_once_until_it_changes(data_dir, validati
 
 def test_prepare_resolves_once(data_dir, tmp_path, validations):
   config = init_from.resolve(small_config(data_dir))  # the command: resolved at its edge
-  info = dataset.prepare(config, str(tmp_path))
+  info = build.prepare(config, str(tmp_path))
   assert info["num_train_examples"] > 0
   assert len(validations) == 1
-  dataset.prepare(small_config(data_dir), str(tmp_path))  # a library user's unresolved config
+  build.prepare(small_config(data_dir), str(tmp_path))  # a library user's unresolved config
   assert len(validations) == 2
 
 
@@ -64,7 +64,7 @@ def test_an_unresolved_init_from_config_is_refused_by_prepare(data_dir, tmp_path
   workdir = tmp_path / "w"
   workdir.mkdir()
   with pytest.raises(ConfigError, match="is not resolved"):
-    dataset.prepare(config, str(workdir))
+    build.prepare(config, str(workdir))
   assert os.listdir(workdir) == [] and validations == []
 
 
@@ -78,7 +78,7 @@ def test_estimate_resolves_once(data_dir, validations):
   "entry",
   [
     lambda c, w: train.train_and_evaluate(c, w),
-    lambda c, w: dataset.prepare(c, w),
+    lambda c, w: build.prepare(c, w),
     lambda c, w: fit.estimate_and_compile(c, "cpu", 1, compile_="no"),
   ],
   ids=["train", "prepare", "estimate"],

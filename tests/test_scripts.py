@@ -2,7 +2,7 @@
 
 import pytest
 
-from albert_jax.data import scripts
+from albert_jax.data.text import scripts
 
 SAMPLES = {
   "Latin": "The war changed the country for ever.",

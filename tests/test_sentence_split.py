@@ -11,8 +11,11 @@ import pytest
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import corpus, corpus_stats, dataset, formats, samples, scripts
-from albert_jax.data.sentence_split import paragraph_sentences, split_sentences, splitter
+from albert_jax.data.corpus import formats, reader, stats
+from albert_jax.data.prepare import build
+from albert_jax.data.store import dataset
+from albert_jax.data.text import samples, scripts
+from albert_jax.data.text.sentences import paragraph_sentences, split_sentences, splitter
 
 # The goal (issue 38): on real text in every script.
 RECALL, PRECISION = 0.9, 0.95
@@ -161,17 +164,17 @@ def test_language_hint_is_validated_and_checked_against_the_text(tmp_path):
   data.update(input_files=str(path))
   for language in ("", "hi"):
     data.language = language
-    corpus.check_language(data, corpus.shards(data, 1 << 20, 1000))  # no error
+    reader.check_language(data, reader.shards(data, 1 << 20, 1000))  # no error
   data.language = "ja"
   with pytest.raises(ConfigError) as e:
-    corpus.check_language(data, corpus.shards(data, 1 << 20, 1000))
+    reader.check_language(data, reader.shards(data, 1 << 20, 1000))
   assert "\n" not in str(e.value)
   assert "data.language=ja does not match the corpus" in str(e.value) and "Devanagari" in str(
     e.value
   )
   data.language = "xx"
   with pytest.raises(ConfigError, match="no script known"):
-    corpus.check_language(data, corpus.shards(data, 1 << 20, 1000))
+    reader.check_language(data, reader.shards(data, 1 << 20, 1000))
   # Japanese counts as Japanese (kana beside Han), Chinese is not Japanese.
   assert scripts.language_contradiction("ja", scripts.script_counts("日本語のテキストです")) is None
   assert "Han" in scripts.language_contradiction("ja", scripts.script_counts("这是中文的文本"))
@@ -185,41 +188,41 @@ def test_auto_recognises_a_document_a_line_in_every_script(tmp_path, caplog, lan
   lines.write_text("".join(samples.running_text(d) + "\n" for d in docs), encoding="utf-8")
   data = config_lib.base_config().data
   data.update(input_files=str(lines))
-  assert corpus.file_plan(data) == [(str(lines), "documents")]
+  assert reader.file_plan(data) == [(str(lines), "documents")]
   line = [r.getMessage() for r in caplog.records if "text_format=auto" in r.getMessage()][-1]
   assert "one document a line" in line and "no blank line" in line
   script = scripts.dominant_script("".join(docs[0]))
   assert (f"of {script} text" in line) == (script != "Latin"), line
   # read back: the documents and their sentences
-  got = list(corpus.documents(data))
+  got = list(reader.documents(data))
   recall = sum(g == d for g, d in zip(got, docs)) / len(docs)
   assert len(got) == len(docs) and recall >= 0.8, recall
   # one sentence a line with blank lines between documents: the original's format
   sentences = tmp_path / "sentences.txt"
   sentences.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
   data.input_files = str(sentences)
-  assert corpus.file_plan(data)[0][1] == "sentences"
+  assert reader.file_plan(data)[0][1] == "sentences"
   # one sentence a line, no blank line: one document of sentences
   one = tmp_path / "one.txt"
   one.write_text("\n".join(s for d in docs for s in d) + "\n", encoding="utf-8")
   data.input_files = str(one)
-  assert corpus.file_plan(data)[0][1] == "sentences"
+  assert reader.file_plan(data)[0][1] == "sentences"
 
 
 def test_long_documents_left_whole_are_counted_and_warned_about(caplog):
   caplog.set_level(logging.INFO)
-  stats = corpus_stats.CorpusStats()
+  counts = stats.CorpusStats()
   split = splitter(config_lib.base_config().data)
   zh = samples.running_text([s for d in samples.documents("zh") for s in d])[:600]
   no_ends = zh.replace("。", "，").replace("？", "，").replace("！", "，")
   for text in (zh, no_ends, no_ends, "短句。"):
-    formats.value_sentences(text, "here", "skip", stats, split)
-  assert (stats.long_documents, stats.long_unsplit) == (3, 2)
-  dataset._warn_unsplit({"long_documents": 3, "long_documents_unsplit": 2})
+    formats.value_sentences(text, "here", "skip", counts, split)
+  assert (counts.long_documents, counts.long_unsplit) == (3, 2)
+  build._warn_unsplit({"long_documents": 3, "long_documents_unsplit": 2})
   warned = [r.getMessage() for r in caplog.records if "came back as one sentence" in r.getMessage()]
   assert len(warned) == 1 and warned[0].startswith("67% of the 3 documents")
   caplog.clear()
-  dataset._warn_unsplit({"long_documents": 10, "long_documents_unsplit": 2})  # a fifth: fine
+  build._warn_unsplit({"long_documents": 10, "long_documents_unsplit": 2})  # a fifth: fine
   assert not [r for r in caplog.records if "came back as one sentence" in r.getMessage()]
 
 
@@ -239,7 +242,7 @@ def test_a_chinese_document_a_line_corpus_prepares_as_sentences(tmp_path, caplog
     num_prepare_workers=1,
     eval_fraction=0.1,
   )
-  info = dataset.prepare(c, str(tmp_path / "work"))
+  info = build.prepare(c, str(tmp_path / "work"))
   # the sample's sentences, but for the few quotes cut from their speaker (recall 1, precision 0.98)
   true = sum(map(len, docs))
   assert true <= info["sentences"] <= 1.03 * true

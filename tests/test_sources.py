@@ -15,8 +15,11 @@ import pytest
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import dataset, epoch_plan, input_pipeline, sentence_split, sources
-from albert_jax.data.prepare.layout import records_dir
+from albert_jax.data.corpus import sources
+from albert_jax.data.pipeline import epoch_plan, loader
+from albert_jax.data.prepare import build
+from albert_jax.data.store.layout import records_dir
+from albert_jax.data.text import sentences
 
 SEQ, BATCH = 64, 8
 
@@ -130,7 +133,7 @@ def corpora(tmp_path_factory):
   from pydoc_data import topics
 
   root = tmp_path_factory.mktemp("sources")
-  en = [sentence_split.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  en = [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
   for name, docs in [
     ("en", en),
     ("ru", [_sentences(RU, 6, i) for i in range(40)]),
@@ -163,7 +166,7 @@ def _config(root, pairing="per_epoch", **fields):
 def weighted(corpora, tmp_path_factory):
   config = _config(corpora, sampling_alpha=0.3)
   workdir = str(tmp_path_factory.mktemp("weighted"))
-  return config, workdir, dataset.prepare(config, workdir)
+  return config, workdir, build.prepare(config, workdir)
 
 
 def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted):
@@ -195,22 +198,20 @@ def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted):
 
 def test_weighted_loader_resumes_exactly_and_hosts_agree(weighted):
   config, workdir, info = weighted
-  it = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  it = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   n = it.num_examples
   stop = n // BATCH - 2  # mid-pass; the next batches cross into the next pass
   [next(it) for _ in range(stop)]
   state = json.loads(json.dumps(it.get_state()))
   reference = [next(it) for _ in range(5)]
-  resumed = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   resumed.set_state(state)
   for a, b in zip(reference, [next(resumed) for _ in range(5)]):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
   # Two hosts: global batch k is host 0's and host 1's rows interleaved, the one host's batch.
-  one = input_pipeline.make_iterator(config, workdir, process_index=0, process_count=1)
-  hosts = [
-    input_pipeline.make_iterator(config, workdir, process_index=h, process_count=2) for h in (0, 1)
-  ]
+  one = loader.make_iterator(config, workdir, process_index=0, process_count=1)
+  hosts = [loader.make_iterator(config, workdir, process_index=h, process_count=2) for h in (0, 1)]
   for _ in range(3):
     whole = next(one)
     halves = [next(h) for h in hosts]
@@ -222,7 +223,7 @@ def test_changed_weights_are_refused_naming_the_prepared_ones(weighted, corpora)
   config, workdir, info = weighted
   other = _config(corpora, source_weights="en=1,ru=1,hi=1")
   with pytest.raises(ConfigError, match="sampling_alpha': 0.3") as e:
-    input_pipeline.make_iterator(other, workdir, process_index=0, process_count=1)
+    loader.make_iterator(other, workdir, process_index=0, process_count=1)
   assert "\n" not in str(e.value)
 
 
@@ -231,7 +232,7 @@ def test_vocab_sample_follows_vocab_sampling_alpha(corpora, tmp_path):
   config.data.vocab_sampling_alpha = 1.0  # the vocabulary in proportion to bytes
   config.data.vocab_sample_sentences = 600
   config.model.vocab_size = 300
-  info = dataset.prepare(config, str(tmp_path))
+  info = build.prepare(config, str(tmp_path))
   prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
   sample = prepared["vocab_settings"]["sample_sentences_by_source"]
   nbytes = [os.path.getsize(corpora / n / "part.txt") for n in ("en", "ru", "hi")]
@@ -249,8 +250,8 @@ def test_one_named_source_is_byte_identical_to_an_unnamed_corpus(corpora, tmp_pa
   unnamed.data.input_files = f"{corpora}/en/*.txt"
   named = _config(corpora, pairing="static")
   named.data.input_files = f"en={corpora}/en/*.txt"
-  a = dataset.prepare(unnamed, str(tmp_path / "a"))
-  b = dataset.prepare(named, str(tmp_path / "b"))
+  a = build.prepare(unnamed, str(tmp_path / "a"))
+  b = build.prepare(named, str(tmp_path / "b"))
   assert "sources" not in a and [s["name"] for s in b["sources"]] == ["en"]
   ra, rb = records_dir(a["data_dir"]), records_dir(b["data_dir"])
   names = sorted(os.listdir(ra))
@@ -266,7 +267,7 @@ def test_a_source_matching_no_file_is_one_line(corpora, tmp_path):
   config = _config(corpora)
   config.data.input_files += f",xx={corpora}/none/*.txt"
   with pytest.raises(ConfigError, match="source xx: data.input_files: no file matches"):
-    dataset.prepare(config, str(tmp_path / "w"))
+    build.prepare(config, str(tmp_path / "w"))
   assert not os.path.exists(tmp_path / "w")
 
 
@@ -282,19 +283,19 @@ def _script_of(tok, ids) -> str:
 
 
 def test_a_sources_eval_iterator_shows_that_source_only(weighted):
-  from albert_jax.data import tokenizer as tokenizer_lib
+  from albert_jax.data.text import tokenizer as tokenizer_lib
 
   config, workdir, info = weighted
   tok = tokenizer_lib.load(info["spm_model_path"], True)
   # A source's eval iterator shows that source's held-out examples only: their script says so.
   for name, script in SCRIPTS.items():
-    it = input_pipeline.make_iterator(config, workdir, "eval", 0, 1, source=name)
+    it = loader.make_iterator(config, workdir, "eval", 0, 1, source=name)
     batch = next(it)
     rows = batch["input_ids"] * batch["input_mask"]
     rows = np.where(rows > 4, rows, 0)  # pieces only (masks and control ids out)
     assert {_script_of(tok, r[r > 0]) for r in rows} == {script}
   with pytest.raises(ConfigError, match="no source 'xx'"):
-    input_pipeline.make_iterator(config, workdir, "eval", 0, 1, source="xx")
+    loader.make_iterator(config, workdir, "eval", 0, 1, source="xx")
 
 
 @pytest.mark.slow
@@ -328,7 +329,7 @@ def test_evaluate_reports_each_source_as_scored_alone(weighted, tmp_path):
   data_config, _ = evaluation.data_config(info["data_dir"], BATCH)
   mesh = evaluation.sharding.single_device_mesh()
   for name in SCRIPTS:
-    it = input_pipeline.make_iterator(data_config, "", "eval", 0, 1, source=name)
+    it = loader.make_iterator(data_config, "", "eval", 0, 1, source=name)
     alone = evaluation.train.evaluate(
       evaluation._eval_step(cfg),
       loaded["params"],
@@ -371,7 +372,7 @@ def test_weighted_loader_workers_give_the_same_batches(weighted):
   for workers in (0, 2):
     c = config.copy_and_resolve_references()
     c.data.num_workers = workers
-    it = input_pipeline.make_iterator(c, workdir, process_index=0, process_count=1)
+    it = loader.make_iterator(c, workdir, process_index=0, process_count=1)
     got.append([next(it) for _ in range(4)])
     it.close()
   for a, b in zip(*got):

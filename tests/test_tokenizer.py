@@ -5,7 +5,7 @@ import pytest
 import sentencepiece as spm
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import samples, tokenizer
+from albert_jax.data.text import samples, tokenizer
 from albert_jax.interop import hf_tokenizer
 from tests.conftest import pydoc_sentences
 
@@ -129,7 +129,8 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
   real vocabulary the text is not empty, and a bare word marker (SentencePiece emits "▁" alone before
   a piece that cannot begin a word, and before Chinese text) shows as a visible space "␣", not as
   [MASK]() nor as a stray "▁" (issue 38)."""
-  from albert_jax.data import input_pipeline, masking
+  from albert_jax.data.examples import masking
+  from albert_jax.data.pipeline import inspection
 
   tok = tokenizer.load(spm_model_path)
   ids = list(range(masking.NUM_CONTROL_IDS, tok.vocab_size))
@@ -145,7 +146,7 @@ def test_every_piece_renders_as_visible_text_in_masked_examples(spm_model_path):
       "masked_lm_weights": np.ones((1, 1), np.float32),
     }
 
-  shown = {i: input_pipeline.render_example(tok, masked(i), 0).split(" ")[1] for i in ids}
+  shown = {i: inspection.render_example(tok, masked(i), 0).split(" ")[1] for i in ids}
   assert all(text.startswith("[MASK](") and len(text) > len("[MASK]()") for text in shown.values())
   assert {shown[i] for i in bare} == {"[MASK](\u2423)"}
   assert all(tokenizer.piece_text(tok.id_to_piece(i)) for i in ids)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.tasks import tagged_files, tokens
 from tests.conftest import ROOT, built_once, load_file, pydoc_sentences
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import input_pipeline
+from albert_jax.data.pipeline import loader
 from albert_jax.engine import checkpoint, optim, workdir as workdir_lib
 from albert_jax.model import sharding
 from albert_jax.pretraining import train
@@ -22,7 +22,7 @@ from tests.conftest import ROOT, main_cmd, small_config, xla_flags
 
 
 def first_batches(config, n):
-  it = input_pipeline.make_iterator(config, "unused-workdir", split="train")
+  it = loader.make_iterator(config, "unused-workdir", split="train")
   return [next(it) for _ in range(n)]
 
 

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import masking, scripts, tokenizer, word_segmenters
-from albert_jax.data.word_segmenters import SEGMENTED_WORD_START
+from albert_jax.data.examples import masking
+from albert_jax.data.store import dataset
+from albert_jax.data.text import scripts, tokenizer, word_segmenters
+from albert_jax.data.text.word_segmenters import SEGMENTED_WORD_START
 from tests.conftest import pydoc_sentences
 from tests.multiscript_text import LANGUAGES, SENTENCES
 
@@ -182,8 +184,9 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   """prepare decides jieba for a Chinese corpus (one console line), records it, stores the word
   starts in the ids; the loader masks whole words and never shows the bit to the model."""
   from albert_jax.base import config_lib
-  from albert_jax.data import dataset, input_pipeline
-  from albert_jax.data.prepare.fingerprint import read_prepared
+  from albert_jax.data.pipeline import loader
+  from albert_jax.data.prepare import build
+  from albert_jax.data.store.fingerprint import read_prepared
 
   sents = SENTENCES["zh"]
   corpus = tmp_path / "zh.txt"
@@ -204,7 +207,7 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   )
   workdir = str(tmp_path / "w")
   caplog.set_level(logging.INFO)
-  dataset.prepare(c, workdir)
+  build.prepare(c, workdir)
   out = "\n".join(r.getMessage() for r in caplog.records)
   assert (
     "data.word_start=auto: words from the jieba segmenter (the corpus is in Han, without" in out
@@ -212,7 +215,7 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   assert "data.keep_accents=auto: keeping accents" in out
   assert c.data.word_segmenter == "jieba" and c.data.keep_accents == "true"
   assert read_prepared(dataset.data_dir(c, workdir))["fingerprint"]["word_segmenter"] == "jieba"
-  it = input_pipeline.make_iterator(c, workdir, "train", process_index=0, process_count=1)
+  it = loader.make_iterator(c, workdir, "train", process_index=0, process_count=1)
   batch = next(it)
   it.close()
   assert (batch["input_ids"] & SEGMENTED_WORD_START == 0).all()

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from albert_jax.base import distributed, lease
-from albert_jax.data import examples
+from albert_jax.data.examples import features as features_lib
 from albert_jax.engine import checkpoint, compiling, workdir as workdir_lib
 from albert_jax.engine.metrics import MetricWriter, Periodic, Reporter, log
 from albert_jax.engine.state import AbstractState, TrainState, abstract_state
@@ -166,11 +166,11 @@ def compile_train_step(
 ) -> compiling.Compiled:
   """`trainer`'s step of `config` on `mesh` compiled, for `state` and `batch` when given (the
   trainer's real ones), else for their abstract shapes with the trainer's shardings
-  (examples.batch_spec)."""
+  (features_lib.batch_spec)."""
   if state is None:
     state = trainer.abstract.targets
   if batch is None:
-    batch = examples.batch_spec(config, sharding=sharding.batch_sharding(mesh))
+    batch = features_lib.batch_spec(config, sharding=sharding.batch_sharding(mesh))
   return compiling.compile_jitted(trainer.train_step, state, batch, mesh=mesh)
 
 

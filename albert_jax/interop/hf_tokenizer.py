@@ -17,7 +17,7 @@ from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.base.log import log
-from albert_jax.data import scripts, tokenizer as tokenizer_lib
+from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
 
 # ----------------------------------------------------------------------------------------------------
 # spiece.model's own fields, read from its protobuf wire format. sentencepiece's generated

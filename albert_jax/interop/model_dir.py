@@ -19,7 +19,7 @@ import ml_collections
 from albert_jax.base.config_lib import ConfigError, keep_accents_value
 from albert_jax.base.files import path as fpath, read_json
 from albert_jax.base.layout import CONFIG_FILE, RESULTS_FILE, VOCAB_FILE, Kind, is_run, kind
-from albert_jax.data import dataset
+from albert_jax.data.store import dataset
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
 from albert_jax.interop import pretrained

@@ -22,7 +22,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from albert_jax.base import hardware, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import examples
+from albert_jax.data.examples import features as features_lib
 from albert_jax.model import albert as M, sharding
 from albert_jax.pretraining import init_from, objective, train
 
@@ -169,7 +169,7 @@ def _model_bytes_per_sequence(cfg, seq_len: int, predictions: int) -> float:
   params = nn.unbox(M.init_shapes(cfg))
 
   def batch(b):
-    return examples.batch_shapes(b, seq_len, predictions)
+    return features_lib.batch_shapes(b, seq_len, predictions)
 
   def loss(p, bt):
     out = model.apply(

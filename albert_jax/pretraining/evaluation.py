@@ -16,9 +16,10 @@ import numpy as np
 from albert_jax.base import files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import prints_to_log
-from albert_jax.data import dataset, input_pipeline
-from albert_jax.data.prepare.fingerprint import config_for_prepared
-from albert_jax.data.prepare.layout import PREPARED_FILE
+from albert_jax.data.pipeline import loader
+from albert_jax.data.store import dataset
+from albert_jax.data.store.fingerprint import config_for_prepared
+from albert_jax.data.store.layout import PREPARED_FILE
 from albert_jax.engine import train, workdir
 from albert_jax.interop import hub, layout, model_dir, pretrained
 from albert_jax.model import albert as model_lib, sharding
@@ -98,7 +99,7 @@ def _checkpoint_kind(path: str) -> workdir.Kind:
 
 
 def data_config(data: str, batch_size: int, masking_from=None):
-  """(config, prepared.json) for input_pipeline.make_iterator over the prepared data `data`.
+  """(config, prepared.json) for loader.make_iterator over the prepared data `data`.
 
   The data side is rebuilt from prepared.json's fingerprint (what the examples were made with),
   so the pipeline's own check accepts it whichever run prepared it; the config is resolved once,
@@ -146,16 +147,16 @@ def by_source(
   """The metrics of `split` and, on the eval split of data with named sources (prepared.json's
   stats.sources), of each source's examples alone as "<source>/<metric>" (metrics.jsonl,
   TensorBoard and W&B write them beside the total): evaluate_split(iterator) -> metrics, called on
-  the whole split first, then on each source's run of it (input_pipeline.make_iterator's source).
+  the whole split first, then on each source's run of it (loader.make_iterator's source).
   hosts: (process index, count) of the iterators (default: jax's)."""
   if prepared is None:
     prepared = dataset.check_prepared(config, workdir)[1]
   index, count = hosts or (None, None)
   out = {}
-  names = input_pipeline.prepared_sources(prepared) if split == "eval" else []
+  names = dataset.prepared_sources(prepared) if split == "eval" else []
   for name in [None, *names]:
     with prints_to_log("tensorflow_datasets"):
-      it = input_pipeline.make_iterator(config, workdir, split, index, count, source=name)
+      it = loader.make_iterator(config, workdir, split, index, count, source=name)
     try:
       metrics = evaluate_split(it)
     finally:
@@ -257,7 +258,7 @@ def score(
       "step": loaded["step"],
     }
   )
-  sources = input_pipeline.prepared_sources(prepared) if split == "eval" else []
+  sources = dataset.prepared_sources(prepared) if split == "eval" else []
   if sources:  # each named source alone, `batches` batches of its examples
     result["sources"] = {
       name: {ours: metrics[f"{name}/{theirs}"] for theirs, ours in names.items()}

@@ -14,7 +14,7 @@ from typing import Any
 from albert_jax import tasks
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer
+from albert_jax.data.text import tokenizer
 from albert_jax.engine import checkpoint, workdir as workdir_lib
 from albert_jax.interop import hf, jax_export, model_dir
 

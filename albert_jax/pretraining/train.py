@@ -14,7 +14,10 @@ import numpy as np
 
 from albert_jax.base import distributed, files, hardware
 from albert_jax.base.log import log
-from albert_jax.data import dataset, input_pipeline
+from albert_jax.data.pipeline import inspection, loader
+from albert_jax.data.prepare import build as prepare_lib
+from albert_jax.data.store import dataset
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.engine import (
   checkpoint,
   compiling,
@@ -50,14 +53,14 @@ def compile_train_step(config, mesh) -> compiling.Compiled:
 def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int = 3) -> list[str]:
   """The model's top prediction for each masked word of a few held-out examples, as text.
 
-  Example lines use input_pipeline.render_example's marks ([MASK](original), ...); the line below
+  Example lines use inspection.render_example's marks ([MASK](original), ...); the line below
   each lists original->predicted per target. Single-process runs only (the logits are read back on
   this host); [] otherwise.
   """
   if jax.process_count() > 1:
     return []
-  tok = input_pipeline.tokenizer_lib.load_for(dataset.spm_model_path(config, workdir), config.data)
-  with contextlib.closing(input_pipeline.make_iterator(config, workdir, split="eval")) as batches:
+  tok = tokenizer_lib.load_for(dataset.spm_model_path(config, workdir), config.data)
+  with contextlib.closing(loader.make_iterator(config, workdir, split="eval")) as batches:
     batch = next(batches)
   with sharding.with_mesh(mesh):
     out = jax.jit(
@@ -71,11 +74,11 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
       )["mlm_logits"]
     )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))
-  piece = lambda i: input_pipeline.tokenizer_lib.display_piece(tok.id_to_piece(int(i)))  # noqa: E731
+  piece = lambda i: tokenizer_lib.display_piece(tok.id_to_piece(int(i)))  # noqa: E731
   lines = []
   for row in range(min(num_examples, len(batch["input_ids"]))):
     k = int(batch["masked_lm_weights"][row].sum())
-    text = input_pipeline.render_example(tok, batch, row)
+    text = inspection.render_example(tok, batch, row)
     lines.append(f"  {text[:300]}{' ...' if len(text) > 300 else ''}")
     pairs = [
       f"{piece(t)}->{piece(p)}" for t, p in zip(batch["masked_lm_ids"][row, :k], predicted[row, :k])
@@ -117,7 +120,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
 
   # --- Data -------------------------------------------------------------------------------------
   # Process 0 prepares (once); the others then open what it built.
-  info = distributed.primary_first("prepare the data", lambda: dataset.prepare(config, workdir))
+  info = distributed.primary_first("prepare the data", lambda: prepare_lib.prepare(config, workdir))
   log(
     f"data: {info.get('num_train_examples')} train / {info.get('num_eval_examples')} eval examples; "
     f"vocabulary {info.get('spm_model_path')}"
@@ -175,7 +178,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
   )
 
   # --- Restore or initialise, compile, loop -------------------------------------------------------
-  train_iter = input_pipeline.make_iterator(config, workdir, split="train")
+  train_iter = loader.make_iterator(config, workdir, split="train")
   with contextlib.closing(train_iter):
     step, _, _ = train.run(config, workdir, mesh, trainer, train_iter, start, hooks)
   log(

@@ -28,7 +28,7 @@ from albert_jax import tasks
 from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import log
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.engine import checkpoint, train, workdir as workdir_lib
 from albert_jax.interop import hub
 from albert_jax.model import sharding

@@ -22,7 +22,7 @@ import numpy as np
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.tokenizer import CLS_ID, SEP_ID
+from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID
 from albert_jax.model import albert as M, heads
 from albert_jax.tasks import task as tasks
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import tokenizer as tokenizer_lib
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.model import albert as M, heads
 from albert_jax.tasks import task as tasks
 

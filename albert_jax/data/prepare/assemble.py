@@ -13,16 +13,9 @@ from absl import logging
 
 from albert_jax.base import files
 from albert_jax.base.log import prints_to_log
-from albert_jax.data import corpus as corpus_lib
-from albert_jax.data.prepare.layout import (
-  DATASET_NAME,
-  SPLITS,
-  document_features,
-  example_features,
-  final_name,
-  lengths_dir,
-  records_dir,
-)
+from albert_jax.data.corpus import reader as corpus_lib
+from albert_jax.data.examples.features import document_features, example_features
+from albert_jax.data.store.layout import DATASET_NAME, SPLITS, final_name, lengths_dir, records_dir
 
 # Files moved at once when the dataset is put together (on gs://, each move is a request or two).
 ASSEMBLE_THREADS = 16

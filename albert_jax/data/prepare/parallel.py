@@ -18,7 +18,7 @@ from absl import logging
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import corpus as corpus_lib
+from albert_jax.data.corpus import reader as corpus_lib
 from albert_jax.data.prepare.shards import summary_name, write_shard
 
 

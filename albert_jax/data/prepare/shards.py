@@ -17,19 +17,16 @@ import os
 import shutil
 import tempfile
 import types
-from collections.abc import Iterator
 
 import numpy as np
 
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import (
-  corpus as corpus_lib,
-  examples as examples_lib,
-  tokenizer as tokenizer_lib,
-  word_segmenters,
-)
-from albert_jax.data.prepare.layout import SPLITS, document_features, example_features
+from albert_jax.data.corpus import reader as corpus_lib
+from albert_jax.data.examples import pairs as pairs_lib
+from albert_jax.data.examples.features import document_features, example_features
+from albert_jax.data.store.layout import SPLITS
+from albert_jax.data.text import tokenizer as tokenizer_lib, word_segmenters
 
 # Within a shard, the documents of a split are paired in groups of at most GROUP_DOCUMENTS (the pool
 # a random B is drawn from).
@@ -93,7 +90,7 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
       return
     rng = np.random.default_rng([seed, SPLITS.index(split), shard["index"], groups[split]])
     pairs[split].extend(
-      examples_lib.create_pairs(
+      pairs_lib.create_pairs(
         tokenized,
         rng,
         max_seq_length=data.max_seq_length,
@@ -285,7 +282,7 @@ def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
         ).SerializeToString(deterministic=True)
         writer.write(record)
         nbytes += len(record)
-        pairs += examples_lib.epoch_pair_count(
+        pairs += pairs_lib.epoch_pair_count(
           lengths.tolist(), epoch=0, key=key, summary=counts, **_pairing_settings(data)
         )
     finally:
@@ -327,18 +324,3 @@ def _write_lengths(path: str, stored: list) -> None:
   with open(path, "wb") as f:
     f.write(np.array([len(keys), len(lengths)], "<i8").tobytes())
     f.write(keys.tobytes() + per_doc.tobytes() + lengths.tobytes())
-
-
-def read_sentence_lengths(
-  ddir: str, split: str
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-  """(keys, sentences per document, sentence lengths) of a per-epoch split, a shard at a time in
-  record order: memory bounded by a shard."""
-  paths = sorted(str(p) for p in files.path(ddir, "sentence_lengths").glob(f"{split}-*"))
-  for path in paths:
-    raw = files.path(path).read_bytes()
-    n_docs, n_sent = np.frombuffer(raw[:16], "<i8").tolist()
-    keys = np.frombuffer(raw, "<i8", n_docs, 16)
-    per_doc = np.frombuffer(raw, "<i4", n_docs, 16 + 8 * n_docs)
-    lengths = np.frombuffer(raw, "<i4", n_sent, 16 + 12 * n_docs)
-    yield keys, per_doc, lengths

@@ -19,9 +19,10 @@ from absl import logging
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, scripts, sources, tokenizer as tokenizer_lib
-from albert_jax.data.examples import splitmix64
+from albert_jax.data.corpus import reader as corpus_lib, sources
+from albert_jax.data.examples.philox import splitmix64
 from albert_jax.data.prepare.parallel import job_data, map_shards
+from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
 
 
 def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:

@@ -16,7 +16,7 @@ import jax
 from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import log
-from albert_jax.data import dataset
+from albert_jax.data.prepare import build
 from albert_jax.engine import workdir as workdir_lib
 from albert_jax.interop import jax_export
 from albert_jax.model import albert as model_lib
@@ -65,7 +65,7 @@ def prepare(config, workdir: str, seeds: list[int]) -> None:
   for seed in seeds:
     for task in TASKS:
       c = init_from.resolve(seed_config(config, workdir, seed, task))  # this data's config, once
-      info = dataset.prepare(c, os.path.dirname(c.data.data_dir))
+      info = build.prepare(c, os.path.dirname(c.data.data_dir))
       log(
         f"data seed {seed} {task}: {info.get('num_train_examples')} train / "
         f"{info.get('num_eval_examples')} eval examples in {c.data.data_dir}"

@@ -15,9 +15,9 @@ from absl import logging
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import formats
-from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import split_sentences
+from albert_jax.data.corpus import formats
+from albert_jax.data.corpus.stats import CorpusStats
+from albert_jax.data.text.sentences import split_sentences
 
 _decode = formats.decode
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from albert_jax.base.config_lib import ConfigError, parse_source_weights as parse_weights
-from albert_jax.data.text_files import input_patterns
+from albert_jax.data.corpus.text_files import input_patterns
 
 UNNAMED = ""  # the source of the unnamed items of data.input_files
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})=(.+)$")

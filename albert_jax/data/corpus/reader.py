@@ -43,22 +43,22 @@ from collections.abc import Iterable, Iterator
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import (
+from albert_jax.data.corpus import (
   columnar,
   formats,
   python_docs,
-  scripts,
   sources as sources_lib,
   text_layout,
   tfds_corpus,
 )
-from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import splitter
-from albert_jax.data.text_files import (
+from albert_jax.data.corpus.stats import CorpusStats
+from albert_jax.data.corpus.text_files import (
   file_range_documents,
   resolve_input_files,
   text_file_documents,
 )
+from albert_jax.data.text import scripts
+from albert_jax.data.text.sentences import splitter
 
 BUILTIN_CORPORA = ("python_docs",)
 LISTED_FILES = 10_000  # input files listed one by one in the fingerprint (identity)

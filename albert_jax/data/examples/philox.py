@@ -44,3 +44,12 @@ def philox4x64(key0: int, key1: np.ndarray, blocks: int) -> np.ndarray:
         x0, x1, x2, x3 = hi1 ^ x1 ^ k0, lo1, hi0 ^ x3 ^ k1, lo0
       out[:, 4 * c : 4 * c + 4] = np.stack([x0, x1, x2, x3], 1)
   return out
+
+
+def splitmix64(x: int) -> int:
+  """SplitMix64 finaliser: spreads small seeds over the 64-bit key space (the keys of the pairs' and
+  masks' generators and of the vocabulary sample)."""
+  x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+  return x ^ (x >> 31)

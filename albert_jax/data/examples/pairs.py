@@ -27,46 +27,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Sequence
 
-import jax
 import numpy as np
 
-from albert_jax.data import philox
-from albert_jax.data.tokenizer import CLS_ID, SEP_ID
-
-# The model's features of one batch: name -> (shape in terms of B, S = max_seq_length and
-# P = max_predictions_per_seq, dtype). The original's feature names; the one batch layout that the
-# input pipeline produces and the trainer, the estimate and the benchmarks consume.
-FEATURES = {
-  "input_ids": (("B", "S"), np.int32),
-  "input_mask": (("B", "S"), np.int32),
-  "segment_ids": (("B", "S"), np.int32),
-  "masked_lm_positions": (("B", "P"), np.int32),
-  "masked_lm_ids": (("B", "P"), np.int32),
-  "masked_lm_weights": (("B", "P"), np.float32),
-  "sentence_order_label": (("B",), np.int32),
-}
-FEATURE_KEYS = tuple(FEATURES)
-
-
-def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
-  """The batch's jax.ShapeDtypeStructs for config (global batch train.batch_size unless given)."""
-  return batch_shapes(
-    config.train.batch_size if batch_size is None else batch_size,
-    config.data.max_seq_length,
-    config.data.max_predictions_per_seq,
-    sharding=sharding,
-  )
-
-
-def batch_shapes(batch: int, seq: int, predictions: int, sharding=None) -> dict:
-  """FEATURES as jax.ShapeDtypeStructs for `batch` sequences of `seq` tokens, `predictions` masked."""
-
-  dims = {"B": batch, "S": seq, "P": predictions}
-  return {
-    k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
-    for k, (shape, dtype) in FEATURES.items()
-  }
-
+from albert_jax.data.examples import philox
+from albert_jax.data.examples.philox import splitmix64
+from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID
 
 # ----------------------------------------------------------------------------------------------
 # Stage 1: segment pairs.
@@ -560,12 +525,3 @@ def locate(order: np.ndarray, offsets: np.ndarray, k: int) -> tuple[int, int]:
     raise IndexError(f"example {k} is not in an epoch of {int(offsets[-1])}")
   p = int(np.searchsorted(offsets, k, side="right")) - 1
   return int(order[p]), int(k - offsets[p])
-
-
-def splitmix64(x: int) -> int:
-  """SplitMix64 finaliser: spreads small seeds over the 64-bit key space (the keys of the pairs' and
-  masks' generators and of the vocabulary sample)."""
-  x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-  return x ^ (x >> 31)

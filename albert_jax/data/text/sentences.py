@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 
-from albert_jax.data import scripts
+from albert_jax.data.text import scripts
 
 # Abbreviations that a "." ends without ending the sentence, per language (data.language picks
 # one; without it, all of them), lower-cased, without their final ".".

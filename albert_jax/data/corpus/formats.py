@@ -39,7 +39,7 @@ import zstandard
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import sniff
+from albert_jax.data.corpus import sniff
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}

@@ -11,8 +11,8 @@ import sysconfig
 from collections.abc import Iterator
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import paragraph_sentences
+from albert_jax.data.corpus.stats import CorpusStats
+from albert_jax.data.text.sentences import paragraph_sentences
 
 _SKIP_DIRS = frozenset(
   {

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 DATASET_NAME = "albert_pretraining"
 DATASET_VERSION = "1.0.0"
 SPLITS = ("train", "eval")
@@ -32,32 +30,3 @@ def lengths_dir(out: str) -> str:
   """Where per-epoch pairing keeps each split's sentence lengths, a file per shard: what the loader
   counts an epoch's pairs from without reading a token."""
   return os.path.join(out, "sentence_lengths")
-
-
-def example_features():
-  """The examples' TFDS features: token and segment ids as raw little-endian arrays (cheap to
-  decode), the label as a scalar."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  bytes_enc = tfds.features.Encoding.BYTES
-  return tfds.features.FeaturesDict(
-    {
-      "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
-      "segment_ids": tfds.features.Tensor(shape=(None,), dtype=np.int8, encoding=bytes_enc),
-      "sentence_order_label": tfds.features.Scalar(dtype=np.int32),
-    }
-  )
-
-
-def document_features():
-  """Per-epoch pairing's records: a document's tokens, its sentence lengths and its pairing key."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  bytes_enc = tfds.features.Encoding.BYTES
-  return tfds.features.FeaturesDict(
-    {
-      "input_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
-      "sentence_lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32, encoding=bytes_enc),
-      "document_key": tfds.features.Scalar(dtype=np.int64),
-    }
-  )

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from albert_jax.data.examples import splitmix64
-from albert_jax.data.tokenizer import MASK_ID
-from albert_jax.data.word_segmenters import SEGMENTED_WORD_START
+from albert_jax.data.examples.philox import splitmix64
+from albert_jax.data.text.tokenizer import MASK_ID
+from albert_jax.data.text.word_segmenters import SEGMENTED_WORD_START
 
 NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start above these
 

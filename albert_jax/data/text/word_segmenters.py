@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import scripts
+from albert_jax.data.text import scripts
 
 # Set on a stored piece id where a segmenter word begins (data.word_start=auto, unspaced text).
 SEGMENTED_WORD_START = 1 << 30

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from albert_jax.base import files as files_lib
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.formats import missing_field, open_file, value_sentences
+from albert_jax.data.corpus.formats import missing_field, open_file, value_sentences
 
 
 def _check_column(path: str, schema, field: str) -> None:

@@ -14,8 +14,9 @@ import os
 from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import corpus as corpus_lib, sources, tokenizer as tokenizer_lib
-from albert_jax.data.prepare.layout import PREPARED_FILE
+from albert_jax.data.corpus import reader as corpus_lib, sources
+from albert_jax.data.store.layout import PREPARED_FILE
+from albert_jax.data.text import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 3  # of prepared.json and the example layout (3: a file per shard, in shard order)
 

@@ -31,8 +31,6 @@ dupe_factor (epoch % dupe_factor), which reproduces the original's regime.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Any
 
 import jax
 import numpy as np
@@ -41,15 +39,11 @@ from absl import flags, logging
 from albert_jax.base import validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import (
-  corpus as corpus_lib,
-  epoch_plan,
-  examples as examples_lib,
-  masking as masking_lib,
-  tokenizer as tokenizer_lib,
-)
-from albert_jax.data.dataset import check_prepared, open_source, prepare
-from albert_jax.data.prepare.layout import SPLITS
+from albert_jax.data.examples import masking as masking_lib
+from albert_jax.data.pipeline import epoch_plan
+from albert_jax.data.store.dataset import check_prepared, open_split, prepared_sources
+from albert_jax.data.store.layout import SPLITS
+from albert_jax.data.text import tokenizer as tokenizer_lib
 
 # ----------------------------------------------------------------------------------------------
 # The grain pipeline.
@@ -236,7 +230,7 @@ def make_iterator(
   validation.check_batch_split(config.train, processes=process_count)
   per_host = config.train.batch_size // process_count
   d = config.data
-  data_source = open_source(ddir, split)
+  data_source = open_split(ddir, split)
   n = len(data_source)
   tok = tokenizer_lib.load_for(os.path.join(ddir, VOCAB_FILE), d)
   masker = masking_lib.Masker(
@@ -328,115 +322,3 @@ def make_iterator(
     num_workers=d.num_workers,
     pairs=mixture if mixture is not None else (pairs if train else None),
   )
-
-
-def prepared_sources(prepared: dict) -> list[str]:
-  """The named sources of prepared data (prepared.json's stats.sources), each evaluated alone
-  beside the total; [] for a corpus without names."""
-  return [s["name"] for s in prepared.get("stats", {}).get("sources", []) if s["name"]]
-
-
-def batches(config, workdir: str, split: str = "train") -> Iterator[dict[str, np.ndarray]]:
-  """Prepares the data if needed, then yields this host's batches of `split` (dicts of NumPy arrays:
-  input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, masked_lm_weights,
-  sentence_order_label)."""
-  prepare(config, workdir)
-  return make_iterator(config, workdir, split)
-
-
-# ----------------------------------------------------------------------------------------------
-# Inspection.
-
-
-def render_example(tok: tokenizer_lib.Tokenizer, features: dict[str, np.ndarray], row: int) -> str:
-  """One masked example as text. Targets: [MASK](original), a random replacement {shown>original},
-  a kept target <original>. Pieces of one word are joined; [SEP] separates the segments."""
-  marker = tokenizer_lib.WORD_MARKER
-  shown = lambda i: tokenizer_lib.display_piece(tok.id_to_piece(i))  # noqa: E731
-  n = int(features["input_mask"][row].sum())
-  k = int(features["masked_lm_weights"][row].sum())
-  targets = dict(
-    zip(
-      features["masked_lm_positions"][row, :k].tolist(), features["masked_lm_ids"][row, :k].tolist()
-    )
-  )
-  out = []
-  for pos, i in enumerate(features["input_ids"][row, :n].tolist()):
-    original = targets.get(pos, i)
-    piece = tok.id_to_piece(original)
-    new_word = piece.startswith(marker) or original < masking_lib.NUM_CONTROL_IDS or not out
-    text = piece.replace(marker, "")
-    if pos in targets:
-      text = shown(original)
-      if i == tokenizer_lib.MASK_ID:
-        text = f"[MASK]({text})"
-      elif i == original:
-        text = f"<{text}>"
-      else:
-        text = "{" + shown(i) + ">" + text + "}"
-    if new_word or (out and out[-1] in ("[CLS]", "[SEP]")):
-      out.append(text)
-    else:
-      out[-1] += text
-  return " ".join(out)
-
-
-def corpus_documents(data, num_documents: int, width: int = 120) -> list[str]:
-  """The corpus's first documents as read and split into sentences (what the examples are made
-  of), a sentence a line; one line saying why not when the corpus cannot be read here."""
-  lines = []
-  try:
-    for i, doc in enumerate(corpus_lib.documents(data)):
-      if i >= num_documents:
-        break
-      lines.append(f"document {i}: {len(doc)} sentences")
-      for sentence in doc:
-        lines.append(f"  | {sentence[:width]}{'...' if len(sentence) > width else ''}")
-  except ConfigError as e:
-    lines.append(f"corpus not read here: {e}")
-  return lines
-
-
-def inspect(
-  config, workdir: str, num_examples: int = 3, num_batches: int = 4
-) -> tuple[list[str], dict[str, Any]]:
-  """A few decoded train examples (masks visible) and statistics of the prepared data and batches."""
-  info = prepare(config, workdir)
-  ddir = info["data_dir"]
-  tok = tokenizer_lib.load_for(os.path.join(ddir, VOCAB_FILE), config.data)
-  config = config.copy_and_resolve_references()  # a small batch, without touching the caller's
-  config.train.batch_size = min(config.train.batch_size, 256)
-  config.data.num_workers = 0
-  it = make_iterator(config, workdir, "train", process_index=0, process_count=1)
-  collected = [next(it) for _ in range(num_batches)]
-  it.close()
-  first = collected[0]
-  lines = []
-  for row in range(min(num_examples, len(first["input_ids"]))):
-    label = int(first["sentence_order_label"][row])
-    lines.append(
-      f"example {row}: sentence_order_label={label} tokens="
-      f"{int(first['input_mask'][row].sum())} predictions="
-      f"{int(first['masked_lm_weights'][row].sum())}"
-    )
-    lines.append("  " + render_example(tok, first, row))
-  lines.extend(corpus_documents(config.data, num_examples))
-  cat = {k: np.concatenate([b[k] for b in collected]) for k in examples_lib.FEATURE_KEYS}
-  w = cat["masked_lm_weights"] > 0
-  shown = np.take_along_axis(cat["input_ids"], cat["masked_lm_positions"], 1)[w]
-  target = cat["masked_lm_ids"][w]
-  stats = {k: v for k, v in info.items() if k not in ("data_dir", "spm_model_path", "vocab_sha256")}
-  stats.update(
-    data_dir=ddir,
-    batch_examples=int(len(cat["input_ids"])),
-    batch_mean_tokens=round(float(cat["input_mask"].sum(1).mean()), 1),
-    batch_mean_predictions=round(float(w.sum(1).mean()), 2),
-    batch_masked_token_fraction=round(float(w.sum() / cat["input_mask"].sum()), 4),
-    batch_replaced_by_mask=round(float((shown == tokenizer_lib.MASK_ID).mean()), 3),
-    batch_kept=round(float((shown == target).mean()), 3),
-    batch_random=round(float(((shown != tokenizer_lib.MASK_ID) & (shown != target)).mean()), 3),
-    batch_sentence_order_label_1=round(float(cat["sentence_order_label"].mean()), 3),
-    masking="static" if config.data.static_masking else "dynamic",
-    max_predictions_per_seq=config.data.max_predictions_per_seq,
-  )
-  return lines, stats

@@ -26,13 +26,9 @@ import threading
 import numpy as np
 
 from albert_jax.base import config_lib
-from albert_jax.data import (
-  examples as examples_lib,
-  masking as masking_lib,
-  sources as sources_lib,
-)
-from albert_jax.data.dataset import open_source
-from albert_jax.data.prepare.shards import read_sentence_lengths
+from albert_jax.data.corpus import sources as sources_lib
+from albert_jax.data.examples import masking as masking_lib, pairs as pairs_lib
+from albert_jax.data.store.dataset import open_split, read_sentence_lengths
 
 
 class EpochPairs:
@@ -99,14 +95,14 @@ class EpochPairs:
 
   def _count(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     counts = [  # an int32 array per shard of the split (of the source's documents)
-      examples_lib.epoch_pair_counts(lengths, per_doc, keys, epoch=epoch, **self.settings)
+      pairs_lib.epoch_pair_counts(lengths, per_doc, keys, epoch=epoch, **self.settings)
       for keys, per_doc, lengths in self._sentence_lengths()
     ]
     counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
     first = 0 if self.records is None else self.records[0]
     if self.shuffle:
       seed = self.seed if self.records is None else self.seed + 7919 * (self.stream + 1)
-      order, offsets = examples_lib.epoch_layout(counts, seed, epoch)
+      order, offsets = pairs_lib.epoch_layout(counts, seed, epoch)
       layout = (order + first, offsets)
     else:
       offsets = np.zeros(len(counts) + 1, np.int64)
@@ -195,14 +191,14 @@ class EpochPairs:
         rng = np.random.default_rng(words)
         self._window = ((pe, w), rng.permutation(n))
       k = w * self.WINDOW + int(self._window[1][k - w * self.WINDOW])
-    doc, j = examples_lib.locate(order, offsets, k)
+    doc, j = pairs_lib.locate(order, offsets, k)
     return self._document_pairs(pe, doc)[j]
 
   def _document(self, index: int) -> tuple[list[np.ndarray], int]:
     if self._source is None:
       from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
-      self._source = open_source(self.ddir, self.split)
+      self._source = open_split(self.ddir, self.split)
       self._parse = tf_example_pb2.Example.FromString
     f = self._parse(self._source[index]).features.feature
     ids = np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4")
@@ -213,7 +209,7 @@ class EpochPairs:
     pairs = self._pairs.get((epoch, doc))
     if pairs is None:
       sentences, key = self._document(doc)
-      pairs = examples_lib.epoch_pairs(
+      pairs = pairs_lib.epoch_pairs(
         sentences,
         doc,
         len(self._source),
@@ -425,7 +421,7 @@ class MixtureLoader:
     if self._source is None:
       from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
-      self._source = open_source(self.ddir, "train")
+      self._source = open_split(self.ddir, "train")
       self._parse = tf_example_pb2.Example.FromString
     f = self._parse(self._source[index]).features.feature
     return {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from albert_jax.data import scripts
+from albert_jax.data.text import scripts
 
 LANGUAGES = ("en", "ru", "zh", "ja", "ko", "hi", "ar")
 

@@ -37,23 +37,9 @@ from absl import logging
 from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data import (
-  corpus as corpus_lib,
-  scripts,
-  sources as sources_lib,
-  tokenizer as tokenizer_lib,
-  word_segmenters,
-)
-from albert_jax.data.corpus_stats import LONG_DOCUMENT, UNSPLIT_WARNING
+from albert_jax.data.corpus import reader as corpus_lib, sources as sources_lib
+from albert_jax.data.corpus.stats import LONG_DOCUMENT, UNSPLIT_WARNING
 from albert_jax.data.prepare.assemble import assemble, format_stats, summed_stats
-from albert_jax.data.prepare.fingerprint import (
-  as_read_today,
-  differences,
-  fingerprint,
-  read_prepared,
-  take_decisions,
-)
-from albert_jax.data.prepare.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE, SPLITS
 from albert_jax.data.prepare.parallel import (
   beam_options,
   job_data,
@@ -62,82 +48,19 @@ from albert_jax.data.prepare.parallel import (
   write_shards_with_beam,
 )
 from albert_jax.data.prepare.vocab import train_vocab
+from albert_jax.data.store.dataset import check_prepared, data_dir, prepared_info
+from albert_jax.data.store.fingerprint import (
+  fingerprint,
+  read_prepared,
+)
+from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE, SPLITS
+from albert_jax.data.text import scripts, tokenizer as tokenizer_lib, word_segmenters
 
 # The corpus is cut into shards of about SHARD_BYTES of text (text files) or SHARD_DOCUMENTS
 # documents (TFDS, built-in), each made into examples on its own from the seed and its index
 # (prepare/shards.py): the dataset is the same whatever the number of workers.
 SHARD_BYTES = 1 << 20
 SHARD_DOCUMENTS = 2_000
-
-
-def data_dir(config, workdir: str) -> str:
-  """Where prepared data lives: config.data.data_dir, or <workdir>/data (local or gs://)."""
-  return str(files.path(config.data.data_dir or files.path(workdir, "data")))
-
-
-def spm_model_path(config, workdir: str) -> str:
-  """The vocabulary the prepared data uses (a copy of a brought model, or the trained one)."""
-  path = files.path(data_dir(config, workdir), VOCAB_FILE)
-  if not path.exists() and config.data.spm_model_path:
-    path = files.path(config.data.spm_model_path)
-  return str(path)
-
-
-def check_prepared(config, workdir: str) -> tuple[str, dict]:
-  """(data dir, prepared.json) if the prepared data matches config; ConfigError otherwise."""
-  ddir = data_dir(config, workdir)
-  prepared = read_prepared(ddir)
-  if prepared is None:
-    raise ConfigError(
-      f"no prepared data in {ddir}: run python -m albert_jax.prepare "
-      f"--config=... --workdir={workdir}"
-    )
-  take_decisions(config, as_read_today(prepared, config)["fingerprint"])
-  diffs = differences(as_read_today(prepared, config), fingerprint(config, must_exist=False))
-  if diffs:
-    keep = ""
-    if any(d.startswith("format ") for d in diffs) and not any(
-      d.startswith("vocab") for d in diffs
-    ):
-      # An earlier version's data: a rebuild would train another vocabulary, which a run resuming
-      # from checkpoints made with this one must not get.
-      keep = (
-        f" (to keep its vocabulary, copy {os.path.join(ddir, VOCAB_FILE)} elsewhere and set "
-        f"data.spm_model_path to the copy)"
-      )
-    raise ConfigError(
-      f"the data in {ddir} was prepared with other settings: {'; '.join(diffs)}; "
-      f"use another data.data_dir or delete {ddir} to rebuild{keep}"
-    )
-  return ddir, prepared
-
-
-def _info(ddir: str, prepared: dict) -> dict:
-  stats = prepared["stats"]
-  return dict(
-    stats,
-    data_dir=ddir,
-    spm_model_path=str(files.path(ddir, VOCAB_FILE)),
-    num_train_examples=stats["train_examples"],
-    num_eval_examples=stats["eval_examples"],
-    vocab_sha256=prepared["vocab_sha256"],
-  )
-
-
-def open_source(ddir: str, split: str, raw: bool = True):
-  """tfds.data_source over a prepared split; raw=True returns serialized records (see _Loader)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  if split not in SPLITS:
-    raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
-  method = tfds.decode.DeserializeMethod
-  return tfds.data_source(
-    DATASET_NAME,
-    split=split,
-    data_dir=ddir,
-    download=False,
-    deserialize_method=method.RAW_BYTES if raw else method.DESERIALIZE_AND_DECODE,
-  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,7 +338,7 @@ def _prepare_to_bucket(config, workdir: str, ddir: str) -> dict:
     _remove_build(staging)
   ddir, prepared = check_prepared(config, workdir)
   logging.info("prepared %s: %s", ddir, json.dumps(prepared["stats"]))
-  return _info(ddir, prepared)
+  return prepared_info(ddir, prepared)
 
 
 def _only_partial_upload(ddir: str) -> bool:
@@ -439,7 +362,7 @@ def prepare(config, workdir: str) -> dict:
   if prepared is not None:
     ddir, prepared = check_prepared(config, workdir)
     logging.info("prepared data found in %s", ddir)
-    return _info(ddir, prepared)
+    return prepared_info(ddir, prepared)
   if files.is_remote(ddir):
     # One prepare per bucket data directory: a lease in <parent>/.<name>.lock (beside it, so that
     # the data directory holds only the dataset).
@@ -456,7 +379,7 @@ def prepare(config, workdir: str) -> dict:
     ):
       if read_prepared(ddir) is not None:  # another prepare finished meanwhile
         ddir, prepared = check_prepared(config, workdir)
-        return _info(ddir, prepared)
+        return prepared_info(ddir, prepared)
       return _prepare_to_bucket(config, workdir, ddir)
   if os.path.isdir(ddir) and os.listdir(ddir):
     raise ConfigError(
@@ -490,4 +413,4 @@ def prepare(config, workdir: str) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
   ddir, prepared = check_prepared(config, workdir)
   logging.info("prepared %s: %s", ddir, json.dumps(prepared["stats"]))
-  return _info(ddir, prepared)
+  return prepared_info(ddir, prepared)

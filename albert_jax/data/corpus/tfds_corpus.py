@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import formats
-from albert_jax.data.corpus_stats import CorpusStats
-from albert_jax.data.sentence_split import split_sentences, splitter
+from albert_jax.data.corpus import formats
+from albert_jax.data.corpus.stats import CorpusStats
+from albert_jax.data.text.sentences import split_sentences, splitter
 
 
 def data_source(name: str, split: str, data_dir: str):

@@ -12,8 +12,9 @@ import statistics
 from absl import logging
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data import scripts, sniff
-from albert_jax.data.formats import READ_ERRORS, decompressed, lines, open_file, read_error
+from albert_jax.data.corpus import sniff
+from albert_jax.data.corpus.formats import READ_ERRORS, decompressed, lines, open_file, read_error
+from albert_jax.data.text import scripts
 
 SAMPLE_LINES = 1000
 SAMPLE_BYTES = 256 << 10  # of each file: enough for a median, little to read over many files

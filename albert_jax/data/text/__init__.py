@@ -1,0 +1,1 @@
+"""Text, before any file: scripts, sentence ends, word starts, segmenters and the SentencePiece vocabulary."""
