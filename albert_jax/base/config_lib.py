@@ -218,6 +218,12 @@ def base_config() -> ml_collections.ConfigDict:
       # document), as each of the original's dupe_factor copies drew its own; docs/data.md) |
       # static (made once at prepare time: every epoch shows a document the same pairs).
       pairing="per_epoch",
+      # Sequence packing (a departure, off: the original's one example a row; docs/data.md,
+      # Packing): true fills each row with several documents' sequences ([CLS] ... [SEP] each,
+      # token type 0, positions from 0, attention within its own document), best-fit over windows
+      # of packing_window examples. MLM only (data.task=none).
+      packing=False,
+      packing_window=4096,
       # Loader.
       shuffle=True,
       num_workers=0,

@@ -147,6 +147,7 @@ def validate_data(d, model) -> None:
     f"data.pairing={d.pairing!r} is not 'per_epoch' or 'static'",
   )
   _check(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
+  _validate_packing(d)
   _check(d.max_documents >= 0, f"data.max_documents={d.max_documents} must be >= 0 (0: all)")
   _check(
     d.num_prepare_workers >= 0,
@@ -158,6 +159,31 @@ def validate_data(d, model) -> None:
   )
   _validate_languages(d)
   _validate_sources(d)
+
+
+def _validate_packing(d) -> None:
+  """data.packing: MLM-only rows of several documents (data/pipeline/packing.py)."""
+  if not d.get("packing", False):
+    return
+  _check(
+    d.task == "none",
+    f"data.packing=true packs MLM-only rows: it needs data.task=none (data.task={d.task!r} trains "
+    "a sentence-pair head on one pair a row)",
+  )
+  _check(
+    not d.static_masking,
+    "data.packing=true draws masks per packed row: it cannot reuse the original's static masks "
+    "(data.static_masking=true)",
+  )
+  _check(
+    not d.single_sentence_random_next,
+    "data.packing=true keeps each document's text in order: data.single_sentence_random_next=true "
+    "would put another document's sentences inside it",
+  )
+  _check(
+    isinstance(d.packing_window, int) and 1 <= d.packing_window <= 1 << 20,
+    f"data.packing_window={d.packing_window!r} must be an integer in [1, {1 << 20}]",
+  )
 
 
 def _validate_sources(data) -> None:

@@ -230,7 +230,7 @@ class AlbertEmbeddings(nn.Module):
     self.LayerNorm = _layer_norm(cfg, "embed", "LayerNorm")
     self.dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
 
-  def __call__(self, input_ids, token_type_ids):
+  def __call__(self, input_ids, token_type_ids, position_ids=None):
     length = input_ids.shape[-1]
     if length > self.cfg.max_position_embeddings:
       # Caught at trace time (shapes are static): a gather past the table would read NaN (jax's
@@ -245,8 +245,12 @@ class AlbertEmbeddings(nn.Module):
     # token-type rows (or onto each position row B times) serialises on a GPU: it was 56 of the 76 ms
     # of albert base's bf16 step on an H200 (docs/performance.md). The values are the table's rows
     # either way (HIGHEST: no bf16 pass of an f32 matmul on a TPU).
+    # Packed rows (position_ids given) look their positions up: each document's restart at 0.
     compute = self.cfg.compute_dtype
-    positions = self.position_embeddings.embedding[:length].astype(compute)[None]
+    if position_ids is None:
+      positions = self.position_embeddings.embedding[:length].astype(compute)[None]
+    else:
+      positions = jnp.take(self.position_embeddings.embedding.astype(compute), position_ids, axis=0)
     types = jnp.einsum(
       "bst,te->bse",
       jax.nn.one_hot(token_type_ids, self.cfg.type_vocab_size, dtype=compute),
@@ -263,10 +267,13 @@ class AlbertEmbeddings(nn.Module):
 
 
 class Attention(nn.Module):
-  """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block."""
+  """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block.
+
+  packed (data.packing): attention_mask holds pack ids, and a token attends within its document."""
 
   cfg: ModelConfig
   deterministic: bool = True
+  packed: bool = False
 
   @nn.compact
   def __call__(self, x, attention_mask):
@@ -285,21 +292,28 @@ class Attention(nn.Module):
 
     q, k, v = project("query"), project("key"), project("value")
     scale = 1.0 / math.sqrt(d)
-    if cfg.attention_impl == "flash":
-      context = attention.flash_attention(q, k, v, attention_mask, scale)
-    elif cfg.attention_impl == "dot_product_attention":
+    # The einsum paths' mask: on keys ([B, S]), or query by key within documents when packed.
+    mask = attention.pack_mask(attention_mask) if self.packed else attention_mask
+    impl = cfg.attention_impl
+    if impl == "flash" and self.packed and jax.default_backend() == "gpu":
+      _say_once(
+        "attention: packed rows take the einsum path on a GPU (cuDNN's flash kernel takes "
+        "per-row lengths, not pack ids)"
+      )
+      impl = "einsum"
+    if impl == "flash":
+      context = attention.flash_attention(q, k, v, attention_mask, scale, packed=self.packed)
+    elif impl == "dot_product_attention":
       # No attention-probability dropout here (validated); the mask is on keys only.
-      mask = attention_mask[:, None, None, :].astype(bool)
-      context = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+      dpa_mask = mask[:, None] if self.packed else attention_mask[:, None, None, :].astype(bool)
+      context = jax.nn.dot_product_attention(q, k, v, mask=dpa_mask, scale=scale)
     elif jnp.dtype(v.dtype).itemsize < 4:  # einsum under a 16-bit compute dtype
       rate = cfg.attention_probs_dropout_prob
       rng = None if self.deterministic or rate == 0 else self.make_rng("dropout")
-      context = attention.attention_core(q, k, v, attention_mask, rng, scale, rate)
+      context = attention.attention_core(q, k, v, mask, rng, scale, rate)
     else:  # einsum in float32: jax's softmax and derivative (the memory estimate's calibration)
       scores = jnp.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d)
-      scores = (
-        scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * attention.MASK_ADDER
-      )
+      scores = scores + attention.mask_adder(mask)
       probs = jax.nn.softmax(scores, axis=-1)
       probs = nn.Dropout(cfg.attention_probs_dropout_prob, deterministic=self.deterministic)(probs)
       context = jnp.einsum("bnqk,bknd->bqnd", probs, v)
@@ -330,10 +344,11 @@ class AlbertLayer(nn.Module):
 
   cfg: ModelConfig
   deterministic: bool = True
+  packed: bool = False
 
   @nn.compact
   def __call__(self, x, attention_mask):
-    a = Attention(self.cfg, self.deterministic, name="attention")(x, attention_mask)
+    a = Attention(self.cfg, self.deterministic, self.packed, name="attention")(x, attention_mask)
     return FeedForward(self.cfg, self.deterministic, name="feed_forward")(a)
 
 
@@ -343,12 +358,24 @@ class AlbertLayerGroup(nn.Module):
   cfg: ModelConfig
   deterministic: bool = True
   inner: int = 1
+  packed: bool = False
 
   @nn.compact
   def __call__(self, x, attention_mask):
     for k in range(self.inner):
-      x = AlbertLayer(self.cfg, self.deterministic, name=f"albert_layers_{k}")(x, attention_mask)
+      layer = AlbertLayer(self.cfg, self.deterministic, self.packed, name=f"albert_layers_{k}")
+      x = layer(x, attention_mask)
     return x, None
+
+
+_SAID: set = set()
+
+
+def _say_once(line: str) -> None:
+  """One console line per process for a choice made while tracing (not a library INFO line)."""
+  if line not in _SAID:
+    _SAID.add(line)
+    print(line, flush=True)
 
 
 def _remat(cfg: ModelConfig, module_cls):
@@ -404,10 +431,12 @@ def _share_sublayer(shared: str, num_layers: int):
 
 
 class AlbertTransformer(nn.Module):
-  """The E->H projection and L applications of the block under the configured sharing."""
+  """The E->H projection and L applications of the block under the configured sharing (packed:
+  attention_mask holds pack ids, Attention)."""
 
   cfg: ModelConfig
   deterministic: bool = True
+  packed: bool = False
 
   @nn.compact
   def __call__(self, x, attention_mask):
@@ -431,9 +460,11 @@ class AlbertTransformer(nn.Module):
             in_axes=nn.broadcast,
             length=length,
           )
-          x, _ = scanned(cfg, self.deterministic, cfg.inner_group_num, name=name)(x, attention_mask)
+          x, _ = scanned(cfg, self.deterministic, cfg.inner_group_num, self.packed, name=name)(
+            x, attention_mask
+          )
         else:
-          group = body(cfg, self.deterministic, cfg.inner_group_num, name=name)
+          group = body(cfg, self.deterministic, cfg.inner_group_num, self.packed, name=name)
           for _ in range(length):
             x, _ = group(x, attention_mask)
       return x
@@ -441,7 +472,8 @@ class AlbertTransformer(nn.Module):
       if cfg.sharing != "none":
         raise config_lib.ConfigError(f"model.sharing={cfg.sharing!r} needs model.scan_layers=True")
       for i in range(L):  # the same tree as L groups of one layer
-        x, _ = body(cfg, self.deterministic, 1, name=f"albert_layer_groups_{i}")(x, attention_mask)
+        name = f"albert_layer_groups_{i}"
+        x, _ = body(cfg, self.deterministic, 1, self.packed, name=name)(x, attention_mask)
       return x
     scanned = nn.scan(
       body,
@@ -459,20 +491,25 @@ class AlbertTransformer(nn.Module):
         scanned, "params", trans_in_fn=trans_in, trans_out_fn=trans_out, init=True, mutable=True
       )
     # A one-layer "group" whose parameters carry the [L] axis: albert_layers/albert_layers_0/...
-    x, _ = scanned(cfg, self.deterministic, 1, name="albert_layers")(x, attention_mask)
+    x, _ = scanned(cfg, self.deterministic, 1, self.packed, name="albert_layers")(x, attention_mask)
     return x
 
 
 class AlbertModel(nn.Module):
-  """The backbone: embeddings, encoder and pooler. Returns sequence_output [B,S,H], pooled_output [B,H]."""
+  """The backbone: embeddings, encoder and pooler. Returns sequence_output [B,S,H], pooled_output [B,H].
+
+  packed (data.packing): attention_mask holds pack ids (a token's document in its row, 0 padding);
+  positions restart at each document and attention stays within it, so each document's outputs
+  are those it has alone in a row."""
 
   config: Any
   deterministic: bool = True
+  packed: bool = False
 
   def setup(self):
     cfg = model_config(self.config)
     self.embeddings = AlbertEmbeddings(cfg, self.deterministic)
-    self.encoder = AlbertTransformer(cfg, self.deterministic)
+    self.encoder = AlbertTransformer(cfg, self.deterministic, self.packed)
     self.pooler = dense(cfg, cfg.hidden_size, ("hidden", None), "pooler")
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
@@ -480,7 +517,8 @@ class AlbertModel(nn.Module):
       token_type_ids = jnp.zeros_like(input_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
-    x = self.embeddings(input_ids, token_type_ids)
+    positions = attention.pack_positions(attention_mask) if self.packed else None
+    x = self.embeddings(input_ids, token_type_ids, positions)
     sequence_output = self.encoder(x, attention_mask)
     pooled_output = jnp.tanh(self.pooler(sequence_output[:, 0]))
     return {"sequence_output": sequence_output, "pooled_output": pooled_output}
@@ -507,18 +545,26 @@ class AlbertForPreTraining(nn.Module):
   """Backbone + MLM head on the gathered masked positions + sentence-order (or NSP) head.
 
   __call__ returns {'mlm_logits': [B,P,V] float32, 'sop_logits': [B,2] float32, 'sequence_output',
-  'pooled_output'}.
+  'pooled_output'}. pack_ids (data.packing) replaces attention_mask: AlbertModel's packed rows (the
+  sentence head then sees the first document's [CLS] only, and is not trained: MLM only).
   """
 
   config: Any
 
   @nn.compact
   def __call__(
-    self, input_ids, token_type_ids, attention_mask, masked_lm_positions, deterministic=True
+    self,
+    input_ids,
+    token_type_ids,
+    attention_mask,
+    masked_lm_positions,
+    deterministic=True,
+    pack_ids=None,
   ):
     cfg = model_config(self.config)
-    albert = AlbertModel(cfg, deterministic, name="albert")
-    out = albert(input_ids, token_type_ids, attention_mask)
+    packed = pack_ids is not None
+    albert = AlbertModel(cfg, deterministic, packed, name="albert")
+    out = albert(input_ids, token_type_ids, pack_ids if packed else attention_mask)
     # Gather only the masked positions (the original's gather_indexes): the head costs P, not S, rows.
     gathered = jnp.take_along_axis(out["sequence_output"], masked_lm_positions[..., None], axis=1)
     mlm_logits = AlbertMLMHead(cfg, name="predictions")(gathered, albert.attend)

@@ -19,10 +19,36 @@ from albert_jax.model import sharding
 MASK_ADDER = -10000.0
 
 
+def mask_adder(attention_mask):
+  """The additive mask, float32: a [B, S] key mask (1 real, 0 padding) as [B, 1, 1, S], or a
+  packed row's [B, S, S] query-key mask (pack_mask) as [B, 1, S, S]; 0 where a query may look."""
+  m = attention_mask.astype(jnp.float32)
+  m = m[:, None, None, :] if m.ndim == 2 else m[:, None]
+  return (1.0 - m) * MASK_ADDER
+
+
+def pack_mask(pack_ids):
+  """[B, S] pack ids (data.packing: a token's document, 0 padding) -> [B, S, S] bool: a query
+  attends to the keys of its own document only (padding to padding, whose outputs are unused: no
+  row is empty). The einsum paths' mask; the Pallas kernel takes the ids themselves."""
+  return pack_ids[:, :, None] == pack_ids[:, None, :]
+
+
+def pack_positions(pack_ids):
+  """[B, S] pack ids -> position ids restarting at 0 where each document (and the padding) begins:
+  a packed document sees the positions it would see alone in its row."""
+  s = pack_ids.shape[-1]
+  index = jnp.arange(s, dtype=jnp.int32)[None]
+  begins = jnp.concatenate(
+    [jnp.ones_like(pack_ids[:, :1], bool), pack_ids[:, 1:] != pack_ids[:, :-1]], axis=1
+  )
+  return index - jax.lax.cummax(jnp.where(begins, index, 0), axis=1)
+
+
 def _attention_scores(raw, attention_mask, scale):
-  """float32 softmax inputs: the first matmul's output x scale + the mask adder on padded keys."""
+  """float32 softmax inputs: the first matmul's output x scale + the mask adder (mask_adder)."""
   scores = raw.astype(jnp.float32) * scale
-  return scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * MASK_ADDER
+  return scores + mask_adder(attention_mask)
 
 
 def _keep(rng, rate: float, shape):
@@ -92,7 +118,7 @@ def _attention_bwd(scale, rate, residuals, d_out):
 attention_core.defvjp(_attention_fwd, _attention_bwd)
 
 
-def flash_attention(q, k, v, attention_mask, scale: float):
+def flash_attention(q, k, v, attention_mask, scale: float, packed: bool = False):
   """softmax(q k^T x scale, keys masked) v for q, k, v [B, S, heads, d] without the [heads, S, S]
   scores in memory: cuDNN's fused kernel on a GPU (jax.nn.dot_product_attention), else jax's Pallas
   TPU flash attention kernel (TPU v4 and newer; on CPU only in Pallas's TPU interpret mode, for
@@ -100,7 +126,10 @@ def flash_attention(q, k, v, attention_mask, scale: float):
   mask does (exp(-10000) is 0 in float32); padded positions attend to each other instead of to the
   real keys, which changes their (unused) outputs only. The kernel is split over the batch (and the
   heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler. Sequences
-  that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths)."""
+  that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths).
+  packed: attention_mask holds pack ids (data.packing), the Pallas kernel's SegmentIds as they are
+  (a token attends within its document); the caller keeps packed rows off the GPU kernel, whose
+  cuDNN call takes per-row lengths only."""
   if jax.default_backend() == "gpu":
     return jax.nn.dot_product_attention(
       q,
@@ -110,7 +139,7 @@ def flash_attention(q, k, v, attention_mask, scale: float):
       key_value_seq_lengths=key_lengths(attention_mask),
       implementation="cudnn",
     )
-  mask = attention_mask[:, None, None, :].astype(bool)
+  mask = pack_mask(attention_mask)[:, None] if packed else attention_mask[:, None, None, :] > 0
   if q.shape[1] % 128:  # the kernel's key blocks are multiples of 128 (init traces 8 tokens)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
 

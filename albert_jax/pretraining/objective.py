@@ -55,6 +55,7 @@ class Pretraining:
       batch["masked_lm_positions"],
       deterministic=rng is None,
       rngs=None if rng is None else {"dropout": rng},
+      pack_ids=batch.get("pack_ids"),  # data.packing's rows (model.AlbertModel's packed)
     )
     return loss_sums(out, batch)
 

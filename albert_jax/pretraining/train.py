@@ -71,6 +71,7 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
         b["input_mask"],
         b["masked_lm_positions"],
         deterministic=True,
+        pack_ids=b.get("pack_ids"),  # data.packing: each document attends within itself
       )["mlm_logits"]
     )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))

@@ -21,6 +21,14 @@ FEATURES = {
   "sentence_order_label": (("B",), np.int32),
 }
 FEATURE_KEYS = tuple(FEATURES)
+# data.packing's one more feature: each token's document in its row (1, 2, ...; 0 padding;
+# data/pipeline/packing.py). Only packed batches carry it, so an unpacked step is unchanged.
+PACKED_FEATURES = {"pack_ids": (("B", "S"), np.int32)}
+
+
+def feature_layout(packing: bool = False) -> dict:
+  """FEATURES, with PACKED_FEATURES when rows are packed (data.packing)."""
+  return {**FEATURES, **PACKED_FEATURES} if packing else FEATURES
 
 
 def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
@@ -30,16 +38,20 @@ def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
     config.data.max_seq_length,
     config.data.max_predictions_per_seq,
     sharding=sharding,
+    packing=bool(config.data.get("packing", False)),
   )
 
 
-def batch_shapes(batch: int, seq: int, predictions: int, sharding=None) -> dict:
-  """FEATURES as jax.ShapeDtypeStructs for `batch` sequences of `seq` tokens, `predictions` masked."""
+def batch_shapes(
+  batch: int, seq: int, predictions: int, sharding=None, packing: bool = False
+) -> dict:
+  """FEATURES as jax.ShapeDtypeStructs for `batch` sequences of `seq` tokens, `predictions` masked
+  (with pack_ids when `packing`)."""
 
   dims = {"B": batch, "S": seq, "P": predictions}
   return {
     k: jax.ShapeDtypeStruct(tuple(dims[d] for d in shape), dtype, sharding=sharding)
-    for k, (shape, dtype) in FEATURES.items()
+    for k, (shape, dtype) in feature_layout(packing).items()
   }
 
 

@@ -184,9 +184,16 @@ class Masker:
     rngs=None,
     keys: np.ndarray | None = None,
     spans: list | None = None,
+    pack_ids: np.ndarray | None = None,
   ) -> dict[str, np.ndarray]:
     """Masks a padded batch ([b, S] arrays). One generator per example: `rngs[i]` or the Philox
-    generator keyed by `keys[i]` (two uint64, see example_rng). Returns the model's features."""
+    generator keyed by `keys[i]` (two uint64, see example_rng). Returns the model's features.
+
+    pack_ids ([b, S], data.packing): the document of each token (1, 2, ... in a row; 0 padding).
+    The row's budget (masking_budget of its real tokens) is shared among its documents in
+    proportion to their lengths (largest remainders, ties to the earlier document), and each
+    document's spans are drawn among its own words: a span never crosses documents. A row of one
+    document is masked exactly as the same example unpacked. The features then hold pack_ids."""
     input_ids = np.asarray(input_ids, np.int32)
     segmented = (input_ids & SEGMENTED_WORD_START) != 0
     if segmented.any():
@@ -216,9 +223,14 @@ class Masker:
       rng = rngs[r] if keys is None else self._keyed(keys[r])
       lo, hi = offsets[r], offsets[r + 1]
       row_spans = [] if spans is not None else None
-      pos = select_masked_positions(
-        starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
-      )
+      if pack_ids is None:
+        pos = select_masked_positions(
+          starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
+        )
+      else:
+        pos = _select_per_document(
+          pack_ids[r], starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
+        )
       pos.sort()
       count = len(pos)
       positions[r, :count] = pos
@@ -241,7 +253,7 @@ class Masker:
     rr, cc = np.nonzero(valid)
     masked_ids = input_ids.copy()
     masked_ids[rr, positions[rr, cc]] = shown[rr, cc]
-    return dict(
+    out = dict(
       input_ids=masked_ids,
       input_mask=np.asarray(input_mask, np.int32),
       segment_ids=np.asarray(segment_ids, np.int32),
@@ -250,6 +262,42 @@ class Masker:
       masked_lm_weights=weights,
       sentence_order_label=np.asarray(sentence_order_label, np.int32).reshape(b),
     )
+    if pack_ids is not None:
+      out["pack_ids"] = np.asarray(pack_ids, np.int32)
+    return out
+
+
+def document_budgets(lengths: Sequence[int], budget: int) -> list[int]:
+  """`budget` predictions shared among documents of `lengths` tokens in proportion to them: the
+  floors of the shares, then one more to the largest remainders (the earlier document on ties)."""
+  total = sum(lengths)
+  if total <= 0:
+    return [0] * len(lengths)
+  shares = [budget * n / total for n in lengths]
+  out = [int(x) for x in shares]
+  order = sorted(range(len(lengths)), key=lambda i: (out[i] - shares[i], i))
+  for i in order[: budget - sum(out)]:
+    out[i] += 1
+  return out
+
+
+def _select_per_document(row_pack, starts, ends, budget, rng, cdf, spans) -> list[int]:
+  """select_masked_positions within each document of a packed row (pack ids `row_pack`): the
+  row's budget shared by document_budgets, the documents drawn in order from the one generator."""
+  row_pack = np.asarray(row_pack)
+  docs, lengths = np.unique(row_pack[row_pack > 0], return_counts=True)
+  shares = document_budgets(lengths.tolist(), budget)
+  word_doc = row_pack[np.asarray(starts, np.int64)] if len(starts) else np.zeros(0, np.int64)
+  positions: list[int] = []
+  for doc, share in zip(docs.tolist(), shares):
+    if share <= 0:
+      continue
+    at = np.flatnonzero(word_doc == doc)
+    if not len(at):
+      continue
+    lo, hi = int(at[0]), int(at[-1]) + 1  # a document's words are contiguous
+    positions += select_masked_positions(starts[lo:hi], ends[lo:hi], share, rng, cdf, spans)
+  return positions
 
 
 def pad_example(example: dict, max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -84,14 +84,17 @@ def inspect(
   lines = []
   for row in range(min(num_examples, len(first["input_ids"]))):
     label = int(first["sentence_order_label"][row])
+    # A packed row (data.packing) shows its documents' count; its text shows each [CLS] ... [SEP].
+    docs = f" documents={int(first['pack_ids'][row].max())}" if "pack_ids" in first else ""
     lines.append(
       f"example {row}: sentence_order_label={label} tokens="
-      f"{int(first['input_mask'][row].sum())} predictions="
+      f"{int(first['input_mask'][row].sum())}{docs} predictions="
       f"{int(first['masked_lm_weights'][row].sum())}"
     )
     lines.append("  " + render_example(tok, first, row))
   lines.extend(corpus_documents(config.data, num_examples))
-  cat = {k: np.concatenate([b[k] for b in collected]) for k in features_lib.FEATURE_KEYS}
+  keys = features_lib.feature_layout("pack_ids" in first)
+  cat = {k: np.concatenate([b[k] for b in collected]) for k in keys}
   w = cat["masked_lm_weights"] > 0
   shown = np.take_along_axis(cat["input_ids"], cat["masked_lm_positions"], 1)[w]
   target = cat["masked_lm_ids"][w]
@@ -100,6 +103,9 @@ def inspect(
     data_dir=ddir,
     batch_examples=int(len(cat["input_ids"])),
     batch_mean_tokens=round(float(cat["input_mask"].sum(1).mean()), 1),
+    # Real (non-pad) tokens over all positions: what data.packing raises (docs/data.md, Packing).
+    batch_useful_token_share=round(float(cat["input_mask"].mean()), 4),
+    packing=bool(config.data.get("packing", False)),
     batch_mean_predictions=round(float(w.sum(1).mean()), 2),
     batch_masked_token_fraction=round(float(w.sum() / cat["input_mask"].sum()), 4),
     batch_replaced_by_mask=round(float((shown == tokenizer_lib.MASK_ID).mean()), 3),

@@ -40,7 +40,7 @@ from albert_jax.base import validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.examples import masking as masking_lib
-from albert_jax.data.pipeline import epoch_plan
+from albert_jax.data.pipeline import epoch_plan, packing as packing_lib
 from albert_jax.data.store.dataset import check_prepared, open_split, prepared_sources
 from albert_jax.data.store.layout import SPLITS
 from albert_jax.data.text import tokenizer as tokenizer_lib
@@ -130,8 +130,10 @@ class BatchIterator:
     process_count: int,
     num_workers: int = 0,
     pairs: epoch_plan.EpochPairs | None = None,
+    packer: packing_lib.Packer | None = None,
   ):
     self._it = grain_iterator
+    self._packer = packer  # data.packing: its current block goes into the state
     self._pairs = pairs  # per-epoch pairing, train: its epoch starts go into the state
     self._batches = 0  # read since the start, None when restored from a state without it
     self._copy = num_workers > 0
@@ -161,10 +163,17 @@ class BatchIterator:
       "num_workers": self.num_workers,
       "grain": self._it.get_state(),
     }
+    position = None if self._batches is None else self._batches * state["global_batch_size"]
+    if self._packer is not None:
+      state["batches"] = self._batches
+      if position is not None:
+        state["packing"] = self._packer.packing_state(position)
+        # The plans below count examples: the next row's block starts at example block * window.
+        position = state["packing"]["block"] * self._packer.window
     if self._pairs is not None:
       state["batches"] = self._batches
-      if self._batches is not None:
-        self._pairs.position(self._batches * self.per_host_batch * self.process_count)
+      if position is not None:
+        self._pairs.position(position)
       state["pairing"] = self._pairs.pairing_state()
     return state
 
@@ -190,6 +199,10 @@ class BatchIterator:
       # Before the first batch: loader workers start then, with the starts in their pickled copy.
       if not self._pairs.restore(state.get("pairing")):
         logging.info("the iterator state has no epoch starts for this pairing: counting from 0")
+      self._batches = state.get("batches")
+    if self._packer is not None:
+      if not self._packer.restore(state.get("packing")):
+        logging.info("the iterator state has no packing position for these settings: from row 0")
       self._batches = state.get("batches")
     self._it.set_state(state["grain"])
 
@@ -265,14 +278,18 @@ def make_iterator(
     # Epoch 0's pairs, counted by prepare for these settings (check_prepared), else here.
     n = prepared.get("stats", {}).get(f"{split}_examples")
     n = pairs.size(0) if n is None else int(n)
+  # data.packing: the example stream is global (every host reads it whole) and the rows built from
+  # it are shared among the hosts instead (packing.py).
+  packed = bool(d.get("packing", False))
+  host, hosts = (0, 1) if packed else (process_index, process_count)
   if mixture is not None:
     # Weighted sources: pass after pass of the sources' examples mixed (epoch_plan.Mixture).
-    ds = grain.MapDataset.range(1 << 62)[process_index::process_count]
+    ds = grain.MapDataset.range(1 << 62)[host::hosts]
     ds = ds.map(mixture)
   elif pairs is not None and train:
     # Epochs differ in size: the stream is positions 0, 1, ... of the epochs laid end to end
     # (epoch_plan.EpochPairs.position), shuffled within each epoch by epoch_plan.EpochPairs.
-    ds = grain.MapDataset.range(1 << 62)[process_index::process_count]
+    ds = grain.MapDataset.range(1 << 62)[host::hosts]
     ds = ds.map(epoch_plan.TrainPosition(pairs))
   else:
     ds = grain.MapDataset.range(n)
@@ -281,14 +298,25 @@ def make_iterator(
       # in corpus order, so every evaluation reads the same seeded sample of the whole split.
       ds = ds.shuffle(seed=config.seed)
     ds = ds.repeat(None)
-    ds = ds[process_index::process_count]
+    ds = ds[host::hosts]
     ds = ds.map_with_index(
-      _EpochIndex(
-        n, process_index, process_count, d.static_masking, d.dupe_factor, 0 if pairs else first
-      )
+      _EpochIndex(n, host, hosts, d.static_masking, d.dupe_factor, 0 if pairs else first)
     )
+  packer = None
+  if packed:
+    if mixture is not None:
+      loader = epoch_plan.MixtureLoader(mixture, ddir, d.max_seq_length, masker, config.seed, 0)
+      fetch = packing_lib.MixtureFetch(loader)
+    elif pairs is not None:
+      fetch = packing_lib.PairFetch(pairs, train)
+    else:
+      fetch = packing_lib.RecordFetch(data_source)
+    packer = packing_lib.Packer(ds, fetch, d.max_seq_length, d.packing_window, config.seed)
+    ds = grain.MapDataset.range(1 << 62)[process_index::process_count].map(packer)
   ds = ds.batch(per_host, drop_remainder=True)
-  if mixture is not None:
+  if packer is not None:
+    ds = ds.map(packing_lib.PackedLoader(packer, masker, config.seed))
+  elif mixture is not None:
     period = d.dupe_factor if d.static_masking else 0
     ds = ds.map(
       epoch_plan.MixtureLoader(mixture, ddir, d.max_seq_length, masker, config.seed, period)
@@ -321,4 +349,5 @@ def make_iterator(
     process_count=process_count,
     num_workers=d.num_workers,
     pairs=mixture if mixture is not None else (pairs if train else None),
+    packer=packer,
   )
