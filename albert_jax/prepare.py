@@ -19,7 +19,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
-from albert_jax.data.pipeline import inspection
+from albert_jax.data.pipeline import inspection, loader
 from albert_jax.data.prepare import build
 from albert_jax.pretraining import init_from
 
@@ -59,6 +59,9 @@ def run() -> None:
       else:
         stats = build.prepare(config, workdir)
         stats.pop("vocab_sha256", None)
+        # What data.packing would change: real tokens over all positions, one example a row and
+        # packed (one packing window of the train split).
+        stats["useful_token_share"] = loader.useful_token_shares(config, workdir)
       print(json.dumps(stats), flush=True)
 
   app.run(main, flags_parser=cli.parse_flags)

@@ -127,6 +127,12 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
     f"vocabulary {info.get('spm_model_path')}"
   )
   workdir_lib.check_vocabulary(workdir, info["spm_model_path"], start)
+  shares = loader.useful_token_shares(config, workdir)
+  packed = "true" if config.data.get("packing", False) else "false"
+  log(
+    f"data: real tokens {shares['unpacked']:.1%} of a row one example a row, "
+    f"{shares['packed']:.1%} packed (data.packing={packed})"
+  )
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
   objective = objective_lib.Pretraining.for_config(config)

@@ -14,7 +14,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.corpus import reader as corpus_lib
 from albert_jax.data.examples import features as features_lib, masking as masking_lib
-from albert_jax.data.pipeline.loader import make_iterator
+from albert_jax.data.pipeline.loader import make_iterator, useful_token_shares
 from albert_jax.data.text import tokenizer as tokenizer_lib
 
 
@@ -106,6 +106,7 @@ def inspect(
     # Real (non-pad) tokens over all positions: what data.packing raises (docs/data.md, Packing).
     batch_useful_token_share=round(float(cat["input_mask"].mean()), 4),
     packing=bool(config.data.get("packing", False)),
+    useful_token_share=useful_token_shares(config, workdir),
     batch_mean_predictions=round(float(w.sum(1).mean()), 2),
     batch_masked_token_fraction=round(float(w.sum() / cat["input_mask"].sum()), 4),
     batch_replaced_by_mask=round(float((shown == tokenizer_lib.MASK_ID).mean()), 3),

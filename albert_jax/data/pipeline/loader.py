@@ -144,6 +144,11 @@ class BatchIterator:
   def __iter__(self):
     return self
 
+  @property
+  def packer(self) -> packing_lib.Packer | None:
+    """data.packing's row plan (None without packing)."""
+    return self._packer
+
   def __next__(self) -> dict[str, np.ndarray]:
     batch = next(self._it)
     if self._batches is not None:
@@ -210,6 +215,19 @@ class BatchIterator:
     close = getattr(self._it, "close", None)
     if close:
       close()
+
+
+def useful_token_shares(config, workdir: str, split: str = "train") -> dict[str, float]:
+  """The useful-token share (real tokens over all positions) of one packing window of `split`'s
+  examples, one example a row and packed ({"unpacked": ..., "packed": ...}; packing.Packer.shares),
+  measured whatever data.packing says: what prepare and the trainer report."""
+  c = config.copy_and_resolve_references()
+  c.data.update(packing=True, num_workers=0, prefetch=0)
+  it = make_iterator(c, workdir, split, process_index=0, process_count=1)
+  try:
+    return it.packer.shares(0)
+  finally:
+    it.close()
 
 
 def make_iterator(

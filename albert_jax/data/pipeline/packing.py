@@ -198,6 +198,16 @@ class Packer:
     rows, seqs = self.block(j)
     return [seqs[i] for i in rows[r]]
 
+  def shares(self, j: int = 0) -> dict[str, float]:
+    """The useful-token share (real tokens over all positions) of block j's examples one a row
+    (each a pair with its middle [SEP]) and packed: what data.packing changes, measured."""
+    rows, seqs = self.block(j)
+    tokens = sum(len(s) for s in seqs)
+    return {
+      "unpacked": round((tokens + len(seqs)) / (len(seqs) * self.seq), 4),
+      "packed": round(tokens / (len(rows) * self.seq), 4),
+    }
+
   def settings(self) -> dict:
     return {"max_seq_length": self.seq, "window": self.window, "seed": self.seed}
 
