@@ -32,6 +32,11 @@ before and after the rounds is recorded too. On a shared machine read the ratios
   python benchmarks/train_step.py                                  # albert base, B=8, S=128, f32, CPU
   python benchmarks/train_step.py --model=albert_large --seq=512 --dtype=bfloat16 --skip_torch  # GPU
   bash benchmarks/gpu.sh   # every GPU figure of docs/performance.md, flash attention too
+  python benchmarks/train_step.py --packing_mean_tokens=40 --seq=512 --skip_torch   # data.packing
+
+--packing_mean_tokens=N (packing_benchmark): data.task=none's step on short documents (lengths drawn
+around N tokens), one a row and packed (data.packing: pack ids, per-document attention), timed
+interleaved as above: real (non-pad) tokens per second of each and their ratio.
 
 One CPU device: XLA's CPU client runs one device's work on a thread pool over every core, so the
 benchmark uses jax.devices()[:1] and does not split the host into several devices. Prints a table and,
@@ -67,6 +72,7 @@ import numpy as np  # noqa: E402
 from albert_jax import cli  # noqa: E402
 from albert_jax.base import config_lib, hardware, validation  # noqa: E402
 from albert_jax.data.examples import features as features_lib  # noqa: E402
+from albert_jax.data.pipeline import packing as packing_lib  # noqa: E402
 from albert_jax.engine import train  # noqa: E402
 from albert_jax.model import albert as albert_model, sharding  # noqa: E402
 from albert_jax.pretraining import train as pretraining  # noqa: E402
@@ -553,6 +559,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   )
   p.add_argument("--skip_torch", action="store_true", help="time ours only")
   p.add_argument(
+    "--packing_mean_tokens",
+    type=int,
+    default=0,
+    help="> 0: time data.task=none one document a row against packed (documents of about this "
+    "many tokens): real tokens per second",
+  )
+  p.add_argument(
     "--attention_impl",
     default="",
     help="model.attention_impl for ours (einsum | dot_product_attention | flash); default: the config's",
@@ -574,10 +587,124 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
+def document_batches(
+  batch: int, seq: int, predictions: int, vocab: int, mean_tokens: int, seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+  """Two data.task=none batches of `batch` rows from short documents (lengths ~ 3 + geometric,
+  mean about mean_tokens, at most seq): one document a row, and packed (packing.best_fit over a
+  window of 64 * batch documents, `batch` of its rows in a seeded order, with pack_ids). Masked positions inside documents."""
+  rng = np.random.default_rng(seed)
+  lengths = np.minimum(seq, 3 + rng.geometric(1.0 / max(1, mean_tokens - 3), 64 * batch))
+
+  def rows(groups):
+    out = {k: np.zeros((batch, seq), np.int32) for k in ("input_ids", "input_mask", "pack_ids")}
+    pos = np.zeros((batch, predictions), np.int32)
+    for r, group in enumerate(groups[:batch]):
+      at = 0
+      for d, i in enumerate(group, start=1):
+        n = int(lengths[i])
+        out["input_ids"][r, at : at + n] = rng.integers(5, vocab, n)
+        out["pack_ids"][r, at : at + n] = d
+        at += n
+      out["input_mask"][r, :at] = 1
+      pos[r] = np.sort(rng.choice(at, predictions, replace=at < predictions))
+    full = random_batch(batch, seq, predictions, vocab, seed)
+    full.update(input_ids=out["input_ids"], input_mask=out["input_mask"], masked_lm_positions=pos)
+    full.update(segment_ids=np.zeros((batch, seq), np.int32))
+    return full, out["pack_ids"]
+
+  unpacked, _ = rows([[i] for i in range(batch)])
+  groups = packing_lib.best_fit(lengths.tolist(), seq)
+  # In a seeded order, as the packer gives its rows (the first rows placed are the fullest).
+  packed, pack_ids = rows([groups[i] for i in rng.permutation(len(groups)).tolist()])
+  packed["pack_ids"] = pack_ids
+  return unpacked, packed
+
+
+def packing_benchmark(
+  *,
+  model: str = "albert_base",
+  batch: int = 8,
+  seq: int = 512,
+  predictions: int = 20,
+  dtype: str = "float32",
+  steps: int = 5,
+  mean_tokens: int = 40,
+  model_overrides: dict[str, Any] | None = None,
+  log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+  """Real (non-pad) tokens per second of data.task=none's train step, one document a row and
+  packed, interleaved (median of `steps` rounds; compile and warm-up excluded)."""
+  device = jax.devices()[0]
+  contenders, batches = [], {}
+  for packed in (False, True):
+    config = make_config(model, batch, seq, predictions, dtype, model_overrides)
+    config.data.update(task="none", packing=packed)
+    validation.resolve(config)
+    unpacked_batch, packed_batch = document_batches(
+      batch, seq, predictions, config.model.vocab_size, mean_tokens
+    )
+    b = packed_batch if packed else unpacked_batch
+    batches[packed] = b
+    contenders.append(jax_contender(config, b, device)._replace(name=str(packed)))
+  samples = {c.name: [] for c in contenders}
+  load_before = os.getloadavg()[0]
+  for r in range(steps):
+    for c in contenders:
+      samples[c.name].append(_timed(c.step)[1])
+    log(f"  round {r + 1}/{steps}: " + " ".join(f"{samples[c.name][-1]:.3f}s" for c in contenders))
+  out: dict[str, Any] = {
+    "config": {
+      "model": model,
+      "batch": batch,
+      "seq": seq,
+      "dtype": dtype,
+      "mean_tokens": mean_tokens,
+      "rounds": steps,
+      "device": str(device),
+      "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+  }
+  for packed, name in ((False, "unpacked"), (True, "packed")):
+    step_s = statistics.median(samples[str(packed)])
+    real = int(batches[packed]["input_mask"].sum())
+    out[name] = {
+      "step_s": _sig(step_s),
+      "useful_token_share": round(real / (batch * seq), 4),
+      "real_tokens_per_s": _sig(real / step_s),
+    }
+  out["real_tokens_ratio"] = round(
+    out["packed"]["real_tokens_per_s"] / out["unpacked"]["real_tokens_per_s"], 2
+  )
+  return out
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the benchmark from command-line style arguments, prints the table and JSON, returns figures."""
   args = parse_args(argv)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # progress to stderr; results to stdout
+  overrides = {"attention_impl": args.attention_impl} if args.attention_impl else None
+  if args.packing_mean_tokens:
+    figures = packing_benchmark(
+      model=args.model,
+      batch=args.batch,
+      seq=args.seq,
+      predictions=args.predictions,
+      dtype=args.dtype,
+      steps=args.steps,
+      mean_tokens=args.packing_mean_tokens,
+      model_overrides=overrides,
+      log=log,
+    )
+    u, p = figures["unpacked"], figures["packed"]
+    print(
+      f"{args.model} S={args.seq} B={args.batch} {args.dtype}, documents ~{args.packing_mean_tokens}"
+      f" tokens: one a row {u['real_tokens_per_s']:,} real tokens/s (share "
+      f"{u['useful_token_share']}, {u['step_s']} s/step), packed {p['real_tokens_per_s']:,} "
+      f"(share {p['useful_token_share']}, {p['step_s']} s/step): {figures['real_tokens_ratio']}x"
+    )
+    print(json.dumps(figures, sort_keys=True))
+    return figures
   figures = benchmark(
     model=args.model,
     batch=args.batch,
