@@ -254,6 +254,14 @@ def format_report(est: Estimate) -> str:
     f"predicted run: {est.num_steps:,} steps in {_duration(est.total_seconds)} "
     f"({est.total_seconds / 3600 * est.devices:,.0f} device-hours)",
   ]
+  if est.packing:
+    # docs/data.md, Packing: the same step per row; what changes is how many of its tokens are real.
+    lines.append(
+      f"data.packing: rows of several documents; the FLOPs, memory and time per row above are "
+      f"unchanged but for a [B, S, S] pack mask on the einsum path ({_gib(est.pack_mask_bytes)} per "
+      f"device; none on the Pallas flash kernel), and nearly every token is real (one example a row "
+      f"keeps only the corpus's useful-token share: `prepare` prints both)"
+    )
   if est.recompute_flops_per_step:
     extra = est.recompute_flops_per_step / est.flops_per_step
     lines.append(

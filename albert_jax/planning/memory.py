@@ -287,6 +287,10 @@ class Estimate:
   remat: str
   dtype: str
   compiled: dict[str, Any] | None = None
+  # data.packing: the einsum paths' [B, S, S] pack mask on top (one a micro-step, bool), and every
+  # token of a row is real (estimate_report says what packing changes).
+  packing: bool = False
+  pack_mask_bytes: float = 0.0
   tpu: dict[str, Any] | None = None  # the TPU compiler's view (tpu_compile.compile_step)
   fit: dict[str, Any] | None = None  # --fit's answer
   # What `estimate --slice` chose for the chip where the command line left a field open
@@ -395,4 +399,6 @@ def estimate(
     num_steps=t.num_steps,
     remat=config.model.remat,
     dtype=config.model.dtype,
+    packing=bool(d.get("packing", False)),
+    pack_mask_bytes=float(sequences * d.max_seq_length**2) if d.get("packing", False) else 0.0,
   )
