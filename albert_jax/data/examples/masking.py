@@ -216,6 +216,14 @@ class Masker:
     lengths = np.asarray(input_mask).sum(axis=1)
     budgets = masking_budget(lengths, num_p, self.masked_lm_prob).tolist()
 
+    if pack_ids is not None:
+      # Each word's document, and each row's documents' lengths (a row's documents are 1..n).
+      pack_ids = np.asarray(pack_ids, np.int32)
+      word_docs = pack_ids.ravel()[flat_start].tolist()
+      docs = int(pack_ids.max()) + 1 if pack_ids.size else 1
+      doc_lengths = np.bincount(
+        (np.arange(b)[:, None] * docs + pack_ids).ravel(), minlength=b * docs
+      ).reshape(b, docs)[:, 1:]
     positions = np.zeros((b, num_p), np.int32)
     weights = np.zeros((b, num_p), np.float32)
     uniforms = np.zeros((b, 2 * num_p))
@@ -229,7 +237,14 @@ class Masker:
         )
       else:
         pos = _select_per_document(
-          pack_ids[r], starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
+          word_docs[lo:hi],
+          doc_lengths[r],
+          starts[lo:hi],
+          ends[lo:hi],
+          budgets[r],
+          rng,
+          self.cdf,
+          row_spans,
         )
       pos.sort()
       count = len(pos)
@@ -281,22 +296,22 @@ def document_budgets(lengths: Sequence[int], budget: int) -> list[int]:
   return out
 
 
-def _select_per_document(row_pack, starts, ends, budget, rng, cdf, spans) -> list[int]:
-  """select_masked_positions within each document of a packed row (pack ids `row_pack`): the
-  row's budget shared by document_budgets, the documents drawn in order from the one generator."""
-  row_pack = np.asarray(row_pack)
-  docs, lengths = np.unique(row_pack[row_pack > 0], return_counts=True)
-  shares = document_budgets(lengths.tolist(), budget)
-  word_doc = row_pack[np.asarray(starts, np.int64)] if len(starts) else np.zeros(0, np.int64)
+def _select_per_document(word_docs, doc_lengths, starts, ends, budget, rng, cdf, spans):
+  """select_masked_positions within each document of a packed row: `word_docs` is each word's
+  document (1, 2, ...; a document's words are contiguous), `doc_lengths` the documents' tokens;
+  the row's budget shared by document_budgets, the documents drawn in order from the one
+  generator."""
+  shares = document_budgets(np.asarray(doc_lengths).tolist(), budget)
   positions: list[int] = []
-  for doc, share in zip(docs.tolist(), shares):
-    if share <= 0:
-      continue
-    at = np.flatnonzero(word_doc == doc)
-    if not len(at):
-      continue
-    lo, hi = int(at[0]), int(at[-1]) + 1  # a document's words are contiguous
-    positions += select_masked_positions(starts[lo:hi], ends[lo:hi], share, rng, cdf, spans)
+  lo, n = 0, len(word_docs)
+  while lo < n:
+    doc, hi = word_docs[lo], lo + 1
+    while hi < n and word_docs[hi] == doc:
+      hi += 1
+    share = shares[doc - 1] if 0 < doc <= len(shares) else 0
+    if share > 0:
+      positions += select_masked_positions(starts[lo:hi], ends[lo:hi], share, rng, cdf, spans)
+    lo = hi
   return positions
 
 
