@@ -221,12 +221,13 @@ def _check_equivalence(cfg, s, context=None, atol=1e-5):
   context = context or contextlib.nullcontext()
   docs = _documents(0)
   model = M.AlbertForPreTraining(cfg)
+  packed_model = M.AlbertForPreTraining(cfg, packed=True)  # the same parameters
   ids, pack, starts = _packed(docs, s)
   pos = np.concatenate([st + _positions(d) for st, d in zip(starts, docs)])[None]
   zeros = np.zeros_like(ids)
   with context:
     params = model.init(jax.random.key(0), ids, zeros, (pack > 0).astype(np.int32), pos)["params"]
-    packed = model.apply({"params": params}, ids, zeros, None, pos, pack_ids=pack)
+    packed = packed_model.apply({"params": params}, ids, zeros, pack, pos)
     for d, (doc, st) in enumerate(zip(docs, starts)):
       alone_ids, mask = _alone(doc, s)
       alone = model.apply({"params": params}, alone_ids, zeros, mask, _positions(doc)[None])
@@ -241,7 +242,7 @@ def _check_equivalence(cfg, s, context=None, atol=1e-5):
     # A change in the middle document leaves the others' outputs bitwise as they were.
     other = [docs[0], _documents(9)[1], docs[2]]
     ids2, pack2, _ = _packed(other, s)
-    changed = model.apply({"params": params}, ids2, zeros, None, pos, pack_ids=pack2)
+    changed = packed_model.apply({"params": params}, ids2, zeros, pack2, pos)
   out = np.asarray(packed["sequence_output"][0], np.float32)
   out2 = np.asarray(changed["sequence_output"][0], np.float32)
   for d in (0, 2):

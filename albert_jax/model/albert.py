@@ -26,9 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax.base import config_lib, validation
-from albert_jax.model import (
-  attention,  # the attention core, its derivative and the flash kernels
-)
+from albert_jax.model import attention  # the attention core, its derivative and the flash kernels
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = {
@@ -245,12 +243,10 @@ class AlbertEmbeddings(nn.Module):
     # token-type rows (or onto each position row B times) serialises on a GPU: it was 56 of the 76 ms
     # of albert base's bf16 step on an H200 (docs/performance.md). The values are the table's rows
     # either way (HIGHEST: no bf16 pass of an f32 matmul on a TPU).
-    # Packed rows (position_ids given) look their positions up: each document's restart at 0.
-    compute = self.cfg.compute_dtype
-    if position_ids is None:
-      positions = self.position_embeddings.embedding[:length].astype(compute)[None]
-    else:
-      positions = jnp.take(self.position_embeddings.embedding.astype(compute), position_ids, axis=0)
+    compute, table = self.cfg.compute_dtype, self.position_embeddings.embedding
+    positions = (table[:length][None] if position_ids is None else table[position_ids]).astype(
+      compute
+    )
     types = jnp.einsum(
       "bst,te->bse",
       jax.nn.one_hot(token_type_ids, self.cfg.type_vocab_size, dtype=compute),
@@ -267,13 +263,11 @@ class AlbertEmbeddings(nn.Module):
 
 
 class Attention(nn.Module):
-  """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block.
-
-  packed (data.packing): attention_mask holds pack ids, and a token attends within its document."""
+  """LN(x + dropout(dense(softmax(q k^T / sqrt(d) + mask) v))): the attention half of the block."""
 
   cfg: ModelConfig
   deterministic: bool = True
-  packed: bool = False
+  packed: bool = False  # data.packing: attention_mask holds pack ids; attention per document
 
   @nn.compact
   def __call__(self, x, attention_mask):
@@ -292,15 +286,8 @@ class Attention(nn.Module):
 
     q, k, v = project("query"), project("key"), project("value")
     scale = 1.0 / math.sqrt(d)
-    # The einsum paths' mask: on keys ([B, S]), or query by key within documents when packed.
     mask = attention.pack_mask(attention_mask) if self.packed else attention_mask
-    impl = cfg.attention_impl
-    if impl == "flash" and self.packed and jax.default_backend() == "gpu":
-      _say_once(
-        "attention: packed rows take the einsum path on a GPU (cuDNN's flash kernel takes "
-        "per-row lengths, not pack ids)"
-      )
-      impl = "einsum"
+    impl = attention.implementation(cfg.attention_impl, self.packed)
     if impl == "flash":
       context = attention.flash_attention(q, k, v, attention_mask, scale, packed=self.packed)
     elif impl == "dot_product_attention":
@@ -368,16 +355,6 @@ class AlbertLayerGroup(nn.Module):
     return x, None
 
 
-_SAID: set = set()
-
-
-def _say_once(line: str) -> None:
-  """One console line per process for a choice made while tracing (not a library INFO line)."""
-  if line not in _SAID:
-    _SAID.add(line)
-    print(line, flush=True)
-
-
 def _remat(cfg: ModelConfig, module_cls):
   if cfg.remat == "none":
     return module_cls
@@ -431,8 +408,7 @@ def _share_sublayer(shared: str, num_layers: int):
 
 
 class AlbertTransformer(nn.Module):
-  """The E->H projection and L applications of the block under the configured sharing (packed:
-  attention_mask holds pack ids, Attention)."""
+  """The E->H projection and L applications of the block under the configured sharing."""
 
   cfg: ModelConfig
   deterministic: bool = True
@@ -444,7 +420,7 @@ class AlbertTransformer(nn.Module):
     if cfg.has_embedding_projection:
       x = dense(cfg, cfg.hidden_size, ("embed", "hidden"), "embedding_hidden_mapping_in")(x)
     x = _constrain(x, ("act_batch", "act_length", "act_hidden"))
-    L = cfg.num_hidden_layers
+    L, det, packed = cfg.num_hidden_layers, self.deterministic, self.packed
     body = _remat(cfg, AlbertLayerGroup)
     if cfg.sharing == "all":
       groups = layer_to_group(L, cfg.num_hidden_groups)
@@ -460,11 +436,9 @@ class AlbertTransformer(nn.Module):
             in_axes=nn.broadcast,
             length=length,
           )
-          x, _ = scanned(cfg, self.deterministic, cfg.inner_group_num, self.packed, name=name)(
-            x, attention_mask
-          )
+          x, _ = scanned(cfg, det, cfg.inner_group_num, packed, name=name)(x, attention_mask)
         else:
-          group = body(cfg, self.deterministic, cfg.inner_group_num, self.packed, name=name)
+          group = body(cfg, det, cfg.inner_group_num, packed, name=name)
           for _ in range(length):
             x, _ = group(x, attention_mask)
       return x
@@ -472,8 +446,7 @@ class AlbertTransformer(nn.Module):
       if cfg.sharing != "none":
         raise config_lib.ConfigError(f"model.sharing={cfg.sharing!r} needs model.scan_layers=True")
       for i in range(L):  # the same tree as L groups of one layer
-        name = f"albert_layer_groups_{i}"
-        x, _ = body(cfg, self.deterministic, 1, self.packed, name=name)(x, attention_mask)
+        x, _ = body(cfg, det, 1, packed, name=f"albert_layer_groups_{i}")(x, attention_mask)
       return x
     scanned = nn.scan(
       body,
@@ -491,20 +464,16 @@ class AlbertTransformer(nn.Module):
         scanned, "params", trans_in_fn=trans_in, trans_out_fn=trans_out, init=True, mutable=True
       )
     # A one-layer "group" whose parameters carry the [L] axis: albert_layers/albert_layers_0/...
-    x, _ = scanned(cfg, self.deterministic, 1, self.packed, name="albert_layers")(x, attention_mask)
+    x, _ = scanned(cfg, det, 1, packed, name="albert_layers")(x, attention_mask)
     return x
 
 
 class AlbertModel(nn.Module):
-  """The backbone: embeddings, encoder and pooler. Returns sequence_output [B,S,H], pooled_output [B,H].
-
-  packed (data.packing): attention_mask holds pack ids (a token's document in its row, 0 padding);
-  positions restart at each document and attention stays within it, so each document's outputs
-  are those it has alone in a row."""
+  """The backbone: embeddings, encoder and pooler. Returns sequence_output [B,S,H], pooled_output [B,H]."""
 
   config: Any
   deterministic: bool = True
-  packed: bool = False
+  packed: bool = False  # data.packing: attention_mask holds pack ids (positions, attention)
 
   def setup(self):
     cfg = model_config(self.config)
@@ -545,26 +514,19 @@ class AlbertForPreTraining(nn.Module):
   """Backbone + MLM head on the gathered masked positions + sentence-order (or NSP) head.
 
   __call__ returns {'mlm_logits': [B,P,V] float32, 'sop_logits': [B,2] float32, 'sequence_output',
-  'pooled_output'}. pack_ids (data.packing) replaces attention_mask: AlbertModel's packed rows (the
-  sentence head then sees the first document's [CLS] only, and is not trained: MLM only).
+  'pooled_output'}. packed (data.packing): attention_mask holds pack ids (AlbertModel's packed).
   """
 
   config: Any
+  packed: bool = False
 
   @nn.compact
   def __call__(
-    self,
-    input_ids,
-    token_type_ids,
-    attention_mask,
-    masked_lm_positions,
-    deterministic=True,
-    pack_ids=None,
+    self, input_ids, token_type_ids, attention_mask, masked_lm_positions, deterministic=True
   ):
     cfg = model_config(self.config)
-    packed = pack_ids is not None
-    albert = AlbertModel(cfg, deterministic, packed, name="albert")
-    out = albert(input_ids, token_type_ids, pack_ids if packed else attention_mask)
+    albert = AlbertModel(cfg, deterministic, self.packed, name="albert")
+    out = albert(input_ids, token_type_ids, attention_mask)
     # Gather only the masked positions (the original's gather_indexes): the head costs P, not S, rows.
     gathered = jnp.take_along_axis(out["sequence_output"], masked_lm_positions[..., None], axis=1)
     mlm_logits = AlbertMLMHead(cfg, name="predictions")(gathered, albert.attend)

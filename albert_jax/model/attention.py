@@ -34,6 +34,21 @@ def pack_mask(pack_ids):
   return pack_ids[:, :, None] == pack_ids[:, None, :]
 
 
+_SAID: set = set()
+
+
+def implementation(impl: str, packed: bool) -> str:
+  """model.attention_impl as it runs: packed rows on a GPU take the einsum path instead of cuDNN's
+  flash kernel, which takes per-row lengths, not pack ids (one console line, once)."""
+  if impl == "flash" and packed and jax.default_backend() == "gpu":
+    line = "attention: packed rows take the einsum path on a GPU (cuDNN's kernel takes no pack ids)"
+    if line not in _SAID:
+      _SAID.add(line)
+      print(line, flush=True)
+    return "einsum"
+  return impl
+
+
 def pack_positions(pack_ids):
   """[B, S] pack ids -> position ids restarting at 0 where each document (and the padding) begins:
   a packed document sees the positions it would see alone in its row."""

@@ -26,10 +26,11 @@ class Pretraining:
   """The objective of a pretraining config whose data.task is `task` (sop, nsp or none)."""
 
   task: str = "sop"
+  packed: bool = False  # data.packing: the model's rows of several documents (pack_ids)
 
   @classmethod
   def for_config(cls, config) -> Pretraining:
-    return cls(config.data.task)
+    return cls(config.data.task, bool(config.data.get("packing", False)))
 
   @property
   def frozen(self) -> tuple[str, ...]:
@@ -44,18 +45,18 @@ class Pretraining:
     return ("loss", "masked_lm_loss", "masked_lm_accuracy", f"{name}_loss", f"{name}_accuracy")
 
   def model(self, config) -> tuple[Any, dict]:
-    return M.AlbertForPreTraining(config.model), M.dummy_inputs()
+    return M.AlbertForPreTraining(config.model, self.packed), M.dummy_inputs()
 
   def sums(self, model, params, batch, rng) -> dict:
     out = model.apply(
       {"params": params},
       batch["input_ids"],
       batch["segment_ids"],
-      batch["input_mask"],
+      # Packed rows: the pack ids are the packed model's mask (model.AlbertModel's packed).
+      batch["pack_ids"] if self.packed and "pack_ids" in batch else batch["input_mask"],
       batch["masked_lm_positions"],
       deterministic=rng is None,
       rngs=None if rng is None else {"dropout": rng},
-      pack_ids=batch.get("pack_ids"),  # data.packing's rows (model.AlbertModel's packed)
     )
     return loss_sums(out, batch)
 

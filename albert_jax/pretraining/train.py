@@ -68,10 +68,9 @@ def fill_mask_lines(config, workdir: str, model, params, mesh, num_examples: int
         {"params": p},
         b["input_ids"],
         b["segment_ids"],
-        b["input_mask"],
+        b.get("pack_ids", b["input_mask"]),  # data.packing: the packed model's pack ids
         b["masked_lm_positions"],
         deterministic=True,
-        pack_ids=b.get("pack_ids"),  # data.packing: each document attends within itself
       )["mlm_logits"]
     )(params, sharding.global_batch(batch, mesh))
   predicted = np.asarray(jnp.argmax(out, -1))
