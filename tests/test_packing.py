@@ -532,3 +532,29 @@ def test_inspect_and_fill_mask_show_packed_rows(short_corpus):
   glimpse = train.fill_mask_lines(config, workdir, trainer.abstract.model, state.params, mesh, 2)
   assert len(glimpse) == 4 and glimpse[1].strip().startswith("predicted:")
   assert glimpse[0].count("[CLS]") >= 2  # a packed eval row, its documents shown
+
+
+def test_packing_a_weighted_mixture_resumes_exactly(tmp_path):
+  """Named sources with weights (epoch_plan.Mixture, per-epoch pairs): the mixed example stream is
+  packed like any other, rows in two scripts' groups of languages, resumable mid-stream."""
+  groups = {"a": ("en", "ru"), "b": ("zh", "ja", "ko", "hi", "ar")}
+  for name, langs in groups.items():
+    os.makedirs(tmp_path / name)
+    docs = [doc[i : i + 2] for lang in langs for doc in samples.documents(lang) for i in (0, 2, 4)]
+    docs += [[s] for s in MARKED] if name == "a" else []
+    (tmp_path / name / "part.txt").write_text(
+      "\n\n".join("\n".join(d) for d in docs if d) + "\n", encoding="utf-8"
+    )
+  files = f"a={tmp_path}/a/*.txt,b={tmp_path}/b/*.txt"
+  config = _config(files, pairing="per_epoch", sampling_alpha=0.3, packing_window=64)
+  workdir = str(tmp_path / "work")
+  build.prepare(config, workdir)
+  it = loader.make_iterator(config, workdir, process_index=0, process_count=1)
+  first = [next(it) for _ in range(4)]
+  state = json.loads(json.dumps(it.get_state()))
+  rest = _take(it, 3)
+  assert state["packing"]["block"] > 0 and "pairing" in state
+  assert np.mean([packing.useful_share(b) for b in first + rest]) >= 0.95
+  resumed = loader.make_iterator(config, workdir, process_index=0, process_count=1)
+  resumed.set_state(state)
+  _same(_take(resumed, 3), rest)

@@ -22,6 +22,11 @@ each source runs through epochs of its own (repeated, with new pairs, or subsamp
 documents each pass), mixed example by example in a seeded order; make_iterator(..., source=NAME)
 reads one source's part of the eval split (evaluation per source).
 
+With data.packing (MLM only; data/pipeline/packing.py) the stream above stays global (every host
+reads all of it) and is cut into windows packed into rows of several documents; the rows are what
+the hosts share out and what is batched, masked per document and resumed (the state's "packing":
+the current window and its first row).
+
 Why masks are not stored: the original wrote dupe_factor=40 statically masked copies of the corpus;
 drawing them in the pipeline is cheap (docs/performance.md, Input pipeline) and gives a fresh mask
 every epoch (RoBERTa's dynamic masking). data.static_masking=True reuses masks with period
