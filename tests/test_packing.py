@@ -112,10 +112,14 @@ def test_document_sequence_joins_a_pair_in_text_order():
   a, b = [7, 8], [9, 10, 11]
   pair = np.array([CLS_ID, *a, SEP_ID, *b, SEP_ID])
   seg = np.array([0, 0, 0, 0, 1, 1, 1, 1])
-  assert packing.document_sequence(pair, seg, 0).tolist() == [CLS_ID, *a, *b, SEP_ID]
+  ids, starts = packing.document_sequence(pair, seg, 0)
+  assert ids.tolist() == [CLS_ID, *a, *b, SEP_ID] and starts is None
   swapped = np.array([CLS_ID, *b, SEP_ID, *a, SEP_ID])
   seg = np.array([0, 0, 0, 0, 0, 1, 1, 1])
-  assert packing.document_sequence(swapped, seg, 1).tolist() == [CLS_ID, *a, *b, SEP_ID]
+  marks = np.array([0, 1, 0, 1, 0, 1, 1, 0], bool)  # a segmenter's word starts (b: 1 0 1, a: 1 1)
+  ids, starts = packing.document_sequence(swapped, seg, 1, marks)
+  assert ids.tolist() == [CLS_ID, *a, *b, SEP_ID]
+  assert starts.astype(int).tolist() == [0, 1, 1, 1, 0, 1, 0]
 
 
 def test_document_budgets():

@@ -35,6 +35,7 @@ import numpy as np
 
 from albert_jax.data.examples import masking as masking_lib
 from albert_jax.data.pipeline import epoch_plan
+from albert_jax.data.store.dataset import Records
 from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID
 
 # Row indices within a block take the low bits of the masking key (a block has at most `window`
@@ -43,20 +44,22 @@ _ROW_BITS = 20
 
 
 def document_sequence(
-  input_ids: np.ndarray, segment_ids: np.ndarray, swapped: int | bool
-) -> np.ndarray:
+  input_ids: np.ndarray, segment_ids: np.ndarray, swapped: int | bool, word_starts=None
+) -> tuple[np.ndarray, np.ndarray | None]:
   """A stored pair `[CLS] A [SEP] B [SEP]` (segment ids 0 then 1) as one document's sequence
-  `[CLS] A B [SEP]` in the text's order (SOP's swap undone: `swapped` is its label), int32."""
+  `[CLS] A B [SEP]` in the text's order (SOP's swap undone: `swapped` is its label), int32, with
+  its segmenter's word starts moved alike (None without them)."""
   ids = np.asarray(input_ids)
   a_len = int(np.count_nonzero(np.asarray(segment_ids) == 0)) - 2  # [CLS] A [SEP]
-  a, b = ids[1 : a_len + 1], ids[a_len + 2 : len(ids) - 1]
-  if swapped:
-    a, b = b, a
-  out = np.empty(len(a) + len(b) + 2, np.int32)
-  out[0], out[-1] = CLS_ID, SEP_ID
-  out[1 : len(a) + 1] = a
-  out[len(a) + 1 : -1] = b
-  return out
+
+  def join(x, edge):
+    a, b = x[1 : a_len + 1], x[a_len + 2 : len(x) - 1]
+    return np.concatenate([[edge], b, a, [edge]] if swapped else [[edge], a, b, [edge]])
+
+  starts = None if word_starts is None else join(np.asarray(word_starts, bool), False)
+  out = join(ids, CLS_ID).astype(np.int32)
+  out[-1] = SEP_ID
+  return out, starts
 
 
 def best_fit(lengths, capacity: int) -> list[list[int]]:
@@ -82,28 +85,18 @@ def best_fit(lengths, capacity: int) -> list[list[int]]:
   return rows
 
 
+# Each plan's example key -> the unmasked example as Masker.batch takes it (input_ids, segment_ids,
+# sentence_order_label, word_starts). Picklable (loader workers).
+
+
 class RecordFetch:
-  """Stored pairs (data.pairing=static): example key (epoch, record) -> (input_ids, segment_ids,
-  sentence_order_label) of the record. Picklable (opens the split in each process)."""
+  """Stored pairs (data.pairing=static): example key (epoch, record) -> the record."""
 
-  def __init__(self, source):
-    self.source = source
-    self._parse = None
+  def __init__(self, records: Records):
+    self.records = records
 
-  def __getstate__(self):
-    return {"source": self.source, "_parse": None}
-
-  def __call__(self, key):
-    if self._parse is None:
-      from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-
-      self._parse = tf_example_pb2.Example.FromString
-    f = self._parse(self.source[int(key[1])]).features.feature
-    return (
-      np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4"),
-      np.frombuffer(f["segment_ids"].bytes_list.value[0], np.int8),
-      int(f["sentence_order_label"].int64_list.value[0]),
-    )
+  def __call__(self, key) -> dict:
+    return self.records.example(int(key[1]))
 
 
 class PairFetch:
@@ -112,25 +105,22 @@ class PairFetch:
   def __init__(self, pairs: epoch_plan.EpochPairs, train: bool):
     self.pairs, self.train = pairs, train
 
-  def __call__(self, key):
-    p = self.pairs.example(int(key[0]) if self.train else 0, int(key[1]))
-    return p["input_ids"], p["segment_ids"], p["sentence_order_label"]
+  def __call__(self, key) -> dict:
+    return self.pairs.row(int(key[0]) if self.train else 0, int(key[1]))
 
 
 class MixtureFetch:
   """A weighted mixture: example key (source, source epoch, k) -> that source's example."""
 
-  def __init__(self, loader: epoch_plan.MixtureLoader):
-    self.loader = loader
+  def __init__(self, mixture: epoch_plan.Mixture, records: Records):
+    self.mixture, self.records = mixture, records
 
-  def __call__(self, key):
+  def __call__(self, key) -> dict:
     src, q, k = (int(x) for x in key)
-    stream = self.loader.mixture.streams[src]
+    stream = self.mixture.streams[src]
     if isinstance(stream, epoch_plan.SourceRecords):
-      p = self.loader._record(stream.record(q, k))  # pylint: disable=protected-access
-    else:
-      p = stream.example(q, k)
-    return p["input_ids"], p["segment_ids"], p["sentence_order_label"]
+      return self.records.example(stream.record(q, k))
+    return stream.row(q, k)
 
 
 class Packer:
@@ -155,8 +145,9 @@ class Packer:
     self.__dict__.update(state)
     self._blocks, self._lock = {}, threading.RLock()
 
-  def block(self, j: int) -> tuple[list[list[int]], list[np.ndarray]]:
-    """Block j's rows (lists of indices into its sequences, in their seeded order) and sequences."""
+  def block(self, j: int) -> tuple[list[list[int]], list[tuple]]:
+    """Block j's rows (lists of indices into its sequences, in their seeded order) and sequences
+    (document_sequence's (ids, word starts or None))."""
     got = self._blocks.get(j)
     if got is None:
       with self._lock:
@@ -165,9 +156,13 @@ class Packer:
           first = j * self.window
           seqs = []
           for i in range(self.window):
-            ids, seg, label = self.fetch(self.examples[first + i])
-            seqs.append(document_sequence(ids, seg, label))
-          rows = best_fit([len(s) for s in seqs], self.seq)
+            x = self.fetch(self.examples[first + i])
+            seqs.append(
+              document_sequence(
+                x["input_ids"], x["segment_ids"], x["sentence_order_label"], x.get("word_starts")
+              )
+            )
+          rows = best_fit([len(s[0]) for s in seqs], self.seq)
           order = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x5041434B, j]).permutation(
             len(rows)
           )
@@ -193,8 +188,8 @@ class Packer:
   def __call__(self, g: int) -> tuple[int, int]:
     return self.locate(g)
 
-  def row(self, j: int, r: int) -> list[np.ndarray]:
-    """The sequences of row r of block j, in their order in the row."""
+  def row(self, j: int, r: int) -> list[tuple]:
+    """The sequences (ids, word starts or None) of row r of block j, in their order in the row."""
     rows, seqs = self.block(j)
     return [seqs[i] for i in rows[r]]
 
@@ -202,7 +197,7 @@ class Packer:
     """The useful-token share (real tokens over all positions) of block j's examples one a row
     (each a pair with its middle [SEP]) and packed: what data.packing changes, measured."""
     rows, seqs = self.block(j)
-    tokens = sum(len(s) for s in seqs)
+    tokens = sum(len(s[0]) for s in seqs)
     return {
       "unpacked": round((tokens + len(seqs)) / (len(seqs) * self.seq), 4),
       "packed": round(tokens / (len(rows) * self.seq), 4),
@@ -227,31 +222,37 @@ class Packer:
 
 
 class PackedLoader:
-  """(blocks, rows) of a batch -> the model's features with pack_ids, masked per document."""
+  """(blocks, rows) of a batch -> the model's features with pack_ids, masked per document
+  (Masker.batch's pack_ids); masks keyed by (seed, block, row)."""
 
   def __init__(self, packer: Packer, masker: masking_lib.Masker, seed: int):
-    self.packer, self.masker, self.seq = packer, masker, packer.seq
-    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
+    self.packer, self.masker, self.seq, self.seed = packer, masker, packer.seq, seed
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
     blocks, rows = (np.asarray(x, np.int64) for x in batch)
     b = len(rows)
-    ids = np.zeros((b, self.seq), np.int32)
-    mask = np.zeros((b, self.seq), np.int32)
     pack = np.zeros((b, self.seq), np.int32)
+    out = []
     for r, (j, i) in enumerate(zip(blocks.tolist(), rows.tolist())):
-      at = 0
-      for d, s in enumerate(self.packer.row(j, i), start=1):
-        ids[r, at : at + len(s)] = s
-        pack[r, at : at + len(s)] = d
-        at += len(s)
-      mask[r, :at] = 1
-    keys = np.empty((b, 2), np.uint64)
-    keys[:, 0] = self.key0
-    keys[:, 1] = (blocks.astype(np.uint64) << np.uint64(_ROW_BITS)) | rows.astype(np.uint64)
-    return self.masker(
-      ids, np.zeros_like(ids), mask, np.zeros(b, np.int32), keys=keys, pack_ids=pack
+      seqs = self.packer.row(j, i)
+      ids = np.concatenate([s[0] for s in seqs])
+      starts = None
+      if any(s[1] is not None for s in seqs):
+        starts = np.concatenate([np.zeros(len(s[0]), bool) if s[1] is None else s[1] for s in seqs])
+      pack[r, : len(ids)] = np.repeat(np.arange(1, len(seqs) + 1), [len(s[0]) for s in seqs])
+      out.append(
+        {
+          "input_ids": ids,
+          "segment_ids": np.zeros(len(ids), np.int32),
+          "sentence_order_label": 0,
+          "word_starts": starts,
+        }
+      )
+    # The block's high bits and the row's low bits take example_keys' (epoch, index) places.
+    keys = masking_lib.example_keys(
+      self.seed, blocks >> (40 - _ROW_BITS), (blocks << _ROW_BITS) | rows
     )
+    return self.masker.batch(out, self.seq, keys, pack_ids=pack)
 
 
 def useful_share(batch: dict) -> float:
