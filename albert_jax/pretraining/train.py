@@ -129,7 +129,7 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
   shares = loader.useful_token_shares(config, workdir)
   packed = "true" if config.data.get("packing", False) else "false"
   log(
-    f"data: real tokens {shares['unpacked']:.1%} of a row one example a row, "
+    f"data: real (non-pad) tokens {shares['unpacked']:.1%} of a row with one example a row, "
     f"{shares['packed']:.1%} packed (data.packing={packed})"
   )
 
