@@ -23,7 +23,9 @@ counting the passed blocks again. Masks are keyed by (seed, block, row): new mas
 rerun identical.
 
 Cost: every host (and every loader worker) reads every example of the blocks it passes (a block's
-packing needs all its sequences' lengths), and masks only its own rows.
+packing needs all its sequences' lengths), and masks only its own rows. With loader workers the
+main process packs the passed blocks once more when a state is saved (get_state), from the block
+of the last state restored or saved on.
 """
 
 from __future__ import annotations
