@@ -562,3 +562,35 @@ def test_packing_a_weighted_mixture_resumes_exactly(tmp_path):
   resumed = loader.make_iterator(config, workdir, process_index=0, process_count=1)
   resumed.set_state(state)
   _same(_take(resumed, 3), rest)
+
+
+# ----------------------------------------------------------------------------------------------
+# The GPU fallback and the benchmark's packed batches.
+
+
+def test_packed_rows_on_a_gpu_take_the_einsum_path_with_one_line(monkeypatch, capsys):
+  from albert_jax.model import attention
+
+  monkeypatch.setattr(attention, "_SAID", set())
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert attention.implementation("flash", packed=False) == "flash"
+  assert attention.implementation("flash", packed=True) == "einsum"
+  assert attention.implementation("flash", packed=True) == "einsum"
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines == [
+    "attention: packed rows take the einsum path on a GPU (cuDNN's kernel takes no pack ids)"
+  ]
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert attention.implementation("flash", packed=True) == "flash"  # SegmentIds
+
+
+def test_train_step_benchmark_packs_its_documents():
+  from tests.conftest import load_file
+
+  train_step = load_file("benchmarks/train_step.py")
+  unpacked, packed = train_step.document_batches(8, 128, 20, 1000, 40)
+  assert unpacked["input_mask"].mean() < 0.5 < 0.95 < packed["input_mask"].mean()
+  assert "pack_ids" in packed and "pack_ids" not in unpacked
+  assert (packed["pack_ids"] > 0).sum() == packed["input_mask"].sum()
+  for b in (unpacked, packed):  # masked positions on real tokens only
+    assert np.take_along_axis(b["input_mask"], b["masked_lm_positions"], 1).all()
