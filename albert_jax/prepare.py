@@ -60,7 +60,7 @@ def run() -> None:
         stats = build.prepare(config, workdir)
         stats.pop("vocab_sha256", None)
         # What data.packing would change: real tokens over all positions, one example a row and
-        # packed (one packing window of the train split).
+        # packed (one packing window of the eval split, loader.useful_token_shares).
         stats["useful_token_share"] = loader.useful_token_shares(config, workdir)
       print(json.dumps(stats), flush=True)
 
