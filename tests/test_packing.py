@@ -334,6 +334,9 @@ def test_packed_rows_resume_exactly_mid_epoch(short_corpus, pairing):
   _same(_take(resumed, 5), rest)
   again = _take(loader.make_iterator(config, workdir, process_index=0, process_count=1), 7)
   _same(again, first)
+  config.data.packing = False  # a packed run's position is in rows: not resumed unpacked
+  with pytest.raises(ConfigError, match="saved with data.packing=true; resume with the same"):
+    loader.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
 
 
 def test_packed_rows_same_with_workers_and_hosts(short_corpus):

@@ -148,6 +148,7 @@ class BatchIterator:
       "num_examples": self.num_examples,
       "global_batch_size": self.per_host_batch * self.process_count,
       "num_workers": self.num_workers,
+      "packed": self._packer is not None,  # grain's position counts rows then, not examples
       "grain": self._it.get_state(),
     }
     position = None if self._batches is None else self._batches * state["global_batch_size"]
@@ -174,6 +175,12 @@ class BatchIterator:
       raise ConfigError(
         f"the iterator state was saved with data.num_workers={state.get('num_workers')}; "
         f"resume with the same value (this run has {self.num_workers})"
+      )
+    if bool(state.get("packed", False)) != (self._packer is not None):
+      raise ConfigError(
+        f"the iterator state was saved with data.packing={str(bool(state.get('packed'))).lower()}; "
+        f"resume with the same value (its position counts "
+        f"{'packed rows' if state.get('packed') else 'examples'})"
       )
     if state.get("global_batch_size") != self.per_host_batch * self.process_count:
       logging.warning(
