@@ -592,7 +592,8 @@ def document_batches(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
   """Two data.task=none batches of `batch` rows from short documents (lengths ~ 3 + geometric,
   mean about mean_tokens, at most seq): one document a row, and packed (packing.best_fit over a
-  window of 64 * batch documents, `batch` of its rows in a seeded order, with pack_ids). Masked positions inside documents."""
+  window of 64 * batch documents, `batch` of its rows in a seeded order, with pack_ids). Masked
+  positions inside documents."""
   rng = np.random.default_rng(seed)
   lengths = np.minimum(seq, 3 + rng.geometric(1.0 / max(1, mean_tokens - 3), 64 * batch))
 

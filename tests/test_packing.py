@@ -446,10 +446,11 @@ def test_training_parity_packed_and_unpacked_at_equal_masked_tokens(short_corpus
   """A tiny model trained on the short-document corpus, packed (6 rows a step, ~18.5 masked
   tokens a row, ~4 documents) and unpacked (16 rows, ~7 a row: about the same masked tokens a
   step), two initialisation seeds each (the data's seed is the prepared data's): held-out MLM
-  accuracy on the same unpacked eval batches agrees within 0.005 or within the seeds' spread, and so does the MLM loss
-  (within 2%), which has fallen below its start (log V = 8.0). Measured (80 steps; 9,476 and
-  8,885 masked tokens; one trainer compiled per side): accuracy 0.1409 in all four runs (the
-  unigram stage at this scale), loss 7.241 / 7.272 unpacked, 7.239 / 7.265 packed."""
+  accuracy on the same unpacked eval batches agrees within 0.005 or within the seeds' spread, and
+  so does the MLM loss (within 2%), which has fallen below its start (log V = 8.0). Measured (80
+  steps; 9,476 and 8,885 masked tokens; one trainer compiled per side): accuracy 0.1409 in all
+  four runs (the unigram stage at this scale), loss 7.241 / 7.272 unpacked, 7.239 / 7.265
+  packed."""
   files, workdirs = short_corpus
   workdir = workdirs["static", 128]
 
