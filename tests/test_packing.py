@@ -602,3 +602,17 @@ def test_train_step_benchmark_packs_its_documents():
   assert (packed["pack_ids"] > 0).sum() == packed["input_mask"].sum()
   for b in (unpacked, packed):  # masked positions on real tokens only
     assert np.take_along_axis(b["input_mask"], b["masked_lm_positions"], 1).all()
+
+
+def test_packed_sequences_keep_the_segmenters_word_starts(short_corpus):
+  """Chinese and Japanese documents' word starts (a segmenter's, stored with the records) travel
+  with their sequences into packed rows, in the text's order."""
+  files, workdirs = short_corpus
+  config = _config(files, packing_window=256)
+  it = loader.make_iterator(config, workdirs["static", 128], process_index=0, process_count=1)
+  rows, seqs = it.packer.block(0)
+  it.close()
+  marked = [s for s in seqs if s[1] is not None and s[1].any()]
+  assert marked, "no sequence carries word starts"
+  for ids, starts in marked:
+    assert len(starts) == len(ids) and not starts[0] and not starts[-1]  # [CLS] and [SEP]
