@@ -77,7 +77,7 @@ def check_architecture(src_config: Any, model_config: Any, path: str):
 
 
 def load_pretrained(
-  path: str, model_config: Any = None, init_params: Any = None
+  path: str, model_config: Any = None, init_params: Any = None, resize=None
 ) -> tuple[dict, dict]:
   """(params, model_config dict) from a Hugging Face ALBERT directory or one of our jax exports.
 
@@ -87,9 +87,13 @@ def load_pretrained(
   E == H with an identity projection dropped or added), cast to its param_dtype, and the returned config
   is `model_config` itself. With `init_params` too (the run's fresh parameters, boxed or not): the pooler
   and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
-  from them as they are, and the tree is checked leaf by leaf against them (shapes).
+  from them as they are, and the tree is checked leaf by leaf against them (shapes). `resize`
+  (continued pretraining's grown vocabulary or positions): (params, config) -> (params, config),
+  applied to the checkpoint as read, in its own layout, before anything is compared.
   """
   params, src_config = load_jax_export(path) if _source(path) == "jax" else load_hf(path)
+  if resize is not None:
+    params, src_config = resize(params, dict(src_config))
   if model_config is None:
     return params, src_config
   src, cfg = check_architecture(src_config, model_config, path)
