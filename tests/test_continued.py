@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import transformers
 
+import albert_jax
 from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.text import samples, tokenizer as tokenizer_lib, vocab_extension as X
@@ -183,6 +184,21 @@ def test_extended_export_matches_transformers(tmp_path, vocabs):
   fast = transformers.AutoTokenizer.from_pretrained(out)
   for text in ENGLISH[:60] + NEW_HELD:
     assert fast(text, add_special_tokens=False)["input_ids"] == tok.encode(text), text
+  # albert_jax.load opens it (the extended table, marks kept) and fills a Hindi [MASK].
+  loaded = albert_jax.load(out)
+  assert loaded.params["albert"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == (
+    1000 + len(ext.added)
+  )
+  assert loaded.tokenizer.keep_accents and loaded.tokenizer.encode(NEW_HELD[0]) == tok.encode(
+    NEW_HELD[0]
+  )
+  assert len(albert_jax.fill_mask(loaded, "गंगा [MASK] की नदी है", top_k=2)[0]) == 2
+  # Fine-tuning takes its architecture (the grown vocabulary and positions) and its vocabulary.
+  ft = config_lib.finetune_base_config()
+  ft.init_from = out
+  init_from.resolve_init_from(ft)
+  assert ft.model.vocab_size == 1000 + len(ext.added) and ft.model.max_position_embeddings == 80
+  assert ft.data.spm_model_path.endswith("spiece.model") and ft.data.keep_accents is True
 
 
 def _hindi_corpus(tmp_path) -> str:
