@@ -261,20 +261,24 @@ def test_prepare_extends_and_says_what_it_did(tmp_path, vocabs, caplog):
   from albert_jax.data.prepare import build
 
   old_path, _, _ = vocabs
-  c = _continued_config(tmp_path, vocabs, extend_vocab_size=120)
+  # More than the corpus's vocabulary can give: trained at the most it supports, the rest of the
+  # rows <unused_k> pieces that no text reaches.
+  c = _continued_config(tmp_path, vocabs, extend_vocab_size=400)
   init_from.resolve(c)
-  assert c.model.vocab_size == 1120 and c.data.extend_vocab_from.endswith("spiece.model")
+  assert c.model.vocab_size == 1400 and c.data.extend_vocab_from.endswith("spiece.model")
   with caplog.at_level(logging.INFO):
     info = build.prepare(c, str(tmp_path / "run"))
   lines = [r.getMessage() for r in caplog.records if "vocabulary extension" in r.getMessage()]
   assert any("pieces per word" in line and "<unk> share" in line for line in lines), lines
-  assert any("new appended (ids 1000-" in line for line in lines), lines
+  (line,) = [line for line in lines if "new appended (ids 1000-" in line]
+  added = int(line.split(" new appended")[0].split()[-1])
+  assert 100 < added < 400 and f"{400 - added} rows unused (<unused_k>" in line
   assert any("data.keep_accents=auto: keeping" in r.getMessage() for r in caplog.records)
   data = open(info["spm_model_path"], "rb").read()
   assert data.startswith(open(old_path, "rb").read())  # init_from's model, bytes kept
   tok = tokenizer_lib.load(info["spm_model_path"], keep_accents=True)
-  assert tok.vocab_size == 1120
-  assert info["vocab_size"] == 1120 if "vocab_size" in info else True
+  assert tok.vocab_size == 1400 and tok.id_to_piece(1399) == f"<unused_{399 - added}>"
+  assert max(i for s in HINDI + ENGLISH for i in tok.encode(s)) < 1000 + added
   # Prepared again: found, not rebuilt (its fingerprint records the extension).
   caplog.clear()
   with caplog.at_level(logging.INFO):

@@ -259,8 +259,11 @@ def extend_vocab(
     new_bytes = files.path(local, VOCAB_FILE).read_bytes()
   ext = vocab_extension.merge(old_bytes, new_bytes, asked)
   unused = asked - len(ext.added)
+  # Below every piece's score: SentencePiece never emits an UNUSED piece, and a reader that knows
+  # no UNUSED type (Hugging Face's tokenizer.json) never prefers one.
+  floor = min(score for _, score, _ in vocab_extension.read_pieces(ext.model)) - 100.0
   model = ext.model + b"".join(
-    vocab_extension.encode_piece(f"<unused_{k}>", 0.0, vocab_extension.UNUSED)
+    vocab_extension.encode_piece(f"<unused_{k}>", floor, vocab_extension.UNUSED)
     for k in range(unused)
   )
   out = os.path.join(out_dir, VOCAB_FILE)
