@@ -274,6 +274,13 @@ def test_prepare_extends_and_says_what_it_did(tmp_path, vocabs, caplog):
   added = int(line.split(" new appended")[0].split()[-1])
   assert 100 < added < 400 and f"{400 - added} rows unused (<unused_k>" in line
   assert any("data.keep_accents=auto: keeping" in r.getMessage() for r in caplog.records)
+  # init_from's own language (its pieces are Latin: the English sample): before and after, and
+  # how many sentences keep their ids (all but those with <unk> or marks now kept).
+  assert any("of init_from's own language (en, albert_jax's sample)" in line for line in lines), (
+    lines
+  )
+  (same,) = [line for line in lines if "en sentences encode to the same ids" in line]
+  assert int(same.split(" of the ")[0].split()[-1]) > 150
   data = open(info["spm_model_path"], "rb").read()
   assert data.startswith(open(old_path, "rb").read())  # init_from's model, bytes kept
   tok = tokenizer_lib.load(info["spm_model_path"], keep_accents=True)

@@ -23,7 +23,7 @@ from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.corpus import reader as corpus_lib, sources
 from albert_jax.data.examples.philox import splitmix64
 from albert_jax.data.prepare.parallel import job_data, map_shards
-from albert_jax.data.text import scripts, tokenizer as tokenizer_lib, vocab_extension
+from albert_jax.data.text import samples, scripts, tokenizer as tokenizer_lib, vocab_extension
 
 
 def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:
@@ -313,11 +313,47 @@ def extend_vocab(
   held = [s for s in held_out if s not in sampled]
   what = "held-out sentences of the corpus (outside the vocabulary's sample)"
   if not held:  # a corpus no larger than data.vocab_sample_sentences: nothing is held out
-    held, what = held_out, "sentences of the corpus (all in the vocabulary's sample)"
+    held, what = held_out, "sentences of the corpus (none held out: all are in its sample)"
   for line in extension_report(old_tok, tok, held, what):
     logging.info("%s", line)
+  language = old_language(old_bytes)
+  if language:  # init_from's own language, on text neither vocabulary was trained on
+    own = [s for doc in samples.documents(language) for s in doc]
+    what = f"sentences of init_from's own language ({language}, albert_jax's sample)"
+    for line in extension_report(old_tok, tok, own, what):
+      logging.info("%s", line)
+    same = sum(old_tok.encode(s) == tok.encode(s) for s in own)
+    logging.info(
+      "vocabulary extension: %d of the %d %s sentences encode to the same ids as before%s",
+      same,
+      len(own),
+      language,
+      "" if same == len(own) else " (the others hold <unk> or marks the old model stripped)",
+    )
   settings = dict(settings, extension={"added": len(ext.added), "unused": unused})
   return time.time() - t0, settings
+
+
+# The language of albert_jax's sample (data/text/samples) for a vocabulary mostly in this script.
+SAMPLE_FOR_SCRIPT = {
+  "Latin": "en",
+  "Cyrillic": "ru",
+  "Devanagari": "hi",
+  "Arabic": "ar",
+  "Hangul": "ko",
+  "Han": "zh",
+  "Japanese": "ja",
+}
+
+
+def old_language(model: bytes) -> str | None:
+  """The sample language (SAMPLE_FOR_SCRIPT) of the script most of a vocabulary's letters are in;
+  None where albert_jax has no sample of it."""
+  counts = scripts.script_counts("")
+  for piece, _, kind in vocab_extension.read_pieces(model):
+    if kind == vocab_extension.NORMAL:
+      counts.update(scripts.script_counts(piece))
+  return SAMPLE_FOR_SCRIPT.get(scripts.dominant_script(counts))
 
 
 def extension_report(old_tok, tok, texts: list[str], what: str) -> list[str]:
@@ -327,6 +363,6 @@ def extension_report(old_tok, tok, texts: list[str], what: str) -> list[str]:
     return []
   (ppw0, unk0), (ppw1, unk1) = (vocab_extension.encoding_report(t, texts) for t in (old_tok, tok))
   return [
-    f"vocabulary extension on {what} ({len(texts):,}): pieces per word {ppw0:.2f} -> {ppw1:.2f}, "
+    f"vocabulary extension on {len(texts):,} {what}: pieces per word {ppw0:.2f} -> {ppw1:.2f}, "
     f"<unk> share {100 * unk0:.2f}% -> {100 * unk1:.2f}%"
   ]
