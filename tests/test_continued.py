@@ -292,3 +292,24 @@ def test_prepare_extends_and_says_what_it_did(tmp_path, vocabs, caplog):
     build.prepare(c, str(tmp_path / "run"))
   assert any("prepared data found" in r.getMessage() for r in caplog.records)
   assert os.path.exists(os.path.join(os.path.dirname(info["spm_model_path"]), "spiece.vocab"))
+
+
+def test_longer_positions_alone_keep_outputs_within_the_old_length(tmp_path, vocabs):
+  old_path, _, _ = vocabs
+  cfg_old = small(vocab_size=1000)
+  params_old = our_init(cfg_old)
+  hf.save_hf(params_old, cfg_old, str(tmp_path / "old"), old_path)
+  config = config_lib.base_config()
+  config.model.update(dict(cfg_old))
+  config.model.max_position_embeddings = 96
+  config.init_from = str(tmp_path / "old")
+  fresh = our_init(config.model, seed=1)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  grown = init_from.init_params(config, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
+  grown = jax.tree_util.tree_map(np.asarray, grown)
+  table = grown["albert"]["embeddings"]["position_embeddings"]["embedding"]
+  old_table = params_old["albert"]["embeddings"]["position_embeddings"]["embedding"]
+  np.testing.assert_array_equal(table, old_table[np.arange(96) % 40])  # 40 + 40 + 16 rows
+  x = inputs(vocab=1000, s=40)
+  for a, b in zip(our_logits(grown, config.model, x), our_logits(params_old, cfg_old, x)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
