@@ -313,3 +313,64 @@ def test_longer_positions_alone_keep_outputs_within_the_old_length(tmp_path, voc
   x = inputs(vocab=1000, s=40)
   for a, b in zip(our_logits(grown, config.model, x), our_logits(params_old, cfg_old, x)):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_main_continues_on_hindi_with_an_extension_and_longer_positions(tmp_path, vocabs):
+  """python -m albert_jax.main from a Hugging Face directory: the vocabulary extended and the
+  positions grown (40 -> 64) in one run, 2 steps, then resumed to 3 (the prepared data found, the
+  checkpoint's model the same)."""
+  import subprocess
+  import sys
+
+  from tests.conftest import xla_flags
+
+  old_path, _, _ = vocabs
+  cfg_old = small(vocab_size=1000)
+  hf.save_hf(our_init(cfg_old), cfg_old, str(tmp_path / "old"), old_path)
+  workdir = str(tmp_path / "run")
+  sizes = dict(embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4)
+  args = [f"--config.model.{k}={v}" for k, v in sizes.items()] + [
+    "--config.model.intermediate_size=48",
+    "--config.model.max_position_embeddings=64",
+    f"--config.init_from={tmp_path / 'old'}",
+    f"--config.data.input_files={_hindi_corpus(tmp_path)}",
+    "--config.data.text_format=sentences",
+    "--config.data.max_seq_length=64",
+    "--config.data.max_predictions_per_seq=8",
+    "--config.data.eval_fraction=0.2",
+    "--config.data.extend_vocab_size=100",
+    "--config.train.batch_size=8",
+    "--config.train.warmup_steps=1",
+    "--config.train.eval_every=1000",
+    "--config.train.eval_steps=1",
+  ]
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONPATH=os.getcwd())
+  run = lambda steps: subprocess.run(  # noqa: E731
+    [sys.executable, "-m", "albert_jax.main", "--config=configs/tiny.py", f"--workdir={workdir}"]
+    + args
+    + [f"--config.train.num_steps={steps}"],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=600,
+  )
+  first = run(2)
+  assert first.returncode == 0, first.stderr[-3000:]
+  out = first.stdout + first.stderr
+  assert "model.vocab_size=1,100" in out and "vocabulary extension" in out
+  saved = json_config(workdir)
+  assert saved["model"]["vocab_size"] == 1100 and saved["model"]["max_position_embeddings"] == 64
+  assert saved["data"]["keep_accents"] == "true"
+  second = run(3)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "resumed from step 2" in second.stdout + second.stderr
+  loaded = albert_jax.load(workdir)
+  assert loaded.tokenizer.vocab_size == 1100 and loaded.tokenizer.keep_accents
+
+
+def json_config(workdir):
+  import json
+
+  with open(os.path.join(workdir, "config.json")) as f:
+    return json.load(f)
