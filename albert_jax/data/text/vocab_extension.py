@@ -15,7 +15,8 @@ only text that contains c, and text the old model read without <unk> has no such
 character of it lies in some old piece). The lattice of such text is the old one, node for node;
 the appended scores can only lower the model's minimum score, which lowers the <unk> score, and
 text without <unk> has no <unk> node on its best path. So old text without <unk> encodes to the
-same ids; old text with <unk> changes only where its unknown characters are (that is the point).
+same ids; old text with <unk> (or, for a model with byte fallback, byte pieces) changes only
+where its unknown characters are (that is the point).
 New text uses the appended pieces because each replaces at least one <unk> node (the model's
 minimum score less 10) with a piece of its own trained score.
 
