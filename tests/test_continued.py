@@ -291,6 +291,12 @@ def test_prepare_extends_and_says_what_it_did(tmp_path, vocabs, caplog):
   with caplog.at_level(logging.INFO):
     build.prepare(c, str(tmp_path / "run"))
   assert any("prepared data found" in r.getMessage() for r in caplog.records)
+  # Another extension over the same data directory: refused in one line, the data kept.
+  other = _continued_config(tmp_path, vocabs, extend_vocab_size=300)
+  init_from.resolve(other)
+  with pytest.raises(ConfigError, match="extended by up to 400 pieces .* there, .* up to 300"):
+    build.prepare(other, str(tmp_path / "run"))
+  assert open(info["spm_model_path"], "rb").read() == data
   assert os.path.exists(os.path.join(os.path.dirname(info["spm_model_path"]), "spiece.vocab"))
 
 
