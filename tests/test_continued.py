@@ -137,17 +137,46 @@ def test_step0_unchanged_and_pieces_rows(tmp_path, vocabs):
   old_words = params_old["albert"]["embeddings"]["word_embeddings"]["embedding"]
   old_bias = params_old["predictions"]["bias"]
   kinds = set()
+  marker = tokenizer_lib.load(old_path).sp.piece_to_id("\u2581")
+  pieces = X.read_pieces(open(old_path, "rb").read())
+  merged_pieces = X.read_pieces(open(merged_path, "rb").read())
   for i, split in splits.items():
-    known = [s for s in split if s != tokenizer_lib.UNK_ID]
+    # the old model's split, <unk> and the bare marker left out
+    full = X.old_split(pieces, merged_pieces[i][0])
+    known = [s for s in full if s not in (tokenizer_lib.UNK_ID, marker)]
+    assert split == known
     rows = old_words[known] if known else old_words
     kinds.add(bool(known))
     np.testing.assert_allclose(words[i], rows.mean(0), atol=1e-6)
     np.testing.assert_allclose(bias[i], (old_bias[known] if known else old_bias).mean(), atol=1e-6)
-  assert kinds == {True, False}  # both kinds of new piece were seen
+  assert kinds == {False}  # the English model holds no Devanagari: every row is the mean
   # Positions copied in order (Longformer's tiling).
   table = grown["albert"]["embeddings"]["position_embeddings"]["embedding"]
   old_table = params_old["albert"]["embeddings"]["position_embeddings"]["embedding"]
   np.testing.assert_array_equal(table[40:], old_table)
+
+
+def test_pieces_rows_average_their_split():
+  rng = np.random.default_rng(0)
+  old, fresh = rng.normal(size=(10, 3)), rng.normal(size=(13, 3))
+  splits = {10: [2, 5], 11: [], 12: [7]}  # what new_piece_splits gives (<unk>, marker left out)
+  got = init_from.new_rows(old, fresh, splits, "pieces")
+  np.testing.assert_array_equal(got[:10], old)
+  np.testing.assert_allclose(got[10], (old[2] + old[5]) / 2)
+  np.testing.assert_allclose(got[11], old.mean(0))
+  np.testing.assert_allclose(got[12], old[7])
+  bias = init_from.new_rows(old[:, 0], fresh[:, 0], splits, "pieces")
+  np.testing.assert_allclose(bias[10:], [(old[2, 0] + old[5, 0]) / 2, old[:, 0].mean(), old[7, 0]])
+  np.testing.assert_array_equal(init_from.new_rows(old, fresh, splits, "random")[10:], fresh[10:])
+
+
+def test_split_of_a_partly_spellable_piece():
+  """A German piece with a mark the English model stripped: its split keeps the letters the old
+  model has ("▁caf" ...), drops <unk> and the bare marker."""
+  pieces = [("<pad>", 0, 3), ("<unk>", 0, 2), ("\u2581", -2.0, 1), ("c", -3.0, 1), ("a", -3.0, 1)]
+  pieces += [("f", -3.0, 1), ("\u2581caf", -4.0, 1)]
+  assert X.old_split(pieces, "\u2581café") == [6, 1]
+  assert X.old_split(pieces, "é\u2581c") == [1, 2, 3]
 
 
 def test_mean_and_random_rows(tmp_path, vocabs):

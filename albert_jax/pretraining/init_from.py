@@ -177,8 +177,9 @@ def _set_leaf(tree, keys, value):
 def new_rows(old: np.ndarray, fresh: np.ndarray, splits: dict[int, list[int]], how: str):
   """The rows old.shape[0].. of a table (the word table, or the MLM output bias as a table of
   scalars) for the appended pieces, by model.new_token_init:
-    pieces  the mean of the old rows of the old model's split of the piece (splits[id]), <unk>
-            skipped; a piece it can spell only as <unk> takes the mean of all old rows;
+    pieces  the mean of the old rows of the old model's split of the piece (splits[id]:
+            vocab_extension.new_piece_splits, <unk> and the bare word marker left out); a piece
+            it can spell only as <unk> takes the mean of all old rows;
     mean    the mean of all old rows;
     random  the fresh initialisation's rows (Hugging Face's resize_token_embeddings).
   Returns the whole table, old rows first, unchanged."""

@@ -286,11 +286,8 @@ def extend_vocab(
     )
   else:
     splits = vocab_extension.new_piece_splits(old_bytes, model)
-    marker = old_tok.sp.piece_to_id(tokenizer_lib.WORD_MARKER)
     unspellable = sum(
-      1
-      for i in range(ext.old_size, ext.old_size + len(ext.added))
-      if all(x in (tokenizer_lib.UNK_ID, marker) for x in splits[i])
+      1 for i in range(ext.old_size, ext.old_size + len(ext.added)) if not splits[i]
     )
     logging.info(
       "vocabulary extension: %s of init_from's pieces kept (ids and scores), %d new appended "

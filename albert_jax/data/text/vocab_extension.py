@@ -42,6 +42,7 @@ from albert_jax.data.text import tokenizer as tokenizer_lib
 
 # sentencepiece_model.proto's SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+MARKER = tokenizer_lib.WORD_MARKER
 # sentencepiece's unigram model: an unknown character's node scores min_score - kUnkPenalty.
 UNK_PENALTY = 10.0
 
@@ -218,13 +219,19 @@ def split_index(pieces: list[tuple[str, float, int]]) -> dict:
 
 
 def new_piece_splits(old: bytes, merged: bytes) -> dict[int, list[int]]:
-  """For each piece the merged model appended to `old` (by its id): the old model's split of it
-  (old_split), what model.new_token_init=pieces averages."""
+  """For each piece the merged model appended to `old` (by its id): the pieces of the old model's
+  split of it (old_split) that stand for its text, what model.new_token_init=pieces averages:
+  <unk> and the bare word marker "▁" left out (the marker stands for a word boundary, not for the
+  piece's letters, and as the most frequent piece its MLM bias would hand every new word-start
+  piece a large share of the softmax). [] where nothing is left (and for <unused_k> pieces)."""
   old_pieces = read_pieces(old)
   index = split_index(old_pieces)
+  skip = {tokenizer_lib.UNK_ID} | {i for i, (p, _, _) in enumerate(old_pieces) if p == MARKER}
   merged_pieces = read_pieces(merged)
   return {
-    i: old_split(old_pieces, merged_pieces[i][0], index) if merged_pieces[i][2] == NORMAL else []
+    i: [x for x in old_split(old_pieces, merged_pieces[i][0], index) if x not in skip]
+    if merged_pieces[i][2] == NORMAL
+    else []
     for i in range(len(old_pieces), len(merged_pieces))
   }
 
