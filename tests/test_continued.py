@@ -197,6 +197,7 @@ def test_mean_and_random_rows(tmp_path, vocabs):
   )
 
 
+@pytest.mark.slow
 def test_extended_export_matches_transformers(tmp_path, vocabs):
   """The extended model exported: transformers' logits within 1e-5 on old and new pieces beyond the
   old positions, and its tokenizer gives our ids on English and Hindi."""
