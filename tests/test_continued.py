@@ -410,3 +410,35 @@ def json_config(workdir):
 
   with open(os.path.join(workdir, "config.json")) as f:
     return json.load(f)
+
+
+def test_an_hf_id_goes_the_same_path(tmp_path, vocabs, monkeypatch):
+  """init_from=hf://ORG/NAME: its cached snapshot is the directory; the extension resolves and the
+  rows grow from it as from the local directory."""
+  from huggingface_hub import constants
+
+  from tests.test_hub import add_to_cache
+
+  c = _continued_config(tmp_path, vocabs, extend_vocab_size=50)
+  cache = str(tmp_path / "cache")
+  snapshot = add_to_cache(cache, "org/english", "a" * 40, str(tmp_path / "old"), ["main"])
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  c.init_from = "hf://org/english"
+  init_from.resolve(c)
+  assert c.init_from == snapshot and c.model.vocab_size == 1050
+  assert c.data.extend_vocab_from == os.path.join(snapshot, "spiece.model")
+  _, merged_path, _ = vocabs
+  fresh = our_init(c.model, seed=1)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shardings = jax.tree_util.tree_map(lambda _: device, fresh)
+  # the first 50 of the merged model's appended pieces stand for this run's 50
+  grown = init_from.init_params(c, fresh, shardings, merged_path)
+  words = np.asarray(grown["albert"]["embeddings"]["word_embeddings"]["embedding"])
+  assert words.shape[0] == 1050
+  local = hf.load_hf(str(tmp_path / "old"))[0]["albert"]["embeddings"]["word_embeddings"]
+  np.testing.assert_array_equal(words[:1000], local["embedding"])
+  np.testing.assert_allclose(
+    words[1000:], np.broadcast_to(words[:1000].mean(0), (50, 16)), atol=1e-6
+  )
