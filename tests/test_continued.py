@@ -6,6 +6,7 @@ the bad inputs refused before anything is written."""
 import logging
 import os
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.text import samples, tokenizer as tokenizer_lib, vocab_extension as X
 from albert_jax.interop import hf
+from albert_jax.model import albert as M
 from albert_jax.pretraining import init_from
 from tests.test_hf import hf_logits, inputs, our_init, our_logits, small
 
@@ -442,3 +444,38 @@ def test_an_hf_id_goes_the_same_path(tmp_path, vocabs, monkeypatch):
   np.testing.assert_allclose(
     words[1000:], np.broadcast_to(words[:1000].mean(0), (50, 16)), atol=1e-6
   )
+
+
+@pytest.mark.slow
+def test_a_run_is_an_init_from_too(tmp_path, data_dir):
+  """init_from=a pretraining run's workdir: its latest checkpoint, its kept vocabulary; longer
+  positions grow from it as from an export."""
+  from albert_jax.engine import checkpoint
+  from albert_jax.pretraining import train
+  from tests.conftest import small_config
+
+  run = str(tmp_path / "run")
+  train.train_and_evaluate(small_config(data_dir, num_steps=2), run)
+  c = small_config(data_dir, num_steps=3)
+  c.init_from = run
+  c.data.data_dir = ""
+  c.model.max_position_embeddings = 2 * c.model.max_position_embeddings
+  init_from.resolve(c)
+  assert c.data.spm_model_path == os.path.join(run, "spiece.model")
+  saved, _, _, _ = checkpoint.load_params(run)
+  saved = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(saved)))
+  fresh = jax.tree_util.tree_map(
+    lambda s: np.zeros(s.shape, s.dtype), nn.unbox(M.init_shapes(c.model))
+  )
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  grown = init_from.init_params(c, fresh, jax.tree_util.tree_map(lambda _: device, fresh))
+  grown = jax.tree_util.tree_map(np.asarray, grown)
+  n = saved["albert"]["embeddings"]["position_embeddings"]["embedding"].shape[0]
+  table = grown["albert"]["embeddings"]["position_embeddings"]["embedding"]
+  np.testing.assert_array_equal(table[n:], table[:n])
+  del (
+    grown["albert"]["embeddings"]["position_embeddings"],
+    saved["albert"]["embeddings"]["position_embeddings"],
+  )
+  for a, b in zip(jax.tree_util.tree_leaves(grown), jax.tree_util.tree_leaves(saved)):
+    np.testing.assert_array_equal(a, b)
