@@ -60,8 +60,8 @@ def complete(config) -> None:
   extend = config.data.get("extend_vocab_size", 0)
   if extend and not config.init_from:
     raise ConfigError(
-      f"data.extend_vocab_size={extend} extends init_from's vocabulary: set init_from (a run's "
-      f"export or a Hugging Face ALBERT directory), or train a new vocabulary with model.vocab_size"
+      f"data.extend_vocab_size={extend} extends init_from's vocabulary: set init_from (a run, "
+      f"an export or a Hugging Face ALBERT directory), or train a new vocabulary with model.vocab_size"
     )
   if not config.init_from:
     return
