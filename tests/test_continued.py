@@ -68,6 +68,9 @@ def test_merge_keeps_old_ids_and_new_text_uses_new_pieces(vocabs):
   assert unk0 > 0.3 and unk1 < 0.01
   used = {i for s in NEW_HELD for i in merged.encode(s) if i >= 1000}
   assert len(used) > 30
+  # The English model's pieces hold no marks (it read text stripped); the Hindi ones do.
+  assert not X.holds_marks(open(old_path, "rb").read())
+  assert X.holds_marks(open(merged_path, "rb").read())
 
 
 def test_old_text_with_unk_changes_only_where_its_unknown_characters_are(vocabs):

@@ -269,9 +269,12 @@ def extend_vocab(
   out = os.path.join(out_dir, VOCAB_FILE)
   files.path(out).write_bytes(model)
   keep = bool(config_lib.keep_accents_value(d.keep_accents))
-  text = dict(lower=d.do_lower_case, normalize_quotes=d.normalize_quotes, keep_accents=keep)
-  old_tok = tokenizer_lib.Tokenizer(d.extend_vocab_from, **text)
-  tok = tokenizer_lib.Tokenizer(out, **text)
+  text = dict(lower=d.do_lower_case, normalize_quotes=d.normalize_quotes)
+  tok = tokenizer_lib.Tokenizer(out, keep_accents=keep, **text)
+  # "before": the old model reading text as it was trained to (marks stripped where its pieces hold
+  # none: an extension may have turned them on)
+  old_keep = keep and vocab_extension.holds_marks(old_bytes)
+  old_tok = tokenizer_lib.Tokenizer(d.extend_vocab_from, keep_accents=old_keep, **text)
   with open(os.path.splitext(out)[0] + ".vocab", "w", encoding="utf-8") as f:
     for i in range(tok.vocab_size):
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")

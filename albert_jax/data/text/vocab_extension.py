@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
+import unicodedata
 
 from albert_jax.data.text import tokenizer as tokenizer_lib
 
@@ -168,6 +169,18 @@ def merge(old: bytes, new: bytes, limit: int) -> Extension:
     spellable=spellable,
     with_user_symbol=with_user,
     asked=limit,
+  )
+
+
+def holds_marks(model: bytes) -> bool:
+  """Whether any normal piece of a model holds a combining mark (after NFKD: "é" too): a model
+  without one reads text as well with marks stripped, the original's preprocessing, which is how
+  the extension's report reads text "before"."""
+  return any(
+    unicodedata.combining(c)
+    for piece, _, kind in read_pieces(model)
+    if kind == NORMAL
+    for c in unicodedata.normalize("NFKD", piece)
   )
 
 
