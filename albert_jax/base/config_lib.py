@@ -138,6 +138,14 @@ def base_config() -> ml_collections.ConfigDict:
       dtype="float32",  # compute dtype; softmax, LayerNorm and losses stay float32
       param_dtype="float32",
       attention_impl="einsum",
+      # Continued pretraining (init_from with data.extend_vocab_size; docs/continued_pretraining.md):
+      # the new rows of the word table and the MLM output bias: "pieces" (the mean of the old rows of
+      # the old model's split of the new piece), "mean" (of all old rows) or "random" (the fresh
+      # initialisation, Hugging Face's resize_token_embeddings).
+      new_token_init="pieces",
+      # max_position_embeddings above init_from's: the new rows "copy" the old ones in order
+      # (Longformer's tiling) or stay "random" (the fresh initialisation).
+      new_position_init="copy",
     )
   )
 
@@ -147,6 +155,12 @@ def base_config() -> ml_collections.ConfigDict:
       data_dir="",
       # Bring your own SentencePiece model; "" trains one on the corpus during prepare.
       spm_model_path="",
+      # With init_from: append up to this many pieces of a vocabulary trained on this corpus to
+      # init_from's (0: init_from's vocabulary as it is). model.vocab_size becomes init_from's plus
+      # this; data/text/vocab_extension.py has the rule that keeps old text's ids.
+      extend_vocab_size=0,
+      # Set by the resolution (init_from's spiece.model) when extend_vocab_size is set.
+      extend_vocab_from="",
       do_lower_case=True,
       # preprocess_text turns `` and '' into " (XLNet's and Hugging Face's rule, which AlbertTokenizer
       # applies); False: leave them, as the original's preprocess_text did (no Hugging Face export).
@@ -472,6 +486,9 @@ LAYOUT_FIELDS = (
 
 
 TRACKERS = ("tensorboard", "wandb")
+# Continued pretraining's new rows (model.new_token_init, model.new_position_init).
+NEW_TOKEN_INITS = ("pieces", "mean", "random")
+NEW_POSITION_INITS = ("copy", "random")
 
 
 def trackers(t) -> tuple[str, ...]:

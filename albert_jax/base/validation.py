@@ -19,6 +19,8 @@ from albert_jax.base.config_lib import (
   FINETUNE_KINDS,
   INPUT_FORMATS,
   KEEP_ACCENTS,
+  NEW_POSITION_INITS,
+  NEW_TOKEN_INITS,
   OPTIMIZERS,
   REMAT_POLICIES,
   SEGMENTERS,
@@ -90,6 +92,12 @@ def validate_model(m) -> None:
   for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
     _check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)!r}")
   _check(m.layer_norm_eps > 0, f"model.layer_norm_eps must be positive, got {m.layer_norm_eps!r}")
+  for key, choices in (
+    ("new_token_init", NEW_TOKEN_INITS),
+    ("new_position_init", NEW_POSITION_INITS),
+  ):
+    value = getattr(m, key, choices[0])
+    _check(value in choices, f"model.{key}={value!r} is not one of {', '.join(choices)}")
 
 
 def _validate_sequence_length(d, model) -> None:
@@ -106,6 +114,11 @@ def _validate_sequence_length(d, model) -> None:
 
 def validate_data(d, model) -> None:
   _validate_sequence_length(d, model)
+  n = d.get("extend_vocab_size", 0)
+  _check(
+    isinstance(n, int) and not isinstance(n, bool) and n >= 0,
+    f"data.extend_vocab_size={n!r} must be an integer >= 0 (0: init_from's vocabulary as it is)",
+  )
   _check(
     0 < d.max_predictions_per_seq <= d.max_seq_length,
     f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]",

@@ -1,5 +1,5 @@
-"""Parameters from a Hugging Face ALBERT directory or one of our jax exports, laid out for a run
-(what init_from reads: pretraining/init_from.py).
+"""Parameters from a Hugging Face ALBERT directory, one of our jax exports or a pretraining run's
+latest checkpoint, laid out for a run (what init_from reads: pretraining/init_from.py).
 
 The checkpoint's architecture must match the run's; its layout (scan or not, groups, E == H) is
 converted to the run's; the pooler and heads it lacks keep their fresh initialisation.
@@ -16,6 +16,7 @@ import numpy as np
 
 from albert_jax.base import files, layout
 from albert_jax.base.config_lib import ARCHITECTURE_FIELDS, ConfigError
+from albert_jax.engine import checkpoint
 from albert_jax.interop.hf import HF_WEIGHTS, from_hf_config, load_hf
 from albert_jax.interop.jax_export import JAX_PARAMS, check_shapes, load_jax_export
 from albert_jax.interop.layout import (
@@ -30,11 +31,11 @@ from albert_jax.model import albert as model_lib
 
 
 def read_model_config(path: str) -> dict:
-  """The model config (every ModelConfig field) of a Hugging Face ALBERT directory or one of our jax
-  exports, from its config.json alone (no weights read)."""
+  """The model config (every ModelConfig field) of a Hugging Face ALBERT directory, one of our jax
+  exports or a pretraining run, from its config.json alone (no weights read)."""
   source = _source(path)
   meta = files.read_json(files.path(path, layout.CONFIG_FILE))
-  if source == "jax":
+  if source in ("jax", "run"):
     return config_dict(model_lib.model_config(meta["model"]))
   return from_hf_config(meta, f"{path}/config.json")
 
@@ -48,12 +49,24 @@ def _source(path: str) -> str:
     )
   if files.path(path, JAX_PARAMS).is_file():
     return "jax"
-  if layout.kind(path) is layout.Kind.HF:
+  found = layout.kind(path)
+  if found is layout.Kind.HF:
     return "hf"
+  if found is layout.Kind.PRETRAINING:
+    return "run"
   raise ConfigError(
     f"init_from: {path} is neither a Hugging Face ALBERT directory (config.json + "
-    f"{HF_WEIGHTS}) nor an albert_jax export ({JAX_PARAMS})"
+    f"{HF_WEIGHTS}), an albert_jax export ({JAX_PARAMS}) nor a pretraining run"
   )
+
+
+def _load_run(path: str) -> tuple[dict, dict]:
+  """A pretraining run's latest checkpoint's parameters (host NumPy, its own layout) and model
+  config: what its --format=jax export would hold."""
+  params, config, _, _ = checkpoint.load_params(path)
+  cfg = model_lib.model_config(config.model)
+  params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
+  return params, config_dict(cfg)
 
 
 def check_architecture(src_config: Any, model_config: Any, path: str):
@@ -77,7 +90,7 @@ def check_architecture(src_config: Any, model_config: Any, path: str):
 
 
 def load_pretrained(
-  path: str, model_config: Any = None, init_params: Any = None
+  path: str, model_config: Any = None, init_params: Any = None, resize=None
 ) -> tuple[dict, dict]:
   """(params, model_config dict) from a Hugging Face ALBERT directory or one of our jax exports.
 
@@ -87,9 +100,14 @@ def load_pretrained(
   E == H with an identity projection dropped or added), cast to its param_dtype, and the returned config
   is `model_config` itself. With `init_params` too (the run's fresh parameters, boxed or not): the pooler
   and heads the checkpoint lacks (AlbertForMaskedLM has neither the pooler nor the SOP head) are taken
-  from them as they are, and the tree is checked leaf by leaf against them (shapes).
+  from them as they are, and the tree is checked leaf by leaf against them (shapes). `resize`
+  (continued pretraining's grown vocabulary or positions): (params, config) -> (params, config),
+  applied to the checkpoint as read, in its own layout, before anything is compared.
   """
-  params, src_config = load_jax_export(path) if _source(path) == "jax" else load_hf(path)
+  loaders = {"jax": load_jax_export, "hf": load_hf, "run": _load_run}
+  params, src_config = loaders[_source(path)](path)
+  if resize is not None:
+    params, src_config = resize(params, dict(src_config))
   if model_config is None:
     return params, src_config
   src, cfg = check_architecture(src_config, model_config, path)
@@ -131,5 +149,16 @@ def load_pretrained(
     got = jax.tree_util.tree_map(np.shape, params)
     want = jax.tree_util.tree_map(np.shape, fresh)
     if got != want:
-      raise ConfigError(f"init_from={path}: its parameter tree does not match this model's")
+      flat = lambda t: {  # noqa: E731
+        jax.tree_util.keystr(k): v
+        for k, v in jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, tuple))[
+          0
+        ]
+      }
+      a, b = flat(got), flat(want)
+      first = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+      raise ConfigError(
+        f"init_from={path}: its parameter tree does not match this model's ({first}: "
+        f"{a.get(first)} there, {b.get(first)} here)"
+      )
   return params, config_dict(cfg)

@@ -66,6 +66,8 @@ class ModelConfig:
   dtype: str
   param_dtype: str
   attention_impl: str
+  new_token_init: str = "pieces"
+  new_position_init: str = "copy"
 
   @property
   def has_embedding_projection(self) -> bool:

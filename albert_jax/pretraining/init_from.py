@@ -5,6 +5,7 @@ vocabulary becomes the run's, its architecture must be the config's.
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -13,6 +14,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.files import path, sha256
 from albert_jax.base.layout import VOCAB_FILE, Kind, is_run, kind
 from albert_jax.base.log import log
+from albert_jax.data.text import tokenizer as tokenizer_lib, vocab_extension
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
 from albert_jax.interop import hub, model_dir, pretrained
@@ -49,16 +51,62 @@ def use_its_vocabulary(config) -> None:
 
 def complete(config) -> None:
   """Pretraining's completion (validation.resolve runs it on the unlocked config): init_from as a
-  Hub id becomes its local snapshot, its vocabulary the run's (use_its_vocabulary), and its
-  architecture must be the config's (read from its config.json: no weights are read)."""
+  Hub id becomes its local snapshot, its vocabulary the run's (use_its_vocabulary) or, with
+  data.extend_vocab_size, the one prepare extends (model.vocab_size grows by as many rows), and its
+  architecture must be the config's (read from its config.json: no weights are read) but for
+  max_position_embeddings, which may grow. Its lowercasing must be the config's; its
+  keep_accents is taken (an extension may turn marks on)."""
   config.init_from = hub.resolve(config.init_from, "init_from")
-  if config.init_from:
-    use_its_vocabulary(config)
-    pretrained.check_architecture(
-      pretrained.read_model_config(config.init_from), config.model, config.init_from
+  extend = config.data.get("extend_vocab_size", 0)
+  if extend and not config.init_from:
+    raise ConfigError(
+      f"data.extend_vocab_size={extend} extends init_from's vocabulary: set init_from (a run, "
+      f"an export or a Hugging Face ALBERT directory), or train a new vocabulary with model.vocab_size"
     )
-    source = model_dir.open_model_dir(config.init_from, "init_from")
-    take_keep_accents(config, source.tokenizer["keep_accents"], config.init_from)
+  if not config.init_from:
+    return
+  theirs = pretrained.read_model_config(config.init_from)
+  source = model_dir.open_model_dir(config.init_from, "init_from")
+  if extend:
+    _extend_its_vocabulary(config, extend, theirs["vocab_size"])
+  else:
+    use_its_vocabulary(config)
+  positions = config.model.max_position_embeddings
+  if positions < theirs["max_position_embeddings"]:
+    raise ConfigError(
+      f"model.max_position_embeddings={positions} is below init_from's "
+      f"{theirs['max_position_embeddings']}: positions can grow (model.new_position_init), not shrink"
+    )
+  grown = {k: config.model[k] for k in ("vocab_size", "max_position_embeddings")}
+  pretrained.check_architecture({**theirs, **grown}, config.model, config.init_from)
+  lower = source.tokenizer["do_lower_case"]
+  if bool(config.data.do_lower_case) != lower:
+    raise ConfigError(
+      f"data.do_lower_case={config.data.do_lower_case}: init_from={config.init_from} was trained "
+      f"with do_lower_case={lower}; its vocabulary holds {'no ' if lower else ''}capitals"
+    )
+  take_keep_accents(
+    config, source.tokenizer["keep_accents"], config.init_from, may_add=bool(extend)
+  )
+
+
+def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
+  """data.extend_vocab_size: prepare trains a vocabulary on the corpus and appends its new pieces to
+  init_from's spiece.model (data.extend_vocab_from); model.vocab_size is init_from's plus `extend`."""
+  base = path(config.init_from, VOCAB_FILE)
+  if config.data.spm_model_path:
+    raise ConfigError(
+      f"data.extend_vocab_size={extend} trains and appends pieces to init_from's vocabulary; "
+      f"leave data.spm_model_path unset ({config.data.spm_model_path})"
+    )
+  if not base.exists():
+    raise ConfigError(f"init_from={config.init_from} holds no {VOCAB_FILE} to extend")
+  config.data.extend_vocab_from = str(base)
+  config.model.vocab_size = theirs_size + extend
+  log(
+    f"vocabulary: init_from's {theirs_size:,} pieces ({base}) and up to {extend:,} new ones "
+    f"from this corpus (model.vocab_size={theirs_size + extend:,})"
+  )
 
 
 def resolve(config):
@@ -68,12 +116,36 @@ def resolve(config):
   return validation.resolve(config, complete)
 
 
-def init_params(config, params, param_shardings):
-  """Pretraining: replaces the fresh parameters by an export's or a Hugging Face directory's."""
+def init_params(config, params, param_shardings, vocabulary: str | None = None):
+  """Pretraining: replaces the fresh parameters by an export's or a Hugging Face directory's; a
+  vocabulary or a position table larger than init_from's grows (grow_params; `vocabulary`: the
+  run's extended spiece.model, whose appended pieces the new rows stand for)."""
+  theirs = pretrained.read_model_config(config.init_from)
+  m = config.model
+  resize = None
+  if (theirs["vocab_size"], theirs["max_position_embeddings"]) != (
+    m.vocab_size,
+    m.max_position_embeddings,
+  ):
+    splits = {}
+    if m.vocab_size > theirs["vocab_size"]:
+      old = path(config.data.extend_vocab_from or path(config.init_from, VOCAB_FILE)).read_bytes()
+      splits = vocab_extension.new_piece_splits(old, path(vocabulary).read_bytes())
+    fresh = nn.unbox(params)
+
+    def resize(loaded, src):
+      grown = grow_params(loaded, fresh, m, splits)
+      return grown, {
+        **src,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+      }
 
   # Checks sizes and sharing (one-line error), lays the weights out for this config, and takes the
   # modules a checkpoint lacks (AlbertForMaskedLM: pooler, SOP head) from the fresh parameters.
-  params, _ = pretrained.load_pretrained(config.init_from, config.model, init_params=params)
+  params, _ = pretrained.load_pretrained(
+    config.init_from, config.model, init_params=params, resize=resize
+  )
   # Read weights are host NumPy (every host has all of them); the modules kept fresh are jax arrays
   # already on their shardings, possibly spanning hosts under FSDP: they stay where they are.
   params = jax.tree_util.tree_map(
@@ -82,6 +154,74 @@ def init_params(config, params, param_shardings):
     param_shardings,
   )
   log(f"initialised parameters from {config.init_from}")
+  return params
+
+
+WORD_TABLE = ("albert", "embeddings", "word_embeddings", "embedding")
+POSITION_TABLE = ("albert", "embeddings", "position_embeddings", "embedding")
+MLM_BIAS = ("predictions", "bias")
+
+
+def _leaf(tree, keys):
+  for k in keys:
+    tree = tree[k]
+  return tree
+
+
+def _set_leaf(tree, keys, value):
+  for k in keys[:-1]:
+    tree = tree[k]
+  tree[keys[-1]] = value
+
+
+def new_rows(old: np.ndarray, fresh: np.ndarray, splits: dict[int, list[int]], how: str):
+  """The rows old.shape[0].. of a table (the word table, or the MLM output bias as a table of
+  scalars) for the appended pieces, by model.new_token_init:
+    pieces  the mean of the old rows of the old model's split of the piece (splits[id]:
+            vocab_extension.new_piece_splits, <unk> and the bare word marker left out); a piece
+            it can spell only as <unk> takes the mean of all old rows;
+    mean    the mean of all old rows;
+    random  the fresh initialisation's rows (Hugging Face's resize_token_embeddings).
+  Returns the whole table, old rows first, unchanged."""
+  n_old, n_new = old.shape[0], fresh.shape[0]
+  if how == "random":
+    rows = np.asarray(fresh[n_old:], old.dtype)
+  else:
+    mean = old.mean(axis=0)
+    rows = np.empty((n_new - n_old,) + old.shape[1:], old.dtype)
+    for i in range(n_old, n_new):
+      split = [x for x in splits.get(i, []) if x != tokenizer_lib.UNK_ID]
+      rows[i - n_old] = old[split].mean(axis=0) if how == "pieces" and split else mean
+  return np.concatenate([old, rows])
+
+
+def grow_params(params: dict, fresh: dict, model, splits: dict[int, list[int]]) -> dict:
+  """A checkpoint's parameters (its own layout) with the word table and the MLM output bias grown
+  to model.vocab_size (new_rows by model.new_token_init) and the position table to
+  model.max_position_embeddings: model.new_position_init=copy repeats the old rows in order (row i
+  is old row i mod S_old: Longformer's tiling, which lets attention patterns learned on the old
+  positions apply in each copy), random takes the fresh rows. The old rows are unchanged: inputs
+  of the old vocabulary and length give the old model's outputs (the logits over the old pieces,
+  SOP), the MLM loss rising only by log(1 + sum_new e^l / sum_old e^l), the new pieces' share of
+  the softmax."""
+  words = np.asarray(_leaf(params, WORD_TABLE))
+  if words.shape[0] < model.vocab_size:
+    how = model.new_token_init
+    _set_leaf(params, WORD_TABLE, new_rows(words, _leaf(fresh, WORD_TABLE), splits, how))
+    try:
+      bias = np.asarray(_leaf(params, MLM_BIAS))
+    except KeyError:  # no MLM head in the checkpoint: the fresh one is taken whole
+      bias = None
+    if bias is not None:
+      _set_leaf(params, MLM_BIAS, new_rows(bias, np.asarray(_leaf(fresh, MLM_BIAS)), splits, how))
+  table = np.asarray(_leaf(params, POSITION_TABLE))
+  n_old, n_new = table.shape[0], model.max_position_embeddings
+  if n_old < n_new:
+    if model.new_position_init == "copy":
+      grown = table[np.arange(n_new) % n_old]
+    else:
+      grown = np.concatenate([table, np.asarray(_leaf(fresh, POSITION_TABLE)[n_old:], table.dtype)])
+    _set_leaf(params, POSITION_TABLE, grown)
   return params
 
 
@@ -119,12 +259,16 @@ def resolve_init_from(config) -> None:
   _take_tokenizer_settings(config, source.tokenizer, p)
 
 
-def take_keep_accents(config, theirs: bool, p: str) -> None:
+def take_keep_accents(config, theirs: bool, p: str, may_add: bool = False) -> None:
   """data.keep_accents: init_from's where not set (None, or a pretraining config's "auto"); one set
   that differs is refused: init_from's vocabulary was trained on text read the other way, so its
-  embeddings would be read with other pieces."""
+  embeddings would be read with other pieces. `may_add` (a vocabulary extension): marks may be
+  turned on over a vocabulary without them (its pieces hold no marks, so unmarked text reads as
+  before), and "auto" decides on the new corpus as for a new vocabulary."""
   field = config.data.get("keep_accents")
   given = config_lib.keep_accents_value(field)
+  if may_add and not theirs and given is not False:
+    return  # true, or auto: prepare decides on the corpus and says so
   if given is None:  # a fine-tuning config's None takes a bool, a pretraining config's "auto" text
     with config.unlocked():
       config.data.keep_accents = theirs if field is None else ("true" if theirs else "false")

@@ -146,7 +146,9 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
 
   # --- Hooks: init_from, evaluation, what the model learned -----------------------------------
   def init_params(fresh):
-    return init_from.init_params(config, fresh, trainer.abstract.shardings.params)
+    return init_from.init_params(
+      config, fresh, trainer.abstract.shardings.params, info["spm_model_path"]
+    )
 
   def evaluate_params(params):
     # The whole eval split, and each named source's part of it alone (evaluation.by_source).

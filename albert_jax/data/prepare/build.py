@@ -48,7 +48,7 @@ from albert_jax.data.prepare.parallel import (
   write_shard_job,
   write_shards_with_beam,
 )
-from albert_jax.data.prepare.vocab import train_vocab
+from albert_jax.data.prepare.vocab import extend_vocab, train_vocab
 from albert_jax.data.store.dataset import check_prepared, data_dir, prepared_info
 from albert_jax.data.store.fingerprint import (
   fingerprint,
@@ -149,7 +149,10 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   names = corpus_lib.source_names(d)
   shard_seconds = time.time() - t0
   decide_text_settings(config, shards, fp)
-  if not d.spm_model_path:
+  if d.get("extend_vocab_size"):  # init_from's vocabulary and the corpus's new pieces
+    held_out = decision_sample(job_data(d), shards)
+    vocab_seconds, vocab_settings = extend_vocab(config, shards, out, names, held_out)
+  elif not d.spm_model_path:
     vocab_seconds, vocab_settings = train_vocab(config, shards, out, names)
   tok = tokenizer_lib.load(
     vocab_path,

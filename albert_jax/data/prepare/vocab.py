@@ -11,6 +11,7 @@ import dataclasses
 import heapq
 import math
 import os
+import re
 import tempfile
 import time
 
@@ -22,7 +23,7 @@ from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.corpus import reader as corpus_lib, sources
 from albert_jax.data.examples.philox import splitmix64
 from albert_jax.data.prepare.parallel import job_data, map_shards
-from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
+from albert_jax.data.text import samples, scripts, tokenizer as tokenizer_lib, vocab_extension
 
 
 def vocab_sample(data, seed: int, shard: dict, size: int) -> dict:
@@ -118,7 +119,12 @@ def character_coverage(data, sentences: list[str]) -> float:
 
 
 def train_vocab(
-  config, shards: list[dict], out_dir: str, names: list[str] | None = None
+  config,
+  shards: list[dict],
+  out_dir: str,
+  names: list[str] | None = None,
+  vocab_size: int | None = None,
+  sample_out: list | None = None,
 ) -> tuple[float, dict]:
   """Trains the vocabulary on a seeded sample of data.vocab_sample_sentences sentences (what
   spm_train's input_sentence_size does), drawn from the shards on every worker. Returns the
@@ -155,11 +161,14 @@ def train_vocab(
   sentences = [s for _, s in sorted((-k, s) for heap in heaps for k, s in heap)]
   sample_by_source = [len(h) for h in heaps]
   del heaps
+  if sample_out is not None:
+    sample_out.extend(sentences)
+  vocab_size = vocab_size or config.model.vocab_size
   if not sentences:
     raise ConfigError(corpus_lib.nothing_read(shards, read, "train a vocabulary on"))
   logging.info(
     "training a %d-piece SentencePiece unigram model on %s sampled sentences",
-    config.model.vocab_size,
+    vocab_size,
     f"{len(sentences):,}",
   )
   settings = {
@@ -175,10 +184,10 @@ def train_vocab(
     )
   if files.is_remote(out_dir):  # SentencePiece writes local files: trained here, then uploaded
     with tempfile.TemporaryDirectory(prefix="albert_jax_vocab_") as local:
-      _train_vocab_on(config, sentences, settings, local)
+      _train_vocab_on(config, sentences, settings, local, vocab_size)
       files.upload(local, out_dir)
   else:
-    _train_vocab_on(config, sentences, settings, out_dir)
+    _train_vocab_on(config, sentences, settings, out_dir, vocab_size)
   return time.time() - t0, {**settings, **extra}
 
 
@@ -199,12 +208,14 @@ def _input_sentence_size(d, sentences: list[str]) -> int:
   return max(len(sentences), d.vocab_sample_sentences) + extra
 
 
-def _train_vocab_on(config, sentences: list[str], settings: dict, out_dir: str) -> None:
+def _train_vocab_on(
+  config, sentences: list[str], settings: dict, out_dir: str, vocab_size: int
+) -> None:
   d = config.data
   tokenizer_lib.train(
     sentences,
     os.path.join(out_dir, VOCAB_FILE),
-    config.model.vocab_size,
+    vocab_size,
     lower=d.do_lower_case,
     normalize_quotes=d.normalize_quotes,
     keep_accents=config_lib.keep_accents_value(d.keep_accents),
@@ -212,3 +223,146 @@ def _train_vocab_on(config, sentences: list[str], settings: dict, out_dir: str) 
     seed=config.seed,
     **settings,
   )
+
+
+# The new corpus's own vocabulary is trained with this many pieces per piece asked for (and the
+# special ones): some of its pieces are init_from's already, some spelled from init_from's.
+EXTEND_TRAIN_FACTOR = 1.5
+
+
+def extend_vocab(
+  config, shards: list[dict], out_dir: str, names: list[str], held_out: list[str]
+) -> tuple[float, dict]:
+  """data.extend_vocab_size: a vocabulary trained on the corpus with today's rules (train_vocab:
+  sample, coverage, byte fallback, kept accents, the sources' sampling), and its pieces that
+  init_from's model (data.extend_vocab_from) lacks appended to a copy of it (vocab_extension.merge:
+  old ids and scores kept, old text's ids unchanged). The rows the corpus does not fill (fewer new
+  pieces than asked) are <unused_k> pieces, which no text reaches. Prints what it did and, on
+  `held_out` (corpus sentences outside the vocabulary's sample), pieces per word and <unk> share
+  before and after. Writes <out_dir>/spiece.model; returns (seconds, vocab settings)."""
+  d = config.data
+  asked = d.extend_vocab_size
+  t0 = time.time()
+  old_bytes = files.path(d.extend_vocab_from).read_bytes()
+  size = math.ceil(asked * EXTEND_TRAIN_FACTOR) + len(tokenizer_lib.USER_DEFINED_SYMBOLS) + 5
+  sample: list[str] = []
+  with tempfile.TemporaryDirectory(prefix="albert_jax_extend_") as local:
+    try:
+      _, settings = train_vocab(config, shards, local, names, vocab_size=size, sample_out=sample)
+    except ConfigError as e:  # a corpus too small for `size`: the most pieces it supports
+      most = re.search(r"it supports at most (\d+)", str(e))
+      if not most:
+        raise
+      size = int(most.group(1))
+      sample.clear()
+      _, settings = train_vocab(config, shards, local, names, vocab_size=size, sample_out=sample)
+    new_bytes = files.path(local, VOCAB_FILE).read_bytes()
+  ext = vocab_extension.merge(old_bytes, new_bytes, asked)
+  unused = asked - len(ext.added)
+  # Below every piece's score: SentencePiece never emits an UNUSED piece, and a reader that knows
+  # no UNUSED type (Hugging Face's tokenizer.json) never prefers one.
+  floor = min(score for _, score, _ in vocab_extension.read_pieces(ext.model)) - 100.0
+  model = ext.model + b"".join(
+    vocab_extension.encode_piece(f"<unused_{k}>", floor, vocab_extension.UNUSED)
+    for k in range(unused)
+  )
+  out = os.path.join(out_dir, VOCAB_FILE)
+  files.path(out).write_bytes(model)
+  keep = bool(config_lib.keep_accents_value(d.keep_accents))
+  text = dict(lower=d.do_lower_case, normalize_quotes=d.normalize_quotes)
+  tok = tokenizer_lib.Tokenizer(out, keep_accents=keep, **text)
+  # "before": the old model reading text as it was trained to (marks stripped where its pieces hold
+  # none: an extension may have turned them on)
+  old_keep = keep and vocab_extension.holds_marks(old_bytes)
+  old_tok = tokenizer_lib.Tokenizer(d.extend_vocab_from, keep_accents=old_keep, **text)
+  with open(os.path.splitext(out)[0] + ".vocab", "w", encoding="utf-8") as f:
+    for i in range(tok.vocab_size):
+      f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
+  if not ext.added:
+    logging.warning(
+      "vocabulary extension: the corpus's %d-piece vocabulary has no piece with a character "
+      "init_from's %s pieces lack: init_from's vocabulary is used as it is (its %d added rows "
+      "are unused)",
+      size,
+      f"{ext.old_size:,}",
+      asked,
+    )
+  else:
+    splits = vocab_extension.new_piece_splits(old_bytes, model)
+    unspellable = sum(
+      1 for i in range(ext.old_size, ext.old_size + len(ext.added)) if not splits[i]
+    )
+    logging.info(
+      "vocabulary extension: %s of init_from's pieces kept (ids and scores), %d new appended "
+      "(ids %d-%d) from a %d-piece vocabulary of the corpus; %d of them the old model could only "
+      "spell as <unk>; left out: %d it spells from its own pieces (they would re-segment old "
+      "text), %d holding a user-defined symbol%s",
+      f"{ext.old_size:,}",
+      len(ext.added),
+      ext.old_size,
+      ext.old_size + len(ext.added) - 1,
+      size,
+      unspellable,
+      ext.spellable,
+      ext.with_user_symbol,
+      f"; {unused} rows unused (<unused_k>: fewer new pieces than data.extend_vocab_size)"
+      if unused
+      else "",
+    )
+  sampled = set(sample)
+  held = [s for s in held_out if s not in sampled]
+  what = "held-out sentences of the corpus (outside the vocabulary's sample)"
+  if not held:  # a corpus no larger than data.vocab_sample_sentences: nothing is held out
+    held, what = held_out, "sentences of the corpus (none held out: all are in its sample)"
+  for line in extension_report(old_tok, tok, held, what):
+    logging.info("%s", line)
+  language = old_language(old_bytes)
+  if language:  # init_from's own language, on text neither vocabulary was trained on
+    own = [s for doc in samples.documents(language) for s in doc]
+    what = f"sentences of init_from's own language ({language}, albert_jax's sample)"
+    for line in extension_report(old_tok, tok, own, what):
+      logging.info("%s", line)
+    same = sum(old_tok.encode(s) == tok.encode(s) for s in own)
+    logging.info(
+      "vocabulary extension: %d of the %d %s sentences encode to the same ids as before%s",
+      same,
+      len(own),
+      language,
+      "" if same == len(own) else " (the others hold <unk> or marks the old model stripped)",
+    )
+  settings = dict(settings, extension={"added": len(ext.added), "unused": unused})
+  return time.time() - t0, settings
+
+
+# The language of albert_jax's sample (data/text/samples) for a vocabulary mostly in this script.
+SAMPLE_FOR_SCRIPT = {
+  "Latin": "en",
+  "Cyrillic": "ru",
+  "Devanagari": "hi",
+  "Arabic": "ar",
+  "Hangul": "ko",
+  "Han": "zh",
+  "Japanese": "ja",
+}
+
+
+def old_language(model: bytes) -> str | None:
+  """The sample language (SAMPLE_FOR_SCRIPT) of the script most of a vocabulary's letters are in;
+  None where albert_jax has no sample of it."""
+  counts = scripts.script_counts("")
+  for piece, _, kind in vocab_extension.read_pieces(model):
+    if kind == vocab_extension.NORMAL:
+      counts.update(scripts.script_counts(piece))
+  return SAMPLE_FOR_SCRIPT.get(scripts.dominant_script(counts))
+
+
+def extension_report(old_tok, tok, texts: list[str], what: str) -> list[str]:
+  """The lines prepare prints for an extension on `texts`: pieces per word and <unk> share with
+  init_from's vocabulary and with the extended one."""
+  if not texts:
+    return []
+  (ppw0, unk0), (ppw1, unk1) = (vocab_extension.encoding_report(t, texts) for t in (old_tok, tok))
+  return [
+    f"vocabulary extension on {len(texts):,} {what}: pieces per word {ppw0:.2f} -> {ppw1:.2f}, "
+    f"<unk> share {100 * unk0:.2f}% -> {100 * unk1:.2f}%"
+  ]

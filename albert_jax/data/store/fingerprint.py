@@ -52,6 +52,12 @@ def fingerprint(config, must_exist: bool = True) -> dict:
       "byte_fallback": d.spm_byte_fallback,
       "sample_sentences": d.vocab_sample_sentences,
     }
+    if d.get("extend_vocab_size"):  # appended to init_from's (data/text/vocab_extension.py)
+      base = files.path(d.extend_vocab_from)
+      vocab["extends"] = {
+        "pieces": d.extend_vocab_size,
+        "base_sha256": files.sha256(str(base)) if base.is_file() else None,
+      }
   return {
     "format": FORMAT_VERSION,
     "vocab": vocab,
@@ -129,6 +135,9 @@ def config_for_prepared(data_dir: str, prepared: dict):
       d.spm_character_coverage = fp["vocab"]["character_coverage"]
       d.spm_byte_fallback = fp["vocab"].get("byte_fallback", False)
       d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
+      if fp["vocab"].get("extends"):
+        d.extend_vocab_size = fp["vocab"]["extends"]["pieces"]
+        d.extend_vocab_from = os.path.join(data_dir, "no-such-base-vocabulary")  # not compared
     if corpus["source"] == "files":
       gone = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared
       names = corpus.get("sources") or [""]
@@ -201,6 +210,11 @@ def differences(stored: dict, current: dict) -> list[str]:
       if here["source"] == "file":  # the very file the data was built with is fine
         same = here["sha256"] in (None, stored.get("vocab_sha256"))
       else:
+        extends = (here or {}).get("extends") or {}
+        if extends and extends["base_sha256"] is None and isinstance(there, dict):
+          here = dict(
+            here, extends=dict(extends, base_sha256=(there.get("extends") or {}).get("base_sha256"))
+          )  # init_from's vocabulary is gone: not compared
         same = there == here
       if not same:
         diffs.append(f"vocabulary ({_describe_vocab(there)} there, {_describe_vocab(here)} here)")
@@ -263,6 +277,8 @@ def _describe_vocab(v) -> str:
     return "none"
   if v["source"] == "file":
     return f"file sha256 {(v['sha256'] or 'unknown')[:12]}"
+  if v.get("extends"):
+    return f"init_from's extended by up to {v['extends']['pieces']:,} pieces trained on the corpus"
   return "trained on the corpus"
 
 
