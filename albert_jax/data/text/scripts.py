@@ -130,6 +130,12 @@ OPENERS = frozenset(
 )
 
 
+# Characters of the kana blocks that Scripts.txt gives to no script (Common or Inherited): the
+# katakana middle dot that Chinese transliterations use ("列夫・托尔斯泰"), the prolonged sound mark,
+# the double hyphen and the voicing marks. They never make a text Japanese.
+_KANA_BLOCK_COMMON = frozenset("\u30a0\u30fb\u30fc\u3099\u309a\u309b\u309c")
+
+
 def script_of(ch: str) -> str | None:
   """The script of one character (Unicode's name for it), or None for characters every script
   shares (digits, punctuation, spaces, symbols) and for combining marks ("Inherited")."""
@@ -141,6 +147,8 @@ def script_of(ch: str) -> str | None:
     return None
   first, last, script = _RANGES[i]
   if cp > last or script == "Inherited":
+    return None
+  if 0x3099 <= cp <= 0x30FC and ch in _KANA_BLOCK_COMMON:
     return None
   return script
 
@@ -155,18 +163,42 @@ def script_counts(text: str) -> collections.Counter:
   return counts
 
 
-def dominant_script(counts: collections.Counter | str) -> str | None:
-  """The script most of a text's letters are in (None: no letters). Japanese counts as one
-  writing system: Han beside kana is "Japanese", kana alone too; Han alone is "Han" (Chinese)."""
+# Japanese is written in Han and kana together; Chinese borrows a katakana name now and then
+# ("索尼（ソニー）") but no hiragana: a text is Japanese when hiragana are at least this share of its
+# Han and kana letters (Japanese prose: 30-50%, a kanji-heavy headline rarely under 10%), or when
+# kana are most of them (a text in katakana alone). One character never decides.
+JAPANESE_HIRAGANA_SHARE = 0.05
+
+
+def writes_japanese(han: int, hiragana: int, katakana: int) -> bool:
+  """Whether text with these letter counts is Japanese rather than Chinese (by shares,
+  JAPANESE_HIRAGANA_SHARE): Chinese text quoting a katakana name, or a Japanese one, is Chinese."""
+  total = han + hiragana + katakana
+  if not total:
+    return False
+  return hiragana >= JAPANESE_HIRAGANA_SHARE * total or hiragana + katakana > total / 2
+
+
+def writing_counts(counts: collections.Counter | str) -> collections.Counter:
+  """Letters per writing system: script_counts with Han and kana joined as "Japanese" where they
+  write Japanese (writes_japanese), and a Chinese text's few borrowed kana counted as its "Han"."""
   if isinstance(counts, str):
     counts = script_counts(counts)
-  if not counts:
-    return None
   counts = collections.Counter(counts)
-  kana = counts.pop("Hiragana", 0) + counts.pop("Katakana", 0)
-  if kana:
-    counts["Japanese"] = kana + counts.pop("Han", 0)
-  return counts.most_common(1)[0][0]
+  han, hiragana, katakana = (counts.pop(s, 0) for s in ("Han", "Hiragana", "Katakana"))
+  if writes_japanese(han, hiragana, katakana):
+    counts["Japanese"] = han + hiragana + katakana
+  elif han:
+    counts["Han"] = han + hiragana + katakana
+  return +counts
+
+
+def dominant_script(counts: collections.Counter | str) -> str | None:
+  """The writing system most of a text's letters are in (None: no letters), by shares
+  (writing_counts): Han beside enough hiragana is "Japanese", kana alone too; Han alone, or with a
+  few borrowed kana (a katakana name, U+30FB), is "Han" (Chinese). One character never decides."""
+  counts = writing_counts(counts)
+  return counts.most_common(1)[0][0] if counts else None
 
 
 def is_unspaced(script: str | None) -> bool:
@@ -286,20 +318,14 @@ LANGUAGES = {
 
 def language_contradiction(language: str, counts: collections.Counter) -> str | None:
   """Why text with the script counts `counts` is not written in `language` (an ISO 639-1 code of
-  LANGUAGES), or None when it may be (or has no letters to tell)."""
-  script = dominant_script(counts)
+  LANGUAGES), or None when it may be (or has no letters to tell). Decided by shares
+  (writing_counts): Chinese with a few katakana names is zh, not ja."""
+  merged = writing_counts(counts)
+  script = merged.most_common(1)[0][0] if merged else None
   if script is None or script in LANGUAGES[language]:
     return None
-  letters = sum(counts.values())
-  share = (
-    counts.get(script, 0)
-    if script != "Japanese"
-    else (counts.get("Han", 0) + counts.get("Hiragana", 0) + counts.get("Katakana", 0))
-  )
-  return (
-    f"{100 * share / letters:.0f}% of the letters are {script}, not "
-    f"{' or '.join(LANGUAGES[language])}"
-  )
+  share = merged[script] / sum(merged.values())
+  return f"{100 * share:.0f}% of the letters are {script}, not {' or '.join(LANGUAGES[language])}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,8 +348,11 @@ _UNSPACED_LETTER = re.compile(
 )
 
 
-# Kana letters (not the prolonged sound mark or the middle dot, which Chinese text borrows).
-_KANA = re.compile("[\u3041-\u3096\u30a1-\u30fa\u31f0-\u31ff\uff66-\uff9d]")
+# Hiragana and katakana letters (not the prolonged sound mark or the middle dot, which Chinese
+# text borrows), and Han, for unspaced_writing's shares (regex counts: in C, per sentence).
+_HIRAGANA = re.compile("[\u3041-\u3096\u309d\u309e]")
+_KATAKANA = re.compile("[\u30a1-\u30fa\u30fd\u30fe\u31f0-\u31ff\uff66-\uff9d]")
+_HAN = re.compile(char_class(("Han",)))
 _UNSPACED_SCRIPT = {
   script: re.compile(
     "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, s in _RANGES if s == script) + "]"
@@ -334,12 +363,16 @@ _UNSPACED_SCRIPT = {
 
 def unspaced_writing(text: str) -> str | None:
   """The writing system without spaces that `text` is in, named as dominant_script names it:
-  "Japanese" when it holds kana (Japanese mixes Han and kana; Chinese has no kana), else the first
-  unspaced script found (Han, Thai, Khmer ...); None when it holds no unspaced letter."""
+  "Japanese" when its Han and kana write Japanese by their shares (writes_japanese: a Chinese
+  sentence with a katakana name stays Chinese), else the first unspaced script found (Han, Thai,
+  Khmer ...); None when it holds no unspaced letter."""
   if not has_unspaced(text):
     return None
-  if _KANA.search(text):
-    return "Japanese"
+  hiragana = len(_HIRAGANA.findall(text))
+  katakana = len(_KATAKANA.findall(text))
+  if hiragana or katakana:
+    if writes_japanese(len(_HAN.findall(text)), hiragana, katakana):
+      return "Japanese"
   return next((s for s, pattern in _UNSPACED_SCRIPT.items() if pattern.search(text)), None)
 
 
