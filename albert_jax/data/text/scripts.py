@@ -376,6 +376,31 @@ def unspaced_writing(text: str) -> str | None:
   return next((s for s, pattern in _UNSPACED_SCRIPT.items() if pattern.search(text)), None)
 
 
+def _written_together(c: str) -> bool:
+  """Whether `c` is a letter of a script without spaces between words, or punctuation of the CJK
+  blocks (。、「」 and the fullwidth forms), which that text writes with no space around it."""
+  cp = ord(c)
+  return 0x3000 <= cp <= 0x303F or 0xFF00 <= cp <= 0xFFEF or has_unspaced(c)
+
+
+def words_written_together(words: list[str]) -> list[bool]:
+  """For each word of a sentence given as words (a tagged file's tokens), whether the text it
+  came from writes it against the previous word with no space: in a sentence of an unspaced
+  writing system (dominant_script: Chinese, Japanese, Thai ...), a word that begins, or follows a
+  word that ends, with an unspaced letter or CJK punctuation ("北京" "。", "2019" "年"); never the
+  first word, and never in a sentence written with spaces (English, Korean, Hindi ...)."""
+  together = [False] * len(words)
+  if not any(has_unspaced(w) for w in words):
+    return together
+  if not is_unspaced(dominant_script("".join(words))):
+    return together
+  for i in range(1, len(words)):
+    before, after = words[i - 1][-1:], words[i][:1]
+    if before and after and (_written_together(before) or _written_together(after)):
+      together[i] = True
+  return together
+
+
 def has_unspaced(text: str) -> bool:
   """Whether `text` holds a letter of a script written without spaces between words (kana count)."""
   return not text.isascii() and _UNSPACED_LETTER.search(text) is not None
