@@ -420,12 +420,23 @@ JAPANESE_KANJI_LINES = 0.1
 OTHER_SCRIPTS_CHANGED = 0.001
 
 
-def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
+# data.keep_accents=auto keeps the marks of Latin-script text when stripping would change more
+# than this share of a source's letters: German (about 1.4% on news), French, Polish, Turkish,
+# Czech and Vietnamese (a quarter) lose letters a reader needs; English with loanwords and names
+# (café, Zürich) loses a few hundredths of a percent, and is stripped as the original did.
+STRIP_LOSS = 0.005
+
+
+def decide_keep_accents(
+  texts: list[str], by_source: dict[str, list[str]] | None = None
+) -> tuple[bool, str]:
   """data.keep_accents=auto from a sample of the corpus: (keep, why). Strip (the original's rule)
-  only where the letters are in a script whose marks are accents a reader can do without (Latin)
-  and stripping changes next to nothing in any other script (OTHER_SCRIPTS_CHANGED); where it
-  still changes more than 0.5% of the letters (Vietnamese tones, French or German accents), `why`
-  says so and names the switch."""
+  only where stripping destroys next to nothing: the letters are in a script whose marks are
+  accents (Latin), it changes next to nothing in any other script (OTHER_SCRIPTS_CHANGED), and it
+  changes at most STRIP_LOSS of the letters of each source (`by_source`: a mixture's sources, by
+  name, each judged on its own sentences, so that a small German source beside a large English
+  one keeps its umlauts; None: the corpus is one source). One setting serves the whole corpus:
+  any source that would lose letters keeps the marks of all, and `why` names it."""
   counts = collections.Counter()
   for text in texts:
     counts.update(script_counts(text))
@@ -438,11 +449,31 @@ def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
       harmed["Japanese" if s in ("Hiragana", "Katakana") else s] += n
   harmed_share = sum(harmed.values()) / letters if letters else 0.0
   if strips_safely(script) and harmed_share <= OTHER_SCRIPTS_CHANGED:
-    what = f"in the {script} script" if script else "without letters"
-    why = f"the corpus is {what}: accents stripped as the original did"
-    if share > 0.005:
-      why += f"; they are {share:.1%} of its letters: data.keep_accents=true keeps them"
-    return False, why
+    groups = by_source if by_source and len(by_source) > 1 else {"": texts}
+    losses = {}
+    for name, group in groups.items():
+      n, lost = stripping_changes(group)
+      losses[name] = sum(lost.values()) / n if n else 0.0
+    losing = sorted((n for n in losses if losses[n] > STRIP_LOSS), key=lambda n: -losses[n])
+    if not losing:
+      what = f"in the {script} script" if script else "without letters"
+      return False, (
+        f"the corpus is {what} and stripping changes {share:.2%} of its letters"
+        + (f" (at most {max(losses.values()):.2%} in any source)" if len(groups) > 1 else "")
+        + f", at most {STRIP_LOSS:.1%}: accents stripped as the original did"
+      )
+    if losing == [""]:
+      return True, (
+        f"the corpus is in the {script} script, but stripping would change {share:.1%} of its "
+        f"letters, more than {STRIP_LOSS:.1%}: its marks are letters (German, French, Polish, "
+        f"Czech, Turkish, Vietnamese ...); data.keep_accents=false strips them as the original did"
+      )
+    return True, (
+      f"the corpus is in the {script} script, but stripping would change "
+      + _and([f"{losses[n]:.1%} of the letters of source {n}" for n in losing])
+      + f", more than {STRIP_LOSS:.1%}: their marks are letters; one setting serves every "
+      f"source (data.keep_accents=false strips them all as the original did)"
+    )
   if strips_safely(script):
     names = sorted(harmed, key=lambda s: (-harmed[s], s))
     return True, (
