@@ -110,14 +110,21 @@ SENTENCE_ENDS = frozenset(
   "\u3002\uff01\uff1f\uff61"  # 。！？｡ (CJK full stop, fullwidth ! ?, halfwidth full stop)
   "\u0964\u0965"  # । ॥ Devanagari danda and double danda (also Bengali, Gurmukhi, Oriya ...)
   "\u061f\u06d4"  # ؟ Arabic question mark, ۔ Urdu full stop
-  "\u1362"  # ። Ethiopic full stop
+  "\u1362\u1367\u1368"  # ። ፧ ፨ Ethiopic full stop, question mark, paragraph separator
   "\u0589"  # ։ Armenian full stop
   "\u104a\u104b"  # ၊ ။ Myanmar section marks (။ ends a sentence)
   "\u17d4\u17d5"  # ។ ៕ Khmer
   "\u0f0d\u0f0e"  # ། ༎ Tibetan shad
   "\u0df4"  # ෴ Sinhala kunddaliya
   "\u203c\u2047\u2048\u2049"  # ‼ ⁇ ⁈ ⁉
+  "\u2026"  # … the ellipsis (ends a sentence as "..." does: before a space and a capital)
+  "\u037e"  # ; Greek question mark (NFC makes it ";": SCRIPT_SENTENCE_ENDS)
 )
+# Punctuation that ends a sentence only in one script's text, elsewhere a clause: Greek writes its
+# question mark as the semicolon (U+037E, which NFC turns into ";"), and Armenian text typed on a
+# Latin keyboard writes its full stop ։ as a colon. A sentence ends there after a letter of that
+# script, before a space and what can begin a sentence.
+SCRIPT_SENTENCE_ENDS = {";": "Greek", "\u037e": "Greek", ":": "Armenian"}
 # Ends that need no space after them (CJK text has no spaces between sentences).
 UNSPACED_SENTENCE_ENDS = frozenset("\u3002\uff01\uff1f\uff61")
 # What may follow a sentence end and still belong to that sentence: closing quotes and brackets.
@@ -253,7 +260,7 @@ def share_changed_by_stripping(texts: Iterable[str]) -> float:
 # and exclamations and questions quoted inside a sentence: a sentence ends there only before a
 # space and what can begin a sentence (a letter that is not lower case, a digit). The other
 # SENTENCE_ENDS (। ؟ ۔ ። ։ ။ ...) end a sentence before any space.
-AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?")
+AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?\u2026;:\u037e")
 # In SENTENCE_ENDS with its script's pair, but it ends a clause, not a sentence (Myanmar ၊ is a
 # comma): never a sentence boundary.
 CLAUSE_ENDS = frozenset("\u104a")
@@ -262,6 +269,25 @@ DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
 # Scripts with no sentence punctuation in use: a space between two of their letters ends a
 # sentence (Thai and Lao write words together and put a space between sentences and clauses).
 SPACE_SEPARATED_SENTENCES = frozenset({"Thai", "Lao"})
+# Thai words that open a clause going on with the sentence before (and, but, or, which, that,
+# because, so that, by, if, when): a space before them is a clause's, not a sentence's (Thai
+# writes no sentence punctuation; a space ends a clause as often as a sentence).
+THAI_CLAUSE_WORDS = (
+  "\u0e41\u0e25\u0e30",  # และ and
+  "\u0e41\u0e15\u0e48",  # แต่ but
+  "\u0e2b\u0e23\u0e37\u0e2d",  # หรือ or
+  "\u0e0b\u0e36\u0e48\u0e07",  # ซึ่ง which
+  "\u0e17\u0e35\u0e48",  # ที่ that, which
+  "\u0e40\u0e1e\u0e23\u0e32\u0e30",  # เพราะ because
+  "\u0e08\u0e36\u0e07",  # จึง so
+  "\u0e42\u0e14\u0e22",  # โดย by
+  "\u0e16\u0e49\u0e32",  # ถ้า if
+  "\u0e40\u0e21\u0e37\u0e48\u0e2d",  # เมื่อ when
+  "\u0e27\u0e48\u0e32",  # ว่า that (reported speech)
+  "\u0e40\u0e1e\u0e37\u0e48\u0e2d",  # เพื่อ in order to
+  "\u0e08\u0e19",  # จน until
+  "\u0e2b\u0e23\u0e37\u0e2d\u0e44\u0e21\u0e48",  # หรือไม่ or not
+)
 # Japanese quotative particles: after a closing quote (「待って！」と言った) the sentence goes on.
 QUOTE_PARTICLES = frozenset("\u3068\u3063")  # と っ (って)
 

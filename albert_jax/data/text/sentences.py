@@ -40,12 +40,43 @@ ABBREVIATIONS = {
   "hi": frozenset("डॉ प्रो श्री सं पृ ई".split()),
   "ar": frozenset("د أ".split()),  # د. (doctor), أ. (professor)
 }
-_ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values())
+# Titles before a name ("Gen. Smith", "Mme. Curie", "Ing. Novák"), in every language: a capital
+# follows them as it follows a sentence end.
+TITLES = frozenset(
+  "gen col capt cpt lt sgt maj adm cmdr gov sen rep rev hon pres supt insp atty "
+  "mme mlle mgr ing dipl bc doc dott sig sgra avv arch hr fr frl sra srta dña".split()
+)
+_ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values()) | TITLES
+# Abbreviations by pattern, in every language:
+#   two groups of one or two letters, one small, around a period ("z.B.", "d.h.", "t.j.", "m.in."):
+#   an abbreviation (capitals alone, "V.R.M.F.", and file names, "foo.pth.", may end a sentence);
+#   a capitalised word of at most three letters before a number ("No. 5", "Nr. 12", "Art. 3",
+#   "S. 45", "Vol. 2"): a label, not a sentence end;
+#   a number of at most three digits after a German article or preposition, or before a month
+#   ("am 3. Oktober", "im 19. Jahrhundert", "der 2. Weltkrieg", "3. Mai"): an ordinal (German,
+#   Czech, Polish, the Nordic and South Slavic languages write ordinals with a period; only
+#   German capitalises what follows, the others' next word is lower case and never a start).
+_INNER_PERIODS = re.compile(r"^(?=.*[^\W\d_A-Z])[^\W\d_]{1,2}\.[^\W\d_]{1,2}$")
+_NUMBER_LABEL = re.compile(
+  r"^[A-Z\u00c0-\u024f\u0370-\u03ff\u0400-\u04ff][a-z\u00e0-\u024f\u03ac-\u03ce\u0430-\u045f]{0,2}$"
+)
+_ORDINAL = re.compile(r"^\d{1,3}$")
+ORDINAL_BEFORE = frozenset(
+  "am im vom zum beim der die das den dem des zur ab bis seit ihrem seinem ihr sein".split()
+)
+MONTHS = frozenset(
+  "januar jänner februar märz april mai juni juli august september oktober november dezember "
+  "january february march may june july october december "
+  "marts juni maj desember mars".split()
+)
 
-_ENDS = re.escape("".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS)))
+_ENDS = re.escape(
+  "".join(sorted((scripts.SENTENCE_ENDS | set(scripts.SCRIPT_SENTENCE_ENDS)) - scripts.CLAUSE_ENDS))
+)
 _UNSPACED_ENDS = re.escape("".join(sorted(scripts.UNSPACED_SENTENCE_ENDS)))
 _CLOSERS = re.escape("".join(sorted(scripts.CLOSERS)))
 _OPENERS = "".join(sorted(scripts.OPENERS))
+_CLOSERS_SET = "".join(sorted(scripts.CLOSERS))
 _UNSPACED_LETTER = scripts.char_class(("Han", "Hiragana", "Katakana"))
 # Where a sentence may end (a candidate; the rest is decided in Python): a run of ends, its
 # closers, any spaces, and no ASCII lower-case letter next (C's quick "no" to "e.g. the", "? he").
@@ -81,6 +112,17 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
   """Whether the candidate `m` (of _CANDIDATE) in `line`, whose sentence began at `start`, ends a
   sentence."""
   ends, closers, space = m.group(1, 2, 3)
+  script_end = scripts.SCRIPT_SENTENCE_ENDS.get(ends[-1])
+  if script_end or any(c in scripts.SCRIPT_SENTENCE_ENDS for c in ends):
+    # ";" after Greek (its question mark), ":" after Armenian (its full stop); a clause elsewhere.
+    before = line[: m.start()].rstrip(_OPENERS + _CLOSERS_SET)
+    return bool(
+      script_end
+      and space
+      and before
+      and scripts.script_of(before[-1]) == script_end
+      and _begins_sentence(line, m.end())
+    )
   if not ends.isascii():
     if _UNSPACED_END.search(ends):
       # 「待って！」と言った: a quoted exclamation inside the sentence.
@@ -99,7 +141,30 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
       return False
     if len(word) == 1 and word.isalpha() and word.upper() != word:  # an initial: "J. R. R."
       return False
+    if len(ends) == 1 and _is_abbreviation_by_pattern(before, line, m.end()):
+      return False
   return True
+
+
+def _is_abbreviation_by_pattern(before: list[str], line: str, nxt: int) -> bool:
+  """Whether the "." after the last word of `before` (the sentence so far, split once from the
+  right) is an abbreviation's by its pattern (see _INNER_PERIODS, _NUMBER_LABEL, _ORDINAL), with
+  line[nxt:] the text after its space."""
+  if not before:
+    return False
+  word = before[-1].lstrip(_OPENERS)
+  if _INNER_PERIODS.match(word):
+    return True
+  after = line[nxt:].lstrip(_OPENERS)
+  if _NUMBER_LABEL.match(word) and after[:1].isdigit():
+    return True
+  if _ORDINAL.match(word):
+    following = after.split(None, 1)[0].strip(".,;:").lower() if after else ""
+    if following in MONTHS:
+      return True
+    previous = before[0].rsplit(None, 1)[-1] if len(before) > 1 else ""
+    return previous.lower() in ORDINAL_BEFORE
+  return False
 
 
 def split_sentences(text: str, language: str = "") -> list[str]:
@@ -124,8 +189,21 @@ def split_sentences(text: str, language: str = "") -> list[str]:
         start = m.end()
     out.append(line[start:].rstrip())
   if _HAS_SPACED_SENTENCES.search(text):
-    out = [p for s in out for p in _SPACE_BETWEEN.split(s)]
+    out = [p for s in out for p in _split_at_spaces(s)]
   return [s for s in out if s]
+
+
+def _split_at_spaces(sentence: str) -> list[str]:
+  """A Thai (Lao) sentence cut at its spaces between letters, except before a word that opens a
+  clause of the same sentence (scripts.THAI_CLAUSE_WORDS: and, but, which, because ...)."""
+  parts = _SPACE_BETWEEN.split(sentence)
+  out = parts[:1]
+  for part in parts[1:]:
+    if part.startswith(scripts.THAI_CLAUSE_WORDS):
+      out[-1] += " " + part
+    else:
+      out.append(part)
+  return out
 
 
 def splitter(data):
