@@ -319,3 +319,32 @@ def test_builtin_corpus_splits_as_before_with_the_pattern_rules():
     "V is the version. It may have an envelope header (a.k.a. Unix-From header)."
   )
   assert len(split_sentences(text)) == 9  # "(a.k.a." ends one, as it did
+
+
+# Held-out text in 17 languages beyond the seven: pySBD's golden-rule cases (MIT, its licence beside
+# the file), the cases whose expected sentences stand verbatim in their text. Measured once, before
+# any rule was changed with them in view: (boundaries, recall, precision) as the splitter gives them
+# now; the floors pin them. Only Armenian, Bulgarian and a few small sets meet the goal
+# (recall >= 0.9, precision >= 0.95); docs/limitations.md says what is missing.
+HELD_OUT = {
+  "hy": (24, 1.0, 1.0), "de": (33, 0.939, 0.775), "es": (53, 1.0, 0.646),
+  "da": (31, 0.581, 0.514), "it": (8, 0.875, 0.467), "bg": (3, 1.0, 1.0), "mr": (3, 1.0, 1.0),
+  "fr": (2, 1.0, 1.0), "fa": (2, 1.0, 1.0), "ur": (2, 1.0, 1.0), "el": (2, 0.5, 1.0),
+  "kk": (3, 0.333, 0.5),
+}  # fmt: skip
+
+
+def test_held_out_golden_rules_in_other_languages():
+  import json
+  import pathlib
+
+  data = json.loads((pathlib.Path(__file__).parent / "data" / "pysbd_golden.json").read_text())
+  assert data["licence"].startswith("MIT")
+  for language, (boundaries, recall, precision) in HELD_OUT.items():
+    found = true = hits = 0
+    for text, gold in data["cases"][language]:
+      want, got = _starts(gold, text), _starts(split_sentences(text), text)
+      found, true, hits = found + len(got), true + len(want), hits + len(got & want)
+    assert true == boundaries, language
+    assert hits / true >= recall - 1e-3, (language, hits / true)
+    assert hits / max(found, 1) >= precision - 1e-3, (language, hits / max(found, 1))
