@@ -10,8 +10,8 @@ setup(
   long_description_content_type="text/markdown",
   python_requires=">=3.11",  # jax 0.10
   packages=find_packages(include=["albert_jax", "albert_jax.*"]),
-  # the multilingual sample (albert_jax/data/samples: real sentences in seven languages)
-  package_data={"albert_jax.data.samples": ["*.txt"]},
+  # the multilingual sample (albert_jax/data/text/samples: real sentences in seven languages)
+  package_data={"albert_jax.data.text.samples": ["*.txt"]},
   install_requires=[
     "jax>=0.10",
     "flax>=0.12",
@@ -30,7 +30,7 @@ setup(
     # through gcsfs, tensorboardX through google-cloud-storage; Orbax and array_record have their own.
     "gcsfs",
     "google-cloud-storage",
-    # Parquet and Arrow: corpora (data/formats.py) and the Hugging Face Hub's fine-tuning data
+    # Parquet and Arrow: corpora (data/corpus/formats.py) and the Hugging Face Hub's fine-tuning data
     # (GLUE, SQuAD, RACE); zstandard: .zst-compressed text and JSON Lines.
     "pyarrow",
     "zstandard",

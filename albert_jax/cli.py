@@ -109,6 +109,16 @@ def load_config(config_flag):
   return config
 
 
+def config_arg(argv: list[str]) -> str:
+  """--config's value as given (the file and its :arguments), for a command that starts others."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  raise ConfigError("--config is required")
+
+
 def workdir(path: str | None) -> str:
   """--workdir's value; one line if it is empty or names an existing file (not a directory)."""
   if not path or not path.strip():

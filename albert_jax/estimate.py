@@ -45,15 +45,11 @@ from albert_jax.planning.estimate_report import format_fit, format_report
 from albert_jax.planning.fit import estimate_and_compile, given_fields
 from albert_jax.planning.memory import DEFAULT_MFU
 
-# The library: planning/memory.py (the memory model), planning/fit.py (the compiler's view and the
-# --fit search), planning/estimate_report.py (this printout).
-
-
-# ----------------------------------------------------------------------------------------------------
-# Command line (flags defined only when run as a program, so importing this module defines none).
-
 
 def run() -> None:
+  """The command (its flags defined only when run, so importing this module defines none). The
+  library: planning/memory.py (the memory model), planning/fit.py (the compiler's view and the
+  --fit search), planning/estimate_report.py (this printout)."""
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:args]).", lock_config=True
   )
@@ -140,10 +136,8 @@ def run() -> None:
           else format_fit(est, config_name, given)
         )
         print("\n".join(lines), flush=True)
-    if est.tpu is not None and not est.tpu["fits"]:
-      sys.exit(
-        cli.DOES_NOT_FIT
-      )  # for scripts (launch/tpu_pod.sh): the config as given does not fit
+    if est.tpu is not None and not est.tpu["fits"]:  # for scripts (launch/tpu_pod.sh)
+      sys.exit(cli.DOES_NOT_FIT)  # the config as given does not fit
 
   app.run(main, flags_parser=cli.parse_flags)
 

@@ -23,11 +23,12 @@ command, each with --only); --finetune_task with --finetune_dir also fine-tunes 
 untrained model of the same architecture, the "no pretraining" row) on a GLUE-format task.
 
 Writes DIR/report.md and DIR/{curves,bars,sweep}.png. Bad input: one line `error: ...`, exit 2.
+
+The library: albert_jax/planning/study/ (variants, runner, findings, plots, report).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import sys
@@ -45,12 +46,6 @@ from albert_jax.planning.study.runner import (
   wandb_settings,
 )
 from albert_jax.planning.study.variants import STUDIES, checked_variants
-
-# The library: albert_jax/planning/study/ (variants, runner, findings, plots, report).
-
-
-# ----------------------------------------------------------------------------------------------------
-# The command.
 
 
 def run():
@@ -108,7 +103,7 @@ def run():
     with cli.guard():
       all_variants = checked_variants(study_flag.value, config, sizes, steps)
     settings = Settings(
-      config_arg=_config_arg(sys.argv[1:]),
+      config_arg=cli.config_arg(sys.argv[1:]),
       overrides=tuple(a for a in sys.argv[1:] if a.startswith("--config.")),
       steps=steps,
       eval_every=eval_every,
@@ -120,45 +115,21 @@ def run():
     seeds = [config.seed + k for k in range(seeds_flag.value)]
     os.makedirs(workdir, exist_ok=True)
     cli.setup_logging("study", workdir)
-    with cli.guard(), _exit_as_the_run():
-      if only_flag.value:
-        name, _, seed = only_flag.value.partition(":")
-        variant = next((v for v in all_variants if v.name == name), None)
-        if variant is None or not seed.isdigit():
-          raise ConfigError(f"--only={only_flag.value!r} is not VARIANT:SEED of this study")
-        do_run(settings, config, workdir, variant, int(seed))
-        return
-      run_study(
-        settings,
-        config,
-        workdir,
-        all_variants,
-        seeds,
-        parallel_flag.value,
-        study_flag.value,
-        sys.argv[1:],
-      )
+    with cli.guard():
+      try:
+        if only_flag.value:
+          name, _, seed = only_flag.value.partition(":")
+          variant = next((v for v in all_variants if v.name == name), None)
+          if variant is None or not seed.isdigit():
+            raise ConfigError(f"--only={only_flag.value!r} is not VARIANT:SEED of this study")
+          do_run(settings, config, workdir, variant, int(seed))
+          return
+        args = (settings, config, workdir, all_variants, seeds, parallel_flag.value)
+        run_study(*args, study_flag.value, sys.argv[1:])
+      except StudyError as e:  # a failed run's exit status is the study's, with its one line
+        cli.fail(str(e), e.code)
 
   app.run(main, flags_parser=cli.parse_flags)
-
-
-def _config_arg(argv: list[str]) -> str:
-  """--config's value as given (the file and its :arguments), for the trainer's command line."""
-  for i, a in enumerate(argv):
-    if a.startswith("--config="):
-      return a.split("=", 1)[1]
-    if a == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  raise ConfigError("--config is required")
-
-
-@contextlib.contextmanager
-def _exit_as_the_run():
-  """A failed run's exit status is the study's, with its one line."""
-  try:
-    yield
-  except StudyError as e:
-    cli.fail(str(e), e.code)
 
 
 if __name__ == "__main__":

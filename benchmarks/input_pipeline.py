@@ -7,7 +7,7 @@
    of at least 8,000 characters, so examples fill the sequence) as BERT-format text files,
    `corpus_copies` times, and prepares it at sequence 128 (training an 8000-piece vocabulary) and 512 (reusing it):
    prepare throughput in MB of raw text per second, for tokenizing + pairing alone and end to end.
-2. Reads batches from each prepared dataset through albert_jax.data.input_pipeline.make_iterator exactly as training
+2. Reads batches from each prepared dataset through albert_jax.data.pipeline.loader.make_iterator exactly as training
    does (global shuffle, TFDS ArrayRecord reads, dynamic whole-word masking, batching), once per
    data.pairing in --pairings (static: stored pairs; per_epoch: pairs made from the stored documents
    in the loader, the epoch's layout counted once before the timing, reported apart) in one thread

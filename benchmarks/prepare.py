@@ -55,13 +55,13 @@ _VOCAB = 8000
 _CHILD = """
 import json, resource, sys, time
 from albert_jax.base import config_lib
-from albert_jax.data import dataset
+from albert_jax.data.prepare import build
 c = config_lib.base_config()
 c.model.vocab_size = int(sys.argv[4])
 c.data.update(input_files=sys.argv[1], spm_model_path=sys.argv[2], max_seq_length=int(sys.argv[5]),
               num_prepare_workers=int(sys.argv[6]), **json.loads(sys.argv[7]))
 t0, w0 = time.process_time(), time.perf_counter()
-info = dataset.prepare(c, sys.argv[3])
+info = build.prepare(c, sys.argv[3])
 wall = time.perf_counter() - w0
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"cpu_seconds": time.process_time() - t0 + kids.ru_utime + kids.ru_stime,

@@ -1,4 +1,4 @@
-"""Corpora that are damaged, duplicated or not what their names say (data/sniff.py, formats.py,
+"""Corpora that are damaged, duplicated or not what their names say (data/corpus/sniff.py, formats.py,
 text_files.py): each case is files this test writes, read as prepare reads them (reader.shards,
 then each shard's documents), under the commands' own error guard (cli.guard): a refusal is exit
 status 2 and one line naming the file; an accepted corpus gives its true number of documents."""
@@ -267,6 +267,57 @@ def test_invalid_utf8_in_a_parquet_row_skips_that_row_and_names_it(tmp_path, cap
     line == f"error: {path} row 2: not valid UTF-8 (byte 4); set data.non_utf8=skip to skip "
     "such records"
   )
+
+
+def test_a_parquet_file_with_a_corrupt_page_is_refused_in_one_printable_line(tmp_path, capsys):
+  """pyarrow's own text runs over two lines and holds the byte it could not parse: the command's
+  error is one line naming the file and its row group."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  texts = [" ".join(d) for d in documents(3000)]
+  path = str(tmp_path / "corrupt.parquet")
+  pq.write_table(pa.table({"text": texts}), path, row_group_size=1000, compression="none")
+  raw = bytearray(open(path, "rb").read())
+  page = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset
+  raw[page : page + 40] = bytes(b ^ 0xFF for b in raw[page : page + 40])  # its page header
+  open(path, "wb").write(bytes(raw))
+  line = refused(capsys, data_for(path))
+  assert line.startswith(f"error: cannot read {path} (row group 1): ") and line.isprintable()
+  assert "page header" in line
+
+
+def test_a_few_nul_bytes_skip_their_lines_and_a_binary_file_is_still_refused(tmp_path, capsys):
+  """Web extractions carry stray NUL bytes on a few lines: those lines are skipped and counted
+  (named by prepare's skipped lines), every other line of every script kept; a file that is
+  binary (NULs throughout) is refused as before, in one line."""
+  docs = documents(120)
+  text = sentences_text(docs).split(b"\n")
+  damaged = [i for i, line in enumerate(text) if line][3:300:140]  # three sentence lines
+  for i in damaged:
+    text[i] = text[i][:5] + b"\x00\x00" + text[i][5:]
+  path = tmp_path / "web.txt"
+  path.write_bytes(b"\n".join(text))
+  got, stats = read(data_for(str(path), text_format="sentences"))
+  assert stats.nul_lines == 3 and stats.non_utf8_lines == 0
+  kept = sum(len(d) for d in got)
+  assert kept == sum(len(d) for d in docs) - 3
+  assert {s.split(" ")[0][:4] for d in got for s in d} >= {
+    "The",
+    "北京是中",
+    "서울은",
+    "दिल्",
+    "Моск",
+  }
+  assert reader.skipped_warnings({str(path): {"nul_lines": 3}}, "skip") == [
+    f"skipped 3 lines holding NUL bytes (damaged text) (data.non_utf8=skip): {path} (3)"
+  ]
+  line = refused(capsys, data_for(str(path), text_format="sentences", non_utf8="error"))
+  assert "holds NUL bytes (damaged text); set data.non_utf8=skip" in line
+  binary = tmp_path / "image.txt"
+  binary.write_bytes(bytes(range(1, 256)) * 30 + b"\x00" * 300)  # NULs in a block, as in binaries
+  line = refused(capsys, data_for(str(binary)))
+  assert "NUL bytes (300 in the first 7,950: binary data?), not UTF-8 text" in line
 
 
 # 5. Names and folders.

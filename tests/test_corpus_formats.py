@@ -1,4 +1,4 @@
-"""Corpus formats (data/formats.py): the same documents written as original text, document-per-line
+"""Corpus formats (data/corpus/formats.py): the same documents written as original text, document-per-line
 text, JSON Lines (plain and compressed), Parquet and Arrow read and prepare alike; the original's
 format prepares as it always did; bad records and fields give their documented outcome."""
 

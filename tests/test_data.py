@@ -24,7 +24,7 @@ from albert_jax.data.pipeline import loader
 from albert_jax.data.prepare import build
 from albert_jax.data.store import dataset
 from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE
-from albert_jax.data.text import sentences
+from albert_jax.data.text.sentences import split_sentences
 from tests.conftest import build_tiny_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ def _write_corpus(directory, documents, gz_half=True):
 def _topic_documents():
   from pydoc_data import topics
 
-  return [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  return [python_docs.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _config(input_files, **data_fields):
@@ -108,17 +108,18 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
   # Read back through tfds.data_source with TFDS's own decoding; the loader's fast decoding agrees.
   source = tfds.data_source(DATASET_NAME, split="train", data_dir=ddir, download=False)
   assert len(source) == info["num_train_examples"]
-  raw = dataset.open_split(ddir, "train")
-  read = loader._Loader(raw, SEQ, _NoMask(), seed=0)
-  picks = np.array([0, 7, len(source) - 1])
-  got = read((np.zeros(3, np.int64), picks))
-  for r, i in enumerate(picks):
-    ex = source[int(i)]
+  prepared_json = json.loads(open(os.path.join(ddir, PREPARED_FILE)).read())
+  assert prepared_json["dataset"]["word_starts"] == "none"  # English: no segmenter, none stored
+  records = dataset.Records(ddir, "train", dataset.word_starts_kept(prepared_json))
+  assert len(records) == len(source)
+  for i in (0, 7, len(source) - 1):
+    ex, got = source[i], records.example(i)
     n = len(ex["input_ids"])
     assert ex["input_ids"][0] == 2 and ex["input_ids"][-1] == 3 and n <= SEQ
-    np.testing.assert_array_equal(got["input_ids"][r, :n], ex["input_ids"])
-    np.testing.assert_array_equal(got["segment_ids"][r, :n], ex["segment_ids"])
-    assert got["sentence_order_label"][r] == ex["sentence_order_label"]
+    assert set(ex) == {"input_ids", "segment_ids", "sentence_order_label"}
+    np.testing.assert_array_equal(got["input_ids"], ex["input_ids"])
+    np.testing.assert_array_equal(got["segment_ids"], ex["segment_ids"])
+    assert got["sentence_order_label"] == ex["sentence_order_label"] and got["word_starts"] is None
   assert os.path.isfile(info["spm_model_path"]) and info[
     "spm_model_path"
   ] == dataset.spm_model_path(config, workdir)
@@ -128,17 +129,9 @@ def test_prepare_builds_a_tfds_dataset_on_disk(prepared):
   assert 0.45 <= info["sentence_order_label_1_fraction"] <= 0.55
   assert not [f for f in os.listdir(workdir) if f.startswith(".data.tmp")]
   # English: the original's coverage (auto), no byte fallback, hardly an <unk> in held-out text
-  prepared_json = json.loads(open(os.path.join(ddir, PREPARED_FILE)).read())
   assert prepared_json["vocab_settings"] == {"character_coverage": 0.99995, "byte_fallback": False}
   assert prepared_json["fingerprint"]["vocab"]["character_coverage"] == "auto"
   assert info["eval_pieces"] > 10_000 and 0 <= info["eval_unk_fraction"] < 0.001
-
-
-class _NoMask:
-  """Stands in for the Masker: returns what the loader read."""
-
-  def __call__(self, ids, seg, mask, labels, keys):
-    return dict(input_ids=ids, segment_ids=seg, input_mask=mask, sentence_order_label=labels)
 
 
 def test_prepare_is_idempotent_and_refuses_other_settings(prepared):
@@ -592,7 +585,7 @@ def test_builtin_corpus_needs_nothing_but_python():
   assert len(docs) >= 500 and stats.bytes > 1_500_000
   sentences = [s for d in docs for s in d]
   assert np.mean([s.endswith((".", ":", "?", "!")) for s in sentences]) > 0.5
-  assert sentences.split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
+  assert split_sentences("Dr. Smith left. He said no! Why? Yes.") == [
     "Dr. Smith left.",
     "He said no!",
     "Why?",
@@ -620,7 +613,7 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
   docs = list(python_docs.python_docs_documents())
   from pydoc_data import topics
 
-  module_docs = docs[sum(1 for t in topics.topics.values() if sentences.paragraph_sentences(t)) :]
+  module_docs = docs[sum(1 for t in topics.topics.values() if python_docs.paragraph_sentences(t)) :]
   assert len(module_docs) > 3000 and min(len(d) for d in module_docs) >= 2
   import json
 
@@ -629,7 +622,7 @@ def test_builtin_corpus_is_one_document_per_docstring_in_source_order():
       n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef) and n.name == "dumps"
     )
   assert (
-    sentences.paragraph_sentences(ast.get_docstring(dumps)) in module_docs
+    python_docs.paragraph_sentences(ast.get_docstring(dumps)) in module_docs
   )  # exactly one document
 
 

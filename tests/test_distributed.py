@@ -3,7 +3,7 @@
 Two processes with 2 devices each train the tiny config (shrunk) and end with the same parameters as one
 process with 4 devices on the same global batch; their checkpoint restores and continues in a second
 two-process run; each process reads its own rows of every global batch (recorded by a thin wrapper
-around input_pipeline.make_iterator). A process whose peer never joins, and hosts that run different configs,
+around the loader's make_iterator). A process whose peer never joins, and hosts that run different configs,
 end with one `error: ...` line instead of hanging.
 """
 
@@ -39,12 +39,12 @@ TRAIN = dict(
   keep_checkpoints=3,
 )
 
-# Runs albert_jax.main with input_pipeline.make_iterator wrapped so that every train batch this process reads is
+# Runs albert_jax.main with the loader's make_iterator wrapped so that every train batch this process reads is
 # appended (input_ids rows) to $ALBERT_TEST_RECORD.<process index>.
 RECORDING_MAIN = r"""
 import json, os, runpy, sys
-from albert_jax.data import dataset, input_pipeline
-make_iterator = input_pipeline.make_iterator
+from albert_jax.data.pipeline import loader
+make_iterator = loader.make_iterator
 
 class Recorder:
   def __init__(self, it, path):
@@ -66,7 +66,7 @@ def recording_make_iterator(config, workdir, split="train", *args, **kwargs):
   import jax
   return Recorder(it, os.environ["ALBERT_TEST_RECORD"] + f".{jax.process_index()}")
 
-input_pipeline.make_iterator = recording_make_iterator
+loader.make_iterator = recording_make_iterator
 runpy.run_module("albert_jax.main", run_name="__main__", alter_sys=True)
 """
 

@@ -10,6 +10,7 @@ import collections
 import numpy as np
 import pytest
 
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.examples import masking as M, pairs as E
 from albert_jax.data.text.tokenizer import CLS_ID, MASK_ID, SEP_ID
 
@@ -42,6 +43,15 @@ def _documents(num_docs, seed=0, max_sentences=30):
   return docs
 
 
+def _padded(examples, seq):
+  """(input_ids, segment_ids, input_mask) of unmasked examples, padded to seq."""
+  ids, seg, mask = (np.zeros((len(examples), seq), np.int32) for _ in range(3))
+  for r, p in enumerate(examples):
+    n = len(p["input_ids"])
+    ids[r, :n], seg[r, :n], mask[r, :n] = p["input_ids"], p["segment_ids"], 1
+  return ids, seg, mask
+
+
 @pytest.fixture(scope="module")
 def pairs():
   stats = {}
@@ -56,12 +66,9 @@ def masked(pairs):
   examples, _ = pairs
   word_start, candidate = _tables()
   masker = M.Masker(word_start, candidate, max_predictions_per_seq=P)
-  padded = [M.pad_example(p, SEQ) for p in examples]
-  ids = np.stack([x[0] for x in padded])
-  seg = np.stack([x[1] for x in padded])
-  mask = np.stack([x[2] for x in padded])
+  ids, seg, mask = _padded(examples, SEQ)
   labels = np.array([p["sentence_order_label"] for p in examples])
-  keys = np.array([M.example_rng_key(0, 0, i) for i in range(len(examples))], np.uint64)
+  keys = M.example_keys(0, np.zeros(len(examples)), np.arange(len(examples)))
   spans, outs = [], []
   for lo in range(0, len(examples), 64):
     outs.append(
@@ -103,10 +110,16 @@ def test_layout_segments_and_lengths(pairs):
     assert ids[0] == CLS_ID and len(seps) == 2 and seps[1] == len(ids) - 1
     assert seps[0] >= 2 and seps[1] - seps[0] >= 2  # A and B are never empty
     assert (seg[: seps[0] + 1] == 0).all() and (seg[seps[0] + 1 :] == 1).all()
-    ids_p, seg_p, mask_p = M.pad_example(p, SEQ)
-    n = len(ids)
-    assert (mask_p[:n] == 1).all() and (mask_p[n:] == 0).all()
-    assert (ids_p[n:] == 0).all() and (seg_p[n:] == 0).all()
+  # The loaders' one pad-and-mask: real tokens then padding, segments and ids 0 after them.
+  word_start, candidate = _tables()
+  masker = M.Masker(word_start, candidate, max_predictions_per_seq=P)
+  rows = [dict(p, word_starts=None) for p in examples[:64]]
+  out = masker.batch(rows, SEQ, M.example_keys(0, np.zeros(64), np.arange(64)))
+  for r, p in enumerate(examples[:64]):
+    n = len(p["input_ids"])
+    assert (out["input_mask"][r, :n] == 1).all() and (out["input_mask"][r, n:] == 0).all()
+    assert (out["input_ids"][r, n:] == 0).all() and (out["segment_ids"][r, n:] == 0).all()
+    np.testing.assert_array_equal(out["segment_ids"][r, :n], p["segment_ids"])
 
 
 def test_short_targets_about_ten_percent(pairs):
@@ -263,15 +276,25 @@ def test_masks_are_a_pure_function_of_seed_epoch_index(pairs, masked):
   examples, _ = pairs
   features, _, _ = masked
   word_start, candidate = _tables()
-  kwargs = dict(
-    word_start=word_start, candidate=candidate, max_seq_length=SEQ, max_predictions_per_seq=P
-  )
+  masker = M.Masker(word_start, candidate, max_predictions_per_seq=P)
   for i in (0, 5, 1234):
-    again = M.mask_example(examples[i], M.example_rng(0, 0, i), **kwargs)
+    row = [dict(examples[i], word_starts=None)]
+    again = masker.batch(row, SEQ, M.example_keys(0, [0], [i]))
     for key in again:
-      np.testing.assert_array_equal(again[key], features[key][i])
-    other_epoch = M.mask_example(examples[i], M.example_rng(0, 1, i), **kwargs)
+      np.testing.assert_array_equal(again[key][0], features[key][i])
+    other_epoch = masker.batch(row, SEQ, M.example_keys(0, [1], [i]))
     assert not np.array_equal(other_epoch["masked_lm_positions"], again["masked_lm_positions"])
+
+
+def test_a_stored_id_outside_the_vocabulary_is_refused_once_a_batch(pairs):
+  """Data prepared with another vocabulary (or ids carrying a flag) never reach the model."""
+  examples, _ = pairs
+  word_start, candidate = _tables()
+  masker = M.Masker(word_start, candidate, max_predictions_per_seq=P)
+  bad = dict(examples[0], word_starts=None)
+  bad["input_ids"] = np.array(bad["input_ids"]) | (1 << 30)
+  with pytest.raises(ConfigError, match="not one of the vocabulary's"):
+    masker.batch([bad], SEQ, M.example_keys(0, [0], [0]))
 
 
 def test_sequence_512_with_the_original_cap():
@@ -284,14 +307,8 @@ def test_sequence_512_with_the_original_cap():
   )
   word_start, candidate = _tables()
   masker = M.Masker(word_start, candidate, max_predictions_per_seq=20)
-  padded = [M.pad_example(p, 512) for p in examples[:256]]
-  out = masker(
-    np.stack([x[0] for x in padded]),
-    np.stack([x[1] for x in padded]),
-    np.stack([x[2] for x in padded]),
-    np.array([p["sentence_order_label"] for p in examples[:256]]),
-    keys=np.array([M.example_rng_key(0, 0, i) for i in range(256)], np.uint64),
-  )
+  rows = [dict(p, word_starts=None) for p in examples[:256]]
+  out = masker.batch(rows, 512, M.example_keys(0, np.zeros(256), np.arange(256)))
   n_tokens = out["input_mask"].sum(1)
   full = n_tokens == 512
   assert full.sum() >= 50

@@ -19,12 +19,12 @@ import pytest
 from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
-from albert_jax.data.corpus import formats, reader
+from albert_jax.data.corpus import formats, python_docs, reader
 from albert_jax.data.prepare import build, vocab as vocab_lib
 from albert_jax.data.prepare.vocab import vocab_sample, vocab_sample_caps
 from albert_jax.data.store import dataset, fingerprint as fingerprint_lib
 from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION, SPLITS
-from albert_jax.data.text import samples, sentences, tokenizer as tokenizer_lib
+from albert_jax.data.text import samples, tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _documents():
   from pydoc_data import topics
 
-  return [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  return [python_docs.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
 
 
 def _write(path, documents):
@@ -311,7 +311,7 @@ def test_the_seed_decides_the_examples_and_their_order(setup, tmp_path, monkeypa
 _RSS = """
 import json, resource, sys
 from albert_jax.base import config_lib
-from albert_jax.data import dataset
+from albert_jax.data.prepare import build
 c = config_lib.base_config()
 c.model.vocab_size = 1000
 # The vocabulary is trained too (on a sample of a fixed size): its pass must not grow either.

@@ -1,4 +1,4 @@
-"""data/scripts.py: what script a text is in, and the facts every text path asks of it."""
+"""data/text/scripts.py: what script a text is in, and the facts every text path asks of it."""
 
 import os
 
@@ -29,9 +29,26 @@ def test_shared_characters_belong_to_no_script():
   assert scripts.script_counts("й") == {"Cyrillic": 1}
 
 
-def test_unspaced_cased_and_strip_safe():
+def test_accent_stripping_is_the_originals_in_every_script():
+  """One accent stripping (NFKD, combining marks dropped) for the tokenizer, SQuAD's offsets and
+  the Hugging Face export: marks over Latin go, spacing vowel signs stay, Hangul stays letters."""
+  assert scripts.strip_accents("Café naïve") == "Cafe naive"
+  assert scripts.strip_accents("Tiếng Việt có dấu") == "Tieng Viet co dau"
+  assert scripts.strip_accents("Straße über") == "Straße uber"  # ß has no decomposition
+  assert scripts.strip_accents("йод") == "иод"  # the breve of й is a combining mark
+  assert scripts.strip_accents("नमस्ते") == "नमसते"  # the virama goes (class 9), the vowel sign stays
+  assert scripts.is_kept_mark("\u0947") and not scripts.is_stripped_mark("\u0947")
+  assert scripts.is_stripped_mark("\u094d") and scripts.is_mark("\u094d")
+  korean = scripts.strip_accents("한국어")
+  assert len(korean) == 8 and all(scripts.script_of(c) == "Hangul" for c in korean)
+  assert (
+    scripts.strip_accents("中文 日本語 العربية русский") == "中文 日本語 العربية русскии"
+  )  # й again
+  assert scripts.strip_accents("plain ascii") == "plain ascii"
+
+
+def test_unspaced_and_strip_safe():
   assert [s for s in sorted(SAMPLES) if scripts.is_unspaced(s)] == ["Han", "Japanese", "Thai"]
-  assert [s for s in sorted(SAMPLES) if scripts.is_cased(s)] == ["Cyrillic", "Latin"]
   assert [s for s in sorted(SAMPLES) if scripts.strips_safely(s)] == ["Latin"]
 
 

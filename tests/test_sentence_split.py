@@ -1,5 +1,5 @@
-"""Sentences in every script (data/sentence_split.py, data/scripts.py): boundary recall and
-precision on real text in seven languages (albert_jax/data/samples), the rules of scripts the
+"""Sentences in every script (data/text/sentences.py, data/text/scripts.py): boundary recall and
+precision on real text in seven languages (albert_jax/data/text/samples), the rules of scripts the
 sample lacks, English as before, data.language, and what the corpus readers and text_format=auto
 make of a document a line in each script."""
 
@@ -12,10 +12,11 @@ import pytest
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.corpus import formats, reader, stats
+from albert_jax.data.corpus.python_docs import paragraph_sentences
 from albert_jax.data.prepare import build
 from albert_jax.data.store import dataset
 from albert_jax.data.text import samples, scripts
-from albert_jax.data.text.sentences import paragraph_sentences, split_sentences, splitter
+from albert_jax.data.text.sentences import split_sentences, splitter
 
 # The goal (issue 38): on real text in every script.
 RECALL, PRECISION = 0.9, 0.95

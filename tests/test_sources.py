@@ -1,4 +1,4 @@
-"""Named sources with weights (data/sources.py, data/epoch_plan.py): shares, the epoch plan,
+"""Named sources with weights (data/corpus/sources.py, data/pipeline/epoch_plan.py): shares, the epoch plan,
 per-source prepare statistics, the vocabulary sample, resume and hosts, one-line errors.
 
 Unit tests of the plan run on SourceRecords (no data); one small corpus of three sources of very
@@ -15,11 +15,10 @@ import pytest
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.corpus import sources
+from albert_jax.data.corpus import python_docs, sources
 from albert_jax.data.pipeline import epoch_plan, loader
 from albert_jax.data.prepare import build
 from albert_jax.data.store.layout import records_dir
-from albert_jax.data.text import sentences
 
 SEQ, BATCH = 64, 8
 
@@ -133,7 +132,7 @@ def corpora(tmp_path_factory):
   from pydoc_data import topics
 
   root = tmp_path_factory.mktemp("sources")
-  en = [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
+  en = [python_docs.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)]
   for name, docs in [
     ("en", en),
     ("ru", [_sentences(RU, 6, i) for i in range(40)]),
@@ -260,7 +259,7 @@ def test_vocab_sampling_alpha_gives_a_small_language_more_pieces(tmp_path):
 
   root = tmp_path / "corpus"
   text = {
-    "en": [sentences.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)],
+    "en": [python_docs.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)],
   }
   here = os.path.dirname(samples.__file__)
   for code in ("zh", "hi"):

@@ -1,17 +1,21 @@
-"""Whole words in unspaced scripts (data.word_start=auto): segmenter word starts stored in the ids
-at prepare time, read by the masker; without a segmenter a word is a piece, never a clause."""
+"""Whole words in unspaced scripts (data.word_start=auto): segmenter word starts stored as a
+feature of their own at prepare time, read by the masker; without a segmenter a word is a piece,
+never a clause."""
 
 import logging
+import os
 import sys
 
 import numpy as np
 import pytest
+import sentencepiece as spm
+import tensorflow_datasets as tfds
 
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.examples import masking
+from albert_jax.data.examples.features import WORD_START_BIT, join_word_starts, split_word_starts
 from albert_jax.data.store import dataset
 from albert_jax.data.text import scripts, tokenizer, word_segmenters
-from albert_jax.data.text.word_segmenters import SEGMENTED_WORD_START
 from tests.conftest import pydoc_sentences
 from tests.multiscript_text import LANGUAGES, SENTENCES
 
@@ -27,16 +31,23 @@ def tok(tmp_path_factory):
   )
 
 
+def _flagged(tok, sentences, name):
+  """word_segmenters.word_starts of the sentences, each sentence's starts on its ids
+  (features.WORD_START_BIT, as pairs carry them in memory)."""
+  ids, starts = word_segmenters.word_starts(tok, sentences, name)
+  return [join_word_starts(x, s).tolist() for x, s in zip(ids, starts)]
+
+
 def _segmented(tok, lang, name):
-  return word_segmenters.word_start_flags(tok, SENTENCES[lang], name)
+  return _flagged(tok, SENTENCES[lang], name)
 
 
 def _words(tok, ids):
   """The words of one sentence's stored ids as the masker sees them (marker rule + stored bits)."""
   words = []
   for i in ids:
-    piece = tok.id_to_piece(i & ~SEGMENTED_WORD_START)
-    if not words or i & SEGMENTED_WORD_START or piece.startswith(tokenizer.WORD_MARKER):
+    piece = tok.id_to_piece(i & ~WORD_START_BIT)
+    if not words or i & WORD_START_BIT or piece.startswith(tokenizer.WORD_MARKER):
       words.append("")
     words[-1] += tokenizer.piece_text(piece).replace(tokenizer.WORD_MARKER, "")
   return [w for w in words if w]
@@ -89,9 +100,8 @@ def _masked_runs(tok, sentence_ids, *, segmented=True, seeds=40):
   for r, row in enumerate(rows):
     ids[r, : len(row) + 2] = [tokenizer.CLS_ID] + row + [tokenizer.SEP_ID]
     mask[r, : len(row) + 2] = 1
-  masker = masking.Masker(
-    tok.word_start, tok.candidate, max_predictions_per_seq=PREDICTIONS, segmented_words=segmented
-  )
+  masker = masking.Masker(tok.word_start, tok.candidate, max_predictions_per_seq=PREDICTIONS)
+  ids, starts = split_word_starts(ids)
   run_chars, long_positions, positions = [], 0, 0
   for seed in range(seeds):
     out = masker(
@@ -100,8 +110,8 @@ def _masked_runs(tok, sentence_ids, *, segmented=True, seeds=40):
       mask,
       np.zeros(len(rows)),
       rngs=[np.random.default_rng([seed, r]) for r in range(len(rows))],
+      word_starts=starts if segmented else None,
     )
-    assert (out["input_ids"] & SEGMENTED_WORD_START == 0).all()  # the bit never reaches the model
     for r in range(len(rows)):
       k = int(out["masked_lm_weights"][r].sum())
       pos = out["masked_lm_positions"][r, :k].tolist()
@@ -130,7 +140,7 @@ def test_masked_runs_in_chinese_and_japanese_are_words(tok, spm_model_path):
     mean_chars, long_share = _masked_runs(tok, _segmented(tok, lang, name))
     assert mean_chars <= 4.0, (lang, name, mean_chars)
     assert long_share <= min(english_long, 0.1), (lang, name, long_share, english_long)
-  # word_start=marker on the same stored ids: the bits are ignored, runs are whole clauses.
+  # word_start=marker on the same ids: the word starts are not given, runs are whole clauses.
   _, marker_long = _masked_runs(tok, _segmented(tok, "zh", "jieba"), segmented=False)
   assert marker_long > 0.5
 
@@ -182,7 +192,8 @@ def test_auto_decides_the_segmenter_by_script():
 
 def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   """prepare decides jieba for a Chinese corpus (one console line), records it, stores the word
-  starts in the ids; the loader masks whole words and never shows the bit to the model."""
+  starts as a feature of their own: read through tfds.data_source as the docs say, every stored id
+  is a vocabulary id SentencePiece decodes; the loader masks whole words from the feature."""
   from albert_jax.base import config_lib
   from albert_jax.data.pipeline import loader
   from albert_jax.data.prepare import build
@@ -215,12 +226,65 @@ def test_prepare_chinese_stores_segmenter_words(tmp_path, caplog):
   assert "data.keep_accents=auto: keeping accents" in out
   assert c.data.word_segmenter == "jieba" and c.data.keep_accents == "true"
   assert read_prepared(dataset.data_dir(c, workdir))["fingerprint"]["word_segmenter"] == "jieba"
+  ddir = dataset.data_dir(c, workdir)
+  prepared = read_prepared(ddir)
+  assert prepared["dataset"]["word_starts"] == "feature"
+  sp = spm.SentencePieceProcessor(model_file=os.path.join(ddir, "spiece.model"))
+  starts_seen = 0
+  for split in ("train", "eval"):
+    source = tfds.data_source("albert_pretraining", split=split, data_dir=ddir, download=False)
+    assert "word_starts" in source.dataset_info.description
+    for i in range(len(source)):
+      ex = source[i]
+      ids = ex["input_ids"]
+      assert 0 <= ids.min() and ids.max() < sp.get_piece_size() == c.model.vocab_size
+      assert sp.decode(ids.tolist())  # every id decodes ("piece id is out of range" before)
+      assert ex["word_starts"].shape == ids.shape and set(ex["word_starts"].tolist()) <= {0, 1}
+      starts_seen += int(ex["word_starts"].sum())
+  assert starts_seen > 100
   it = loader.make_iterator(c, workdir, "train", process_index=0, process_count=1)
   batch = next(it)
   it.close()
-  assert (batch["input_ids"] & SEGMENTED_WORD_START == 0).all()
   assert batch["input_ids"].max() < c.model.vocab_size
   assert (batch["masked_lm_weights"].sum(1) > 0).all()
+  # Data prepared before word starts were a feature kept them as bit 30 of the stored ids: such
+  # data (rewritten so here) is read as it is, into the very same batches.
+  _as_prepared_before_word_starts_were_a_feature(ddir)
+  it = loader.make_iterator(c, workdir, "train", process_index=0, process_count=1)
+  old = next(it)
+  it.close()
+  for key in batch:
+    np.testing.assert_array_equal(old[key], batch[key])
+
+
+def _as_prepared_before_word_starts_were_a_feature(ddir: str) -> None:
+  """Rewrites prepared data as an earlier version wrote it: word starts on the ids (bit 30), no
+  word_starts feature, no dataset.word_starts in prepared.json."""
+  import glob
+  import json
+
+  from array_record.python import array_record_module
+  from tensorflow_datasets.proto import tf_example_pb2
+
+  for path in glob.glob(os.path.join(ddir, "albert_pretraining", "*", "*.array_record-*")):
+    reader = array_record_module.ArrayRecordReader(path)
+    records = reader.read_all()
+    reader.close()
+    writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+    for raw in records:
+      old = tf_example_pb2.Example.FromString(raw)
+      f = old.features.feature
+      ids = np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4")
+      starts = np.frombuffer(f["word_starts"].bytes_list.value[0], np.int8)
+      f["input_ids"].bytes_list.value[0] = join_word_starts(ids, starts).tobytes()
+      del f["word_starts"]
+      writer.write(old.SerializeToString(deterministic=True))
+    writer.close()
+  path = os.path.join(ddir, "prepared.json")
+  prepared = json.load(open(path))
+  del prepared["dataset"]["word_starts"]
+  open(path, "w").write(json.dumps(prepared))
+  assert dataset.word_starts_kept(prepared) == "id_bit_30"
 
 
 def test_flags_match_sentencepiece_offsets(tok):
@@ -229,13 +293,13 @@ def test_flags_match_sentencepiece_offsets(tok):
   the offsets: every piece that holds the start of a segmenter word is marked, and only those."""
   segment = word_segmenters.segmenter("jieba")
   sents = SENTENCES["zh"] + ["新的㍿公司在北京成立。", "龘龘的价格再次上涨。", "ＡＢＣ公司的价格"]
-  got = word_segmenters.word_start_flags(tok, sents, "jieba")
+  got = _flagged(tok, sents, "jieba")
   for sentence, row in zip(sents, got):
     text = tok.preprocess(sentence)
     starts = set(segment(text))
     mapped = tok.sp.encode(text, return_type="offset_mapping")
     want = [
-      i | SEGMENTED_WORD_START if any(c in starts for c in range(max(b, 0), e)) else i
+      i | WORD_START_BIT if any(c in starts for c in range(max(b, 0), e)) else i
       for i, (b, e) in zip(mapped["ids"], mapped["offsets"])
     ]
     assert row == want, sentence
@@ -246,7 +310,7 @@ def test_several_segmenters_each_read_their_own_scripts_sentences(tok):
   starts, the Japanese exactly fugashi's, Thai (no segmenter chosen) a piece at a time, the spaced
   languages no bits; the order of the sentences does not matter."""
   mixed = [s for lang in LANGUAGES for s in SENTENCES[lang]] + ["สงครามเปลี่ยนประเทศไปตลอดกาล"]
-  got = word_segmenters.word_start_flags(tok, mixed, "fugashi+jieba")
+  got = _flagged(tok, mixed, "fugashi+jieba")
   expected = {
     "zh": _segmented(tok, "zh", "jieba"),
     "ja": _segmented(tok, "ja", "fugashi"),
@@ -261,8 +325,8 @@ def test_several_segmenters_each_read_their_own_scripts_sentences(tok):
     n = len(SENTENCES[lang])
     assert got[at : at + n] == expected[lang], lang
     at += n
-  assert got[-1] == word_segmenters.word_start_flags(tok, mixed[-1:], "none")[0]
-  assert word_segmenters.word_start_flags(tok, mixed[::-1], "fugashi+jieba") == got[::-1]
+  assert got[-1] == _flagged(tok, mixed[-1:], "none")[0]
+  assert _flagged(tok, mixed[::-1], "fugashi+jieba") == got[::-1]
 
 
 def test_auto_on_a_many_language_corpus_takes_a_segmenter_per_script():

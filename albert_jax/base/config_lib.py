@@ -25,14 +25,21 @@ ATTENTION_IMPLS = ("einsum", "dot_product_attention", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("lamb", "adam_weight_decay", "optax_lamb", "adamw")
 TASKS = ("sop", "nsp", "none")
-# data.input_format and data.text_format (data/formats.py reads them).
+# data.input_format and data.text_format (data/corpus/formats.py reads them).
 INPUT_FORMATS = ("auto", "text", "jsonl", "parquet", "arrow")
 TEXT_FORMATS = ("auto", "sentences", "documents")
-# data.word_start, data.keep_accents and data.word_segmenter (data/word_segmenters.py has the
-# segmenters themselves; docs/languages.md).
+# data.word_start, data.keep_accents and data.word_segmenter (docs/languages.md).
 WORD_START_RULES = ("auto", "marker", "original")
 KEEP_ACCENTS = ("auto", "true", "false")
-SEGMENTERS = ("jieba", "fugashi", "pythainlp")
+# The one list of data.word_segmenter's names: the unspaced writing system each segments
+# (data/text/scripts.py's names; auto picks it for that writing), the package it imports and the
+# setup.py extra that installs it (data/text/word_segmenters.py runs them). Khmer, Lao, Burmese and
+# Tibetan have none with its dictionary on PyPI: their pieces count as words of their own.
+SEGMENTERS = {
+  "jieba": ("Han", "rjieba", "chinese"),
+  "fugashi": ("Japanese", "fugashi", "japanese"),
+  "pythainlp": ("Thai", "pythainlp", "thai"),
+}
 
 
 def keep_accents_value(value) -> bool | None:
@@ -50,7 +57,15 @@ def examples_task(task: str) -> str:
 
 
 class ConfigError(ValueError):
-  """A config value that cannot work; the message is one line meant for the user."""
+  """A config value that cannot work; the message is one line meant for the user. A library's
+  text inside it (pyarrow's runs over lines and holds the bytes it could not parse) is made one
+  printable line here: line breaks become spaces, other control characters escapes."""
+
+  def __init__(self, message="", *args):
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    super().__init__(
+      "".join(c if c.isprintable() else repr(c)[1:-1] for c in text) if text else message, *args
+    )
 
 
 def parse_source_weights(spec: str) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """The Hugging Face tokenizer files of an export: tokenizer.json, tokenizer_config.json and
 special_tokens_map.json beside spiece.model, so AlbertTokenizer.from_pretrained gives our ids.
 
-`save_hf` (hf.py) writes them with the model; the vocabulary itself is data/tokenizer.py's.
+`save_hf` (hf.py) writes them with the model; the vocabulary itself is data/text/tokenizer.py's.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _stripped_marks_regex() -> str:
   for cp in range(0x300, 0x110000):
     if 0xD800 <= cp <= 0xDFFF:
       continue
-    if unicodedata.combining(chr(cp)):
+    if scripts.is_stripped_mark(chr(cp)):
       if first is not None and cp == last + 1:
         last = cp
         continue
@@ -181,9 +181,9 @@ def _albert_tokenizer_differs(proto: SpmModel, keep_accents: bool, lower: bool =
     return ""
   for piece, _, _ in proto.pieces:
     for c in piece:
-      if scripts.script_of(c) == "Hangul":
+      if scripts.script_of(c) in scripts.NFKD_SPLITS_LETTERS:
         return "AlbertTokenizer(keep_accents=False) turns Korean into <unk>"
-      if unicodedata.category(c).startswith("M") and not unicodedata.combining(c):
+      if scripts.is_kept_mark(c):
         return f"AlbertTokenizer(keep_accents=False) drops marks such as U+{ord(c):04X}"
   return ""
 

@@ -35,7 +35,6 @@ import difflib
 import json
 import re
 import string
-import unicodedata
 from collections.abc import Sequence
 
 import jax
@@ -44,7 +43,7 @@ import numpy as np
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.text import tokenizer as tokenizer_lib
+from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
 from albert_jax.model import albert as M, heads
 from albert_jax.tasks import task as tasks
 
@@ -198,9 +197,7 @@ def _preprocess_with_map(
       source_end.append(i + 2)
       i += 2
       continue
-    for d in unicodedata.normalize("NFKD", c) if not (keep_accents or c.isascii()) else c:
-      if not keep_accents and unicodedata.combining(d):
-        continue
+    for d in c if keep_accents else scripts.strip_accents(c):
       for e in d.lower() if lower else d:
         out.append(e)
         source.append(i)

@@ -9,11 +9,11 @@
 Text and JSON Lines may be compressed: `.gz`, `.zst`, `.bz2`, `.xz` (gzip, zstandard, bz2, lzma).
 
 Here: which format a file is, whether its first bytes are what its name says (check_bytes,
-check_text, with data/sniff.py), its decompression (a stream cut short is an error, zstandard's
+check_text, with data/corpus/sniff.py), its decompression (a stream cut short is an error, zstandard's
 included), its lines (LF, CRLF or CR alone), its records' text as sentences, and the byte ranges
 of a document a line that prepare's workers read on their own (corpus.shards); Parquet and Arrow
-columns are read in data/columnar.py, the text layout of data.text_format=auto is decided in
-data/text_layout.py, and corpus.py reads the original's text format and puts the pieces in order.
+columns are read in data/corpus/columnar.py, the text layout of data.text_format=auto is decided in
+data/corpus/text_layout.py, and corpus.py reads the original's text format and puts the pieces in order.
 
 A record's field is its text: a string is split into sentences (corpus.split_sentences, as for
 TFDS), a list of strings is taken as the sentences (a null in it dropped and counted). A record
@@ -288,8 +288,16 @@ def save_to_disk_files(path: str) -> list[str] | None:
 
 
 def decode(raw: bytes, non_utf8: str, stats, where: str, unit: str) -> str | None:
-  """raw as UTF-8 (without a byte-order mark); None (counted) for bad bytes under
-  data.non_utf8=skip, a one-line error under error."""
+  """raw as UTF-8 (without a byte-order mark); None (counted) for bad bytes, or a line holding NUL
+  bytes (damaged text: no text holds them), under data.non_utf8=skip, a one-line error under
+  error."""
+  if unit == "lines" and b"\x00" in raw:
+    if non_utf8 == "error":
+      raise ConfigError(
+        f"{where}: holds NUL bytes (damaged text); set data.non_utf8=skip to skip such lines"
+      )
+    stats.nul_lines += 1
+    return None
   try:
     return raw.decode("utf-8").removeprefix("\ufeff")
   except UnicodeDecodeError as e:

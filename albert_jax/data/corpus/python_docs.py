@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sysconfig
 from collections.abc import Iterator
 
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.corpus.stats import CorpusStats
-from albert_jax.data.text.sentences import paragraph_sentences
+from albert_jax.data.text.sentences import split_sentences
 
 _SKIP_DIRS = frozenset(
   {
@@ -127,3 +128,29 @@ def python_docs_documents(stats: CorpusStats | None = None) -> Iterator[list[str
         yield emit(sentences)
     stats.progress_done = len(topic_texts) + i + 1
   DOCUMENTS[:] = docs
+
+
+_RST_UNDERLINE = re.compile(r"^[ \t]*([*=~^#-])\1{2,}[ \t]*$", re.MULTILINE)
+
+
+def paragraph_sentences(text: str) -> list[str]:
+  """Sentences of reStructuredText-like prose (docstrings, pydoc topics).
+
+  Paragraphs (blank-line separated) are joined and split into sentences; code-like lines (doctest
+  prompts, indented blocks, tables) stay one line each, since they are not prose.
+  """
+  sentences = []
+  text = _RST_UNDERLINE.sub("\n", text)  # a section title's underline ends the title's paragraph
+  for para in re.split(r"\n\s*\n", text):
+    lines = [l for l in para.splitlines() if l.strip()]
+    if not lines:
+      continue
+    indent = min(len(l) - len(l.lstrip()) for l in lines)
+    code = any(l.lstrip().startswith((">>>", "...", "|", "+-", "$ ")) for l in lines) or any(
+      len(l) - len(l.lstrip()) > indent + 3 for l in lines
+    )
+    if code:
+      sentences.extend(" ".join(l.split()) for l in lines)
+    else:
+      sentences.extend(split_sentences(" ".join(l.strip() for l in lines)))
+  return [s for s in sentences if s]

@@ -433,6 +433,7 @@ def shard_documents(
 # CorpusStats counts of what was skipped or mended, and how the report names them.
 SKIPPED = {
   "non_utf8_lines": "lines or records that are not valid UTF-8",
+  "nul_lines": "lines holding NUL bytes (damaged text)",
   "bad_records": "records that are not JSON objects or whose text field holds no text",
   "null_sentences": "nulls in lists of sentences",
 }
@@ -486,7 +487,7 @@ def nothing_read(shards: list[dict], summaries: list[dict], what: str) -> str:
   for path, c in read_by_file(shards, summaries).items():
     if c["documents"]:
       continue
-    why = [f"{c[k]:,} {SKIPPED[k]}" for k in ("bad_records", "non_utf8_lines") if c[k]]
+    why = [f"{c[k]:,} {SKIPPED[k]}" for k in ("bad_records", "non_utf8_lines", "nul_lines") if c[k]]
     parts.append(f"{path}: {', '.join(why) if why else 'no text'}")
   named = "; ".join(parts[:5]) + (f"; and {len(parts) - 5:,} more files" if len(parts) > 5 else "")
   return (

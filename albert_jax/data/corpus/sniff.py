@@ -49,11 +49,16 @@ def container(head: bytes) -> tuple[str, str | None] | None:
   return None
 
 
+# Text is binary when more than one byte in STRAY_NULS of its first bytes is NUL; fewer are a few
+# damaged lines among real ones (web extractions have them), which the readers skip and count.
+STRAY_NULS = 1000
+
+
 def text_encoding(head: bytes) -> str | None:
   """What text starting with `head` holds when it is not UTF-8 ("UTF-16 LE text (byte-order
   mark), not UTF-8", ...): a UTF-16 or UTF-32 byte-order mark or, without one, NUL bytes (UTF-8
-  text never holds them: UTF-16 without a mark, or binary data); None for UTF-8 (a UTF-8 mark
-  included)."""
+  text never holds them: UTF-16 without a mark, or binary data; a stray few, STRAY_NULS, are
+  damaged lines); None for UTF-8 (a UTF-8 mark included)."""
   for bom, name in _BOMS:
     if head.startswith(bom):
       return f"{name} text (byte-order mark), not UTF-8"
@@ -66,6 +71,8 @@ def text_encoding(head: bytes) -> str | None:
     return "UTF-16 LE text (no byte-order mark), not UTF-8"
   if nuls >= 8 and even > 9 * odd:
     return "UTF-16 BE text (no byte-order mark), not UTF-8"
+  if nuls * STRAY_NULS <= len(head):
+    return None  # text with a few stray NULs (a web extraction's damage): its lines are read
   return f"NUL bytes ({nuls:,} in the first {len(head):,}: binary data?), not UTF-8 text"
 
 

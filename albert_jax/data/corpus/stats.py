@@ -18,6 +18,7 @@ class CorpusStats:
   sentences: int = 0
   bytes: int = 0  # UTF-8 text bytes of the sentences yielded
   non_utf8_lines: int = 0  # skipped lines (data.non_utf8="skip")
+  nul_lines: int = 0  # skipped lines holding NUL bytes among real text (data.non_utf8="skip")
   bad_records: int = 0  # skipped records: not JSON objects, or a text field that is not text
   null_sentences: int = 0  # nulls dropped from lists of sentences (their documents kept)
   files: int = 0

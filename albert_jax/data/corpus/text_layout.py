@@ -57,7 +57,7 @@ def _lines_hold_documents(texts: list[str], split) -> tuple[bool, str]:
   chars = statistics.median([len(t) for t in texts]) if texts else 0
   per_line = statistics.median([len(split(t)) for t in texts]) if texts else 0
   script = scripts.dominant_script(scripts.script_counts("".join(texts)[:100_000]))
-  written = f" of {script} text" if script not in (None, "Latin") else ""
+  written = f" of {script} text" if scripts.worth_naming(script) else ""
   figures = (
     f"a median line of {chars:,.0f} characters{written} holding {per_line:g} "
     f"{'sentence' if per_line == 1 else 'sentences'}"

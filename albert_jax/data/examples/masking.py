@@ -1,9 +1,8 @@
 """Whole-word n-gram masking (docs/data.md), pure NumPy: the second stage of a pretraining example.
 
-`Masker` / `mask_example` (in the input pipeline, every epoch): the original
-create_masked_lm_predictions, as a pure function of its random generator; the pipeline keys that
-generator by (seed, epoch, example index) (`example_rng`), so masks change every epoch yet a run is
-reproducible and resumable. The original fixed masks at prepare time (dupe_factor copies);
+`Masker` (in the input pipeline, every epoch): the original create_masked_lm_predictions, as a
+pure function of its random generator; the pipeline keys that generator by (seed, epoch, example
+index) (`example_keys`), so masks change every epoch yet a run is reproducible and resumable. The original fixed masks at prepare time (dupe_factor copies);
 data.static_masking reproduces that. The masked batch holds examples.FEATURES.
 
 Where we depart from the original, and why:
@@ -22,9 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.examples.philox import splitmix64
 from albert_jax.data.text.tokenizer import MASK_ID
-from albert_jax.data.text.word_segmenters import SEGMENTED_WORD_START
 
 NUM_CONTROL_IDS = 5  # pad, unk, [CLS], [SEP], [MASK]: random replacements start above these
 
@@ -138,10 +137,10 @@ class Masker:
   """Masks batches of unmasked examples: whole-word n-gram MLM targets, 80/10/10 replacement.
 
   Vectorised over the batch except the span choice, which is a short Python loop per example.
-  `word_start[id]` (pieces starting with "▁") and `candidate[id]` (ids that may be masked: all but
-  pad, [CLS], [SEP], [MASK]) come from tokenizer.Tokenizer. Stored ids may carry
-  SEGMENTED_WORD_START (data.word_start=auto on unspaced text, data/word_segmenters.py): the bit
-  is cleared here, and with `segmented_words` (word_start=auto) such a piece begins a word too.
+  `word_start[id]` (pieces starting with "▁"; under data.word_start=auto without a segmenter,
+  pieces of unspaced text too) and `candidate[id]` (ids that may be masked: all but pad, [CLS],
+  [SEP], [MASK]) come from tokenizer.Tokenizer. A segmenter's word starts (the records'
+  word_starts, examples/features.py) come per token, `word_starts`: such a piece begins a word too.
   """
 
   def __init__(
@@ -152,9 +151,7 @@ class Masker:
     max_predictions_per_seq: int,
     masked_lm_prob: float = 0.15,
     max_ngram: int = 3,
-    segmented_words: bool = True,
   ):
-    self.segmented_words = segmented_words
     self.word_start = np.asarray(word_start, bool)
     self.candidate = np.asarray(candidate, bool)
     self.vocab_size = len(self.word_start)
@@ -184,15 +181,13 @@ class Masker:
     rngs=None,
     keys: np.ndarray | None = None,
     spans: list | None = None,
+    word_starts: np.ndarray | None = None,
   ) -> dict[str, np.ndarray]:
     """Masks a padded batch ([b, S] arrays). One generator per example: `rngs[i]` or the Philox
-    generator keyed by `keys[i]` (two uint64, see example_rng). Returns the model's features."""
+    generator keyed by `keys[i]` (two uint64, example_keys). `word_starts` ([b, S] bool): where a
+    segmenter began a word. Returns the model's features."""
     input_ids = np.asarray(input_ids, np.int32)
-    segmented = (input_ids & SEGMENTED_WORD_START) != 0
-    if segmented.any():
-      input_ids = input_ids & ~SEGMENTED_WORD_START
-      if not self.segmented_words:
-        segmented[:] = False
+    segmented = False if word_starts is None else np.asarray(word_starts, bool)
     b, seq = input_ids.shape
     num_p = self.max_predictions
     cand = self.candidate[input_ids] & (np.asarray(input_mask) > 0)
@@ -251,64 +246,44 @@ class Masker:
       sentence_order_label=np.asarray(sentence_order_label, np.int32).reshape(b),
     )
 
+  def batch(self, rows: Sequence[dict], max_seq_length: int, keys: np.ndarray) -> dict:
+    """Pads unmasked examples (dicts of input_ids, segment_ids, sentence_order_label and
+    word_starts or None) to [b, max_seq_length] and masks them with generators keyed by `keys`:
+    the one pad-and-mask of every loader. Every id must be below the vocabulary's size, checked
+    here once a batch, so that no record that does not belong to this vocabulary reaches the
+    model."""
+    b = len(rows)
+    ids = np.zeros((b, max_seq_length), np.int32)
+    seg = np.zeros((b, max_seq_length), np.int32)
+    mask = np.zeros((b, max_seq_length), np.int32)
+    starts = None
+    labels = np.empty(b, np.int32)
+    for r, row in enumerate(rows):
+      n = len(row["input_ids"])
+      ids[r, :n] = row["input_ids"]
+      seg[r, :n] = row["segment_ids"]
+      mask[r, :n] = 1
+      labels[r] = row["sentence_order_label"]
+      if row.get("word_starts") is not None:
+        if starts is None:
+          starts = np.zeros((b, max_seq_length), bool)
+        starts[r, :n] = row["word_starts"]
+    top = int(ids.max(initial=0))
+    if top >= self.vocab_size or int(ids.min(initial=0)) < 0:
+      raise ConfigError(
+        f"a stored piece id {top} is not one of the vocabulary's {self.vocab_size}: the prepared "
+        f"data was made with another vocabulary or by another version; prepare it again"
+      )
+    return self(ids, seg, mask, labels, keys=keys, word_starts=starts)
 
-def pad_example(example: dict, max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(input_ids, segment_ids, input_mask) of one unmasked example, padded to max_seq_length."""
-  n = len(example["input_ids"])
-  if n > max_seq_length:
-    raise ValueError(f"example of {n} tokens exceeds max_seq_length={max_seq_length}")
-  ids = np.zeros(max_seq_length, np.int32)
-  seg = np.zeros(max_seq_length, np.int32)
-  mask = np.zeros(max_seq_length, np.int32)
-  ids[:n] = example["input_ids"]
-  seg[:n] = example["segment_ids"]
-  mask[:n] = 1
-  return ids, seg, mask
 
-
-def mask_example(
-  example: dict,
-  rng: np.random.Generator,
-  *,
-  word_start: np.ndarray,
-  candidate: np.ndarray,
-  max_seq_length: int,
-  max_predictions_per_seq: int,
-  masked_lm_prob: float = 0.15,
-  max_ngram: int = 3,
-  spans: list | None = None,
-  segmented_words: bool = True,
-) -> dict[str, np.ndarray]:
-  """Masks one unmasked example (from create_pairs) into padded model features (unbatched)."""
-  masker = Masker(
-    word_start,
-    candidate,
-    max_predictions_per_seq=max_predictions_per_seq,
-    masked_lm_prob=masked_lm_prob,
-    max_ngram=max_ngram,
-    segmented_words=segmented_words,
+def example_keys(seed: int, epochs, indices) -> np.ndarray:
+  """The Philox keys ([b, 2] uint64) of examples' masking generators: a pure function of (seed,
+  epoch, example index), so masks change every epoch yet a run is reproducible and resumable. The
+  one formula every loader keys its masks with."""
+  keys = np.empty((len(indices), 2), np.uint64)
+  keys[:, 0] = np.uint64(splitmix64(seed))
+  keys[:, 1] = ((np.asarray(epochs, np.uint64) & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
+    np.asarray(indices, np.uint64) & np.uint64(0xFFFFFFFFFF)
   )
-  ids, seg, mask = pad_example(example, max_seq_length)
-  out = masker(
-    ids[None],
-    seg[None],
-    mask[None],
-    np.array([example["sentence_order_label"]]),
-    rngs=[rng],
-    spans=spans,
-  )
-  if spans is not None:
-    spans[:] = spans[0]
-  return {k: v[0] for k, v in out.items()}
-
-
-def example_rng_key(seed: int, epoch: int, index: int) -> tuple[int, int]:
-  """The Philox key of an example's masking generator: a pure function of (seed, epoch, index)."""
-  return splitmix64(seed), ((epoch & 0xFFFFFF) << 40) | (index & 0xFFFFFFFFFF)
-
-
-def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-  """A generator for masking example `index` in `epoch`: the same triple gives the same masks."""
-  return np.random.Generator(
-    np.random.Philox(key=np.array(example_rng_key(seed, epoch, index), np.uint64))
-  )
+  return keys

@@ -8,7 +8,7 @@ data.pairing=per_epoch: the records are documents, and epoch e's examples are ev
 pairs for (seed, e, document), laid out from the stored sentence lengths (EpochPairs); the train
 stream is the epochs laid end to end (TrainPosition: they differ in size), read by PairLoader.
 
-Named sources with weights (data.source_weights / sampling_alpha, data/sources.py), train split:
+Named sources with weights (data.source_weights / sampling_alpha, data/corpus/sources.py), train split:
 passes of the sources' examples in their sampled shares (Mixture, built by mixture()), each source
 running through epochs of its own (EpochPairs over its documents, or SourceRecords for stored
 pairs), mixed example by example in a seeded order, read by MixtureLoader.
@@ -28,7 +28,8 @@ import numpy as np
 from albert_jax.base import config_lib
 from albert_jax.data.corpus import sources as sources_lib
 from albert_jax.data.examples import masking as masking_lib, pairs as pairs_lib
-from albert_jax.data.store.dataset import open_split, read_sentence_lengths
+from albert_jax.data.examples.features import join_word_starts, split_word_starts
+from albert_jax.data.store.dataset import Records, read_sentence_lengths, word_starts_kept
 
 
 class EpochPairs:
@@ -52,11 +53,20 @@ class EpochPairs:
   CACHE_TOKENS = 1 << 22
 
   def __init__(
-    self, ddir: str, split: str, data, seed: int, records: tuple | None = None, stream: int = 0
+    self,
+    ddir: str,
+    split: str,
+    data,
+    seed: int,
+    records: tuple | None = None,
+    stream: int = 0,
+    kept: str = "none",
   ):
     # records: only the run [start, end) of the split's documents (one source of a weighted
     # mixture, Mixture), laid out and shuffled with seeds of its own (stream: the source's index).
     self.ddir, self.split, self.seed = ddir, split, seed
+    # the documents; kept: where their word starts are (used under data.word_start=auto)
+    self.store = Records(ddir, split, kept, word_starts=data.word_start == "auto")
     self.records = None if records is None else (int(records[0]), int(records[1]))
     self.stream = stream
     self.shuffle = bool(data.shuffle) or split != "train"
@@ -77,7 +87,7 @@ class EpochPairs:
   def __setstate__(self, state):
     self.__dict__.update(state)
     self._layouts, self._window, self._lock = {}, (None, None), threading.RLock()
-    self._pairs, self._pair_tokens, self._source, self._parse = {}, 0, None, None
+    self._pairs, self._pair_tokens = {}, 0
     self._kept = None  # a small source's sentence lengths (_sentence_lengths)
 
   def pairing_epoch(self, epoch: int) -> int:
@@ -195,15 +205,20 @@ class EpochPairs:
     return self._document_pairs(pe, doc)[j]
 
   def _document(self, index: int) -> tuple[list[np.ndarray], int]:
-    if self._source is None:
-      from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+    sentences, key, starts = self.store.document(index)
+    if starts is not None:  # a segmenter's word starts ride on the ids while pairs are made
+      ids = join_word_starts(np.concatenate(sentences), starts)
+      sentences = np.split(ids, np.cumsum([len(x) for x in sentences])[:-1])
+    return sentences, key
 
-      self._source = open_split(self.ddir, self.split)
-      self._parse = tf_example_pb2.Example.FromString
-    f = self._parse(self._source[index]).features.feature
-    ids = np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4")
-    lengths = np.frombuffer(f["sentence_lengths"].bytes_list.value[0], "<i4")
-    return np.split(ids, np.cumsum(lengths)[:-1]), int(f["document_key"].int64_list.value[0])
+  def row(self, epoch: int, k: int) -> dict:
+    """Example k of `epoch` as the masker takes it (Masker.batch): word starts off the ids."""
+    p = self.example(epoch, k)
+    starts = None
+    if self.store.word_starts:
+      ids, starts = split_word_starts(p["input_ids"])
+      p = dict(p, input_ids=ids)
+    return dict(p, word_starts=starts)
 
   def _document_pairs(self, epoch: int, doc: int) -> list[dict]:
     pairs = self._pairs.get((epoch, doc))
@@ -212,7 +227,7 @@ class EpochPairs:
       pairs = pairs_lib.epoch_pairs(
         sentences,
         doc,
-        len(self._source),
+        len(self.store),
         lambda r: self._document(r)[0],
         epoch=epoch,
         key=key,
@@ -243,31 +258,17 @@ class PairLoader:
 
   def __init__(self, pairs: EpochPairs, max_seq_length: int, masker, seed: int, train: bool):
     self.pairs, self.seq, self.masker, self.train = pairs, max_seq_length, masker, train
-    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
+    self.seed = seed
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
     epochs, ks = batch
-    b = len(ks)
-    ids = np.zeros((b, self.seq), np.int32)
-    seg = np.zeros((b, self.seq), np.int32)
-    mask = np.zeros((b, self.seq), np.int32)
-    labels = np.empty(b, np.int32)
-    for r, (epoch, k) in enumerate(zip(np.asarray(epochs).tolist(), np.asarray(ks).tolist())):
-      p = self.pairs.example(epoch if self.train else 0, k)
-      n = len(p["input_ids"])
-      ids[r, :n] = p["input_ids"]
-      seg[r, :n] = p["segment_ids"]
-      mask[r, :n] = 1
-      labels[r] = p["sentence_order_label"]
-    keys = np.empty((b, 2), np.uint64)
-    keys[:, 0] = self.key0
-    mask_epochs = np.asarray(epochs, np.uint64)
+    epochs = np.asarray(epochs) if self.train else np.zeros(len(ks), np.int64)
+    rows = [self.pairs.row(e, k) for e, k in zip(epochs.tolist(), np.asarray(ks).tolist())]
+    mask_epochs = np.asarray(batch[0], np.uint64)
     if self.train and self.pairs.period:
       mask_epochs = mask_epochs % np.uint64(self.pairs.period)
-    keys[:, 1] = ((mask_epochs & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
-      np.asarray(ks, np.uint64) & np.uint64(0xFFFFFFFFFF)
-    )
-    return self.masker(ids, seg, mask, labels, keys=keys)
+    keys = masking_lib.example_keys(self.seed, mask_epochs, ks)
+    return self.masker.batch(rows, self.seq, keys)
 
 
 class SourceRecords:
@@ -312,7 +313,7 @@ class SourceRecords:
 
 
 class Mixture:
-  """Weighted sources (data.source_weights / sampling_alpha; data/sources.py), train split: the
+  """Weighted sources (data.source_weights / sampling_alpha; data/corpus/sources.py), train split: the
   epoch plan.
 
   A pass (the stream's epoch e) holds counts[s] examples of source s (prepared.json's
@@ -404,67 +405,33 @@ class MixtureLoader:
   masked features. Masks are keyed by (source epoch, source << 32 | k) with per-epoch pairs,
   (source epoch, record) with static ones: a repeat of a source is masked anew."""
 
-  def __init__(self, mixture: Mixture, ddir: str, max_seq_length: int, masker, seed: int, period):
-    self.mixture, self.ddir, self.seq, self.masker = mixture, ddir, max_seq_length, masker
-    self.period = period
-    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
-    self._source = self._parse = None
-
-  def __getstate__(self):
-    return {k: v for k, v in self.__dict__.items() if k not in ("_source", "_parse")}
-
-  def __setstate__(self, state):
-    self.__dict__.update(state)
-    self._source = self._parse = None
-
-  def _record(self, index: int) -> dict:
-    if self._source is None:
-      from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-
-      self._source = open_split(self.ddir, "train")
-      self._parse = tf_example_pb2.Example.FromString
-    f = self._parse(self._source[index]).features.feature
-    return {
-      "input_ids": np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4"),
-      "segment_ids": np.frombuffer(f["segment_ids"].bytes_list.value[0], np.int8),
-      "sentence_order_label": f["sentence_order_label"].int64_list.value[0],
-    }
+  def __init__(
+    self, mixture: Mixture, records: Records, max_seq_length: int, masker, seed: int, period
+  ):
+    self.mixture, self.records, self.seq, self.masker = mixture, records, max_seq_length, masker
+    self.seed, self.period = seed, period
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
     srcs, qs, ks = (np.asarray(x).tolist() for x in batch)
-    b = len(ks)
-    ids = np.zeros((b, self.seq), np.int32)
-    seg = np.zeros((b, self.seq), np.int32)
-    mask = np.zeros((b, self.seq), np.int32)
-    labels = np.empty(b, np.int32)
-    index = np.empty(b, np.uint64)
+    rows, index = [], np.empty(len(ks), np.uint64)
     for r, (src, q, k) in enumerate(zip(srcs, qs, ks)):
       stream = self.mixture.streams[src]
       if isinstance(stream, SourceRecords):
         index[r] = stream.record(q, k)
-        p = self._record(int(index[r]))
+        rows.append(self.records.example(int(index[r])))
       else:
         index[r] = (src << 32) | k
-        p = stream.example(q, k)
-      n = len(p["input_ids"])
-      ids[r, :n] = p["input_ids"]
-      seg[r, :n] = p["segment_ids"]
-      mask[r, :n] = 1
-      labels[r] = p["sentence_order_label"]
+        rows.append(stream.row(q, k))
     epochs = np.asarray(qs, np.uint64)
     if self.period:
       epochs = epochs % np.uint64(self.period)
-    keys = np.empty((b, 2), np.uint64)
-    keys[:, 0] = self.key0
-    keys[:, 1] = ((epochs & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
-      index & np.uint64(0xFFFFFFFFFF)
-    )
-    return self.masker(ids, seg, mask, labels, keys=keys)
+    return self.masker.batch(rows, self.seq, masking_lib.example_keys(self.seed, epochs, index))
 
 
 def mixture(config, ddir: str, prepared: dict) -> Mixture | None:
   """The train split's Mixture when the prepared data's sources are weighted, else None."""
   d = config.data
+  kept = word_starts_kept(prepared)
   stats = prepared.get("stats", {}).get("sources")
   if not stats or len(stats) < 2 or not sources_lib.weighted(d):
     return None
@@ -472,7 +439,7 @@ def mixture(config, ddir: str, prepared: dict) -> Mixture | None:
   for i, src in enumerate(stats):
     if d.pairing == "per_epoch":
       streams.append(
-        EpochPairs(ddir, "train", d, config.seed, records=src["train_records"], stream=i)
+        EpochPairs(ddir, "train", d, config.seed, records=src["train_records"], stream=i, kept=kept)
       )
     else:
       streams.append(SourceRecords(src["train_records"], config.seed, i, bool(d.shuffle)))

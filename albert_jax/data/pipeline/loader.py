@@ -4,7 +4,7 @@ make_iterator(config, workdir, split) / batches(config, workdir, split)
   a grain pipeline over tfds.data_source: global shuffle per epoch -> this host's share ->
   (epoch, index) -> per-host batch -> read, pad and mask (masking.Masker) -> prefetch (threads,
   optionally worker processes). Masks are drawn here, as a pure function of
-  (config.seed, epoch, example index) (masking.example_rng_key): new masks every epoch,
+  (config.seed, epoch, example index) (masking.example_keys): new masks every epoch,
   identical on a rerun, independent of worker count. The order is defined globally: global batch k
   holds positions [k*B, (k+1)*B) of the epoch-concatenated shuffled stream, and host h takes every
   process_count-th of them, so hosts read disjoint examples that together cover each epoch, and the
@@ -12,12 +12,12 @@ make_iterator(config, workdir, split) / batches(config, workdir, split)
   JSON) is the number of batches read, so a resumed run continues at exactly the next batch.
 
 With data.pairing=per_epoch (the default) the records are documents and the pairs are made in the
-pipeline too (data/epoch_plan.py, EpochPairs): epoch e's examples are every document's pairs for
+pipeline too (data/pipeline/epoch_plan.py, EpochPairs): epoch e's examples are every document's pairs for
 (seed, e, document), laid out from the stored sentence lengths; the train stream is the epochs laid
 end to end (they differ in size), and the eval split shows epoch 0's pairs.
 
-With named sources and weights (data.source_weights / sampling_alpha, data/sources.py) the train
-stream is passes of the sources' examples in their sampled shares (data/epoch_plan.py, Mixture):
+With named sources and weights (data.source_weights / sampling_alpha, data/corpus/sources.py) the train
+stream is passes of the sources' examples in their sampled shares (data/pipeline/epoch_plan.py, Mixture):
 each source runs through epochs of its own (repeated, with new pairs, or subsampled, with other
 documents each pass), mixed example by example in a seeded order; make_iterator(..., source=NAME)
 reads one source's part of the eval split (evaluation per source).
@@ -41,7 +41,12 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.examples import masking as masking_lib
 from albert_jax.data.pipeline import epoch_plan
-from albert_jax.data.store.dataset import check_prepared, open_split, prepared_sources
+from albert_jax.data.store.dataset import (
+  Records,
+  check_prepared,
+  prepared_sources,
+  word_starts_kept,
+)
 from albert_jax.data.store.layout import SPLITS
 from albert_jax.data.text import tokenizer as tokenizer_lib
 
@@ -74,46 +79,18 @@ class _EpochIndex:
 
 
 class _Loader:
-  """(epochs, indices) of one batch -> the model's features: read, decode, pad, mask."""
+  """(epochs, indices) of one batch -> the model's features: the stored examples read
+  (store.dataset.Records), padded and masked (Masker.batch)."""
 
-  def __init__(self, source, max_seq_length: int, masker: masking_lib.Masker, seed: int):
-    self.source, self.seq, self.masker = source, max_seq_length, masker
-    self.key0 = np.uint64(masking_lib.example_rng_key(seed, 0, 0)[0])
-    self._example_cls = None
+  def __init__(self, records: Records, max_seq_length: int, masker: masking_lib.Masker, seed: int):
+    self.records, self.seq, self.masker, self.seed = records, max_seq_length, masker, seed
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
-    if self._example_cls is None:
-      from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-
-      self._example_cls = tf_example_pb2.Example
     epochs, indices = batch
-    b = len(indices)
-    ids = np.zeros((b, self.seq), np.int32)
-    seg = np.zeros((b, self.seq), np.int32)
-    mask = np.zeros((b, self.seq), np.int32)
-    labels = np.empty(b, np.int32)
-    parse = self._example_cls.FromString
     # Record by record: the data source's batched read starts a thread pool for every batch that
-    # spans several files (a file per shard), which costs more CPU than the reads. The records are
-    # tf.train.Example protos of raw little-endian arrays (Encoding.BYTES), decoded here without
-    # TFDS's generic per-feature path (5 us instead of ~70 us per example; tests check that both
-    # agree).
-    source = self.source
-    records = [source[i] for i in np.asarray(indices).tolist()]
-    for r, record in enumerate(records):
-      f = parse(record).features.feature
-      x = np.frombuffer(f["input_ids"].bytes_list.value[0], "<i4")
-      n = len(x)
-      ids[r, :n] = x
-      seg[r, :n] = np.frombuffer(f["segment_ids"].bytes_list.value[0], np.int8)
-      mask[r, :n] = 1
-      labels[r] = f["sentence_order_label"].int64_list.value[0]
-    keys = np.empty((b, 2), np.uint64)
-    keys[:, 0] = self.key0
-    keys[:, 1] = ((np.asarray(epochs, np.uint64) & np.uint64(0xFFFFFF)) << np.uint64(40)) | (
-      np.asarray(indices, np.uint64) & np.uint64(0xFFFFFFFFFF)
-    )
-    return self.masker(ids, seg, mask, labels, keys=keys)
+    # spans several files (a file per shard), which costs more CPU than the reads.
+    rows = [self.records.example(i) for i in np.asarray(indices).tolist()]
+    return self.masker.batch(rows, self.seq, masking_lib.example_keys(self.seed, epochs, indices))
 
 
 class BatchIterator:
@@ -230,16 +207,19 @@ def make_iterator(
   validation.check_batch_split(config.train, processes=process_count)
   per_host = config.train.batch_size // process_count
   d = config.data
-  data_source = open_split(ddir, split)
-  n = len(data_source)
+  kept = word_starts_kept(prepared)
+  records_of_split = Records(ddir, split, kept, word_starts=d.word_start == "auto")
+  n = len(records_of_split)
   tok = tokenizer_lib.load_for(os.path.join(ddir, VOCAB_FILE), d)
+  word_start = tok.word_start
+  if d.word_start == "auto" and kept == "none":
+    word_start = word_start | tok.unspaced  # no segmenter: a piece of unspaced text is a word
   masker = masking_lib.Masker(
-    tok.word_start,
+    word_start,
     tok.candidate,
     max_predictions_per_seq=d.max_predictions_per_seq,
     masked_lm_prob=d.masked_lm_prob,
     max_ngram=d.max_ngram,
-    segmented_words=d.word_start == "auto",
   )
   train = split == "train"
   pairs = None
@@ -258,10 +238,12 @@ def make_iterator(
   if mixture is not None:
     n = mixture.epoch_size
   elif d.pairing == "per_epoch" and records is not None:
-    pairs = epoch_plan.EpochPairs(ddir, split, d, config.seed, records=records, stream=stream)
+    pairs = epoch_plan.EpochPairs(
+      ddir, split, d, config.seed, records=records, stream=stream, kept=kept
+    )
     n = pairs.size(0)
   elif d.pairing == "per_epoch":
-    pairs = epoch_plan.EpochPairs(ddir, split, d, config.seed)
+    pairs = epoch_plan.EpochPairs(ddir, split, d, config.seed, kept=kept)
     # Epoch 0's pairs, counted by prepare for these settings (check_prepared), else here.
     n = prepared.get("stats", {}).get(f"{split}_examples")
     n = pairs.size(0) if n is None else int(n)
@@ -291,10 +273,12 @@ def make_iterator(
   if mixture is not None:
     period = d.dupe_factor if d.static_masking else 0
     ds = ds.map(
-      epoch_plan.MixtureLoader(mixture, ddir, d.max_seq_length, masker, config.seed, period)
+      epoch_plan.MixtureLoader(
+        mixture, records_of_split, d.max_seq_length, masker, config.seed, period
+      )
     )
   elif pairs is None:
-    ds = ds.map(_Loader(data_source, d.max_seq_length, masker, config.seed))
+    ds = ds.map(_Loader(records_of_split, d.max_seq_length, masker, config.seed))
   else:
     ds = ds.map(epoch_plan.PairLoader(pairs, d.max_seq_length, masker, config.seed, train))
   prefetch = max(0, d.prefetch)

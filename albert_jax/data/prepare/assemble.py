@@ -27,13 +27,19 @@ DESCRIPTION = (
 )
 
 
+# Said in the description of a dataset that stores a segmenter's word starts.
+WORD_STARTS_DESCRIPTION = (
+  " input_ids are vocabulary ids; word_starts (int8, aligned with input_ids) is 1 where the word "
+  "segmenter named in prepared.json began a word (whole-word masking of unspaced text)."
+)
+
 CITATION = (
   "@inproceedings{lan2020albert, title={ALBERT: A Lite BERT for Self-supervised Learning of "
   "Language Representations}, author={Lan, Zhenzhong and others}, booktitle={ICLR}, year={2020}}"
 )
 
 
-def assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
+def assemble(summaries: list[dict], staging_dir: str, out: str, word_starts: bool = False) -> None:
   """Moves the shards' files into TFDS's layout (empty ones dropped) and writes TFDS's metadata
   (dataset_info.json, features.json) with the split's shard lengths: a TFDS dataset that
   tfds.data_source and tfds.builder_from_directory read. On gs:// the moves are server-side
@@ -82,11 +88,11 @@ def assemble(summaries: list[dict], staging_dir: str, out: str) -> None:
   with prints_to_log("tensorflow_datasets"):
     tfds.folder_dataset.write_metadata(
       data_dir=records,
-      features=document_features() if per_epoch else example_features(),
+      features=document_features(word_starts) if per_epoch else example_features(word_starts),
       split_infos=split_infos,
       filename_template=template,
       check_data=False,
-      description=DESCRIPTION,
+      description=DESCRIPTION + (WORD_STARTS_DESCRIPTION if word_starts else ""),
       homepage="https://github.com/google-research/albert",
       citation=CITATION,
     )
@@ -111,6 +117,7 @@ def summed_stats(summaries: list[dict]) -> dict:
     "sentences": corpus["sentences"],
     "raw_text_mb": round(corpus["bytes"] / 1e6, 3),
     "non_utf8_lines_skipped": corpus["non_utf8_lines"],
+    **({"nul_lines_skipped": corpus["nul_lines"]} if corpus["nul_lines"] else {}),
     "records_skipped": corpus["bad_records"],
     "tokens": tokens,
     "train_examples": total["train_examples"],

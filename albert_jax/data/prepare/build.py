@@ -17,7 +17,7 @@ prepare(config, workdir)
   (check_prepared). On gs:// (_prepare_to_bucket) the workers upload each shard into a staging
   folder in the bucket, and the dataset is put together in place with prepared.json written last.
 
-Also here: where prepared data lives (data_dir, spm_model_path) and opening a split (open_source).
+Also here: where prepared data lives (data_dir, spm_model_path) and opening a split (open_split).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.corpus import reader as corpus_lib, sources as sources_lib
 from albert_jax.data.corpus.stats import LONG_DOCUMENT, UNSPLIT_WARNING
+from albert_jax.data.examples.features import stores_word_starts
 from albert_jax.data.prepare.assemble import assemble, format_stats, summed_stats
 from albert_jax.data.prepare.parallel import (
   beam_options,
@@ -216,7 +217,8 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
         f"data.eval_fraction"
       )
   t0 = time.time()
-  assemble(summaries, staging_dir, out)
+  word_starts = stores_word_starts(fp["word_segmenter"])
+  assemble(summaries, staging_dir, out, word_starts)
   files.path(staging_dir).rmtree()
   assemble_seconds = time.time() - t0
 
@@ -261,7 +263,13 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
     "vocab_sha256": files.sha256(vocab_path),
     **({"vocab_settings": vocab_settings} if vocab_settings else {}),
     "stats": stats,
-    "dataset": {"name": DATASET_NAME, "version": DATASET_VERSION, "file_format": "array_record"},
+    "dataset": {
+      "name": DATASET_NAME,
+      "version": DATASET_VERSION,
+      "file_format": "array_record",
+      # where a segmenter's word starts are kept (examples/features.py): a feature or nowhere
+      "word_starts": "feature" if word_starts else "none",
+    },
     "python": sys.version.split()[0],
     "created": time.strftime("%Y-%m-%d %H:%M:%S"),
   }

@@ -24,7 +24,7 @@ from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.corpus import reader as corpus_lib
 from albert_jax.data.examples import pairs as pairs_lib
-from albert_jax.data.examples.features import document_features, example_features
+from albert_jax.data.examples.features import RecordEncoder, join_word_starts, stores_word_starts
 from albert_jax.data.store.layout import SPLITS
 from albert_jax.data.text import tokenizer as tokenizer_lib, word_segmenters
 
@@ -54,8 +54,9 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
       keep_accents=bool(keep_accents),
     )
   tok = _TOKENIZERS[key]
-  # data.word_start=auto: word starts of unspaced text stored in the ids (word_segmenters.py).
-  segmenter = data.word_segmenter if data.word_start == "auto" else ""
+  # data.word_start=auto with a segmenter: its word starts ride on the ids while pairs are made
+  # (features.WORD_START_BIT) and are stored as a feature of their own (write_shard).
+  segmenter = _segmenter(data)
   cstats = corpus_lib.CorpusStats()
   pair_stats: dict = {}
   docs: dict = {split: [] for split in SPLITS}
@@ -69,15 +70,13 @@ def shard_examples(data, seed: int, vocab_path: str, shard: dict, num_threads: i
     if not docs[split]:
       return
     sentences = [s for doc in docs[split] for s in doc]
-    if segmenter:
-      ids = word_segmenters.word_start_flags(tok, sentences, segmenter, num_threads=num_threads)
+    if stores_word_starts(segmenter):
+      ids, starts = word_segmenters.word_starts(tok, sentences, segmenter, num_threads=num_threads)
     else:
-      ids = tok.encode_batch(sentences, num_threads=num_threads)
+      ids, starts = tok.encode_batch(sentences, num_threads=num_threads), [None] * len(sentences)
     pieces[f"{split}_pieces"] += sum(len(x) for x in ids)
-    # a segmenter's word starts ride on the ids (word_segmenters.SEGMENTED_WORD_START): an <unk>
-    # that begins a word is UNK_ID with that bit
-    unk = (tokenizer_lib.UNK_ID, tokenizer_lib.UNK_ID | word_segmenters.SEGMENTED_WORD_START)
-    pieces[f"{split}_unk"] += sum(x.count(unk[0]) + x.count(unk[1]) for x in ids)
+    pieces[f"{split}_unk"] += sum(x.count(tokenizer_lib.UNK_ID) for x in ids)
+    ids = [x if s is None else join_word_starts(x, s).tolist() for x, s in zip(ids, starts)]
     tokenized, i = [], 0
     for doc in docs[split]:
       tokenized.append(ids[i : i + len(doc)])
@@ -153,7 +152,6 @@ def write_shard(
   (the way a Beam worker hands it back).
   """
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.core import example_serializer  # pylint: disable=g-import-not-at-top
 
   if files.is_remote(staging_dir):
     local = tempfile.mkdtemp(prefix="albert_jax_shard_")
@@ -166,8 +164,7 @@ def write_shard(
   result = shard_examples(data, seed, vocab_path, shard, num_threads)
   if data.pairing == "per_epoch":
     return _write_documents(result, shard, staging_dir)
-  features = example_features()
-  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  encode = RecordEncoder(documents=False, word_starts=stores_word_starts(_segmenter(data)))
   summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
   summary["pieces"] = result["pieces"]
   for split in SPLITS:
@@ -180,17 +177,13 @@ def write_shard(
     try:
       for n in range(len(lengths)):
         a, b = offsets[n], offsets[n + 1]
-        example = serializer.get_tf_example(
-          features.encode_example(
-            {
-              "input_ids": arrays["tokens"][a:b],
-              "segment_ids": arrays["segments"][a:b],
-              "sentence_order_label": int(arrays["labels"][n]),
-            }
-          )
+        record = encode(
+          {
+            "input_ids": arrays["tokens"][a:b],
+            "segment_ids": arrays["segments"][a:b],
+            "sentence_order_label": int(arrays["labels"][n]),
+          }
         )
-        # deterministic: the features map in key order, whichever process serializes it
-        record = example.SerializeToString(deterministic=True)
         writer.write(record)
         nbytes += len(record)
     finally:
@@ -206,6 +199,11 @@ def write_shard(
   with open(os.path.join(staging_dir, summary_name(shard["index"])), "w") as f:
     json.dump(summary, f)
   return summary
+
+
+def _segmenter(data) -> str:
+  """The decided word segmenter whose word starts the examples carry ("" for none stored)."""
+  return data.word_segmenter if data.word_start == "auto" else ""
 
 
 def summary_name(index: int) -> str:
@@ -253,11 +251,9 @@ def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
   """write_shard for data.pairing=per_epoch: a record per document (document_features) and a
   file of sentence lengths per split; the summary counts epoch 0's pairs as the split's examples."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.core import example_serializer  # pylint: disable=g-import-not-at-top
 
   data = result["data"]
-  features = document_features()
-  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  encode = RecordEncoder(documents=True, word_starts=stores_word_starts(_segmenter(data)))
   summary = {"shard": shard["index"], "corpus": result["corpus"], "pairs": result["pairs"]}
   summary["pieces"] = result["pieces"]
   for split in SPLITS:
@@ -271,15 +267,8 @@ def _write_documents(result: dict, shard: dict, staging_dir: str) -> dict:
     try:
       for key, sentences in stored:
         lengths = np.array([len(x) for x in sentences], np.int32)
-        record = serializer.get_tf_example(
-          features.encode_example(
-            {
-              "input_ids": np.concatenate(sentences).astype("<i4"),
-              "sentence_lengths": lengths.astype("<i4"),
-              "document_key": key,
-            }
-          )
-        ).SerializeToString(deterministic=True)
+        ids = np.concatenate(sentences)
+        record = encode({"input_ids": ids, "sentence_lengths": lengths, "document_key": key})
         writer.write(record)
         nbytes += len(record)
         pairs += pairs_lib.epoch_pair_count(

@@ -1,6 +1,6 @@
 """Writing systems: the one place that knows scripts.
 
-What script a text is written in, which scripts put spaces between words, which have capitals,
+What script a text is written in, which scripts put spaces between words,
 where their sentences end and which of their marks carry meaning. Every path that touches text
 asks here (sentence splitting, text_format=auto, the tokenizer's preprocessing, the masker's word
 starts, the Hugging Face export's tokenizer settings, the fill-mask display); none keeps its own
@@ -20,6 +20,8 @@ import collections
 import re
 import unicodedata
 from collections.abc import Iterable
+
+from albert_jax.base.config_lib import SEGMENTERS
 
 # (first, last, script), sorted by first; blocks, not Scripts.txt's per-character list: close
 # enough to tell what a text is written in, and a bisect away.
@@ -95,10 +97,8 @@ _RANGES = (
 _STARTS = [r[0] for r in _RANGES]
 
 # Scripts written without spaces between words: a "word" there is not a run up to the next space,
-# so whole-word masking needs a segmenter or falls back to characters (data/masking.py).
+# so whole-word masking needs a segmenter or falls back to characters (data/examples/masking.py).
 UNSPACED = frozenset({"Han", "Hiragana", "Katakana", "Thai", "Lao", "Khmer", "Myanmar", "Tibetan"})
-# Scripts with upper and lower case: a capital after a sentence end marks a new sentence.
-CASED = frozenset({"Latin", "Greek", "Cyrillic", "Armenian", "Georgian", "Cherokee"})
 # Where stripping combining marks (the original's preprocess_text) loses no letter a reader needs:
 # English and the Latin-script languages the original was built for. Everywhere else marks are
 # letters' parts (virama, nukta, dakuten, the breve of й, hamza) and keep_accents=auto keeps them.
@@ -127,6 +127,11 @@ SENTENCE_ENDS = frozenset(
 SCRIPT_SENTENCE_ENDS = {";": "Greek", "\u037e": "Greek", ":": "Armenian"}
 # Ends that need no space after them (CJK text has no spaces between sentences).
 UNSPACED_SENTENCE_ENDS = frozenset("\u3002\uff01\uff1f\uff61")
+# Scripts whose next sentence follows those ends with no space between.
+UNSPACED_SENTENCE_SCRIPTS = frozenset({"Han", "Hiragana", "Katakana"})
+# Scripts whose letters NFKD splits into other letters (Hangul syllables into jamo), which a
+# normaliser without a recomposing step (NFC, NFKC) leaves split.
+NFKD_SPLITS_LETTERS = frozenset({"Hangul"})
 # What may follow a sentence end and still belong to that sentence: closing quotes and brackets.
 CLOSERS = frozenset(
   "\"')]}\u00bb\u2019\u201d\u203a\u300d\u300f\u3011\u3015\u3009\u300b\uff09\uff3d\u3017\u3019"
@@ -208,19 +213,51 @@ def dominant_script(counts: collections.Counter | str) -> str | None:
   return counts.most_common(1)[0][0] if counts else None
 
 
+def worth_naming(script: str | None) -> bool:
+  """Whether a console line about a text names its script: any script but Latin, which a reader
+  assumes."""
+  return script not in (None, "Latin")
+
+
 def is_unspaced(script: str | None) -> bool:
   """Whether text in `script` (a dominant_script name) writes words without spaces between them."""
   return script == "Japanese" or script in UNSPACED
-
-
-def is_cased(script: str | None) -> bool:
-  return script in CASED
 
 
 def strips_safely(script: str | None) -> bool:
   """Whether dropping combining marks (the original's accent stripping) is harmless for text
   dominated by `script`; None (no letters at all) counts as safe: there is nothing to lose."""
   return script is None or script in STRIP_SAFE
+
+
+# ----------------------------------------------------------------------------------------------
+# Marks and the original's accent stripping.
+
+
+def is_mark(c: str) -> bool:
+  """A mark (Unicode category M*): it sits on the character before it, spacing or not."""
+  return unicodedata.category(c).startswith("M")
+
+
+def is_stripped_mark(c: str) -> bool:
+  """Whether the original's accent stripping drops `c` once decomposed: a combining mark
+  (combining class != 0 in Python's unicodedata). Spacing vowel signs (Devanagari's U+093E, Thai's
+  vowels) are marks too but have class 0, and stay."""
+  return unicodedata.combining(c) != 0
+
+
+def is_kept_mark(c: str) -> bool:
+  """A mark that accent stripping keeps (a spacing vowel sign: category M*, combining class 0);
+  Hugging Face's StripAccents drops these, which is not the original's rule."""
+  return is_mark(c) and not unicodedata.combining(c)
+
+
+def strip_accents(text: str) -> str:
+  """The original's accent stripping (google-research/albert tokenization.preprocess_text): NFKD,
+  then every combining mark dropped. ASCII text is returned as is (NFKD is the identity on it)."""
+  if text.isascii():
+    return text
+  return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
 
 
 def stripping_changes(texts: Iterable[str]) -> tuple[int, collections.Counter]:
@@ -242,7 +279,7 @@ def stripping_changes(texts: Iterable[str]) -> tuple[int, collections.Counter]:
       script = script_of(c) or (last if mark else None)
       if not mark:
         last = script
-      if mark or any(unicodedata.combining(d) for d in unicodedata.normalize("NFKD", c)):
+      if mark or strip_accents(c) != unicodedata.normalize("NFKD", c):
         changed[script] += 1
   return letters, changed
 
@@ -254,7 +291,7 @@ def share_changed_by_stripping(texts: Iterable[str]) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Sentences (data/sentence_split.py).
+# Sentences (data/text/sentences.py).
 
 # Ends that are also Latin punctuation, and so also serve abbreviations ("Dr."), decimals ("3.5"),
 # and exclamations and questions quoted inside a sentence: a sentence ends there only before a
@@ -270,24 +307,9 @@ DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
 # sentence (Thai and Lao write words together and put a space between sentences and clauses).
 SPACE_SEPARATED_SENTENCES = frozenset({"Thai", "Lao"})
 # Thai words that open a clause going on with the sentence before (and, but, or, which, that,
-# because, so that, by, if, when): a space before them is a clause's, not a sentence's (Thai
-# writes no sentence punctuation; a space ends a clause as often as a sentence).
-THAI_CLAUSE_WORDS = (
-  "\u0e41\u0e25\u0e30",  # และ and
-  "\u0e41\u0e15\u0e48",  # แต่ but
-  "\u0e2b\u0e23\u0e37\u0e2d",  # หรือ or
-  "\u0e0b\u0e36\u0e48\u0e07",  # ซึ่ง which
-  "\u0e17\u0e35\u0e48",  # ที่ that, which
-  "\u0e40\u0e1e\u0e23\u0e32\u0e30",  # เพราะ because
-  "\u0e08\u0e36\u0e07",  # จึง so
-  "\u0e42\u0e14\u0e22",  # โดย by
-  "\u0e16\u0e49\u0e32",  # ถ้า if
-  "\u0e40\u0e21\u0e37\u0e48\u0e2d",  # เมื่อ when
-  "\u0e27\u0e48\u0e32",  # ว่า that (reported speech)
-  "\u0e40\u0e1e\u0e37\u0e48\u0e2d",  # เพื่อ in order to
-  "\u0e08\u0e19",  # จน until
-  "\u0e2b\u0e23\u0e37\u0e2d\u0e44\u0e21\u0e48",  # หรือไม่ or not
-)
+# because, so, by, if, when, that (reported), in order to, until): a space before them is a
+# clause's, not a sentence's (Thai writes no sentence punctuation).
+THAI_CLAUSE_WORDS = tuple("และ แต่ หรือ ซึ่ง ที่ เพราะ จึง โดย ถ้า เมื่อ ว่า เพื่อ จน".split())
 # Japanese quotative particles: after a closing quote (「待って！」と言った) the sentence goes on.
 QUOTE_PARTICLES = frozenset("\u3068\u3063")  # と っ (って)
 
@@ -362,10 +384,8 @@ def language_contradiction(language: str, counts: collections.Counter) -> str | 
 RICH_CHARACTER_SETS = frozenset({"Han", "Hiragana", "Katakana", "Hangul", "Bopomofo"})
 
 
-# The word segmenter of each unspaced writing system that has one on PyPI with its dictionary
-# (data.word_segmenter=auto; data/word_segmenters.py runs them). Khmer, Lao, Burmese and Tibetan
-# have none here: their pieces count as words of their own.
-SEGMENTER_FOR = {"Han": "jieba", "Japanese": "fugashi", "Thai": "pythainlp"}
+# The word segmenter of each unspaced writing system that has one (data.word_segmenter=auto).
+SEGMENTER_FOR = {writing: name for name, (writing, _, _) in SEGMENTERS.items()}
 
 
 # The letters of UNSPACED scripts as one regex class (from _RANGES): a search in C per text.

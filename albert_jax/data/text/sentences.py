@@ -1,6 +1,6 @@
-"""Sentence splitting: running text (a record's field, a TFDS text, a document a line) and
-reStructuredText-like prose (docstrings, pydoc topics) cut into sentences, by rules (no model, no
-download) that hold in every script; what a script's sentence ends are comes from scripts.py.
+"""Sentence splitting: running text (a record's field, a TFDS text, a document a line) cut into
+sentences, by rules (no model, no download) that hold in every script; what a script's sentence
+ends are comes from scripts.py.
 
 A sentence ends (docs/languages.md, Sentences):
   * after 。！？｡ (Chinese, Japanese), with any closing quotes and brackets, space or not; except
@@ -77,7 +77,7 @@ _UNSPACED_ENDS = re.escape("".join(sorted(scripts.UNSPACED_SENTENCE_ENDS)))
 _CLOSERS = re.escape("".join(sorted(scripts.CLOSERS)))
 _OPENERS = "".join(sorted(scripts.OPENERS))
 _CLOSERS_SET = "".join(sorted(scripts.CLOSERS))
-_UNSPACED_LETTER = scripts.char_class(("Han", "Hiragana", "Katakana"))
+_UNSPACED_LETTER = scripts.char_class(scripts.UNSPACED_SENTENCE_SCRIPTS)
 # Where a sentence may end (a candidate; the rest is decided in Python): a run of ends, its
 # closers, any spaces, and no ASCII lower-case letter next (C's quick "no" to "e.g. the", "? he").
 _CANDIDATE = re.compile(f"([{_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])")
@@ -209,29 +209,3 @@ def _split_at_spaces(sentence: str) -> list[str]:
 def splitter(data):
   """split_sentences with config.data's language hint (data.language), for the corpus readers."""
   return functools.partial(split_sentences, language=getattr(data, "language", "") or "")
-
-
-_RST_UNDERLINE = re.compile(r"^[ \t]*([*=~^#-])\1{2,}[ \t]*$", re.MULTILINE)
-
-
-def paragraph_sentences(text: str) -> list[str]:
-  """Sentences of reStructuredText-like prose (docstrings, pydoc topics).
-
-  Paragraphs (blank-line separated) are joined and split into sentences; code-like lines (doctest
-  prompts, indented blocks, tables) stay one line each, since they are not prose.
-  """
-  sentences = []
-  text = _RST_UNDERLINE.sub("\n", text)  # a section title's underline ends the title's paragraph
-  for para in re.split(r"\n\s*\n", text):
-    lines = [l for l in para.splitlines() if l.strip()]
-    if not lines:
-      continue
-    indent = min(len(l) - len(l.lstrip()) for l in lines)
-    code = any(l.lstrip().startswith((">>>", "...", "|", "+-", "$ ")) for l in lines) or any(
-      len(l) - len(l.lstrip()) > indent + 3 for l in lines
-    )
-    if code:
-      sentences.extend(" ".join(l.split()) for l in lines)
-    else:
-      sentences.extend(split_sentences(" ".join(l.strip() for l in lines)))
-  return [s for s in sentences if s]

@@ -13,11 +13,11 @@ vocabulary; it is not reproduced.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
 import re
-import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -25,6 +25,7 @@ import sentencepiece as spm
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError, keep_accents_value
+from albert_jax.data.text import scripts
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
@@ -34,7 +35,7 @@ WORD_MARKER = "\u2581"  # SentencePiece's "▁": a piece that starts with it beg
 
 # Which pieces begin a word, for whole-word masking (data.word_start):
 #   auto      the marker rule, plus the word starts a segmenter stored with unspaced text
-#             (data/word_segmenters.py; the masker reads them);
+#             (data/text/word_segmenters.py; the masker reads them);
 #   marker    a piece that starts with "▁" (docs/data.md, whole-word masking);
 #   original  google-research/albert's _is_start_piece_sp: also a piece starting with "<", a lone
 #             punctuation piece, and a piece with any character that is neither a-z nor that
@@ -66,7 +67,7 @@ def display_piece(piece: str) -> str:
   text = piece_text(piece)
   if text and set(text) == {WORD_MARKER}:
     return "\u2423" * len(text)
-  if text and unicodedata.category(text[0]).startswith("M"):
+  if text and scripts.is_mark(text[0]):
     return "\u25cc" + text
   return text
 
@@ -99,9 +100,8 @@ def preprocess_text(
   out = " ".join(text.split())
   if normalize_quotes:
     out = out.replace("``", '"').replace("''", '"')
-  if not keep_accents and not out.isascii():
-    out = unicodedata.normalize("NFKD", out)
-    out = "".join(c for c in out if not unicodedata.combining(c))
+  if not keep_accents:
+    out = scripts.strip_accents(out)
   if lower:
     out = out.lower()
   return out
@@ -311,11 +311,33 @@ class Tokenizer:
         return [unmarked] + ids[1:]
     return ids
 
-  def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+  def encode_batch(self, texts: Sequence[str], num_threads: int = -1, with_text: bool = False):
     """`encode` for many texts at once (SentencePiece encodes the list in C++, on num_threads
-    threads; -1: every core)."""
+    threads; -1: every core); with_text: (ids, the preprocessed texts SentencePiece was given)."""
     texts = [self.preprocess(t) for t in texts]
-    return self.sp.encode(texts, num_threads=num_threads)
+    ids = self.sp.encode(texts, num_threads=num_threads)
+    return (ids, texts) if with_text else ids
+
+  @functools.cached_property
+  def piece_lengths(self) -> np.ndarray:
+    """Per piece id, how many characters of the text SentencePiece was given it stands for (its
+    "▁" a space); -1 for control and unknown pieces, whose text is not the text's."""
+    sp = self.sp
+    return np.array(
+      [
+        -1 if sp.is_control(i) or sp.is_unknown(i) else len(sp.id_to_piece(i))
+        for i in range(self.vocab_size)
+      ],
+      np.int64,
+    )
+
+  @functools.cached_property
+  def unspaced(self) -> np.ndarray:
+    """Per piece id, whether it holds a letter of a script written without spaces (scripts.py):
+    under data.word_start=auto without a segmenter, such a piece is a word of its own."""
+    return np.array(
+      [scripts.has_unspaced(self.sp.id_to_piece(i)) for i in range(self.vocab_size)], bool
+    )
 
   def decode(self, ids: Iterable[int]) -> str:
     return self.sp.decode([int(i) for i in ids])

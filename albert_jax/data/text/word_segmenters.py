@@ -3,16 +3,16 @@
 SentencePiece's word marker "▁" follows spaces, so in Chinese, Japanese or Thai the marker rule
 makes a whole clause one "word" and whole-word masking masks a block of 20 pieces. As albert_zh
 (jieba) and Chinese BERT-wwm (LTP) did, a word segmenter finds the words instead, once, at prepare
-time: `word_start_flags` tokenizes sentences and marks each piece where a segmenter word begins
-with SEGMENTED_WORD_START, a bit set in the stored id itself (ids stay below 2**30), so the
-examples' layout and the loader's speed stay as they are; the masker (data/masking.py) reads the
-bit and clears it. Text in spaced scripts gets no bits (English data is byte-identical to the
-marker rule's). Without a segmenter ("none") each piece holding unspaced letters is a word of its
-own: a few characters, never a clause.
+time: `word_starts` tokenizes sentences and says which pieces begin a segmenter word; prepare
+stores them as the records' `word_starts` feature (examples/features.py) and the masker
+(examples/masking.py) takes them. Text in spaced scripts gets none (English data is
+byte-identical to the marker rule's). Without a segmenter ("none") each piece holding unspaced
+letters is a word of its own (Tokenizer.unspaced, by id: nothing stored): a few characters,
+never a clause.
 
 The segmenters are optional extras, imported inside `segmenter`: jieba (Chinese: rjieba, its Rust
 port, or jieba itself), fugashi with unidic-lite (Japanese, MeCab), pythainlp (Thai); which script
-gets which is scripts.SEGMENTER_FOR.
+gets which is config_lib.SEGMENTERS.
 """
 
 from __future__ import annotations
@@ -23,22 +23,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from albert_jax.base.config_lib import ConfigError
+from albert_jax.base.config_lib import SEGMENTERS, ConfigError
 from albert_jax.data.text import scripts
-
-# Set on a stored piece id where a segmenter word begins (data.word_start=auto, unspaced text).
-SEGMENTED_WORD_START = 1 << 30
-
-# segmenter -> (the module it imports, the setup.py extra that installs it)
-_EXTRAS = {
-  "jieba": ("rjieba", "chinese"),
-  "fugashi": ("fugashi", "japanese"),
-  "pythainlp": ("pythainlp", "thai"),
-}
 
 
 def _missing(name: str, e: Exception) -> ConfigError:
-  module, extra = _EXTRAS[name]
+  _, module, extra = SEGMENTERS[name]
   return ConfigError(
     f"data.word_segmenter={name} needs the {module} package ({e.__class__.__name__}: {e}); "
     f'install it with pip install -e ".[{extra}]" or set data.word_segmenter=none'
@@ -92,49 +82,31 @@ def segmenter(name: str) -> Callable[[str], list[int]]:
     except ImportError as e:
       raise _missing(name, e) from None
     return lambda text: _offsets(text, word_tokenize(text, engine="newmm"))
-  raise ConfigError(f"data.word_segmenter={name!r} is not one of {', '.join(_EXTRAS)}")
+  raise ConfigError(f"data.word_segmenter={name!r} is not one of {', '.join(SEGMENTERS)}")
 
 
-def _piece_tables(tok) -> tuple[np.ndarray, np.ndarray]:
-  """Per piece id: how many characters of the text SentencePiece was given it stands for (its "▁"
-  a space; -1 for control and unknown pieces, whose text is not the text's), and whether it holds
-  an unspaced letter. Computed once per tokenizer."""
-  tables = getattr(tok, "_word_tables", None)
-  if tables is None:
-    sp = tok.sp
-    pieces = [sp.id_to_piece(i) for i in range(tok.vocab_size)]
-    lengths = np.array(
-      [-1 if sp.is_control(i) or sp.is_unknown(i) else len(p) for i, p in enumerate(pieces)],
-      np.int64,
-    )
-    unspaced = np.array([scripts.has_unspaced(p) for p in pieces], bool)
-    tables = tok._word_tables = (lengths, unspaced)
-  return tables
-
-
-def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int = 1):
-  """`tok.encode_batch(sentences)` with SEGMENTED_WORD_START set on each piece of unspaced text
-  where a word begins: by the segmenter `name`, or, for "none", on every piece that holds an
-  unspaced letter; several names joined by "+" (fugashi+jieba) give each sentence its writing
-  system's segmenter (scripts.unspaced_writing: kana -> fugashi, Han alone -> jieba, Thai ->
-  pythainlp), "none" where none of them is its. Sentences without unspaced letters are encoded as
-  they are (no bits).
+def word_starts(
+  tok, sentences: Sequence[str], name: str, num_threads: int = 1
+) -> tuple[list[list[int]], list[np.ndarray | None]]:
+  """(`tok.encode_batch(sentences)`, per sentence the pieces of unspaced text where a word begins,
+  or None for a sentence without unspaced letters): by the segmenter `name`, or, for "none", every
+  piece that holds an unspaced letter; several names joined by "+" (fugashi+jieba) give each
+  sentence its writing system's segmenter (scripts.unspaced_writing: kana -> fugashi, Han alone ->
+  jieba, Thai -> pythainlp), "none" where none of them is its.
 
   The segmenter runs once on the batch's unspaced sentences joined by newlines (few calls into
   it); a piece begins a word when a segmenter word starts within the characters it stands for,
   placed by the pieces' lengths (SentencePiece's "▁" is the space before a word, or the one it
   puts before the text), all in NumPy. A sentence whose pieces are not as long as its text (NFKC
   changed a length, an unknown piece) asks SentencePiece for its offsets instead."""
-  if tok.vocab_size > SEGMENTED_WORD_START:
-    raise ConfigError(f"a vocabulary of {tok.vocab_size} pieces leaves no bit for word starts")
-  texts = [tok.preprocess(s) for s in sentences]
-  ids = tok.sp.encode(texts, num_threads=num_threads)
+  ids, texts = tok.encode_batch(sentences, num_threads=num_threads, with_text=True)
+  starts: list[np.ndarray | None] = [None] * len(ids)
   which = [i for i, t in enumerate(texts) if scripts.has_unspaced(t)]
   if not which:
-    return ids
+    return ids, starts
   if "+" not in name:
-    _flag_word_starts(tok, texts, ids, which, name)
-    return ids
+    _flag_word_starts(tok, texts, ids, starts, which, name)
+    return ids, starts
   # Several segmenters: each sentence goes to its writing system's (none: a piece at a time).
   names = name.split("+")
   groups: dict[str, list[int]] = {}
@@ -142,14 +114,16 @@ def word_start_flags(tok, sentences: Sequence[str], name: str, num_threads: int 
     chosen = scripts.SEGMENTER_FOR.get(scripts.unspaced_writing(texts[i]), "none")
     groups.setdefault(chosen if chosen in names else "none", []).append(i)
   for chosen, rows in sorted(groups.items()):
-    _flag_word_starts(tok, texts, ids, rows, chosen)
-  return ids
+    _flag_word_starts(tok, texts, ids, starts, rows, chosen)
+  return ids, starts
 
 
-def _flag_word_starts(tok, texts: list[str], ids: list, which: list[int], name: str) -> None:
-  """Sets SEGMENTED_WORD_START in ids[i] for i in `which` (texts holding unspaced letters), from
-  the segmenter `name` or, for "none", on every piece holding an unspaced letter."""
-  lengths, unspaced = _piece_tables(tok)
+def _flag_word_starts(
+  tok, texts: list[str], ids: list, out: list, which: list[int], name: str
+) -> None:
+  """out[i] = the word starts of ids[i] for i in `which` (texts holding unspaced letters), from
+  the segmenter `name` or, for "none", every piece holding an unspaced letter."""
+  lengths, unspaced = tok.piece_lengths, tok.unspaced
   rows = [np.asarray(ids[i], np.int64) for i in which]
   counts = np.array([len(r) for r in rows])
   flat = np.concatenate(rows)
@@ -180,6 +154,5 @@ def _flag_word_starts(tok, texts: list[str], ids: list, which: list[int], name: 
       for k, (b, e) in enumerate(mapped):
         b = max(b, 0) + offsets[j]
         starts[lo + k] = before[max(e + offsets[j], b)] > before[b]
-  flagged = np.where(starts, flat | SEGMENTED_WORD_START, flat)
-  for i, row in zip(which, np.split(flagged, np.cumsum(counts)[:-1])):
-    ids[i] = row.tolist()
+  for i, row in zip(which, np.split(starts, np.cumsum(counts)[:-1])):
+    out[i] = row
