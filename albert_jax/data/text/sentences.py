@@ -71,16 +71,22 @@ MONTHS = frozenset(
 )
 
 _ENDS = re.escape(
-  "".join(sorted((scripts.SENTENCE_ENDS | set(scripts.SCRIPT_SENTENCE_ENDS)) - scripts.CLAUSE_ENDS))
+  "".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS - set(scripts.SCRIPT_SENTENCE_ENDS)))
 )
+# ";" (Greek), ":" (Armenian): candidates too in a line holding those scripts' letters
+# (scripts.SCRIPT_SENTENCE_ENDS), so that other text's semicolons and colons cost nothing.
+_SCRIPT_ENDS = re.escape("".join(sorted(scripts.SCRIPT_SENTENCE_ENDS)))
+_HAS_SCRIPT_ENDS = re.compile(scripts.char_class(set(scripts.SCRIPT_SENTENCE_ENDS.values())))
 _UNSPACED_ENDS = re.escape("".join(sorted(scripts.UNSPACED_SENTENCE_ENDS)))
 _CLOSERS = re.escape("".join(sorted(scripts.CLOSERS)))
 _OPENERS = "".join(sorted(scripts.OPENERS))
-_CLOSERS_SET = "".join(sorted(scripts.CLOSERS))
 _UNSPACED_LETTER = scripts.char_class(scripts.UNSPACED_SENTENCE_SCRIPTS)
 # Where a sentence may end (a candidate; the rest is decided in Python): a run of ends, its
 # closers, any spaces, and no ASCII lower-case letter next (C's quick "no" to "e.g. the", "? he").
 _CANDIDATE = re.compile(f"([{_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])")
+_CANDIDATE_WITH_SCRIPT_ENDS = re.compile(
+  f"([{_ENDS}{_SCRIPT_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])"
+)
 _UNSPACED_END = re.compile(f"[{_UNSPACED_ENDS}]")
 _UNSPACED_NEXT = re.compile(_UNSPACED_LETTER)
 _SPACED_SENTENCES = scripts.char_class(scripts.SPACE_SEPARATED_SENTENCES)
@@ -112,15 +118,15 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
   """Whether the candidate `m` (of _CANDIDATE) in `line`, whose sentence began at `start`, ends a
   sentence."""
   ends, closers, space = m.group(1, 2, 3)
-  script_end = scripts.SCRIPT_SENTENCE_ENDS.get(ends[-1])
-  if script_end or any(c in scripts.SCRIPT_SENTENCE_ENDS for c in ends):
-    # ";" after Greek (its question mark), ":" after Armenian (its full stop); a clause elsewhere.
-    before = line[: m.start()].rstrip(_OPENERS + _CLOSERS_SET)
+  if ";" in ends or ":" in ends or "\u037e" in ends:
+    script_end = scripts.SCRIPT_SENTENCE_ENDS.get(ends[-1])
+    # ";" after Greek (its question mark), ":" after Armenian (its full stop): the candidate's
+    # pattern found the letter before it; a clause elsewhere.
     return bool(
       script_end
       and space
-      and before
-      and scripts.script_of(before[-1]) == script_end
+      and m.start() > 0
+      and scripts.script_of(line[m.start() - 1]) == script_end
       and _begins_sentence(line, m.end())
     )
   if not ends.isascii():
@@ -153,9 +159,11 @@ def _is_abbreviation_by_pattern(before: list[str], line: str, nxt: int) -> bool:
   if not before:
     return False
   word = before[-1].lstrip(_OPENERS)
+  if len(word) > 5:  # longer than any of the patterns: most sentences' last word
+    return False
   if _INNER_PERIODS.match(word):
     return True
-  after = line[nxt:].lstrip(_OPENERS)
+  after = line[nxt : nxt + 64].lstrip(_OPENERS)  # the next word is all it needs
   if _NUMBER_LABEL.match(word) and after[:1].isdigit():
     return True
   if _ORDINAL.match(word):
@@ -181,7 +189,8 @@ def split_sentences(text: str, language: str = "") -> list[str]:
     if not line:
       continue
     start, n = 0, len(line)
-    for m in _CANDIDATE.finditer(line):
+    candidates = _CANDIDATE_WITH_SCRIPT_ENDS if _HAS_SCRIPT_ENDS.search(line) else _CANDIDATE
+    for m in candidates.finditer(line):
       if m.end() >= n:
         break
       if _is_boundary(line, start, m, abbreviations):
