@@ -291,9 +291,6 @@ def test_a_chinese_document_a_line_corpus_prepares_as_sentences(tmp_path, caplog
      ["Բարև։", "Ինչպես ես։", "Լավ եմ:", "Շնորհակալ եմ:"]),
     # Ethiopic: full stop and question mark
     ("ሰላም ነው። እንዴት ነህ፧ ደህና ነኝ።", ["ሰላም ነው።", "እንዴት ነህ፧", "ደህና ነኝ።"]),
-    # Thai: a space before "and" (และ) or "because" (เพราะ) is a clause's
-    ("ฝนตกหนัก และถนนถูกปิด ทีมชาติชนะ เพราะเล่นดี",
-     ["ฝนตกหนัก และถนนถูกปิด", "ทีมชาติชนะ เพราะเล่นดี"]),
   ],
 )  # fmt: skip
 def test_second_ring_rules(text, sentences):

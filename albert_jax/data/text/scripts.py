@@ -306,10 +306,6 @@ DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
 # Scripts with no sentence punctuation in use: a space between two of their letters ends a
 # sentence (Thai and Lao write words together and put a space between sentences and clauses).
 SPACE_SEPARATED_SENTENCES = frozenset({"Thai", "Lao"})
-# Thai words that open a clause going on with the sentence before (and, but, or, which, that,
-# because, so, by, if, when, that (reported), in order to, until): a space before them is a
-# clause's, not a sentence's (Thai writes no sentence punctuation).
-THAI_CLAUSE_WORDS = tuple("และ แต่ หรือ ซึ่ง ที่ เพราะ จึง โดย ถ้า เมื่อ ว่า เพื่อ จน".split())
 # Japanese quotative particles: after a closing quote (「待って！」と言った) the sentence goes on.
 QUOTE_PARTICLES = frozenset("\u3068\u3063")  # と っ (って)
 

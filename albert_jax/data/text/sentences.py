@@ -198,21 +198,8 @@ def split_sentences(text: str, language: str = "") -> list[str]:
         start = m.end()
     out.append(line[start:].rstrip())
   if _HAS_SPACED_SENTENCES.search(text):
-    out = [p for s in out for p in _split_at_spaces(s)]
+    out = [p for s in out for p in _SPACE_BETWEEN.split(s)]
   return [s for s in out if s]
-
-
-def _split_at_spaces(sentence: str) -> list[str]:
-  """A Thai (Lao) sentence cut at its spaces between letters, except before a word that opens a
-  clause of the same sentence (scripts.THAI_CLAUSE_WORDS: and, but, which, because ...)."""
-  parts = _SPACE_BETWEEN.split(sentence)
-  out = parts[:1]
-  for part in parts[1:]:
-    if part.startswith(scripts.THAI_CLAUSE_WORDS):
-      out[-1] += " " + part
-    else:
-      out.append(part)
-  return out
 
 
 def splitter(data):
