@@ -129,3 +129,25 @@ def test_segmenter_for_chinese_with_katakana_names():
   assert name == "jieba", why
   name, _ = scripts.decide_segmenter(_sample("ja") + _sample("zh"), "auto")
   assert name == "fugashi+jieba"
+
+
+def test_prepare_reads_chinese_with_katakana_names_as_chinese(tmp_path):
+  """The issue's case end to end: a Chinese corpus (the shipped sample) whose documents quote
+  katakana names and U+30FB: data.language=zh is not refused, and word_start=auto picks jieba
+  alone (not fugashi, which would need the Japanese extra)."""
+  from albert_jax.base import config_lib
+  from albert_jax.data.corpus import reader
+
+  docs = [_sample("zh")[i : i + 4] + [CHINESE_WITH_KANA[i % 3]] for i in range(0, 160, 4)]
+  path = tmp_path / "zh.txt"
+  path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
+  data = config_lib.base_config().data
+  data.update(input_files=str(path), language="zh")
+  shards = reader.shards(data, 1 << 20, 1000)
+  reader.check_language(data, shards)  # no error
+  sample = [s for _, doc in reader.shard_documents(data, shards[0]) for s in doc]
+  assert sum(scripts.unspaced_writing(s) == "Han" for s in sample) == len(sample)
+  assert scripts.decide_segmenter(sample, "auto")[0] == "jieba"
+  data.language = "ja"
+  with pytest.raises(Exception, match="are Han, not Japanese"):
+    reader.check_language(data, shards)
