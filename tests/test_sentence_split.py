@@ -346,3 +346,18 @@ def test_held_out_golden_rules_in_other_languages():
     assert true == boundaries, language
     assert hits / true >= recall - 1e-3, (language, hits / true)
     assert hits / max(found, 1) >= precision - 1e-3, (language, hits / max(found, 1))
+
+
+def test_typed_dialogue_dash_with_a_language_hint():
+  """Polish, Bulgarian, Danish dialogue typed with a hyphen ("- Tak."): a sentence start where
+  data.language names a language other than English; without a hint (and in English) a hyphen
+  after a sentence stays a list item's, as the built-in corpus has them."""
+  text = "Zapytał, czy przyjdzie. - Tak, przyjdę jutro. - Dobrze."
+  assert split_sentences(text, "pl") == [
+    "Zapytał, czy przyjdzie.",
+    "- Tak, przyjdę jutro.",
+    "- Dobrze.",
+  ]
+  assert split_sentences(text) == [text]
+  listed = "It exports two objects: - zipimporter: a class. - ZipImportError: an exception."
+  assert split_sentences(listed, "en") == split_sentences(listed) == [listed]

@@ -99,12 +99,12 @@ def _abbreviations(language: str) -> frozenset:
   return ABBREVIATIONS.get(language, _ALL_ABBREVIATIONS) if language else _ALL_ABBREVIATIONS
 
 
-def _begins_sentence(line: str, i: int) -> bool:
+def _begins_sentence(line: str, i: int, dashes: frozenset = scripts.DIALOGUE_DASHES) -> bool:
   """Whether line[i:] can begin a sentence after ". " "! " "? ": behind any opening quotes and
   brackets (or a dialogue dash and its space), a letter that is not lower case (every script's
   capitals, and every letter of the scripts without case) or a digit."""
   n = len(line)
-  if i + 1 < n and line[i] in scripts.DIALOGUE_DASHES and line[i + 1] == " ":
+  if i + 1 < n and line[i] in dashes and line[i + 1] == " ":
     i += 2
   while i < n and line[i] in scripts.OPENERS:
     i += 1
@@ -114,7 +114,13 @@ def _begins_sentence(line: str, i: int) -> bool:
   return c.isdigit() or (c.isalpha() and not c.islower())
 
 
-def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -> bool:
+def _is_boundary(
+  line: str,
+  start: int,
+  m: re.Match,
+  abbreviations: frozenset,
+  dashes: frozenset = scripts.DIALOGUE_DASHES,
+) -> bool:
   """Whether the candidate `m` (of _CANDIDATE) in `line`, whose sentence began at `start`, ends a
   sentence."""
   ends, closers, space = m.group(1, 2, 3)
@@ -127,7 +133,7 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
       and space
       and m.start() > 0
       and scripts.script_of(line[m.start() - 1]) == script_end
-      and _begins_sentence(line, m.end())
+      and _begins_sentence(line, m.end(), dashes)
     )
   if not ends.isascii():
     if _UNSPACED_END.search(ends):
@@ -138,7 +144,7 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
   if not space:
     # 你好!我是...: "!" and "?" in Chinese or Japanese text, no space after them.
     return ends[-1] in "!?" and not closers and bool(_UNSPACED_NEXT.match(line, m.end()))
-  if not _begins_sentence(line, m.end()):
+  if not _begins_sentence(line, m.end(), dashes):
     return False
   if ends[0] == ".":
     before = line[start : m.start()].rsplit(None, 1)
@@ -183,6 +189,9 @@ def split_sentences(text: str, language: str = "") -> list[str]:
   sentence per line comes back unchanged.
   """
   abbreviations = _abbreviations(language)
+  dashes = scripts.DIALOGUE_DASHES
+  if language and language != "en":
+    dashes = dashes | {scripts.TYPED_DIALOGUE_DASH}
   out = []
   for line in text.splitlines():
     line = line.strip()
@@ -193,7 +202,7 @@ def split_sentences(text: str, language: str = "") -> list[str]:
     for m in candidates.finditer(line):
       if m.end() >= n:
         break
-      if _is_boundary(line, start, m, abbreviations):
+      if _is_boundary(line, start, m, abbreviations, dashes):
         out.append(line[start : m.end()].rstrip())
         start = m.end()
     out.append(line[start:].rstrip())
