@@ -44,7 +44,7 @@ ABBREVIATIONS = {
 # follows them as it follows a sentence end.
 TITLES = frozenset(
   "gen col capt cpt lt sgt maj adm cmdr gov sen rep rev hon pres supt insp atty "
-  "mme mlle mgr ing dipl bc doc dott sig sgra avv arch hr fr frl sra srta dña".split()
+  "mme mlle mgr ing dipl dott sig sgra avv hr fr frl sra srta dña".split()
 )
 _ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values()) | TITLES
 # Abbreviations by pattern, in every language:
