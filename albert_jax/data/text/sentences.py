@@ -66,7 +66,6 @@ ORDINAL_BEFORE = frozenset(
 )
 MONTHS = frozenset(
   "januar jänner februar märz april mai juni juli august september oktober november dezember "
-  "january february march may june july october december "
   "marts juni maj desember mars".split()
 )
 
