@@ -184,7 +184,8 @@ JAPANESE_HIRAGANA_SHARE = 0.05
 
 def writes_japanese(han: int, hiragana: int, katakana: int) -> bool:
   """Whether text with these letter counts is Japanese rather than Chinese (by shares,
-  JAPANESE_HIRAGANA_SHARE): Chinese text quoting a katakana name, or a Japanese one, is Chinese."""
+  JAPANESE_HIRAGANA_SHARE): Chinese text quoting a katakana name or a short Japanese title is
+  Chinese."""
   total = han + hiragana + katakana
   if not total:
     return False
