@@ -8,8 +8,8 @@ encoded alone (preprocessed, then SentencePiece with its "▁" word start), exce
 without spaces (Chinese, Japanese, Thai: scripts.words_written_together), where a word written
 against the one before is encoded as pretraining saw it, without the "▁" of a word boundary the
 text does not have (Tokenizer.encode_continuation: a Chinese NER file tagged per character gives
-"北" "京", not "▁北" "▁京"). The first piece carries the word's label and the others weight 0 (transformers' -100), or with data.label_all_pieces every piece
-carries it. A word that becomes no piece at all (a lone combining mark, a control character) has no
+"北" "京", not "▁北" "▁京"). The first piece carries the word's label and the others weight 0
+(transformers' -100), or with data.label_all_pieces every piece carries it. A word that becomes no piece at all (a lone combining mark, a control character) has no
 position: it is predicted as LABEL_OF_NOTHING says. A sentence longer than the sequence is split into
 windows of whole words, data.doc_stride pieces apart; each word is predicted (and trained) in exactly
 one window, the one that gives it the most context (SQuAD's rule, in words), so nothing is truncated.
@@ -67,7 +67,7 @@ def label_set(corpus: tagged_files.Corpus) -> tuple[str, ...]:
   return tuple(sorted({label for s in corpus.sentences for label in (s.labels or ())}))
 
 
-def label_ids(
+def labels_to_ids(
   corpus: tagged_files.Corpus, split: str, labels: Sequence[str]
 ) -> list[list[int] | None]:
   """Each sentence's label ids in `labels` (None for a test file's sentence without labels); a
@@ -340,7 +340,7 @@ class TaggingTask(tasks.Task):
         f"data.label_column: {corpus.label_column!r} in {train}, the first of "
         f"{', '.join(tagged_files.LABEL_COLUMNS)} it has"
       )
-    label_ids(corpus, "train", labels or label_set(corpus))  # a sentence without labels: its line
+    labels_to_ids(corpus, "train", labels or label_set(corpus))  # no labels: the file and line
     labels = labels or label_set(corpus)
     if len(set(labels)) != len(labels):
       raise ConfigError(f"data.labels names a label twice: {list(labels)}")
@@ -352,7 +352,7 @@ class TaggingTask(tasks.Task):
         other = tagged_files.read_tagged(
           path, d.label_column, labels, d.get("tokens_column", "tokens")
         )
-        label_ids(other, split, labels)
+        labels_to_ids(other, split, labels)
     config.task.labels = json.dumps(list(labels), ensure_ascii=False)
     if d.tag_scheme == "auto":
       d.tag_scheme, why = detect_scheme(labels)
@@ -429,7 +429,7 @@ class TaggingTask(tasks.Task):
     corpus = tagged_files.read_tagged(
       path, d.label_column, parse_labels(d.labels) or self.labels, d.get("tokens_column", "tokens")
     )
-    ids = label_ids(corpus, split, self.labels)
+    ids = labels_to_ids(corpus, split, self.labels)
     arrays, alignment = make_features(
       corpus.sentences,
       ids,
