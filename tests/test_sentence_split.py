@@ -359,6 +359,7 @@ def test_typed_dialogue_dash_with_a_language_hint():
     "- Dobrze.",
   ]
   assert split_sentences(text) == [text]
+  assert split_sentences("Попита го. - Да, ще дойда.") == ["Попита го.", "- Да, ще дойда."]
   listed = "It exports two objects: - zipimporter: a class. - ZipImportError: an exception."
   assert split_sentences(listed, "en") == split_sentences(listed) == [listed]
 

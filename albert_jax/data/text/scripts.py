@@ -304,8 +304,9 @@ AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?\u2026;:\u037e")
 CLAUSE_ENDS = frozenset("\u104a")
 # Dashes that open a line of dialogue (Russian, and much European prose): "— Скоро будет гроза."
 DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
-# The hyphen typed for a dialogue dash ("- Tak."): one only where data.language names a language
-# other than English (an English list item "- foo" after a sentence would start one).
+# The hyphen typed for a dialogue dash ("- Tak."): one before a letter of a script other than
+# Latin, and in Latin script where data.language names a language other than English (an English
+# list item "- foo" after a sentence would start one).
 TYPED_DIALOGUE_DASH = "-"
 # Scripts with no sentence punctuation in use: a space between two of their letters ends a
 # sentence (Thai and Lao write words together and put a space between sentences and clauses).

@@ -105,6 +105,13 @@ def _begins_sentence(line: str, i: int, dashes: frozenset = scripts.DIALOGUE_DAS
   n = len(line)
   if i + 1 < n and line[i] in dashes and line[i + 1] == " ":
     i += 2
+  elif (
+    i + 2 < n
+    and line[i] == scripts.TYPED_DIALOGUE_DASH
+    and line[i + 1] == " "
+    and scripts.script_of(line[i + 2]) not in (None, "Latin")
+  ):
+    i += 2  # "- Да." in Cyrillic (Greek ...) text: a typed dialogue dash whatever the hint
   while i < n and line[i] in scripts.OPENERS:
     i += 1
   if i >= n:
