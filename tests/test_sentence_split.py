@@ -365,11 +365,11 @@ def test_typed_dialogue_dash_with_a_language_hint():
 
 
 # Real text held out (tests/data/README.md): about 300 boundaries of seven UD treebanks' test sets,
-# (boundaries, recall, precision) with data.language set. Armenian, French, Danish and Romanian meet
-# the goal; Swedish (headlines without a stop), German (`` quotes, list items) and Greek (the
+# (boundaries, recall, precision) with data.language set. Czech, Turkish (on these 300; 0.898 on the
+# whole test set), Armenian, French, Danish and Romanian meet the goal; Swedish (headlines without a stop), German (`` quotes, list items) and Greek (the
 # treebank's text keeps the tokenizer's spaces: "« Συγχαρητήρια ».") do not.
 UD_HELD_OUT = {
-  "hy": (301, 0.987, 0.983), "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978),
+  "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983), "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978),
   "ro": (317, 0.909, 0.976), "sv": (301, 0.874, 1.0), "de": (300, 0.867, 0.996),
   "el": (300, 0.533, 1.0),
 }  # fmt: skip
@@ -396,5 +396,5 @@ def test_real_text_held_out_universal_dependencies(language):
     hits / true,
     hits / found,
   )
-  if language in ("hy", "fr", "da", "ro"):
+  if language in ("cs", "tr", "hy", "fr", "da", "ro"):
     assert hits / true >= RECALL and hits / found >= PRECISION
