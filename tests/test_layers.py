@@ -47,6 +47,7 @@ HEAVY = (
   "matplotlib",
   "torch",
   "transformers",
+  "tokenizers",  # comes with transformers (the hf extra); the export compares its Unicode tables
   "libtpu",
   "wandb",
   "datasets",

@@ -254,3 +254,147 @@ def test_a_chinese_document_a_line_corpus_prepares_as_sentences(tmp_path, caplog
   assert any("held-out text:" in m and "<unk>" in m for m in console)
   assert any("spm_character_coverage=auto: 0.9995" in m for m in console)
   assert not any("came back as one sentence" in m for m in console)
+
+
+# ------------------------------------------------------------------------------------------------
+# The second ring (issue 52): abbreviations by pattern, Greek, the ellipsis, Armenian, Ethiopic,
+# Thai clauses. The text is written here (tests/second_ring_text.py's, and the lines below), not
+# real text held out from the rules: docs/limitations.md says what that leaves unmeasured.
+
+
+@pytest.mark.parametrize(
+  "text, sentences",
+  [
+    # numbers after a short label, ordinals, titles, inner periods
+    (
+      "Das Haus Nr. 5 steht leer. Es wurde am 3. Oktober 1990 verkauft. Der 2. Weltkrieg endete.",
+      ["Das Haus Nr. 5 steht leer.", "Es wurde am 3. Oktober 1990 verkauft.",
+       "Der 2. Weltkrieg endete."],
+    ),
+    ("Im 19. Jahrhundert wuchs die Stadt. Sie ist alt.",
+     ["Im 19. Jahrhundert wuchs die Stadt.", "Sie ist alt."]),
+    ("See No. 5 on the list. Then go home.", ["See No. 5 on the list.", "Then go home."]),
+    ("Gen. Smith arrived. Mme. Curie spoke. Ing. Novák left.",
+     ["Gen. Smith arrived.", "Mme. Curie spoke.", "Ing. Novák left."]),
+    ("Es gibt viele Sorten, z.B. Äpfel. Das ist gut.",
+     ["Es gibt viele Sorten, z.B. Äpfel.", "Das ist gut."]),
+    ("Prices rose in 2019. 5 banks failed.", ["Prices rose in 2019.", "5 banks failed."]),
+    # Greek's question mark (";" and U+037E), never in other scripts
+    ("Τι ώρα είναι; Είναι τρεις. Θα έρθεις\u037e Ναι.",
+     ["Τι ώρα είναι;", "Είναι τρεις.", "Θα έρθεις\u037e", "Ναι."]),
+    ("He came; Then he left: Now.", ["He came; Then he left: Now."]),
+    # the ellipsis
+    ("Wait\u2026 Then it rained. Wait\u2026 and then it rained.",
+     ["Wait\u2026", "Then it rained.", "Wait\u2026 and then it rained."]),
+    # Armenian: its full stop, and the colon typed for it
+    ("Բարև։ Ինչպես ես։ Լավ եմ: Շնորհակալ եմ:",
+     ["Բարև։", "Ինչպես ես։", "Լավ եմ:", "Շնորհակալ եմ:"]),
+    # Ethiopic: full stop and question mark
+    ("ሰላም ነው። እንዴት ነህ፧ ደህና ነኝ።", ["ሰላም ነው።", "እንዴት ነህ፧", "ደህና ነኝ።"]),
+  ],
+)  # fmt: skip
+def test_second_ring_rules(text, sentences):
+  assert split_sentences(text) == sentences
+
+
+@pytest.mark.parametrize("language", ["de", "fr", "pl", "cs", "tr", "vi", "el", "en"])
+def test_second_ring_running_text(language):
+  """The second ring's sentences run together: every boundary found, none invented."""
+  from tests import second_ring_text as ring
+
+  sents = ring.SENTENCES[language]
+  assert split_sentences(" ".join(sents)) == sents
+  assert split_sentences(" ".join(sents), language) == sents
+
+
+def test_builtin_corpus_splits_as_before_with_the_pattern_rules():
+  """The pattern rules leave the English of the built-in corpus (its pydoc topics) as it was: no
+  "No. 5" or "am 3. Oktober" there, and file names (foo.pth.) and version numbers (2.5.) still
+  end sentences."""
+  text = (
+    "There are two path configuration files, foo.pth and bar.pth.  Assume foo.pth contains it. "
+    "This is new in 2.3.  Possible values follow. Section 4.5.2. In other words, see V.R.M.F. "
+    "V is the version. It may have an envelope header (a.k.a. Unix-From header)."
+  )
+  assert len(split_sentences(text)) == 9  # "(a.k.a." ends one, as it did
+
+
+# Held-out text in 17 languages beyond the seven: pySBD's golden-rule cases (MIT, its licence beside
+# the file), the cases whose expected sentences stand verbatim in their text. Measured once, before
+# any rule was changed with them in view: (boundaries, recall, precision) as the splitter gives them
+# now; the floors pin them. Only Armenian, Bulgarian and a few small sets meet the issue's goal
+# (recall >= 0.9, precision >= 0.95); docs/limitations.md says what is missing.
+HELD_OUT = {
+  "hy": (24, 1.0, 1.0), "de": (33, 0.939, 0.775), "es": (53, 1.0, 0.646),
+  "da": (31, 0.581, 0.514), "it": (8, 0.875, 0.467), "bg": (3, 1.0, 1.0), "mr": (3, 1.0, 1.0),
+  "fr": (2, 1.0, 1.0), "fa": (2, 1.0, 1.0), "ur": (2, 1.0, 1.0), "el": (2, 0.5, 1.0),
+  "kk": (3, 0.333, 0.5),
+}  # fmt: skip
+
+
+def test_held_out_golden_rules_in_other_languages():
+  import json
+  import pathlib
+
+  data = json.loads((pathlib.Path(__file__).parent / "data" / "pysbd_golden.json").read_text())
+  assert data["licence"].startswith("MIT")
+  for language, (boundaries, recall, precision) in HELD_OUT.items():
+    found = true = hits = 0
+    for text, gold in data["cases"][language]:
+      want, got = _starts(gold, text), _starts(split_sentences(text), text)
+      found, true, hits = found + len(got), true + len(want), hits + len(got & want)
+    assert true == boundaries, language
+    assert hits / true >= recall - 1e-3, (language, hits / true)
+    assert hits / max(found, 1) >= precision - 1e-3, (language, hits / max(found, 1))
+
+
+def test_typed_dialogue_dash_with_a_language_hint():
+  """Polish, Bulgarian, Danish dialogue typed with a hyphen ("- Tak."): a sentence start where
+  data.language names a language other than English; without a hint (and in English) a hyphen
+  after a sentence stays a list item's, as the built-in corpus has them."""
+  text = "Zapytał, czy przyjdzie. - Tak, przyjdę jutro. - Dobrze."
+  assert split_sentences(text, "pl") == [
+    "Zapytał, czy przyjdzie.",
+    "- Tak, przyjdę jutro.",
+    "- Dobrze.",
+  ]
+  assert split_sentences(text) == [text]
+  assert split_sentences("Попита го. - Да, ще дойда.") == ["Попита го.", "- Да, ще дойда."]
+  listed = "It exports two objects: - zipimporter: a class. - ZipImportError: an exception."
+  assert split_sentences(listed, "en") == split_sentences(listed) == [listed]
+
+
+# Real text held out (tests/data/README.md): about 300 boundaries of seven UD treebanks' test sets,
+# (boundaries, recall, precision) with data.language set. Czech, Turkish (on these 300; 0.898 on the
+# whole test set), Armenian, French, Danish and Romanian meet the goal; Swedish (headlines without a stop), German (`` quotes, list items) and Greek (the
+# treebank's text keeps the tokenizer's spaces: "« Συγχαρητήρια ».") do not.
+UD_HELD_OUT = {
+  "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983), "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978),
+  "ro": (317, 0.909, 0.976), "sv": (301, 0.874, 1.0), "de": (300, 0.867, 0.996),
+  "el": (300, 0.533, 1.0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("language", sorted(UD_HELD_OUT))
+def test_real_text_held_out_universal_dependencies(language):
+  import json
+  import pathlib
+
+  data = json.loads(
+    (pathlib.Path(__file__).parent / "data" / "ud_test_paragraphs.json").read_text()
+  )
+  treebank = data["treebanks"][language]
+  assert treebank["licence"] == "CC BY-SA 4.0"
+  found = true = hits = 0
+  for paragraph in treebank["paragraphs"]:
+    text = " ".join(paragraph)
+    want, got = _starts(paragraph, text), _starts(split_sentences(text, language), text)
+    found, true, hits = found + len(got), true + len(want), hits + len(got & want)
+  boundaries, recall, precision = UD_HELD_OUT[language]
+  assert true == boundaries
+  assert hits / true >= recall - 1e-3 and hits / found >= precision - 1e-3, (
+    hits / true,
+    hits / found,
+  )
+  if language in ("cs", "tr", "hy", "fr", "da", "ro"):
+    assert hits / true >= RECALL and hits / found >= PRECISION

@@ -168,7 +168,7 @@ def weighted(corpora, tmp_path_factory):
   return config, workdir, build.prepare(config, workdir)
 
 
-def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted):
+def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted, corpora):
   config, workdir, info = weighted
   stats = info["sources"]
   assert [s["name"] for s in stats] == ["en", "ru", "hi"]
@@ -185,8 +185,11 @@ def test_prepare_reports_per_source_and_the_loader_follows_the_shares(weighted):
   prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
   sample = prepared["vocab_settings"]["sample_sentences_by_source"]
   assert list(sample) == ["en", "ru", "hi"]
-  # Hindi's sentences are all in the sample (its quota is more than it holds).
-  assert sample["hi"] == 60 and sample["ru"] == 240
+  # The corpus is smaller than the sample: Hindi (60 sentences) and Russian (240) are repeated up
+  # to their shares of the sample English's sentences support (sampling with replacement).
+  got = np.array([sample[n] for n in ("en", "ru", "hi")], float)
+  assert sample["hi"] > 60 and sample["ru"] > 240
+  np.testing.assert_allclose(got / got.sum(), want_vocab_shares(config, corpora), atol=2e-3)
   # The loader's train examples over several passes: the sampled shares, pass after pass.
   mix = epoch_plan.mixture(config, info["data_dir"], prepared)
   n = mix.epoch_size
@@ -224,6 +227,71 @@ def test_changed_weights_are_refused_naming_the_prepared_ones(weighted, corpora)
   with pytest.raises(ConfigError, match="sampling_alpha': 0.3") as e:
     loader.make_iterator(other, workdir, process_index=0, process_count=1)
   assert "\n" not in str(e.value)
+
+
+def want_vocab_shares(config, root):
+  """The vocabulary sample's shares: the sources' bytes under the config's alpha."""
+  nbytes = [os.path.getsize(root / n / "part.txt") for n in ("en", "ru", "hi")]
+  return sources.shares(["en", "ru", "hi"], nbytes, config.data, vocab=True)
+
+
+def test_repeated_up_to_the_quota():
+  from albert_jax.data.prepare import vocab
+
+  # English fills its quota; Hindi holds 3 of its 20: repeated in turn up to them.
+  wanted = vocab.with_replacement([80, 20], [["e"] * 80, ["a", "b", "c"]])
+  assert wanted == [80, 20]
+  assert vocab.up_to(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
+  # Every source short: the largest sample the shares allow without repeating the first source.
+  assert vocab.with_replacement([500, 500], [["e"] * 100, ["h"] * 10]) == [100, 100]
+  assert vocab.with_replacement([900, 100], [["e"] * 300, []]) == [300, 0]
+
+
+@pytest.mark.slow
+def test_vocab_sampling_alpha_gives_a_small_language_more_pieces(tmp_path):
+  """Issue 52: English, Chinese and Hindi (the shipped samples' real sentences; Hindi about 2% of
+  the bytes), a corpus smaller than the vocabulary's sample. Alpha 0.3 now gives Hindi a larger
+  share of the sample than 1.0 (its sentences repeated): more Devanagari pieces and fewer pieces
+  per Hindi word. (Before, both gave the same vocabulary: each source gave what it held.)"""
+  from pydoc_data import topics
+
+  from albert_jax.data.text import samples, tokenizer
+
+  root = tmp_path / "corpus"
+  text = {
+    "en": [python_docs.paragraph_sentences(topics.topics[k]) for k in sorted(topics.topics)],
+  }
+  here = os.path.dirname(samples.__file__)
+  for code in ("zh", "hi"):
+    with open(os.path.join(here, f"{code}.txt"), encoding="utf-8") as f:
+      lines = [line.strip() for line in f if line.strip()]
+    text[code] = [lines[i : i + 4] for i in range(0, len(lines), 4)]
+  for name, docs in text.items():
+    os.makedirs(root / name)
+    (root / name / "part.txt").write_text(
+      "\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8"
+    )
+  hindi_words = " ".join(s for d in text["hi"] for s in d).split()
+  figures = {}
+  for alpha in (0.3, 1.0):
+    c = _config(root, pairing="static", vocab_sampling_alpha=alpha)
+    c.data.input_files = f"en={root}/en/*.txt,zh={root}/zh/*.txt,hi={root}/hi/*.txt"
+    c.model.vocab_size = 1500
+    info = build.prepare(c, str(tmp_path / f"a{alpha}"))
+    tok = tokenizer.load(os.path.join(info["data_dir"], "spiece.model"))
+    pieces = [tok.id_to_piece(i) for i in range(tok.vocab_size)]
+    devanagari = sum(any("\u0900" <= ch <= "\u097f" for ch in p) for p in pieces)
+    per_word = sum(len(ids) for ids in tok.encode_batch(hindi_words)) / len(hindi_words)
+    prepared = json.loads(open(os.path.join(info["data_dir"], "prepared.json")).read())
+    figures[alpha] = (
+      devanagari,
+      per_word,
+      prepared["vocab_settings"]["sample_sentences_by_source"],
+    )
+  (dev3, word3, sample3), (dev1, word1, sample1) = figures[0.3], figures[1.0]
+  assert sample3["hi"] / sum(sample3.values()) > 3 * sample1["hi"] / sum(sample1.values())
+  assert dev3 > dev1 + 20, figures
+  assert word3 < word1 - 0.2, figures
 
 
 def test_vocab_sample_follows_vocab_sampling_alpha(corpora, tmp_path):

@@ -5,6 +5,7 @@ that learns, exports as AlbertForTokenClassification and runs in transformers' p
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.text import tokenizer as tokenizer_lib
+from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
 from albert_jax.tasks import tagged_files, tokens
 from tests.conftest import ROOT, built_once, load_file, pydoc_sentences
 
@@ -246,14 +247,21 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   theirs = transformers.AutoTokenizer.from_pretrained(str(env / "init"))(
     words, is_split_into_words=True
   )
-  # Our rule, in every language: each word's pieces as it encodes alone, the first one labelled.
-  alone = [tok.encode(w) for w in words]
+  # Our rule, in every language: each word's pieces as it encodes alone, the first one labelled;
+  # in Chinese and Japanese a word written against the one before without its "▁" (as pretraining
+  # saw the text), where transformers' is_split_into_words gives every word one.
+  together = scripts.words_written_together(words)
+  assert any(together) == (language in ("chinese", "japanese"))
+  alone = [tok.encode_continuation(w) if t else tok.encode(w) for w, t in zip(words, together)]
   ours = [tokenizer_lib.CLS_ID, *[p for a in alone for p in a], tokenizer_lib.SEP_ID]
   assert arrays["input_ids"][0, : len(ours)].tolist() == ours
   firsts = np.cumsum([1] + [len(a) for a in alone])[:-1][[bool(a) for a in alone]]
   assert np.flatnonzero(arrays["label_weight"][0]).tolist() == firsts.tolist()
   assert arrays["label"][0, firsts].tolist() == [i for i, a in zip(ids, alone) if a]
   assert any(len(a) > 1 for a in alone)  # words of several pieces
+  if any(together):
+    assert arrays["input_ids"][0, : len(ours)].tolist() != theirs["input_ids"]
+    return
   n = len(theirs["input_ids"])
   assert arrays["input_ids"][0, :n].tolist() == theirs["input_ids"]
   assert arrays["input_mask"][0].sum() == n
@@ -276,6 +284,36 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   pieces = [w is not None for w in word_ids] + [False] * (64 - n)
   assert every["label_weight"][0].tolist() == [float(p) for p in pieces]
   assert every["label"][0, :n].tolist() == [0 if w is None else ids[w] for w in word_ids]
+
+
+def test_unspaced_words_tagged_per_character_are_pieces_pretraining_saw(tok):
+  """A Chinese NER sentence tagged per character (MSRA, Weibo NER, People's Daily) and a Japanese
+  one in words: the pieces are those of the text as written (no "▁" before a character that
+  follows another), each word's first piece labelled; spaced text around them is unchanged."""
+  chinese = list("王小明住在北京。")
+  tags = ["B-PER", "I-PER", "I-PER", "O", "O", "B-LOC", "I-LOC", "O"]
+  labels = sorted(set(tags))
+  sentence = tagged_files.Sentence(chinese, tags, list(range(len(chinese))))
+  arrays, alignment = tokens.make_features(
+    [sentence], [[labels.index(t) for t in tags]], tok, max_seq_length=32, stride=8
+  )
+  ids = arrays["input_ids"][0, 1 : arrays["input_mask"][0].sum() - 1].tolist()
+  pieces = [tok.id_to_piece(i) for i in ids]
+  marked = [p for p in pieces if p.startswith(tokenizer_lib.WORD_MARKER)]
+  assert len(marked) <= 1 and pieces[0].startswith(tokenizer_lib.WORD_MARKER)  # the text's start
+  assert "".join(pieces).replace(tokenizer_lib.WORD_MARKER, "") == tok.preprocess(
+    "王小明住在北京。"
+  )
+  # Every character is one position, labelled at its piece.
+  assert (alignment.word_row >= 0).all() and len(set(alignment.word_pos.tolist())) == 8
+  # Beside it, the same words with spaces (as transformers would give): a "▁" before each.
+  alone = [p for w in chinese for p in tok.encode(w)]
+  assert sum(tok.id_to_piece(i).startswith(tokenizer_lib.WORD_MARKER) for i in alone) >= 7
+  # Mixed: "2019" and "年" are written together, "iPhone" after Han too; English is untouched.
+  words = ["我", "用", "iPhone", "手机", "拍照", "，", "2019", "年"]
+  assert scripts.words_written_together(words) == [False] + [True] * 7
+  assert not any(scripts.words_written_together("John lives in 北京 .".split()))
+  assert not any(scripts.words_written_together(["김민수", "는", "서울"]))
 
 
 def test_windows_cover_every_word_once_and_rejoin_in_order(tok):
@@ -506,7 +544,8 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   assert metrics["f1"] > 0.5 and {"f1_PER", "f1_LOC", "precision_LOC"} <= set(metrics)
   assert results["summary"]["metric"] == "f1"
   # The same eval sentences in each format score the same with the best checkpoint.
-  loaded = api.load(str(tagger / "run"))
+  # The best checkpoint, whose metrics eval_results.json holds (api.load's default is the latest).
+  loaded = api.load(str(tagger / "run"), step=results["seeds"][0]["best_step"])
   config, task = loaded.config, tasks.of(loaded.config)
   assert task.labels == ("B-LOC", "B-PER", "I-PER", "O")  # sorted: I-LOC never occurs
   scores = {}
@@ -548,7 +587,8 @@ def test_tagger_export_matches_transformers_and_its_pipeline(env, tagger, tmp_pa
     str(tmp_path / "hf"), output_loading_info=True
   )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
-  loaded = api.load(str(tagger / "run"))
+  best = json.loads((tagger / "run" / "eval_results.json").read_text())["seeds"][0]["best_step"]
+  loaded = api.load(str(tagger / "run"), step=best)  # the checkpoint the export writes
   task = tasks.of(loaded.config)
   assert theirs.config.id2label == dict(enumerate(task.labels))
   assert theirs.config.label2id == {label: i for i, label in enumerate(task.labels)}
@@ -601,7 +641,57 @@ def test_cli_bad_eval_label_is_one_line_and_writes_nothing(env, tmp_path):
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2, result.stderr
   assert len(lines) == 1 and f"{tmp_path / 'dev.conll'}:4: label 'B-GPE'" in lines[0], lines
-  assert not (tmp_path / "run" / "seed_0").exists()
+  assert not (tmp_path / "run").exists()  # not even its lock or logs
+
+
+def _resolve_tokens(env, **data):
+  import albert_jax
+
+  base = {"init_from": str(env / "init"), "train.batch_size": 8}
+  return albert_jax.get_config(
+    "configs/finetune/tokens.py", {**base, **{f"data.{k}": v for k, v in data.items()}}
+  )
+
+
+def test_bad_split_files_are_refused_at_resolve_naming_file_and_line(env, tmp_path):
+  """Before any workdir is written (resolve runs before the lock and the logs): an empty eval
+  file, an eval file without labels, a label outside the set, a train file without labels; each
+  one line naming the file (and line)."""
+  train = write_formats(tmp_path / "train", tagged_corpus(40, 0))["conll"]
+  (tmp_path / "empty.conll").write_text("\n\n")
+  (tmp_path / "bare.conll").write_text("john\nlives\n\nparis\n")
+  (tmp_path / "bare.jsonl").write_text('{"tokens": ["john", "lives"]}\n')
+  (tmp_path / "odd.conll").write_text("john B-PER\nlives O\n\nparis B-GPE\n")
+  cases = [
+    ({"train_file": train, "eval_file": str(tmp_path / "empty.conll")}, "empty.conll holds no"),
+    ({"train_file": train, "eval_file": str(tmp_path / "bare.conll")}, "bare.conll:1: no labels"),
+    ({"train_file": train, "eval_file": str(tmp_path / "odd.conll")}, "odd.conll:4: label 'B-GPE'"),
+    ({"train_file": str(tmp_path / "bare.jsonl")}, "bare.jsonl:1: no labels"),
+    ({"train_file": str(tmp_path / "bare.conll")}, "bare.conll:1: no labels"),
+  ]
+  for data, match in cases:
+    with pytest.raises(ConfigError, match=re.escape(match)) as e:
+      _resolve_tokens(env, **data)
+    assert "\n" not in str(e.value)
+  # A test file without labels is what a test file is.
+  config = _resolve_tokens(env, train_file=train, test_file=str(tmp_path / "bare.conll"))
+  assert json.loads(config.task.labels)
+
+
+@pytest.mark.slow
+def test_cli_empty_eval_file_writes_nothing(env, tmp_path):
+  train = write_formats(tmp_path / "train", tagged_corpus(40, 0))
+  (tmp_path / "dev.conll").write_text("")
+  result = subprocess.run(
+    [sys.executable, "-m", "albert_jax.finetune", "--config=configs/finetune/tokens.py",
+     f"--workdir={tmp_path / 'run'}", f"--config.init_from={env / 'init'}",
+     f"--config.data.train_file={train['conll']}", f"--config.data.eval_file={tmp_path / 'dev.conll'}"],
+    cwd=ROOT, capture_output=True, text=True,
+  )  # fmt: skip
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr
+  assert f"{tmp_path / 'dev.conll'}" in lines[0]
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

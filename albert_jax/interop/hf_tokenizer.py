@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import struct
+import unicodedata
 
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
@@ -124,7 +125,46 @@ def _stripped_marks_regex() -> str:
   return "[" + "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges) + "]"
 
 
-def _albert_tokenizer_differs(proto: SpmModel, keep_accents: bool) -> str:
+# Python's str.lower maps a capital sigma to the final form ς where it ends a word: after a cased
+# letter (Unicode's Final_Sigma: and up to two case-ignorable characters, marks, apostrophes, a
+# period...), and not before a cased letter behind case-ignorable ones. tokenizers' Lowercase maps
+# one character at a time (Σ -> σ always); this Oniguruma pattern, applied first, does what
+# str.lower does (tests/test_hf_tokenizer_scripts.py compares the two on every context).
+_CASED = r"[\p{Lu}\p{Ll}\p{Lt}]"
+_CASE_IGNORABLE = (
+  r"[\p{Mn}\p{Me}\p{Cf}\p{Lm}\p{Sk}'.:\u00b7\u0387\u05f4\u2018\u2019\u2024\u2027\ufe13"
+  r"\ufe52\ufe55\uff07\uff0e\uff1a]"
+)
+FINAL_SIGMA = (
+  f"(?<={_CASED}|{_CASED}{_CASE_IGNORABLE}|{_CASED}{_CASE_IGNORABLE}{_CASE_IGNORABLE})"
+  f"\u03a3(?!{_CASE_IGNORABLE}*{_CASED})"
+)
+
+
+def nfkd_differences() -> list[tuple[str, str]]:
+  """(character, Python's NFKD of it) for each character that Python's unicodedata decomposes and
+  the tokenizers library's Rust tables decompose otherwise (73 with Python 3.11's Unicode 14.0 and
+  tokenizers 0.23: the Reiwa era square, Latin modifier letters ...): the export spells them out
+  ahead of its NFKD, so that stripped text gets our ids whatever the two tables' versions. Empty
+  without the tokenizers library (nothing to compare with)."""
+  try:
+    from tokenizers import normalizers
+  except ImportError:
+    return []
+  chars = [
+    chr(cp)
+    for cp in range(0xA0, 0x110000)
+    if not 0xD800 <= cp <= 0xDFFF and unicodedata.decomposition(chr(cp))
+  ]
+  rust = normalizers.NFKD().normalize_str("\n".join(chars)).split("\n")
+  return [
+    (c, unicodedata.normalize("NFKD", c))
+    for c, r in zip(chars, rust)
+    if r != unicodedata.normalize("NFKD", c)
+  ]
+
+
+def _albert_tokenizer_differs(proto: SpmModel, keep_accents: bool, lower: bool = True) -> str:
   """Why transformers' AlbertTokenizer class cannot give our ids with this vocabulary ("" when it
   can). transformers 5 rebuilds its normaliser from tokenizer_config.json (keep_accents,
   do_lower_case) and takes only the pieces and the charsmap from tokenizer.json: without
@@ -133,6 +173,10 @@ def _albert_tokenizer_differs(proto: SpmModel, keep_accents: bool) -> str:
   (Hindi, Bengali, Thai ...); and it never falls back to bytes."""
   if proto.byte_fallback:
     return "the vocabulary falls back to bytes, which AlbertTokenizer never does"
+  if lower and any("\u03c2" in piece for piece, _, _ in proto.pieces):
+    return (
+      "AlbertTokenizer lowercases Greek capitals a character at a time (ΟΔΟΣ -> οδοσ, not οδος)"
+    )
   if keep_accents:
     return ""
   for piece, _, _ in proto.pieces:
@@ -192,11 +236,18 @@ def write_hf_tokenizer(
   ]
   if not keep_accents:
     normalizers += [
+      {"type": "Replace", "pattern": {"String": c}, "content": nfkd}
+      for c, nfkd in nfkd_differences()
+    ]
+    normalizers += [
       {"type": "NFKD"},
       {"type": "Replace", "pattern": {"Regex": _stripped_marks_regex()}, "content": ""},
       {"type": "NFC"},
     ]
   if do_lower_case:
+    # str.lower's one rule with context, Greek's final sigma (ΟΔΟΣ -> οδος), ahead of Lowercase,
+    # which maps a character at a time (οδοσ): Greek capitals get our ids.
+    normalizers.append({"type": "Replace", "pattern": {"Regex": FINAL_SIGMA}, "content": "\u03c2"})
     normalizers.append({"type": "Lowercase"})
   charsmap = proto.precompiled_charsmap
   if charsmap:
@@ -204,7 +255,7 @@ def write_hf_tokenizer(
       {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode("ascii")}
     )
   normalizers.append({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})
-  differs = _albert_tokenizer_differs(proto, keep_accents)
+  differs = _albert_tokenizer_differs(proto, keep_accents, do_lower_case)
   tokenizer_class = "PreTrainedTokenizerFast" if differs else "AlbertTokenizer"
   if differs:
     log(

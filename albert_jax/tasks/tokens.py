@@ -4,9 +4,12 @@ tagged files it reads and the prediction files it writes (CoNLL, CoNLL-U, JSON L
 tagged_files.py's.
 
 Words become pieces as Hugging Face's tokenizers do with `is_split_into_words=True`: each word is
-encoded alone (preprocessed, then SentencePiece with its "▁" word start), the first piece carries the
-word's label and the others weight 0 (transformers' -100), or with data.label_all_pieces every piece
-carries it. A word that becomes no piece at all (a lone combining mark, a control character) has no
+encoded alone (preprocessed, then SentencePiece with its "▁" word start), except in text written
+without spaces (Chinese, Japanese, Thai: scripts.words_written_together), where a word written
+against the one before is encoded as pretraining saw it, without the "▁" of a word boundary the
+text does not have (Tokenizer.encode_continuation: a Chinese NER file tagged per character gives
+"北" "京", not "▁北" "▁京"). The first piece carries the word's label and the others weight 0
+(transformers' -100), or with data.label_all_pieces every piece carries it. A word that becomes no piece at all (a lone combining mark, a control character) has no
 position: it is predicted as LABEL_OF_NOTHING says. A sentence longer than the sequence is split into
 windows of whole words, data.doc_stride pieces apart; each word is predicted (and trained) in exactly
 one window, the one that gives it the most context (SQuAD's rule, in words), so nothing is truncated.
@@ -31,6 +34,7 @@ import numpy as np
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import log
+from albert_jax.data.text import scripts
 from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID
 from albert_jax.model import albert as M, heads
 from albert_jax.tasks import tagged_files, task as tasks
@@ -61,6 +65,35 @@ def label_set(corpus: tagged_files.Corpus) -> tuple[str, ...]:
   if corpus.names:
     return corpus.names
   return tuple(sorted({label for s in corpus.sentences for label in (s.labels or ())}))
+
+
+def labels_to_ids(
+  corpus: tagged_files.Corpus, split: str, labels: Sequence[str]
+) -> list[list[int] | None]:
+  """Each sentence's label ids in `labels` (None for a test file's sentence without labels); a
+  sentence without labels in a train or eval file, or a label outside `labels`, is a one-line
+  ConfigError naming the file and line."""
+  index = {label: i for i, label in enumerate(labels)}
+  parquet = corpus.fmt == "parquet"
+  ids = []
+  for s in corpus.sentences:
+    if s.labels is None:
+      if split.startswith("test"):
+        ids.append(None)
+        continue
+      where = tagged_files.location(corpus.path, s.lines[0], parquet)
+      column = "a label column" if corpus.fmt in ("conll", "conllu") else "a label field"
+      raise ConfigError(f"{where}: no labels ({column}), which a {split} file needs")
+    for label, line in zip(s.labels, s.lines):
+      if label not in index:
+        raise ConfigError(
+          f"{tagged_files.location(corpus.path, line, parquet)}: label {label!r} is not one of "
+          f"the run's {len(index)} labels ({', '.join(labels[:8])}"
+          + (", ..." if len(index) > 8 else "")
+          + ")"
+        )
+    ids.append([index[label] for label in s.labels])
+  return ids
 
 
 def detect_scheme(labels: Sequence[str]) -> tuple[str, str]:
@@ -141,6 +174,12 @@ def make_features(
     raise ConfigError(f"max_seq_length={max_seq_length} and doc_stride={stride} leave no room")
   flat = [w for s in sentences for w in s.words]
   pieces = tokenizer.encode_batch(flat) if flat else []
+  k = 0
+  for s in sentences:  # unspaced text: a word written against the one before, without its "▁"
+    for i, together in enumerate(scripts.words_written_together(s.words)):
+      if together:
+        pieces[k + i] = tokenizer.continuation(s.words[i], pieces[k + i])
+    k += len(s.words)
   rows, word_row, word_pos, word_label, starts, split = [], [], [], [], [0], 0
   k = 0
   for s, ids in zip(sentences, label_ids):
@@ -301,11 +340,19 @@ class TaggingTask(tasks.Task):
         f"data.label_column: {corpus.label_column!r} in {train}, the first of "
         f"{', '.join(tagged_files.LABEL_COLUMNS)} it has"
       )
+    labels_to_ids(corpus, "train", labels or label_set(corpus))  # no labels: the file and line
     labels = labels or label_set(corpus)
-    if not labels:
-      raise ConfigError("the training file holds no labels")
     if len(set(labels)) != len(labels):
       raise ConfigError(f"data.labels names a label twice: {list(labels)}")
+    # The other files, read now: an empty or label-less eval file, or a label outside the set, is
+    # one line before the run writes anything (its workdir's lock and logs come after resolve).
+    for split in self.splits:
+      path = self.split_path(config, split) if split != "train" else ""
+      if path:
+        other = tagged_files.read_tagged(
+          path, d.label_column, labels, d.get("tokens_column", "tokens")
+        )
+        labels_to_ids(other, split, labels)
     config.task.labels = json.dumps(list(labels), ensure_ascii=False)
     if d.tag_scheme == "auto":
       d.tag_scheme, why = detect_scheme(labels)
@@ -382,24 +429,7 @@ class TaggingTask(tasks.Task):
     corpus = tagged_files.read_tagged(
       path, d.label_column, parse_labels(d.labels) or self.labels, d.get("tokens_column", "tokens")
     )
-    index = {label: i for i, label in enumerate(self.labels)}
-    ids = []
-    for s in corpus.sentences:
-      if s.labels is None:
-        if split != "test":
-          raise ConfigError(f"{path} holds no labels (an {split} file needs them)")
-        ids.append(None)
-        continue
-      for label, line in zip(s.labels, s.lines):
-        if label not in index:
-          where = tagged_files.location(path, line, corpus.fmt == "parquet")
-          raise ConfigError(
-            f"{where}: label {label!r} is not one of the "
-            f"run's {len(index)} labels ({', '.join(self.labels[:8])}"
-            + (", ..." if len(index) > 8 else "")
-            + ")"
-          )
-      ids.append([index[label] for label in s.labels])
+    ids = labels_to_ids(corpus, split, self.labels)
     arrays, alignment = make_features(
       corpus.sentences,
       ids,

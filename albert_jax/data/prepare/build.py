@@ -72,13 +72,29 @@ SHARD_DOCUMENTS = 2_000
 DECISION_SENTENCES = 2_000
 
 
-def decision_sample(data, shards: list[dict]) -> list[str]:
-  """About DECISION_SENTENCES sentences of the corpus, from up to 64 shards spread over it."""
+def decision_sample(data, shards: list[dict], by_source: dict | None = None) -> list[str]:
+  """About DECISION_SENTENCES sentences of the corpus, from up to 64 shards spread over it, and
+  (into `by_source`, when given: source index -> sentences) from up to 16 shards of each source of
+  a mixture, so that a small source is judged on its own text too."""
   step = max(1, len(shards) // 64)
   chosen = shards[::step][:64]
   per_shard = max(1, DECISION_SENTENCES // len(chosen))
+  sample = _sentences_of(data, chosen, per_shard)
+  if by_source is not None:
+    groups: dict[int, list[dict]] = {}
+    for shard in shards:
+      groups.setdefault(shard.get("source", 0), []).append(shard)
+    if len(groups) > 1:
+      for source, members in sorted(groups.items()):
+        picked = members[:: max(1, len(members) // 16)][:16]
+        by_source[source] = _sentences_of(data, picked, max(1, DECISION_SENTENCES // len(picked)))
+  return sample
+
+
+def _sentences_of(data, shards: list[dict], per_shard: int) -> list[str]:
+  """The first `per_shard` sentences of each of `shards`."""
   sample: list[str] = []
-  for shard in chosen:
+  for shard in shards:
     taken = 0
     for _, doc in corpus_lib.shard_documents(data, shard, count_file=False):
       sample.extend(doc[: per_shard - taken])
@@ -96,9 +112,20 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
   d = config.data
   keep = config_lib.keep_accents_value(d.keep_accents)
   wants_segmenter = d.word_start == "auto" and d.word_segmenter == "auto"
-  sample = decision_sample(job_data(d), shards) if keep is not True or wants_segmenter else []
+  by_source: dict[int, list[str]] = {}
+  sample = (
+    decision_sample(job_data(d), shards, by_source if keep is None else None)
+    if keep is not True or wants_segmenter
+    else []
+  )
   if keep is None:
-    keep, why = scripts.decide_keep_accents(sample)
+    names = corpus_lib.source_names(d)
+    keep, why = scripts.decide_keep_accents(
+      sample,
+      {
+        sources_lib.display(names[i]) if i < len(names) else str(i): s for i, s in by_source.items()
+      },
+    )
     logging.info("data.keep_accents=auto: %s accents (%s)", "keeping" if keep else "stripping", why)
     validation.record_decision(config, "data", "keep_accents", "true" if keep else "false")
   elif not keep:

@@ -73,6 +73,32 @@ def source_quotas(data, names: list[str], shards: list[dict], size: int) -> list
   return [round(size * share) for share in shares]
 
 
+def with_replacement(quotas: list[int], drawn: list[list[str]]) -> list[int]:
+  """Sentences per source once a source that holds fewer sentences than its quota gives its
+  sentences repeated (sampling with replacement, as XLM-R and mT5 sampled SentencePiece's input):
+  the sample keeps the mixture's shares (quotas / their sum) at the size of the largest sample
+  those shares allow without repeating the sources that filled their quota, at most the quotas
+  themselves. `drawn`: each source's sentences as sampled (its quota, or all it holds)."""
+  total = sum(quotas)
+  if not total or not any(drawn):
+    return [len(d) for d in drawn]
+  shares = [q / total for q in quotas]
+  # The sample size the drawn sentences support at these shares: a source that filled its quota
+  # supports the whole sample; an exhausted one len/share, the largest of which decides.
+  size = min(total, max(len(d) / s for d, s in zip(drawn, shares) if s > 0))
+  return [
+    max(len(d), min(q, round(size * s))) if d else 0 for d, q, s in zip(drawn, quotas, shares)
+  ]
+
+
+def up_to(sentences: list[str], n: int) -> list[str]:
+  """`sentences` (a source's sample, in its random key order) repeated in turn until there are `n`
+  of them: every sentence as often as every other, give or take one."""
+  if not sentences or n <= len(sentences):
+    return sentences
+  return [sentences[i % len(sentences)] for i in range(n)]
+
+
 def _shard_weight(shard: dict) -> int:
   """A shard's share of the corpus: its bytes for files (corpus.shards), its documents otherwise."""
   if shard["kind"] == "files":
@@ -160,6 +186,13 @@ def train_vocab(
         break  # the rest of this sorted sample has larger keys
   sentences = [s for _, s in sorted((-k, s) for heap in heaps for k, s in heap)]
   sample_by_source = [len(h) for h in heaps]
+  if len(quotas) > 1:  # a source short of its quota: its sentences again, after the sample
+    drawn = [[s for _, s in sorted((-k, s) for k, s in heap)] for heap in heaps]
+    wanted = with_replacement(quotas, drawn)
+    for g, group in enumerate(drawn):
+      sentences.extend(up_to(group, wanted[g])[len(group) :])
+    sample_by_source = [max(n, w) for n, w in zip(sample_by_source, wanted)]
+    del drawn
   del heaps
   if sample_out is not None:
     sample_out.extend(sentences)

@@ -110,14 +110,21 @@ SENTENCE_ENDS = frozenset(
   "\u3002\uff01\uff1f\uff61"  # 。！？｡ (CJK full stop, fullwidth ! ?, halfwidth full stop)
   "\u0964\u0965"  # । ॥ Devanagari danda and double danda (also Bengali, Gurmukhi, Oriya ...)
   "\u061f\u06d4"  # ؟ Arabic question mark, ۔ Urdu full stop
-  "\u1362"  # ። Ethiopic full stop
+  "\u1362\u1367\u1368"  # ። ፧ ፨ Ethiopic full stop, question mark, paragraph separator
   "\u0589"  # ։ Armenian full stop
   "\u104a\u104b"  # ၊ ။ Myanmar section marks (။ ends a sentence)
   "\u17d4\u17d5"  # ។ ៕ Khmer
   "\u0f0d\u0f0e"  # ། ༎ Tibetan shad
   "\u0df4"  # ෴ Sinhala kunddaliya
   "\u203c\u2047\u2048\u2049"  # ‼ ⁇ ⁈ ⁉
+  "\u2026"  # … the ellipsis (ends a sentence as "..." does: before a space and a capital)
+  "\u037e"  # ; Greek question mark (NFC makes it ";": SCRIPT_SENTENCE_ENDS)
 )
+# Punctuation that ends a sentence only in one script's text, elsewhere a clause: Greek writes its
+# question mark as the semicolon (U+037E, which NFC turns into ";"), and Armenian text typed on a
+# Latin keyboard writes its full stop ։ as a colon. A sentence ends there after a letter of that
+# script, before a space and what can begin a sentence.
+SCRIPT_SENTENCE_ENDS = {";": "Greek", "\u037e": "Greek", ":": "Armenian"}
 # Ends that need no space after them (CJK text has no spaces between sentences).
 UNSPACED_SENTENCE_ENDS = frozenset("\u3002\uff01\uff1f\uff61")
 # Scripts whose next sentence follows those ends with no space between.
@@ -135,6 +142,12 @@ OPENERS = frozenset(
 )
 
 
+# Characters of the kana blocks that Scripts.txt gives to no script (Common or Inherited): the
+# katakana middle dot that Chinese transliterations use ("列夫・托尔斯泰"), the prolonged sound mark,
+# the double hyphen and the voicing marks. They never make a text Japanese.
+_KANA_BLOCK_COMMON = frozenset("\u30a0\u30fb\u30fc\u3099\u309a\u309b\u309c")
+
+
 def script_of(ch: str) -> str | None:
   """The script of one character (Unicode's name for it), or None for characters every script
   shares (digits, punctuation, spaces, symbols) and for combining marks ("Inherited")."""
@@ -146,6 +159,8 @@ def script_of(ch: str) -> str | None:
     return None
   first, last, script = _RANGES[i]
   if cp > last or script == "Inherited":
+    return None
+  if 0x3099 <= cp <= 0x30FC and ch in _KANA_BLOCK_COMMON:
     return None
   return script
 
@@ -160,18 +175,43 @@ def script_counts(text: str) -> collections.Counter:
   return counts
 
 
-def dominant_script(counts: collections.Counter | str) -> str | None:
-  """The script most of a text's letters are in (None: no letters). Japanese counts as one
-  writing system: Han beside kana is "Japanese", kana alone too; Han alone is "Han" (Chinese)."""
+# Japanese is written in Han and kana together; Chinese borrows a katakana name now and then
+# ("索尼（ソニー）") but no hiragana: a text is Japanese when hiragana are at least this share of its
+# Han and kana letters (Japanese prose: 30-50%, a kanji-heavy headline rarely under 10%), or when
+# kana are most of them (a text in katakana alone). One character never decides.
+JAPANESE_HIRAGANA_SHARE = 0.05
+
+
+def writes_japanese(han: int, hiragana: int, katakana: int) -> bool:
+  """Whether text with these letter counts is Japanese rather than Chinese (by shares,
+  JAPANESE_HIRAGANA_SHARE): Chinese text quoting a katakana name or a short Japanese title is
+  Chinese."""
+  total = han + hiragana + katakana
+  if not total:
+    return False
+  return hiragana >= JAPANESE_HIRAGANA_SHARE * total or hiragana + katakana > total / 2
+
+
+def writing_counts(counts: collections.Counter | str) -> collections.Counter:
+  """Letters per writing system: script_counts with Han and kana joined as "Japanese" where they
+  write Japanese (writes_japanese), and a Chinese text's few borrowed kana counted as its "Han"."""
   if isinstance(counts, str):
     counts = script_counts(counts)
-  if not counts:
-    return None
   counts = collections.Counter(counts)
-  kana = counts.pop("Hiragana", 0) + counts.pop("Katakana", 0)
-  if kana:
-    counts["Japanese"] = kana + counts.pop("Han", 0)
-  return counts.most_common(1)[0][0]
+  han, hiragana, katakana = (counts.pop(s, 0) for s in ("Han", "Hiragana", "Katakana"))
+  if writes_japanese(han, hiragana, katakana):
+    counts["Japanese"] = han + hiragana + katakana
+  elif han:
+    counts["Han"] = han + hiragana + katakana
+  return +counts
+
+
+def dominant_script(counts: collections.Counter | str) -> str | None:
+  """The writing system most of a text's letters are in (None: no letters), by shares
+  (writing_counts): Han beside enough hiragana is "Japanese", kana alone too; Han alone, or with a
+  few borrowed kana (a katakana name, U+30FB), is "Han" (Chinese). One character never decides."""
+  counts = writing_counts(counts)
+  return counts.most_common(1)[0][0] if counts else None
 
 
 def worth_naming(script: str | None) -> bool:
@@ -258,12 +298,16 @@ def share_changed_by_stripping(texts: Iterable[str]) -> float:
 # and exclamations and questions quoted inside a sentence: a sentence ends there only before a
 # space and what can begin a sentence (a letter that is not lower case, a digit). The other
 # SENTENCE_ENDS (। ؟ ۔ ። ։ ။ ...) end a sentence before any space.
-AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?")
+AMBIGUOUS_SENTENCE_ENDS = frozenset(".!?\u2026;:\u037e")
 # In SENTENCE_ENDS with its script's pair, but it ends a clause, not a sentence (Myanmar ၊ is a
 # comma): never a sentence boundary.
 CLAUSE_ENDS = frozenset("\u104a")
 # Dashes that open a line of dialogue (Russian, and much European prose): "— Скоро будет гроза."
 DIALOGUE_DASHES = frozenset("\u2014\u2013")  # — –
+# The hyphen typed for a dialogue dash ("- Tak."): one before a letter of a script other than
+# Latin, and in Latin script where data.language names a language other than English (an English
+# list item "- foo" after a sentence would start one).
+TYPED_DIALOGUE_DASH = "-"
 # Scripts with no sentence punctuation in use: a space between two of their letters ends a
 # sentence (Thai and Lao write words together and put a space between sentences and clauses).
 SPACE_SEPARATED_SENTENCES = frozenset({"Thai", "Lao"})
@@ -323,20 +367,14 @@ LANGUAGES = {
 
 def language_contradiction(language: str, counts: collections.Counter) -> str | None:
   """Why text with the script counts `counts` is not written in `language` (an ISO 639-1 code of
-  LANGUAGES), or None when it may be (or has no letters to tell)."""
-  script = dominant_script(counts)
+  LANGUAGES), or None when it may be (or has no letters to tell). Decided by shares
+  (writing_counts): Chinese with a few katakana names is zh, not ja."""
+  merged = writing_counts(counts)
+  script = merged.most_common(1)[0][0] if merged else None
   if script is None or script in LANGUAGES[language]:
     return None
-  letters = sum(counts.values())
-  share = (
-    counts.get(script, 0)
-    if script != "Japanese"
-    else (counts.get("Han", 0) + counts.get("Hiragana", 0) + counts.get("Katakana", 0))
-  )
-  return (
-    f"{100 * share / letters:.0f}% of the letters are {script}, not "
-    f"{' or '.join(LANGUAGES[language])}"
-  )
+  share = merged[script] / sum(merged.values())
+  return f"{100 * share:.0f}% of the letters are {script}, not {' or '.join(LANGUAGES[language])}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,8 +395,11 @@ _UNSPACED_LETTER = re.compile(
 )
 
 
-# Kana letters (not the prolonged sound mark or the middle dot, which Chinese text borrows).
-_KANA = re.compile("[\u3041-\u3096\u30a1-\u30fa\u31f0-\u31ff\uff66-\uff9d]")
+# Hiragana and katakana letters (not the prolonged sound mark or the middle dot, which Chinese
+# text borrows), and Han, for unspaced_writing's shares (regex counts: in C, per sentence).
+_HIRAGANA = re.compile("[\u3041-\u3096\u309d\u309e]")
+_KATAKANA = re.compile("[\u30a1-\u30fa\u30fd\u30fe\u31f0-\u31ff\uff66-\uff9d]")
+_HAN = re.compile(char_class(("Han",)))
 _UNSPACED_SCRIPT = {
   script: re.compile(
     "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, s in _RANGES if s == script) + "]"
@@ -369,13 +410,42 @@ _UNSPACED_SCRIPT = {
 
 def unspaced_writing(text: str) -> str | None:
   """The writing system without spaces that `text` is in, named as dominant_script names it:
-  "Japanese" when it holds kana (Japanese mixes Han and kana; Chinese has no kana), else the first
-  unspaced script found (Han, Thai, Khmer ...); None when it holds no unspaced letter."""
+  "Japanese" when its Han and kana write Japanese by their shares (writes_japanese: a Chinese
+  sentence with a katakana name stays Chinese), else the first unspaced script found (Han, Thai,
+  Khmer ...); None when it holds no unspaced letter."""
   if not has_unspaced(text):
     return None
-  if _KANA.search(text):
-    return "Japanese"
+  hiragana = len(_HIRAGANA.findall(text))
+  katakana = len(_KATAKANA.findall(text))
+  if hiragana or katakana:
+    if writes_japanese(len(_HAN.findall(text)), hiragana, katakana):
+      return "Japanese"
   return next((s for s, pattern in _UNSPACED_SCRIPT.items() if pattern.search(text)), None)
+
+
+def _written_together(c: str) -> bool:
+  """Whether `c` is a letter of a script without spaces between words, or punctuation of the CJK
+  blocks (。、「」 and the fullwidth forms), which that text writes with no space around it."""
+  cp = ord(c)
+  return 0x3000 <= cp <= 0x303F or 0xFF00 <= cp <= 0xFFEF or has_unspaced(c)
+
+
+def words_written_together(words: list[str]) -> list[bool]:
+  """For each word of a sentence given as words (a tagged file's tokens), whether the text it
+  came from writes it against the previous word with no space: in a sentence of an unspaced
+  writing system (dominant_script: Chinese, Japanese, Thai ...), a word that begins, or follows a
+  word that ends, with an unspaced letter or CJK punctuation ("北京" "。", "2019" "年"); never the
+  first word, and never in a sentence written with spaces (English, Korean, Hindi ...)."""
+  together = [False] * len(words)
+  if not any(has_unspaced(w) for w in words):
+    return together
+  if not is_unspaced(dominant_script("".join(words))):
+    return together
+  for i in range(1, len(words)):
+    before, after = words[i - 1][-1:], words[i][:1]
+    if before and after and (_written_together(before) or _written_together(after)):
+      together[i] = True
+  return together
 
 
 def has_unspaced(text: str) -> bool:
@@ -397,12 +467,23 @@ JAPANESE_KANJI_LINES = 0.1
 OTHER_SCRIPTS_CHANGED = 0.001
 
 
-def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
+# data.keep_accents=auto keeps the marks of Latin-script text when stripping would change more
+# than this share of a source's letters: German (about 1.4% on news), French, Polish, Turkish,
+# Czech and Vietnamese (a quarter) lose letters a reader needs; English with loanwords and names
+# (café, Zürich) loses a few hundredths of a percent, and is stripped as the original did.
+STRIP_LOSS = 0.005
+
+
+def decide_keep_accents(
+  texts: list[str], by_source: dict[str, list[str]] | None = None
+) -> tuple[bool, str]:
   """data.keep_accents=auto from a sample of the corpus: (keep, why). Strip (the original's rule)
-  only where the letters are in a script whose marks are accents a reader can do without (Latin)
-  and stripping changes next to nothing in any other script (OTHER_SCRIPTS_CHANGED); where it
-  still changes more than 0.5% of the letters (Vietnamese tones, French or German accents), `why`
-  says so and names the switch."""
+  only where stripping destroys next to nothing: the letters are in a script whose marks are
+  accents (Latin), it changes next to nothing in any other script (OTHER_SCRIPTS_CHANGED), and it
+  changes at most STRIP_LOSS of the letters of each source (`by_source`: a mixture's sources, by
+  name, each judged on its own sentences, so that a small German source beside a large English
+  one keeps its umlauts; None: the corpus is one source). One setting serves the whole corpus:
+  any source that would lose letters keeps the marks of all, and `why` names it."""
   counts = collections.Counter()
   for text in texts:
     counts.update(script_counts(text))
@@ -415,11 +496,31 @@ def decide_keep_accents(texts: list[str]) -> tuple[bool, str]:
       harmed["Japanese" if s in ("Hiragana", "Katakana") else s] += n
   harmed_share = sum(harmed.values()) / letters if letters else 0.0
   if strips_safely(script) and harmed_share <= OTHER_SCRIPTS_CHANGED:
-    what = f"in the {script} script" if script else "without letters"
-    why = f"the corpus is {what}: accents stripped as the original did"
-    if share > 0.005:
-      why += f"; they are {share:.1%} of its letters: data.keep_accents=true keeps them"
-    return False, why
+    groups = by_source if by_source and len(by_source) > 1 else {"": texts}
+    losses = {}
+    for name, group in groups.items():
+      n, lost = stripping_changes(group)
+      losses[name] = sum(lost.values()) / n if n else 0.0
+    losing = sorted((n for n in losses if losses[n] > STRIP_LOSS), key=lambda n: -losses[n])
+    if not losing:
+      what = f"in the {script} script" if script else "without letters"
+      return False, (
+        f"the corpus is {what} and stripping changes {share:.2%} of its letters"
+        + (f" (at most {max(losses.values()):.2%} in any source)" if len(groups) > 1 else "")
+        + f", at most {STRIP_LOSS:.1%}: accents stripped as the original did"
+      )
+    if losing == [""]:
+      return True, (
+        f"the corpus is in the {script} script, but stripping would change {share:.1%} of its "
+        f"letters, more than {STRIP_LOSS:.1%}: its marks are letters (German, French, Polish, "
+        f"Czech, Turkish, Vietnamese ...); data.keep_accents=false strips them as the original did"
+      )
+    return True, (
+      f"the corpus is in the {script} script, but stripping would change "
+      + _and([f"{losses[n]:.1%} of the letters of source {n}" for n in losing])
+      + f", more than {STRIP_LOSS:.1%}: their marks are letters; one setting serves every "
+      f"source (data.keep_accents=false strips them all as the original did)"
+    )
   if strips_safely(script):
     names = sorted(harmed, key=lambda s: (-harmed[s], s))
     return True, (

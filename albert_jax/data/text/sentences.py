@@ -40,9 +40,42 @@ ABBREVIATIONS = {
   "hi": frozenset("डॉ प्रो श्री सं पृ ई".split()),
   "ar": frozenset("د أ".split()),  # د. (doctor), أ. (professor)
 }
-_ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values())
+# Titles before a name ("Gen. Smith", "Mme. Curie", "Ing. Novák"), in every language: a capital
+# follows them as it follows a sentence end.
+TITLES = frozenset(
+  "gen col capt cpt lt sgt maj adm cmdr gov sen rep rev hon pres supt insp atty "
+  "mme mlle mgr ing dipl dott sig sgra avv hr fr frl sra srta dña".split()
+)
+_ALL_ABBREVIATIONS = frozenset().union(*ABBREVIATIONS.values()) | TITLES
+# Abbreviations by pattern, in every language:
+#   two groups of one or two letters, one small, around a period ("z.B.", "d.h.", "t.j.", "m.in."):
+#   an abbreviation (capitals alone, "V.R.M.F.", and file names, "foo.pth.", may end a sentence);
+#   a capitalised word of at most three letters before a number ("No. 5", "Nr. 12", "Art. 3",
+#   "S. 45", "Vol. 2"): a label, not a sentence end;
+#   a number of at most three digits after a German article or preposition, or before a month
+#   ("am 3. Oktober", "im 19. Jahrhundert", "der 2. Weltkrieg", "3. Mai"): an ordinal (German,
+#   Czech, Polish, the Nordic and South Slavic languages write ordinals with a period; only
+#   German capitalises what follows, the others' next word is lower case and never a start).
+_INNER_PERIODS = re.compile(r"^(?=.*[^\W\d_A-Z])[^\W\d_]{1,2}\.[^\W\d_]{1,2}$")
+_NUMBER_LABEL = re.compile(
+  r"^[A-Z\u00c0-\u024f\u0370-\u03ff\u0400-\u04ff][a-z\u00e0-\u024f\u03ac-\u03ce\u0430-\u045f]{0,2}$"
+)
+_ORDINAL = re.compile(r"^\d{1,3}$")
+ORDINAL_BEFORE = frozenset(
+  "am im vom zum beim der die das den dem des zur ab bis seit ihrem seinem ihr sein".split()
+)
+MONTHS = frozenset(
+  "januar jänner februar märz april mai juni juli august september oktober november dezember "
+  "marts juni maj desember mars".split()
+)
 
-_ENDS = re.escape("".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS)))
+_ENDS = re.escape(
+  "".join(sorted(scripts.SENTENCE_ENDS - scripts.CLAUSE_ENDS - set(scripts.SCRIPT_SENTENCE_ENDS)))
+)
+# ";" (Greek), ":" (Armenian): candidates too in a line holding those scripts' letters
+# (scripts.SCRIPT_SENTENCE_ENDS), so that other text's semicolons and colons cost nothing.
+_SCRIPT_ENDS = re.escape("".join(sorted(scripts.SCRIPT_SENTENCE_ENDS)))
+_HAS_SCRIPT_ENDS = re.compile(scripts.char_class(set(scripts.SCRIPT_SENTENCE_ENDS.values())))
 _UNSPACED_ENDS = re.escape("".join(sorted(scripts.UNSPACED_SENTENCE_ENDS)))
 _CLOSERS = re.escape("".join(sorted(scripts.CLOSERS)))
 _OPENERS = "".join(sorted(scripts.OPENERS))
@@ -50,6 +83,9 @@ _UNSPACED_LETTER = scripts.char_class(scripts.UNSPACED_SENTENCE_SCRIPTS)
 # Where a sentence may end (a candidate; the rest is decided in Python): a run of ends, its
 # closers, any spaces, and no ASCII lower-case letter next (C's quick "no" to "e.g. the", "? he").
 _CANDIDATE = re.compile(f"([{_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])")
+_CANDIDATE_WITH_SCRIPT_ENDS = re.compile(
+  f"([{_ENDS}{_SCRIPT_ENDS}]+)([{_CLOSERS}]*)(\\s*)(?![a-z])"
+)
 _UNSPACED_END = re.compile(f"[{_UNSPACED_ENDS}]")
 _UNSPACED_NEXT = re.compile(_UNSPACED_LETTER)
 _SPACED_SENTENCES = scripts.char_class(scripts.SPACE_SEPARATED_SENTENCES)
@@ -62,13 +98,20 @@ def _abbreviations(language: str) -> frozenset:
   return ABBREVIATIONS.get(language, _ALL_ABBREVIATIONS) if language else _ALL_ABBREVIATIONS
 
 
-def _begins_sentence(line: str, i: int) -> bool:
+def _begins_sentence(line: str, i: int, dashes: frozenset = scripts.DIALOGUE_DASHES) -> bool:
   """Whether line[i:] can begin a sentence after ". " "! " "? ": behind any opening quotes and
   brackets (or a dialogue dash and its space), a letter that is not lower case (every script's
   capitals, and every letter of the scripts without case) or a digit."""
   n = len(line)
-  if i + 1 < n and line[i] in scripts.DIALOGUE_DASHES and line[i + 1] == " ":
+  if i + 1 < n and line[i] in dashes and line[i + 1] == " ":
     i += 2
+  elif (
+    i + 2 < n
+    and line[i] == scripts.TYPED_DIALOGUE_DASH
+    and line[i + 1] == " "
+    and scripts.script_of(line[i + 2]) not in (None, "Latin")
+  ):
+    i += 2  # "- Да." in Cyrillic (Greek ...) text: a typed dialogue dash whatever the hint
   while i < n and line[i] in scripts.OPENERS:
     i += 1
   if i >= n:
@@ -77,10 +120,27 @@ def _begins_sentence(line: str, i: int) -> bool:
   return c.isdigit() or (c.isalpha() and not c.islower())
 
 
-def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -> bool:
+def _is_boundary(
+  line: str,
+  start: int,
+  m: re.Match,
+  abbreviations: frozenset,
+  dashes: frozenset = scripts.DIALOGUE_DASHES,
+) -> bool:
   """Whether the candidate `m` (of _CANDIDATE) in `line`, whose sentence began at `start`, ends a
   sentence."""
   ends, closers, space = m.group(1, 2, 3)
+  if ";" in ends or ":" in ends or "\u037e" in ends:
+    script_end = scripts.SCRIPT_SENTENCE_ENDS.get(ends[-1])
+    # ";" after Greek (its question mark), ":" after Armenian (its full stop): the candidate's
+    # pattern found the letter before it; a clause elsewhere.
+    return bool(
+      script_end
+      and space
+      and m.start() > 0
+      and scripts.script_of(line[m.start() - 1]) == script_end
+      and _begins_sentence(line, m.end(), dashes)
+    )
   if not ends.isascii():
     if _UNSPACED_END.search(ends):
       # 「待って！」と言った: a quoted exclamation inside the sentence.
@@ -90,7 +150,7 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
   if not space:
     # 你好!我是...: "!" and "?" in Chinese or Japanese text, no space after them.
     return ends[-1] in "!?" and not closers and bool(_UNSPACED_NEXT.match(line, m.end()))
-  if not _begins_sentence(line, m.end()):
+  if not _begins_sentence(line, m.end(), dashes):
     return False
   if ends[0] == ".":
     before = line[start : m.start()].rsplit(None, 1)
@@ -99,7 +159,32 @@ def _is_boundary(line: str, start: int, m: re.Match, abbreviations: frozenset) -
       return False
     if len(word) == 1 and word.isalpha() and word.upper() != word:  # an initial: "J. R. R."
       return False
+    if len(ends) == 1 and _is_abbreviation_by_pattern(before, line, m.end()):
+      return False
   return True
+
+
+def _is_abbreviation_by_pattern(before: list[str], line: str, nxt: int) -> bool:
+  """Whether the "." after the last word of `before` (the sentence so far, split once from the
+  right) is an abbreviation's by its pattern (see _INNER_PERIODS, _NUMBER_LABEL, _ORDINAL), with
+  line[nxt:] the text after its space."""
+  if not before:
+    return False
+  word = before[-1].lstrip(_OPENERS)
+  if len(word) > 5:  # longer than any of the patterns: most sentences' last word
+    return False
+  if _INNER_PERIODS.match(word):
+    return True
+  after = line[nxt : nxt + 64].lstrip(_OPENERS)  # the next word is all it needs
+  if _NUMBER_LABEL.match(word) and after[:1].isdigit():
+    return True
+  if _ORDINAL.match(word):
+    following = after.split(None, 1)[0].strip(".,;:").lower() if after else ""
+    if following in MONTHS:
+      return True
+    previous = before[0].rsplit(None, 1)[-1] if len(before) > 1 else ""
+    return previous.lower() in ORDINAL_BEFORE
+  return False
 
 
 def split_sentences(text: str, language: str = "") -> list[str]:
@@ -110,16 +195,20 @@ def split_sentences(text: str, language: str = "") -> list[str]:
   sentence per line comes back unchanged.
   """
   abbreviations = _abbreviations(language)
+  dashes = scripts.DIALOGUE_DASHES
+  if language and language != "en":
+    dashes = dashes | {scripts.TYPED_DIALOGUE_DASH}
   out = []
   for line in text.splitlines():
     line = line.strip()
     if not line:
       continue
     start, n = 0, len(line)
-    for m in _CANDIDATE.finditer(line):
+    candidates = _CANDIDATE_WITH_SCRIPT_ENDS if _HAS_SCRIPT_ENDS.search(line) else _CANDIDATE
+    for m in candidates.finditer(line):
       if m.end() >= n:
         break
-      if _is_boundary(line, start, m, abbreviations):
+      if _is_boundary(line, start, m, abbreviations, dashes):
         out.append(line[start : m.end()].rstrip())
         start = m.end()
     out.append(line[start:].rstrip())

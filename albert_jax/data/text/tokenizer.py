@@ -294,7 +294,12 @@ class Tokenizer:
     """`encode` for text that continues the previous text with no space between them (after a
     [MASK] in "战争[MASK]改变了"): without the word marker SentencePiece puts before every text,
     which would be a word boundary the text does not have."""
-    ids = self.encode(text)
+    return self.continuation(text, self.encode(text))
+
+  def continuation(self, text: str, ids: list[int]) -> list[int]:
+    """`ids` (text's encoding) as encode_continuation gives them: without the leading word marker
+    (for ids from encode_batch, many texts encoded at once)."""
+    ids = list(ids)
     if text[:1].isspace() or not ids:
       return ids
     first = self.sp.id_to_piece(ids[0])
