@@ -39,11 +39,8 @@ REMAT_POLICIES = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """The model section of the config as a frozen, hashable value (Flax modules hold it).
-
-  Its fields and their defaults are config_lib.base_config().model's: `model_config` builds it from
-  there, so the schema lives in one place.
-  """
+  """The model section of the config as a frozen, hashable value (Flax modules hold it). Its fields
+  and defaults are config_lib.base_config().model's (`model_config` builds it: one schema)."""
 
   vocab_size: int
   embedding_size: int
