@@ -401,7 +401,7 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   hf_model_, info = transformers.AlbertForPreTraining.from_pretrained(out, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
   tok = transformers.AlbertTokenizer.from_pretrained(out)
-  ours_tok = tokenizer_lib.load(dataset.spm_model_path(run_config, workdir))
+  ours_tok = tokenizer_lib.load_for(dataset.spm_model_path(run_config, workdir), run_config.data)
   assert [
     tok.pad_token_id,
     tok.unk_token_id,
