@@ -18,6 +18,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.base.log import log
 from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
+from albert_jax.data.text.vocab_extension import proto_fields
 
 # ----------------------------------------------------------------------------------------------------
 # spiece.model's own fields, read from its protobuf wire format. sentencepiece's generated
@@ -36,39 +37,6 @@ class SpmModel:
   byte_fallback: bool = False  # TrainerSpec.byte_fallback: unknown characters as <0xNN> pieces
 
 
-def _fields(buf: bytes):
-  """(field number, wire type, value) of one protobuf message: ints for varints, bytes for
-  length-delimited fields and fixed-width values (decoded by the caller)."""
-  pos, n = 0, len(buf)
-
-  def varint():
-    nonlocal pos
-    value = shift = 0
-    while True:
-      if pos >= n:
-        raise ValueError("truncated varint")
-      b = buf[pos]
-      pos += 1
-      value |= (b & 0x7F) << shift
-      if b < 0x80:
-        return value
-      shift += 7
-
-  while pos < n:
-    key = varint()
-    number, wire = key >> 3, key & 7
-    if wire == 0:
-      yield number, wire, varint()
-    elif wire in (1, 2, 5):
-      size = {1: 8, 5: 4}.get(wire) or varint()
-      if pos + size > n:
-        raise ValueError("truncated field")
-      yield number, wire, buf[pos : pos + size]
-      pos += size
-    else:
-      raise ValueError(f"unsupported wire type {wire}")
-
-
 def read_spm_model(path: str) -> SpmModel:
   """spiece.model's pieces, scores and types, model type, character coverage, byte fallback and
   charsmap."""
@@ -76,10 +44,10 @@ def read_spm_model(path: str) -> SpmModel:
   pieces, model_type, coverage, charsmap = [], 1, 0.9995, b""  # the proto's defaults
   byte_fallback = False
   try:
-    for number, _, value in _fields(data):
+    for number, _, value in proto_fields(data):
       if number == 1:  # ModelProto.pieces: SentencePiece {piece = 1, score = 2, type = 3}
         piece, score, kind = "", 0.0, 1
-        for n, _, v in _fields(value):
+        for n, _, v in proto_fields(value):
           if n == 1:
             piece = v.decode("utf-8")
           elif n == 2:
@@ -88,7 +56,7 @@ def read_spm_model(path: str) -> SpmModel:
             kind = v
         pieces.append((piece, score, kind))
       elif number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10,
-        for n, _, v in _fields(value):  # byte_fallback = 35
+        for n, _, v in proto_fields(value):  # byte_fallback = 35
           if n == 3:
             model_type = v
           elif n == 10:
@@ -96,7 +64,7 @@ def read_spm_model(path: str) -> SpmModel:
           elif n == 35:
             byte_fallback = bool(v)
       elif number == 3:  # ModelProto.normalizer_spec: precompiled_charsmap = 2
-        for n, _, v in _fields(value):
+        for n, _, v in proto_fields(value):
           if n == 2:
             charsmap = bytes(v)
   except (ValueError, UnicodeDecodeError, struct.error, TypeError) as e:
