@@ -18,7 +18,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.base.log import log
 from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
-from albert_jax.data.text.vocab_extension import proto_fields
+from albert_jax.data.text.vocab_extension import proto_fields, read_pieces
 
 # ----------------------------------------------------------------------------------------------------
 # spiece.model's own fields, read from its protobuf wire format. sentencepiece's generated
@@ -44,18 +44,9 @@ def read_spm_model(path: str) -> SpmModel:
   pieces, model_type, coverage, charsmap = [], 1, 0.9995, b""  # the proto's defaults
   byte_fallback = False
   try:
+    pieces = read_pieces(data)  # ModelProto.pieces (field 1)
     for number, _, value in proto_fields(data):
-      if number == 1:  # ModelProto.pieces: SentencePiece {piece = 1, score = 2, type = 3}
-        piece, score, kind = "", 0.0, 1
-        for n, _, v in proto_fields(value):
-          if n == 1:
-            piece = v.decode("utf-8")
-          elif n == 2:
-            score = struct.unpack("<f", v)[0]
-          elif n == 3:
-            kind = v
-        pieces.append((piece, score, kind))
-      elif number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10,
+      if number == 2:  # ModelProto.trainer_spec: model_type = 3, character_coverage = 10,
         for n, _, v in proto_fields(value):  # byte_fallback = 35
           if n == 3:
             model_type = v
