@@ -571,6 +571,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     help="model.attention_impl for ours (einsum | dot_product_attention | flash); default: the config's",
   )
   p.add_argument(
+    "--model_set",
+    default="",
+    help="more model.* fields for ours, e.g. scan_layers=false,remat=full (values as on the command line)",
+  )
+  p.add_argument(
     "--torch_variants",
     default=",".join(TORCH_VARIANTS),
     help="hf (MLM head on all positions, as HF runs) and/or gathered (on the P masked ones)",
@@ -680,11 +685,26 @@ def packing_benchmark(
   return out
 
 
+def _value(text: str):
+  """A --model_set value: true/false, an int, a float, else the text."""
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the benchmark from command-line style arguments, prints the table and JSON, returns figures."""
   args = parse_args(argv)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # progress to stderr; results to stdout
-  overrides = {"attention_impl": args.attention_impl} if args.attention_impl else None
+  overrides = {"attention_impl": args.attention_impl} if args.attention_impl else {}
+  for item in filter(None, args.model_set.split(",")):
+    key, _, value = item.partition("=")
+    overrides[key.strip()] = _value(value.strip())
   if args.packing_mean_tokens:
     figures = packing_benchmark(
       model=args.model,
@@ -717,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch_variants=[v for v in args.torch_variants.split(",") if v],
     matmul_size=args.matmul_size,
     budget_s=args.budget_s,
-    model_overrides={"attention_impl": args.attention_impl} if args.attention_impl else None,
+    model_overrides=overrides,
     log=log,
   )
   print(format_table(figures))
