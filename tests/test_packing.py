@@ -579,41 +579,20 @@ def test_packing_a_weighted_mixture_resumes_exactly(tmp_path):
 # The GPU fallback and the benchmark's packed batches.
 
 
-def test_packed_rows_on_a_gpu_before_hopper_take_the_einsum_path_with_one_line(monkeypatch, capsys):
+def test_packed_rows_on_a_gpu_take_the_einsum_path_with_one_line(monkeypatch, capsys):
   from albert_jax.model import attention
 
   monkeypatch.setattr(attention, "_SAID", set())
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(attention, "_cudnn_packing", lambda: None)  # an A100: no packed layout
   assert attention.implementation("flash", packed=False) == "flash"
   assert attention.implementation("flash", packed=True) == "einsum"
   assert attention.implementation("flash", packed=True) == "einsum"
   lines = capsys.readouterr().out.strip().splitlines()
   assert lines == [
-    "attention: packed rows take the einsum path on this GPU (cuDNN's packed layout needs a "
-    "Hopper GPU or newer and jax's cuDNN attention module)"
+    "attention: packed rows take the einsum path on a GPU (cuDNN's kernel takes no pack ids)"
   ]
-  monkeypatch.setattr(attention, "_cudnn_packing", lambda: object())  # an H100
-  assert attention.implementation("flash", packed=True) == "flash"
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert attention.implementation("flash", packed=True) == "flash"  # SegmentIds
-
-
-def test_cudnn_packed_layout_of_pack_ids():
-  """cuDNN's packed layout (each document's length and start, -1 past the row's documents) from
-  pack ids; the GPU run that checks the kernel itself against the einsum path is
-  benchmarks/gpu_packed_attention.py (docs/performance.md)."""
-  from albert_jax.model import attention
-
-  assert attention._cudnn_packing() is None  # a CPU: no cuDNN
-  pack = np.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [0] * 8], np.int32)
-  lengths, starts = jax.jit(attention.cudnn_packed_layout)(pack)
-  assert lengths.tolist() == [[3, 2, 1, -1], [8, -1, -1, -1], [-1, -1, -1, -1]]
-  assert starts.tolist() == [[0, 3, 5, -1, -1], [0, -1, -1, -1, -1], [-1] * 5]
-  # A row of S // 2 two-token documents (the most a row can hold) is counted in full.
-  full = np.repeat(np.arange(1, 5, dtype=np.int32), 2)[None]
-  lengths, starts = attention.cudnn_packed_layout(full)
-  assert lengths.tolist() == [[2, 2, 2, 2]] and starts.tolist() == [[0, 2, 4, 6, -1]]
 
 
 def test_train_step_benchmark_packs_its_documents():

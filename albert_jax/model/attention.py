@@ -37,68 +37,16 @@ def pack_mask(pack_ids):
 _SAID: set = set()
 
 
-def _cudnn_packing():
-  """jax's cuDNN attention with the packed (ragged) layout, or None: a jax private module (the public
-  jax.nn.dot_product_attention takes per-row lengths only), on a Hopper GPU or newer (cuDNN's
-  packed layout needs one)."""
-  try:
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn
-
-    capability = tuple(int(x) for x in jax.devices()[0].compute_capability.split("."))
-  except (ImportError, AttributeError, ValueError):
-    return None
-  ok = capability >= (9, 0) and hasattr(cudnn, "dot_product_attention")
-  return cudnn if ok else None
-
-
 def implementation(impl: str, packed: bool) -> str:
-  """model.attention_impl as it runs: packed rows on a GPU take cuDNN's kernel in its packed layout
-  (cudnn_packed_layout) on a Hopper GPU or newer, else the einsum path (one console line, once)."""
-  if impl == "flash" and packed and jax.default_backend() == "gpu" and _cudnn_packing() is None:
-    line = (
-      "attention: packed rows take the einsum path on this GPU (cuDNN's packed layout needs a "
-      "Hopper GPU or newer and jax's cuDNN attention module)"
-    )
+  """model.attention_impl as it runs: packed rows on a GPU take the einsum path instead of cuDNN's
+  flash kernel, which takes per-row lengths, not pack ids (one console line, once)."""
+  if impl == "flash" and packed and jax.default_backend() == "gpu":
+    line = "attention: packed rows take the einsum path on a GPU (cuDNN's kernel takes no pack ids)"
     if line not in _SAID:
       _SAID.add(line)
       print(line, flush=True)
     return "einsum"
   return impl
-
-
-def cudnn_packed_layout(pack_ids):
-  """[B, S] pack ids (documents 1, 2, ... each one run of tokens, then padding 0) -> cuDNN's packed
-  layout: (lengths [B, M], starts [B, M + 1]), int32, -1 past a row's documents, M = S // 2 (every
-  document holds at least [CLS] and [SEP]). Padding belongs to no document."""
-  b, s = pack_ids.shape
-  m = s // 2
-  # pack ids rise along a row until the padding: padding read as m + 1 makes each row sorted, and a
-  # document's start is where its id is first reached.
-  rows = jnp.where(pack_ids > 0, pack_ids, m + 1).astype(jnp.int32)
-  edges = jax.vmap(lambda r: jnp.searchsorted(r, jnp.arange(1, m + 2, dtype=jnp.int32)))(rows)
-  lengths = (edges[:, 1:] - edges[:, :-1]).astype(jnp.int32)
-  present = lengths > 0
-  starts = jnp.where(present, edges[:, :-1], -1).astype(jnp.int32)
-  none = jnp.full((b, 1), -1, jnp.int32)
-  return jnp.where(present, lengths, -1), jnp.concatenate([starts, none], axis=1)
-
-
-def _cudnn_packed_attention(q, k, v, pack_ids, scale):
-  """cuDNN's fused attention over each document of a packed row alone; padding rows' outputs 0."""
-  cudnn = _cudnn_packing()
-  lengths, starts = cudnn_packed_layout(pack_ids)
-  out = cudnn.dot_product_attention(
-    q,
-    k,
-    v,
-    q_seqlen=lengths,
-    kv_seqlen=lengths,
-    q_offsets=starts,
-    kv_offsets=starts,
-    scale=scale,
-    mask_type=cudnn.MaskType.PADDING,
-  )
-  return jnp.where((pack_ids > 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
 def pack_positions(pack_ids):
@@ -195,10 +143,8 @@ def flash_attention(q, k, v, attention_mask, scale: float, packed: bool = False)
   heads over `tensor`) with shard_map: a Pallas call is not partitioned by the compiler. Sequences
   that are not a multiple of 128 (the kernel's blocks) take XLA's attention (the same maths).
   packed: attention_mask holds pack ids (data.packing), the Pallas kernel's SegmentIds as they are
-  (a token attends within its document); on a GPU, cuDNN's packed layout (cudnn_packed_layout), which
-  `implementation` has checked this GPU takes."""
-  if jax.default_backend() == "gpu" and packed:
-    return _cudnn_packed_attention(q, k, v, attention_mask, scale)
+  (a token attends within its document); the caller keeps packed rows off the GPU kernel, whose
+  cuDNN call takes per-row lengths only."""
   if jax.default_backend() == "gpu":
     return jax.nn.dot_product_attention(
       q,
