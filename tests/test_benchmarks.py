@@ -203,16 +203,21 @@ def test_gpu_script_is_clean_and_passes_only_real_flags():
   assert set(arrays) == {"base", "large"}
   train_step = load_file("benchmarks/train_step.py")
   runs = re.findall(r"benchmarks/train_step.py (.*)$", text, re.M)
-  assert len(runs) == 4
+  assert len(runs) == 7
   impls = []
   for line in runs:
     argv = re.sub(r'"\$\{(\w+)\[@\]\}"', lambda m: arrays[m.group(1)], line).split()
     args = train_step.parse_args(argv)  # argparse exits on an unknown flag
     assert args.dtype == "bfloat16" and args.model in train_step.MODELS
-    impls.append((args.model, args.attention_impl, args.skip_torch))
+    impls.append((args.model, args.attention_impl, args.skip_torch, args.batch, args.model_set))
   assert impls == [
-    ("albert_base", "", False),
-    ("albert_large", "", False),
-    ("albert_base", "flash", True),
-    ("albert_large", "flash", True),
+    ("albert_base", "", False, 64, ""),
+    ("albert_large", "", False, 32, ""),
+    ("albert_base", "flash", True, 64, ""),
+    ("albert_large", "flash", True, 32, ""),
+    ("albert_large", "flash", True, 128, "scan_layers=false"),
+    ("albert_base", "flash", False, 128, ""),
+    ("albert_base", "flash", False, 32, ""),
   ]
+  values = [train_step._value(v) for v in ("false", "True", "128", "0.5", "full")]
+  assert values == [False, True, 128, 0.5, "full"]  # --model_set's values, typed as the config's
