@@ -332,16 +332,28 @@ HELD_OUT = {
 }  # fmt: skip
 
 
+HELD_OUT_TEXT = "ALBERT_JAX_HELD_OUT_TEXT"
+
+
 def _held_out(name: str) -> dict:
   """Held-out text from public repositories (pySBD's golden rules, MIT; Universal Dependencies
-  treebanks' test sets, CC BY-SA 4.0): such data is not committed here, so the steering repo's
-  shared/held_out_text/ holds it beside the checkout; without it these tests skip, saying why."""
+  treebanks' test sets, CC BY-SA): such data is not committed here. Read from the folder
+  $ALBERT_JAX_HELD_OUT_TEXT names, else the steering repo's shared/held_out_text/ beside the
+  checkout (docs/testing.md); without the file these tests skip, saying why."""
   import json
+  import os
   import pathlib
 
-  path = pathlib.Path(__file__).resolve().parents[2] / "shared" / "held_out_text" / name
+  folder = os.environ.get(HELD_OUT_TEXT)
+  if folder:
+    path = pathlib.Path(folder) / name
+  else:
+    path = pathlib.Path(__file__).resolve().parents[2] / "shared" / "held_out_text" / name
   if not path.is_file():
-    pytest.skip(f"held-out text {path} is not on this machine (shared/held_out_text/{name})")
+    pytest.skip(
+      f"held-out text {path} is not on this machine (set {HELD_OUT_TEXT} to the folder holding "
+      f"{name}, or put it in shared/held_out_text/)"
+    )
   return json.loads(path.read_text())
 
 
@@ -374,32 +386,56 @@ def test_typed_dialogue_dash_with_a_language_hint():
   assert split_sentences(listed, "en") == split_sentences(listed) == [listed]
 
 
-# Real text held out (shared/held_out_text/, _held_out): about 300 boundaries of seven UD treebanks' test sets,
-# (boundaries, recall, precision) with data.language set. Czech, Turkish (on these 300; 0.898 on the
-# whole test set), Armenian, French, Danish and Romanian meet the goal; Swedish (headlines without a stop), German (`` quotes, list items) and Greek (the
-# treebank's text keeps the tokenizer's spaces: "« Συγχαρητήρια ».") do not.
+# Real text held out (_held_out): about 300 boundaries of 28 UD treebanks' test sets, keyed by
+# language (a second treebank of one: "pt-bosque"), (boundaries, recall, precision) with
+# data.language set. The first nine were measured for issue 52 when its rules were written; the
+# other nineteen (Spanish to Marathi) were measured once before any rule was changed with them in
+# view (docs/languages.md has the whole test sets' figures). GOAL: the languages that meet recall
+# >= 0.9 and precision >= 0.95 on their whole test sets (Turkish: on these 300; 0.898 on the whole),
+# 16 beyond the seven. The rest are pinned as they are: Swedish, Nynorsk, Slovak, Lithuanian,
+# Portuguese Bosque and Belarusian miss headlines and list items without a final stop, German ``
+# quotes, Icelandic's and Indonesian's treebanks join what the rules cut ("Frú forseti. Ég ..."),
+# Greek GUD's text keeps the tokenizer's spaces ("« Συγχαρητήρια »."), Uyghur's and Marathi's
+# cut dialogue where no rule can (a sentence ending in a comma, a quote and its speaker).
 UD_HELD_OUT = {
-  "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983), "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978),
-  "ro": (317, 0.909, 0.976), "sv": (301, 0.874, 1.0), "de": (300, 0.867, 0.996),
-  "el": (300, 0.533, 1.0),
+  "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983),
+  "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978), "ro": (317, 0.909, 0.976),
+  "sv": (301, 0.874, 1.0), "de": (300, 0.867, 0.996), "el": (300, 0.533, 1.0),
+  "es": (300, 0.963, 0.993), "pt": (300, 0.947, 0.990), "pt-bosque": (300, 0.847, 0.981),
+  "nb": (306, 0.941, 0.997), "nn": (367, 0.913, 0.994), "hr": (306, 0.958, 0.990),
+  "sr": (306, 0.948, 1.0), "sl": (309, 0.971, 0.990), "sk": (300, 0.930, 0.989),
+  "lt": (324, 0.877, 0.986), "is": (300, 0.960, 0.889), "id": (300, 0.987, 0.902),
+  "fa": (300, 0.997, 0.987), "cy": (300, 0.980, 1.0), "af": (300, 0.987, 1.0),
+  "ga": (300, 0.900, 0.989), "be": (300, 0.733, 0.982), "ug": (300, 0.757, 0.930),
+  "mr": (37, 0.973, 0.923),
 }  # fmt: skip
+GOAL = (
+  "cs", "tr", "hy", "fr", "da", "ro", "es", "pt", "nb", "hr", "sr", "sl", "fa", "cy", "af", "ga",
+)  # fmt: skip
 
 
-@pytest.mark.parametrize("language", sorted(UD_HELD_OUT))
-def test_real_text_held_out_universal_dependencies(language):
+@pytest.mark.parametrize("key", sorted(UD_HELD_OUT))
+def test_real_text_held_out_universal_dependencies(key):
   data = _held_out("ud_test_paragraphs.json")
-  treebank = data["treebanks"][language]
-  assert treebank["licence"] == "CC BY-SA 4.0"
+  treebank = data["treebanks"][key]
+  assert treebank["licence"] in ("CC BY-SA 4.0", "CC BY-SA 3.0")
+  language = key.split("-")[0]
   found = true = hits = 0
   for paragraph in treebank["paragraphs"]:
     text = " ".join(paragraph)
     want, got = _starts(paragraph, text), _starts(split_sentences(text, language), text)
     found, true, hits = found + len(got), true + len(want), hits + len(got & want)
-  boundaries, recall, precision = UD_HELD_OUT[language]
+  boundaries, recall, precision = UD_HELD_OUT[key]
   assert true == boundaries
   assert hits / true >= recall - 1e-3 and hits / found >= precision - 1e-3, (
     hits / true,
     hits / found,
   )
-  if language in ("cs", "tr", "hy", "fr", "da", "ro"):
+  if key in GOAL:
     assert hits / true >= RECALL and hits / found >= PRECISION
+
+
+def test_held_out_goal_in_ten_languages_beyond_the_seven():
+  """Issue 52's goal: ten or more languages beyond the seven at recall >= 0.9 and precision >= 0.95
+  on held-out real text (the suite's share of it: GOAL's treebanks, each asserted above)."""
+  assert len({key.split("-")[0] for key in GOAL} - set(samples.LANGUAGES)) >= 10
