@@ -15,7 +15,7 @@ from albert_jax.data.corpus import formats, reader, stats
 from albert_jax.data.corpus.python_docs import paragraph_sentences
 from albert_jax.data.prepare import build
 from albert_jax.data.store import dataset
-from albert_jax.data.text import samples, scripts
+from albert_jax.data.text import samples, scripts, sentences
 from albert_jax.data.text.sentences import split_sentences, splitter
 
 # The goal (issue 38): on real text in every script.
@@ -396,7 +396,9 @@ def test_typed_dialogue_dash_with_a_language_hint():
 # Portuguese Bosque and Belarusian miss headlines and list items without a final stop, German ``
 # quotes, Icelandic's and Indonesian's treebanks join what the rules cut ("Frú forseti. Ég ..."),
 # Greek GUD's text keeps the tokenizer's spaces ("« Συγχαρητήρια »."), Uyghur's and Marathi's
-# cut dialogue where no rule can (a sentence ending in a comma, a quote and its speaker).
+# cut dialogue where no rule can (a sentence ending in a comma, a quote and its speaker). Thai
+# (UD_Thai-PUD, CC BY-SA 3.0): split_sentences' default, a cut at every space between Thai
+# letters; CRFCut's figures below.
 UD_HELD_OUT = {
   "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983),
   "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978), "ro": (317, 0.909, 0.976),
@@ -407,7 +409,7 @@ UD_HELD_OUT = {
   "lt": (324, 0.877, 0.986), "is": (300, 0.960, 0.889), "id": (300, 0.987, 0.902),
   "fa": (300, 0.997, 0.987), "cy": (300, 0.980, 1.0), "af": (300, 0.987, 1.0),
   "ga": (300, 0.900, 0.989), "be": (300, 0.733, 0.982), "ug": (300, 0.757, 0.930),
-  "mr": (37, 0.973, 0.923),
+  "mr": (37, 0.973, 0.923), "th": (300, 0.890, 0.380),
 }  # fmt: skip
 GOAL = (
   "cs", "tr", "hy", "fr", "da", "ro", "es", "pt", "nb", "hr", "sr", "sl", "fa", "cy", "af", "ga",
@@ -439,3 +441,64 @@ def test_held_out_goal_in_ten_languages_beyond_the_seven():
   """Issue 52's goal: ten or more languages beyond the seven at recall >= 0.9 and precision >= 0.95
   on held-out real text (the suite's share of it: GOAL's treebanks, each asserted above)."""
   assert len({key.split("-")[0] for key in GOAL} - set(samples.LANGUAGES)) >= 10
+
+
+def _thai_scores(thai: str) -> tuple[float, float]:
+  found = true = hits = 0
+  for paragraph in _held_out("ud_test_paragraphs.json")["treebanks"]["th"]["paragraphs"]:
+    text = " ".join(paragraph)
+    want, got = _starts(paragraph, text), _starts(split_sentences(text, "th", thai), text)
+    found, true, hits = found + len(got), true + len(want), hits + len(got & want)
+  return hits / true, hits / found
+
+
+def test_thai_held_out_with_crfcut():
+  """data.thai_sentences=crfcut on UD_Thai-PUD's first 300 boundaries (news and Wikipedia
+  translated into Thai; CRFCut's model was trained on TED talks, so this text is held out for it):
+  precision 0.566 where a cut at every space gives 0.380, recall 0.700 (0.890). Issue 52's
+  precision 0.7 is not met here (docs/languages.md: CRFCut reaches it on ORCHID)."""
+  if not sentences.crfcut_installed():
+    pytest.skip("CRFCut needs pythainlp and python-crfsuite (the thai extra)")
+  recall, precision = _thai_scores("crfcut")
+  assert recall >= 0.700 - 1e-3 and precision >= 0.566 - 1e-3, (recall, precision)
+  assert _thai_scores("spaces") < (0.9, 0.4)  # the space rule finds more, and more wrongly
+
+
+def test_thai_sentences_setting(caplog):
+  """data.thai_sentences: spaces cuts Thai at every space between its letters, crfcut where CRFCut
+  ends a sentence, auto takes crfcut where it is installed; no other script is touched (Lao keeps
+  the space rule), a bad value or crfcut without its packages is one line (exit 2)."""
+  thai = "วันนี้อากาศดี ฉันไปตลาด"
+  data = config_lib.base_config().data
+  assert data.thai_sentences == "auto"
+  data.thai_sentences = "spaces"
+  assert splitter(data)(thai) == ["วันนี้อากาศดี", "ฉันไปตลาด"]
+  installed = sentences.crfcut_installed()
+  assert sentences.thai_rule("auto") == ("crfcut" if installed else "spaces")
+  for text in ("ສະບາຍດີ ຂອບໃຈ", "Hello there. Fine. Das Haus Nr. 5 steht.", "他说。好的。"):
+    assert split_sentences(text, thai="crfcut") == split_sentences(text)
+  c = config_lib.base_config()
+  c.data.thai_sentences = "model"
+  with pytest.raises(ConfigError, match="data.thai_sentences='model' is not one of"):
+    validation.validate_data(c.data, c.model)
+  if not installed:
+    with pytest.raises(ConfigError, match="python-crfsuite") as e:
+      sentences.thai_rule("crfcut")
+    assert "\n" not in str(e.value)
+  else:
+    text = (
+      "ประเทศไทยมีประชากรประมาณหกสิบหกล้านคน กรุงเทพมหานครเป็นเมืองหลวงและเมืองที่ใหญ่ที่สุด "
+      "ภาษาไทยเป็นภาษาราชการ ผู้คนส่วนใหญ่นับถือศาสนาพุทธ"
+    )
+    pieces = split_sentences(text, "th", "crfcut")
+    assert " ".join(pieces) == text and len(pieces) <= len(split_sentences(text, "th"))
+  # prepare's console line, where the sample holds Thai, and the decision recorded
+  caplog.set_level(logging.INFO)
+  config, fp = config_lib.base_config(), {}
+  build.decide_thai_sentences(config, ["Hello there.", thai], sentences.thai_rule("auto"), fp)
+  line = [r.getMessage() for r in caplog.records if "thai_sentences=auto" in r.getMessage()]
+  assert len(line) == 1 and ("CRFCut" in line[0]) and ("every space" in line[0]) != installed
+  assert fp["thai_sentences"] == config.data.thai_sentences == sentences.thai_rule("auto")
+  caplog.clear()
+  build.decide_thai_sentences(config_lib.base_config(), ["Hello there."], "spaces", {})
+  assert not [r for r in caplog.records if "thai_sentences" in r.getMessage()]
