@@ -502,3 +502,25 @@ def test_thai_sentences_setting(caplog):
   caplog.clear()
   build.decide_thai_sentences(config_lib.base_config(), ["Hello there."], "spaces", {})
   assert not [r for r in caplog.records if "thai_sentences" in r.getMessage()]
+
+
+def test_thai_sentences_are_recorded_with_the_data():
+  """The rule Thai was cut by is in prepared.json's fingerprint: data prepared before the setting
+  was cut at every space; auto takes what the data recorded; a rule set that differs is refused."""
+  from albert_jax.data.store import fingerprint as fingerprint_lib
+
+  c = config_lib.base_config()
+  fp = fingerprint_lib.fingerprint(c, must_exist=False)
+  assert fp["thai_sentences"] is None  # auto: decided at prepare time
+  old = {"fingerprint": {k: v for k, v in fp.items() if k != "thai_sentences"}}
+  assert fingerprint_lib.as_read_today(old, c)["fingerprint"]["thai_sentences"] == "spaces"
+  stored = {"fingerprint": dict(fp, thai_sentences="crfcut")}
+  assert fingerprint_lib.differences(stored, fp) == []
+  assert fingerprint_lib.config_for_prepared("/nowhere", stored).data.thai_sentences == "crfcut"
+  c.data.thai_sentences = "spaces"
+  assert fingerprint_lib.differences(stored, fingerprint_lib.fingerprint(c, must_exist=False)) == [
+    "thai_sentences ('crfcut' there, 'spaces' here)"
+  ]
+  c = config_lib.base_config()
+  fingerprint_lib.take_decisions(c, stored["fingerprint"])  # a run on the data reads it so
+  assert c.data.thai_sentences == "crfcut"

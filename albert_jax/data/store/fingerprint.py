@@ -131,6 +131,8 @@ def config_for_prepared(data_dir: str, prepared: dict):
       elif field == "word_segmenter":
         d.word_start = "auto" if value else "marker"
         value = value or "auto"
+      elif field == "thai_sentences":
+        value = value or "auto"
       d[field] = value
     if fp["vocab"]["source"] == "file":
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)

@@ -108,8 +108,10 @@ def has_thai(text: str) -> bool:
   return _THAI.search(text) is not None
 
 
+@functools.cache
 def crfcut_installed() -> bool:
-  """Whether CRFCut can run here: pythainlp and python-crfsuite installed (the thai extra)."""
+  """Whether CRFCut can run here: pythainlp and python-crfsuite installed (the thai extra); asked
+  once a process (splitter() is built per record of a TFDS corpus)."""
   return all(importlib.util.find_spec(m) is not None for m in ("pythainlp", "pycrfsuite"))
 
 
