@@ -1,6 +1,6 @@
 """Sentence splitting: running text (a record's field, a TFDS text, a document a line) cut into
 sentences, by rules (no model, no download) that hold in every script; what a script's sentence
-ends are comes from scripts.py.
+ends are comes from scripts.py. Thai alone may ask a model: pythainlp's CRFCut (the thai extra).
 
 A sentence ends (docs/languages.md, Sentences):
   * after 。！？｡ (Chinese, Japanese), with any closing quotes and brackets, space or not; except
