@@ -143,8 +143,13 @@ def _thai_cuts(sentence: str, thai: str) -> list[str]:
   them, or in Thai with thai="crfcut" those where CRFCut ends a sentence."""
   if thai != "crfcut" or not _THAI.search(sentence) or not _SPACE_BETWEEN.search(sentence):
     return _SPACE_BETWEEN.split(sentence)
+  pieces = _crfcut()(sentence)
+  if (
+    "".join(pieces) != sentence
+  ):  # CRFCut's pieces always join back; if not, where they end is lost
+    return _SPACE_BETWEEN.split(sentence)
   ends, pos = set(), 0
-  for piece in _crfcut()(sentence):
+  for piece in pieces:
     pos += len(piece)
     ends.add(pos)
   out, start = [], 0
