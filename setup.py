@@ -50,10 +50,11 @@ setup(
     # data.word_segmenter (data.word_start=auto on unspaced text; docs/languages.md): jieba for
     # Chinese (rjieba: jieba's dictionary and algorithm in Rust, 12x faster than jieba itself, which
     # is used when installed instead), MeCab through fugashi with the unidic-lite dictionary for
-    # Japanese, pythainlp for Thai.
+    # Japanese, pythainlp for Thai; python-crfsuite runs pythainlp's CRFCut, which cuts Thai into
+    # sentences (data.thai_sentences=auto).
     "chinese": ["rjieba"],
     "japanese": ["fugashi", "unidic-lite"],
-    "thai": ["pythainlp"],
+    "thai": ["pythainlp", "python-crfsuite"],
     # torch is pinned: the pinned version is a CPU wheel; an unpinned torch pulls in CUDA. ruff is
     # pinned: its formatting changes between versions, and CI fails on drift.
     "test": [
@@ -82,6 +83,7 @@ setup(
       "fugashi",
       "unidic-lite",
       "pythainlp",
+      "python-crfsuite",  # data.thai_sentences=crfcut (tests/test_sentence_split.py)
     ],
   },
 )

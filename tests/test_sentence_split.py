@@ -15,7 +15,7 @@ from albert_jax.data.corpus import formats, reader, stats
 from albert_jax.data.corpus.python_docs import paragraph_sentences
 from albert_jax.data.prepare import build
 from albert_jax.data.store import dataset
-from albert_jax.data.text import samples, scripts
+from albert_jax.data.text import samples, scripts, sentences
 from albert_jax.data.text.sentences import split_sentences, splitter
 
 # The goal (issue 38): on real text in every script.
@@ -332,16 +332,28 @@ HELD_OUT = {
 }  # fmt: skip
 
 
+HELD_OUT_TEXT = "ALBERT_JAX_HELD_OUT_TEXT"
+
+
 def _held_out(name: str) -> dict:
   """Held-out text from public repositories (pySBD's golden rules, MIT; Universal Dependencies
-  treebanks' test sets, CC BY-SA 4.0): such data is not committed here, so the steering repo's
-  shared/held_out_text/ holds it beside the checkout; without it these tests skip, saying why."""
+  treebanks' test sets, CC BY-SA): such data is not committed here. Read from the folder
+  $ALBERT_JAX_HELD_OUT_TEXT names, else the steering repo's shared/held_out_text/ beside the
+  checkout (docs/testing.md); without the file these tests skip, saying why."""
   import json
+  import os
   import pathlib
 
-  path = pathlib.Path(__file__).resolve().parents[2] / "shared" / "held_out_text" / name
+  folder = os.environ.get(HELD_OUT_TEXT)
+  if folder:
+    path = pathlib.Path(folder) / name
+  else:
+    path = pathlib.Path(__file__).resolve().parents[2] / "shared" / "held_out_text" / name
   if not path.is_file():
-    pytest.skip(f"held-out text {path} is not on this machine (shared/held_out_text/{name})")
+    pytest.skip(
+      f"held-out text {path} is not on this machine (set {HELD_OUT_TEXT} to the folder holding "
+      f"{name}, or put it in shared/held_out_text/)"
+    )
   return json.loads(path.read_text())
 
 
@@ -374,32 +386,141 @@ def test_typed_dialogue_dash_with_a_language_hint():
   assert split_sentences(listed, "en") == split_sentences(listed) == [listed]
 
 
-# Real text held out (shared/held_out_text/, _held_out): about 300 boundaries of seven UD treebanks' test sets,
-# (boundaries, recall, precision) with data.language set. Czech, Turkish (on these 300; 0.898 on the
-# whole test set), Armenian, French, Danish and Romanian meet the goal; Swedish (headlines without a stop), German (`` quotes, list items) and Greek (the
-# treebank's text keeps the tokenizer's spaces: "« Συγχαρητήρια ».") do not.
+# Real text held out (_held_out): about 300 boundaries of 28 UD treebanks' test sets, keyed by
+# language (a second treebank of one: "pt-bosque"), (boundaries, recall, precision) with
+# data.language set. The first nine were measured for issue 52 when its rules were written; the
+# other nineteen (Spanish to Marathi) were measured once before any rule was changed with them in
+# view (docs/languages.md has the whole test sets' figures). GOAL: the languages that meet recall
+# >= 0.9 and precision >= 0.95 on their whole test sets (Turkish: on these 300; 0.898 on the whole),
+# 16 beyond the seven. The rest are pinned as they are: Swedish, Nynorsk, Slovak, Lithuanian,
+# Portuguese Bosque and Belarusian miss headlines and list items without a final stop, German ``
+# quotes, Icelandic's and Indonesian's treebanks join what the rules cut ("Frú forseti. Ég ..."),
+# Greek GUD's text keeps the tokenizer's spaces ("« Συγχαρητήρια »."), Uyghur's and Marathi's
+# cut dialogue where no rule can (a sentence ending in a comma, a quote and its speaker). Thai
+# (UD_Thai-PUD, CC BY-SA 3.0): split_sentences' default, a cut at every space between Thai
+# letters; CRFCut's figures below.
 UD_HELD_OUT = {
-  "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983), "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978),
-  "ro": (317, 0.909, 0.976), "sv": (301, 0.874, 1.0), "de": (300, 0.867, 0.996),
-  "el": (300, 0.533, 1.0),
+  "cs": (300, 0.997, 1.0), "tr": (300, 0.920, 0.962), "hy": (301, 0.987, 0.983),
+  "fr": (300, 0.910, 0.993), "da": (300, 0.903, 0.978), "ro": (317, 0.909, 0.976),
+  "sv": (301, 0.874, 1.0), "de": (300, 0.867, 0.996), "el": (300, 0.533, 1.0),
+  "es": (300, 0.963, 0.993), "pt": (300, 0.947, 0.990), "pt-bosque": (300, 0.847, 0.981),
+  "nb": (306, 0.941, 0.997), "nn": (367, 0.913, 0.994), "hr": (306, 0.958, 0.990),
+  "sr": (306, 0.948, 1.0), "sl": (309, 0.971, 0.990), "sk": (300, 0.930, 0.989),
+  "lt": (324, 0.877, 0.986), "is": (300, 0.960, 0.889), "id": (300, 0.987, 0.902),
+  "fa": (300, 0.997, 0.987), "cy": (300, 0.980, 1.0), "af": (300, 0.987, 1.0),
+  "ga": (300, 0.900, 0.989), "be": (300, 0.733, 0.982), "ug": (300, 0.757, 0.930),
+  "mr": (37, 0.973, 0.923), "th": (300, 0.890, 0.380),
 }  # fmt: skip
+GOAL = (
+  "cs", "tr", "hy", "fr", "da", "ro", "es", "pt", "nb", "hr", "sr", "sl", "fa", "cy", "af", "ga",
+)  # fmt: skip
 
 
-@pytest.mark.parametrize("language", sorted(UD_HELD_OUT))
-def test_real_text_held_out_universal_dependencies(language):
+@pytest.mark.parametrize("key", sorted(UD_HELD_OUT))
+def test_real_text_held_out_universal_dependencies(key):
   data = _held_out("ud_test_paragraphs.json")
-  treebank = data["treebanks"][language]
-  assert treebank["licence"] == "CC BY-SA 4.0"
+  treebank = data["treebanks"][key]
+  assert treebank["licence"] in ("CC BY-SA 4.0", "CC BY-SA 3.0")
+  language = key.split("-")[0]
   found = true = hits = 0
   for paragraph in treebank["paragraphs"]:
     text = " ".join(paragraph)
     want, got = _starts(paragraph, text), _starts(split_sentences(text, language), text)
     found, true, hits = found + len(got), true + len(want), hits + len(got & want)
-  boundaries, recall, precision = UD_HELD_OUT[language]
+  boundaries, recall, precision = UD_HELD_OUT[key]
   assert true == boundaries
   assert hits / true >= recall - 1e-3 and hits / found >= precision - 1e-3, (
     hits / true,
     hits / found,
   )
-  if language in ("cs", "tr", "hy", "fr", "da", "ro"):
+  if key in GOAL:
     assert hits / true >= RECALL and hits / found >= PRECISION
+
+
+def test_held_out_goal_in_ten_languages_beyond_the_seven():
+  """Issue 52's goal: ten or more languages beyond the seven at recall >= 0.9 and precision >= 0.95
+  on held-out real text (the suite's share of it: GOAL's treebanks, each asserted above)."""
+  assert len({key.split("-")[0] for key in GOAL} - set(samples.LANGUAGES)) >= 10
+
+
+def _thai_scores(thai: str) -> tuple[float, float]:
+  found = true = hits = 0
+  for paragraph in _held_out("ud_test_paragraphs.json")["treebanks"]["th"]["paragraphs"]:
+    text = " ".join(paragraph)
+    want, got = _starts(paragraph, text), _starts(split_sentences(text, "th", thai), text)
+    found, true, hits = found + len(got), true + len(want), hits + len(got & want)
+  return hits / true, hits / found
+
+
+def test_thai_held_out_with_crfcut():
+  """data.thai_sentences=crfcut on UD_Thai-PUD's first 300 boundaries (news and Wikipedia
+  translated into Thai; CRFCut's model was trained on TED talks, so this text is held out for it):
+  precision 0.566 where a cut at every space gives 0.380, recall 0.700 (0.890). Issue 52's
+  precision 0.7 is not met here (docs/languages.md: CRFCut reaches it on ORCHID)."""
+  if not sentences.crfcut_installed():
+    pytest.skip("CRFCut needs pythainlp and python-crfsuite (the thai extra)")
+  recall, precision = _thai_scores("crfcut")
+  assert recall >= 0.700 - 1e-3 and precision >= 0.566 - 1e-3, (recall, precision)
+  assert _thai_scores("spaces") < (0.9, 0.4)  # the space rule finds more, and more wrongly
+
+
+def test_thai_sentences_setting(caplog):
+  """data.thai_sentences: spaces cuts Thai at every space between its letters, crfcut where CRFCut
+  ends a sentence, auto takes crfcut where it is installed; no other script is touched (Lao keeps
+  the space rule), a bad value or crfcut without its packages is one line (exit 2)."""
+  thai = "วันนี้อากาศดี ฉันไปตลาด"
+  data = config_lib.base_config().data
+  assert data.thai_sentences == "auto"
+  data.thai_sentences = "spaces"
+  assert splitter(data)(thai) == ["วันนี้อากาศดี", "ฉันไปตลาด"]
+  installed = sentences.crfcut_installed()
+  assert sentences.thai_rule("auto") == ("crfcut" if installed else "spaces")
+  for text in ("ສະບາຍດີ ຂອບໃຈ", "Hello there. Fine. Das Haus Nr. 5 steht.", "他说。好的。"):
+    assert split_sentences(text, thai="crfcut") == split_sentences(text)
+  c = config_lib.base_config()
+  c.data.thai_sentences = "model"
+  with pytest.raises(ConfigError, match="data.thai_sentences='model' is not one of"):
+    validation.validate_data(c.data, c.model)
+  if not installed:
+    with pytest.raises(ConfigError, match="python-crfsuite") as e:
+      sentences.thai_rule("crfcut")
+    assert "\n" not in str(e.value)
+  else:
+    text = (
+      "ประเทศไทยมีประชากรประมาณหกสิบหกล้านคน กรุงเทพมหานครเป็นเมืองหลวงและเมืองที่ใหญ่ที่สุด "
+      "ภาษาไทยเป็นภาษาราชการ ผู้คนส่วนใหญ่นับถือศาสนาพุทธ"
+    )
+    pieces = split_sentences(text, "th", "crfcut")
+    assert " ".join(pieces) == text and len(pieces) <= len(split_sentences(text, "th"))
+  # prepare's console line, where the sample holds Thai, and the decision recorded
+  caplog.set_level(logging.INFO)
+  config, fp = config_lib.base_config(), {}
+  build.decide_thai_sentences(config, ["Hello there.", thai], sentences.thai_rule("auto"), fp)
+  line = [r.getMessage() for r in caplog.records if "thai_sentences=auto" in r.getMessage()]
+  assert len(line) == 1 and ("CRFCut" in line[0]) and ("every space" in line[0]) != installed
+  assert fp["thai_sentences"] == config.data.thai_sentences == sentences.thai_rule("auto")
+  caplog.clear()
+  build.decide_thai_sentences(config_lib.base_config(), ["Hello there."], "spaces", {})
+  assert not [r for r in caplog.records if "thai_sentences" in r.getMessage()]
+
+
+def test_thai_sentences_are_recorded_with_the_data():
+  """The rule Thai was cut by is in prepared.json's fingerprint: data prepared before the setting
+  was cut at every space; auto takes what the data recorded; a rule set that differs is refused."""
+  from albert_jax.data.store import fingerprint as fingerprint_lib
+
+  c = config_lib.base_config()
+  fp = fingerprint_lib.fingerprint(c, must_exist=False)
+  assert fp["thai_sentences"] is None  # auto: decided at prepare time
+  old = {"fingerprint": {k: v for k, v in fp.items() if k != "thai_sentences"}}
+  assert fingerprint_lib.as_read_today(old, c)["fingerprint"]["thai_sentences"] == "spaces"
+  stored = {"fingerprint": dict(fp, thai_sentences="crfcut")}
+  assert fingerprint_lib.differences(stored, fp) == []
+  assert fingerprint_lib.config_for_prepared("/nowhere", stored).data.thai_sentences == "crfcut"
+  c.data.thai_sentences = "spaces"
+  assert fingerprint_lib.differences(stored, fingerprint_lib.fingerprint(c, must_exist=False)) == [
+    "thai_sentences ('crfcut' there, 'spaces' here)"
+  ]
+  c = config_lib.base_config()
+  fingerprint_lib.take_decisions(c, stored["fingerprint"])  # a run on the data reads it so
+  assert c.data.thai_sentences == "crfcut"

@@ -31,6 +31,8 @@ TEXT_FORMATS = ("auto", "sentences", "documents")
 # data.word_start, data.keep_accents and data.word_segmenter (docs/languages.md).
 WORD_START_RULES = ("auto", "marker", "original")
 KEEP_ACCENTS = ("auto", "true", "false")
+# data.thai_sentences: how Thai is cut into sentences (data/text/sentences.py, docs/languages.md).
+THAI_SENTENCES = ("auto", "crfcut", "spaces")
 # The one list of data.word_segmenter's names: the unspaced writing system each segments
 # (data/text/scripts.py's names; auto picks it for that writing), the package it imports and the
 # setup.py extra that installs it (data/text/word_segmenters.py runs them). Khmer, Lao, Burmese and
@@ -234,6 +236,11 @@ def base_config() -> ml_collections.ConfigDict:
       # ".[chinese]" / ".[japanese]" / ".[thai]"), for all unspaced text | several joined by "+"
       # ("fugashi+jieba"), each for its own script's sentences (a many-language corpus).
       word_segmenter="auto",
+      # Where Thai sentences end (it writes no sentence punctuation; docs/languages.md): "auto"
+      # (crfcut where pythainlp and python-crfsuite are installed, the thai extra; spaces
+      # otherwise) | "crfcut" (at the spaces where pythainlp's CRFCut ends a sentence) | "spaces"
+      # (at every space between two Thai letters). Decided at prepare time, recorded with the data.
+      thai_sentences="auto",
       task="sop",  # sop | nsp | none (MLM only: the sentence head is not trained)
       # The original, in SOP mode, takes segment B from a random document when a chunk holds a single
       # sentence (a hidden NSP negative). False: split that sentence in two instead.

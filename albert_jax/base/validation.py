@@ -28,6 +28,7 @@ from albert_jax.base.config_lib import (
   SIZE_FIELDS,
   TASKS,
   TEXT_FORMATS,
+  THAI_SENTENCES,
   TRACKERS,
   WORD_START_RULES,
   ConfigError,
@@ -152,6 +153,10 @@ def validate_data(d, model) -> None:
     or (all(p in SEGMENTERS for p in parts) and len(set(parts)) == len(parts)),
     f"data.word_segmenter={d.word_segmenter!r} is not one of auto, none, {', '.join(SEGMENTERS)} "
     f"or several of these joined by + (each for its own script's text: fugashi+jieba)",
+  )
+  _check(
+    d.get("thai_sentences", "auto") in THAI_SENTENCES,
+    f"data.thai_sentences={d.get('thai_sentences')!r} is not one of {', '.join(THAI_SENTENCES)}",
   )
   _check(0.0 < d.eval_fraction < 1.0, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   _check(d.dupe_factor >= 1, f"data.dupe_factor={d.dupe_factor} must be >= 1")

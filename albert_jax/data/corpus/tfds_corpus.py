@@ -58,9 +58,10 @@ def _record_sentences(
 def records(data, begin: int, end: int, stats: CorpusStats) -> Iterator[list[str]]:
   """Sentences of records [begin, end) of config.data's TFDS dataset ([] for an empty one)."""
   source = data_source(data.tfds_name, data.tfds_split, data.tfds_data_dir)
+  split = splitter(data)
   for i in range(begin, end):
     yield _record_sentences(
-      source[i], data.tfds_name, i, data.text_feature, data.non_utf8, stats, splitter(data)
+      source[i], data.tfds_name, i, data.text_feature, data.non_utf8, stats, split
     )
 
 

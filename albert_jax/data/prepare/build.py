@@ -55,7 +55,7 @@ from albert_jax.data.store.fingerprint import (
   read_prepared,
 )
 from albert_jax.data.store.layout import DATASET_NAME, DATASET_VERSION, PREPARED_FILE, SPLITS
-from albert_jax.data.text import scripts, tokenizer as tokenizer_lib, word_segmenters
+from albert_jax.data.text import scripts, sentences, tokenizer as tokenizer_lib, word_segmenters
 
 # The corpus is cut into shards of about SHARD_BYTES of text (text files) or SHARD_DOCUMENTS
 # documents (TFDS, built-in), each made into examples on its own from the seed and its index
@@ -110,6 +110,7 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
   so config.json) and into prepared.json's fingerprint `fp`. With keep_accents=false on text
   where stripping changes more than 0.5% of the letters, a warning names the share."""
   d = config.data
+  thai = sentences.thai_rule(d.get("thai_sentences", "auto"))  # crfcut installed, if asked for
   keep = config_lib.keep_accents_value(d.keep_accents)
   wants_segmenter = d.word_start == "auto" and d.word_segmenter == "auto"
   by_source: dict[int, list[str]] = {}
@@ -137,6 +138,7 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
         100 * share,
       )
   fp["keep_accents"] = keep
+  decide_thai_sentences(config, sample, thai, fp)
   if d.word_start != "auto":
     fp["word_segmenter"] = ""
     return
@@ -148,6 +150,23 @@ def decide_text_settings(config, shards: list[dict], fp: dict) -> None:
   for part in name.split("+") if name != "none" else ():
     word_segmenters.segmenter(part)  # its extra is installed: one line if not, before the work
   fp["word_segmenter"] = name
+
+
+def decide_thai_sentences(config, sample: list[str], thai: str, fp: dict) -> None:
+  """data.thai_sentences=auto decided (`thai`, sentences.thai_rule's): recorded in the config and
+  the fingerprint `fp`; one console line where the sample holds Thai."""
+  if config.data.get("thai_sentences", "auto") == "auto":
+    if any(sentences.has_thai(s) for s in sample):
+      logging.info(
+        "data.thai_sentences=auto: %s",
+        "Thai cut into sentences by CRFCut (pythainlp's CRF model): at the spaces it ends a "
+        "sentence at"
+        if thai == "crfcut"
+        else "Thai cut into sentences at every space between Thai letters (CRFCut needs "
+        'pythainlp and python-crfsuite: pip install -e ".[thai]")',
+      )
+    validation.record_decision(config, "data", "thai_sentences", thai)
+  fp["thai_sentences"] = thai
 
 
 def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir=None) -> dict:

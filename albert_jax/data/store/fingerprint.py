@@ -67,6 +67,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     # Decided at prepare time when "auto" (dataset.decide_text_settings): None until then.
     "keep_accents": config_lib.keep_accents_value(d.keep_accents),
     "word_segmenter": _segmenter(d),
+    "thai_sentences": None if d.get("thai_sentences", "auto") == "auto" else d.thai_sentences,
     "max_seq_length": d.max_seq_length,
     "short_seq_prob": d.short_seq_prob,
     "task": config_lib.examples_task(d.task),
@@ -98,6 +99,8 @@ def take_decisions(config, stored: dict) -> None:
       validation.record_decision(config, "data", "keep_accents", "true" if keep else "false")
   if d.word_start == "auto" and d.word_segmenter == "auto" and stored.get("word_segmenter"):
     validation.record_decision(config, "data", "word_segmenter", stored["word_segmenter"])
+  if d.get("thai_sentences", "auto") == "auto" and stored.get("thai_sentences"):
+    validation.record_decision(config, "data", "thai_sentences", stored["thai_sentences"])
 
 
 def config_for_prepared(data_dir: str, prepared: dict):
@@ -127,6 +130,8 @@ def config_for_prepared(data_dir: str, prepared: dict):
         value = "true" if value else "false"
       elif field == "word_segmenter":
         d.word_start = "auto" if value else "marker"
+        value = value or "auto"
+      elif field == "thai_sentences":
         value = value or "auto"
       d[field] = value
     if fp["vocab"]["source"] == "file":
@@ -171,6 +176,7 @@ _FIELDS_SINCE = {
   "pairing": "static",
   "keep_accents": False,  # accents were always stripped
   "word_segmenter": "",  # no word starts stored
+  "thai_sentences": "spaces",  # Thai was cut at every space between its letters
 }
 
 
@@ -220,7 +226,7 @@ def differences(stored: dict, current: dict) -> list[str]:
         diffs.append(f"vocabulary ({_describe_vocab(there)} there, {_describe_vocab(here)} here)")
     elif key == "corpus":
       diffs.extend(_corpus_differences(there, here))
-    elif key in ("keep_accents", "word_segmenter") and here is None:
+    elif key in ("keep_accents", "word_segmenter", "thai_sentences") and here is None:
       continue  # auto: takes what the data recorded (take_decisions)
     elif there != here:
       diffs.append(f"{key} ({there!r} there, {here!r} here)")

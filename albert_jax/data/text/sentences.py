@@ -1,6 +1,6 @@
 """Sentence splitting: running text (a record's field, a TFDS text, a document a line) cut into
 sentences, by rules (no model, no download) that hold in every script; what a script's sentence
-ends are comes from scripts.py.
+ends are comes from scripts.py. Thai alone may ask a model: pythainlp's CRFCut (the thai extra).
 
 A sentence ends (docs/languages.md, Sentences):
   * after 。！？｡ (Chinese, Japanese), with any closing quotes and brackets, space or not; except
@@ -12,6 +12,8 @@ A sentence ends (docs/languages.md, Sentences):
     quotes and brackets; not after an abbreviation or a single-letter initial ("Dr.", "J. R. R.",
     "т. е.", "डॉ.", "د."), nor, with no space, "!" and "?" before a Chinese or Japanese letter;
   * at a space between two letters of a script that writes no sentence punctuation (Thai, Lao);
+    in Thai with thai="crfcut", only at the spaces where CRFCut (pythainlp's CRF sentence
+    segmenter) ends a sentence;
   * at a line break (a text that is one sentence a line comes back unchanged).
 On ASCII text this is the rule albert_jax always had (but that braces count as brackets); English
 with curly quotes also ends a sentence after them ("... ‘clauses.’ A clause").
@@ -20,8 +22,10 @@ with curly quotes also ends a sentence after them ("... ‘clauses.’ A clause"
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 
+from albert_jax.base.config_lib import THAI_SENTENCES, ConfigError
 from albert_jax.data.text import scripts
 
 # Abbreviations that a "." ends without ending the sentence, per language (data.language picks
@@ -92,6 +96,69 @@ _SPACED_SENTENCES = scripts.char_class(scripts.SPACE_SEPARATED_SENTENCES)
 _HAS_SPACED_SENTENCES = re.compile(_SPACED_SENTENCES)
 # A space between two letters of a script without sentence punctuation (Thai, Lao).
 _SPACE_BETWEEN = re.compile(f"(?<={_SPACED_SENTENCES})\\s+(?={_SPACED_SENTENCES})")
+_THAI = re.compile(scripts.char_class({"Thai"}))
+# How Thai is cut (data.thai_sentences, config_lib.THAI_SENTENCES): at every space between two Thai
+# letters ("spaces"), or at those where CRFCut ends a sentence ("crfcut": pythainlp's CRF model,
+# trained on TED talks; docs/languages.md has both measured on held-out text). "auto" is crfcut
+# where pythainlp and python-crfsuite are installed (the thai extra), spaces otherwise.
+
+
+def has_thai(text: str) -> bool:
+  """Whether `text` holds a Thai letter (the one script data.thai_sentences is about)."""
+  return _THAI.search(text) is not None
+
+
+@functools.cache
+def crfcut_installed() -> bool:
+  """Whether CRFCut can run here: pythainlp and python-crfsuite installed (the thai extra); asked
+  once a process (splitter() is built per record of a TFDS corpus)."""
+  return all(importlib.util.find_spec(m) is not None for m in ("pythainlp", "pycrfsuite"))
+
+
+def thai_rule(wanted: str) -> str:
+  """data.thai_sentences decided: "crfcut" or "spaces" ("auto": crfcut where installed); crfcut
+  asked for where it is not installed is a one-line error."""
+  if wanted not in THAI_SENTENCES:
+    raise ConfigError(f"data.thai_sentences={wanted!r} is not one of {', '.join(THAI_SENTENCES)}")
+  if wanted == "auto":
+    return "crfcut" if crfcut_installed() else "spaces"
+  if wanted == "crfcut" and not crfcut_installed():
+    raise ConfigError(
+      "data.thai_sentences=crfcut needs pythainlp and python-crfsuite; install them with "
+      'pip install -e ".[thai]" or set data.thai_sentences=spaces'
+    )
+  return wanted
+
+
+@functools.cache
+def _crfcut():
+  """pythainlp's CRFCut: text -> its sentences, which join back to the text."""
+  from pythainlp.tokenize import crfcut  # pylint: disable=g-import-not-at-top
+
+  return crfcut.segment
+
+
+def _thai_cuts(sentence: str, thai: str) -> list[str]:
+  """`sentence` (punctuation's cut done) cut at the spaces between Thai or Lao letters: all of
+  them, or in Thai with thai="crfcut" those where CRFCut ends a sentence."""
+  if thai != "crfcut" or not _THAI.search(sentence) or not _SPACE_BETWEEN.search(sentence):
+    return _SPACE_BETWEEN.split(sentence)
+  pieces = _crfcut()(sentence)
+  if (
+    "".join(pieces) != sentence
+  ):  # CRFCut's pieces always join back; if not, where they end is lost
+    return _SPACE_BETWEEN.split(sentence)
+  ends, pos = set(), 0
+  for piece in pieces:
+    pos += len(piece)
+    ends.add(pos)
+  out, start = [], 0
+  for m in _SPACE_BETWEEN.finditer(sentence):
+    if any(e in ends for e in range(m.start(), m.end() + 1)):
+      out.append(sentence[start : m.start()])
+      start = m.end()
+  out.append(sentence[start:])
+  return out
 
 
 def _abbreviations(language: str) -> frozenset:
@@ -187,11 +254,12 @@ def _is_abbreviation_by_pattern(before: list[str], line: str, nxt: int) -> bool:
   return False
 
 
-def split_sentences(text: str, language: str = "") -> list[str]:
+def split_sentences(text: str, language: str = "", thai: str = "spaces") -> list[str]:
   """Splits running text into sentences by the rules of the module's docstring, in every script.
 
   `language` (data.language, an ISO 639-1 code; "" for none) picks that language's abbreviations
-  instead of every language's. Newlines are kept as boundaries: a text that is already one
+  instead of every language's; `thai` ("spaces" or "crfcut", thai_rule's decision) how Thai is cut
+  between its letters. Newlines are kept as boundaries: a text that is already one
   sentence per line comes back unchanged.
   """
   abbreviations = _abbreviations(language)
@@ -213,10 +281,15 @@ def split_sentences(text: str, language: str = "") -> list[str]:
         start = m.end()
     out.append(line[start:].rstrip())
   if _HAS_SPACED_SENTENCES.search(text):
-    out = [p for s in out for p in _SPACE_BETWEEN.split(s)]
+    out = [p for s in out for p in _thai_cuts(s, thai)]
   return [s for s in out if s]
 
 
 def splitter(data):
-  """split_sentences with config.data's language hint (data.language), for the corpus readers."""
-  return functools.partial(split_sentences, language=getattr(data, "language", "") or "")
+  """split_sentences with config.data's language hint (data.language) and Thai rule
+  (data.thai_sentences), for the corpus readers."""
+  return functools.partial(
+    split_sentences,
+    language=getattr(data, "language", "") or "",
+    thai=thai_rule(getattr(data, "thai_sentences", "auto") or "auto"),
+  )
