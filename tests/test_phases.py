@@ -34,7 +34,12 @@ def _plan(spec, num_steps=1000, batch_size=256):
 
 def test_plan_splits_the_steps_by_fraction():
   first, second = _plan("128:0.9,512:0.1:64")
-  assert (first.seq_length, first.batch_size, first.first_step, first.end_step) == (128, 256, 0, 900)
+  assert (first.seq_length, first.batch_size, first.first_step, first.end_step) == (
+    128,
+    256,
+    0,
+    900,
+  )
   assert (second.seq_length, second.batch_size, second.first_step, second.end_step) == (
     512,
     64,
@@ -86,7 +91,9 @@ def test_a_phase_batch_that_does_not_divide_over_the_devices(data_dir):
   config = small_config(data_dir, num_steps=STEPS, phases="32:0.5:12,64:0.5")
   validation.validate(config)  # fine on one device ...
   mesh = sharding.make_mesh(config.mesh, jax.devices())
-  with pytest.raises(ConfigError, match=r"train.phases' batch 12 \(phase 32:0.5\) is not divisible"):
+  with pytest.raises(
+    ConfigError, match=r"train.phases' batch 12 \(phase 32:0.5\) is not divisible"
+  ):
     sharding.check_batch(config.train, mesh)  # ... not over the 8 of this mesh
 
 
@@ -109,7 +116,11 @@ def env(devices=8):
   "phases,devices,message",
   [
     ("32:0.8,64:0.1", 1, "error: train.phases='32:0.8,64:0.1': the fractions sum to 0.9, not 1"),
-    ("32:0.5:12,64:0.5", 8, "error: train.phases' batch 12 (phase 32:0.5) is not divisible by the 8"),
+    (
+      "32:0.5:12,64:0.5",
+      8,
+      "error: train.phases' batch 12 (phase 32:0.5) is not divisible by the 8",
+    ),
   ],
 )
 def test_the_command_says_one_line_and_writes_nothing(tmp_path, data_dir, phases, devices, message):

@@ -326,7 +326,9 @@ def estimate_phases(
   plan = phases_lib.plan(config.train)
   args = (device, devices, slice_name, compile_)
   if not plan:
-    return [(None, estimate_and_compile(config, *args, fit_, mfu, config_name, chip_defaults_, given))]
+    return [
+      (None, estimate_and_compile(config, *args, fit_, mfu, config_name, chip_defaults_, given))
+    ]
   tpu = tpu_compile.parse_slice(slice_name) if slice_name else None
   if tpu is None and device and tpu_compile.is_tpu(device) and (compile_ == "yes" or fit_):
     tpu = tpu_compile.slice_for(device, devices or 8)
