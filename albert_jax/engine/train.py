@@ -405,7 +405,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
       batches.start(start)
 
     # --- Compile --------------------------------------------------------------------------------
-    def compile_step(batch):
+    def compile_step(batch, what=""):
       """The step compiled for `batch`'s shapes (once per phase): executable, seconds, a line."""
       step_compiled = compile_train_step(config, mesh, trainer, state, batch)
       memory = step_compiled.memory
@@ -413,13 +413,14 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
       return (
         step_compiled.executable,
         seconds,
-        f"compiled the train step in {seconds:.1f}s"
+        f"compiled the train step{what} in {seconds:.1f}s"
         + (f"; per-device temp memory {memory['temp'] / 2**20:.0f} MiB" if memory else ""),
       )
 
     batch = sharding.global_batch(next(batches), mesh)
-    compiled, compile_seconds, line = compile_step(batch)
-    log(line + (f" for {batches.phase.describe()} (train.phases)" if phased else ""))
+    what = f" for {batches.phase.describe()} (train.phases)" if phased else ""
+    compiled, compile_seconds, line = compile_step(batch, what)
+    log(line)
 
     # --- Loop -----------------------------------------------------------------------------------
     # metrics.jsonl, TensorBoard and W&B as train.trackers says (a W&B run resumes with the workdir).
