@@ -269,3 +269,18 @@ def test_the_estimate_is_per_phase(data_dir):
   assert "phase 1/2: sequence length 32, batch 16, steps 1-900" in report
   total = sum(e.total_seconds for _, e in parts)
   assert f"{total / 60:.1f} min" in report or f"{total / 3600:.1f} h" in report
+
+
+@pytest.mark.slow
+def test_the_chip_defaults_are_one_for_the_whole_run(data_dir):
+  """For a TPU slice the fields a run has once (dtype, micro-batches) are chosen once: the most
+  micro-batches any phase needs, for every phase (analytic; nothing compiled)."""
+  config = small_config(data_dir, num_steps=1000, batch_size=16384, phases="32:0.5:524288,64:0.5")
+  parts = fit.estimate_phases(config, slice_name="v3-8", compile_="no", chip_defaults_=True)
+  alone = [fit.chip_defaults(fit.phase_config(config, p), "tpu_v3", 8, set())[0] for p, _ in parts]
+  wanted = max(a.get("train.micro_batches", 1) for a in alone)
+  assert [a.get("train.micro_batches", 1) for a in alone] != [wanted] * 2  # the phases differ
+  assert [e.micro_batches for _, e in parts] == [wanted, wanted]
+  assert all(e.dtype == "bfloat16" and e.fits for _, e in parts)
+  report = estimate_report.format_phases(parts)
+  assert report.count("chip defaults for tpu_v3") == 1
