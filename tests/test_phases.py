@@ -284,3 +284,31 @@ def test_the_chip_defaults_are_one_for_the_whole_run(data_dir):
   assert all(e.dtype == "bfloat16" and e.fits for _, e in parts)
   report = estimate_report.format_phases(parts)
   assert report.count("chip defaults for tpu_v3") == 1
+
+
+def test_data_prepared_once_serves_every_phase(data_dir, caplog):
+  """The prepared documents serve every phase's length: data prepared without phases is the data of
+  a run with them (the same fingerprint), and prepare says so in one line; each phase's loader
+  pairs them at its own length and batch."""
+  from albert_jax.data.pipeline import loader
+  from albert_jax.data.prepare import build
+
+  config = small_config(data_dir, num_steps=STEPS, phases=PHASES)
+  caplog.set_level("INFO")
+  info = build.prepare(config, "unused-workdir")
+  assert info["data_dir"] == data_dir
+  said = [r.getMessage() for r in caplog.records if "train.phases" in r.getMessage()]
+  assert said == [
+    "train.phases: one prepared dataset serves every phase (32, 64 tokens): its documents are "
+    "stored, and the loader pairs them at each phase's length (data.pairing=per_epoch)"
+  ]
+  for phase in phases_lib.plan(config.train):
+    it = loader.make_iterator(config, "unused-workdir", "train", 0, 1, phase=phase)
+    try:
+      batch = next(it)
+    finally:
+      it.close()
+    assert batch["input_ids"].shape == (phase.batch_size, phase.seq_length)
+    # Real pairs at that length: some rows fill it, none is longer.
+    lengths = batch["input_mask"].sum(1)
+    assert lengths.max() > phase.seq_length * 3 // 4
