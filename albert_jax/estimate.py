@@ -25,7 +25,9 @@ Answers, before a pod is paid for, whether a config fits the devices' memory and
     --fit then searches the smallest change that fits (remat, then micro-batches, then fsdp);
     fields the command line leaves open take the chip's defaults for speed (bf16 compute, the
     micro-batches its HBM needs), said in one line (--chip_defaults=false: the config as given);
-  - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total.
+  - predicted step time = model FLOPs per step / (devices x peak FLOP/s x MFU), and the run's total;
+  - with train.phases ('128:0.9,512:0.1'): all of the above per phase (its length, batch and share
+    of the steps), the run's total over the phases, and --fit's one change that fits every phase.
 Peaks and memory per device: albert_jax/base/hardware.py. --devices counts devices as jax does: a TPU v3
 chip is 2 devices (a v3-256 slice is 256 devices, 128 chips), a TPU7x (Ironwood) chip too; a v4, v5p,
 v5e or v6e chip is 1. Config overrides work as
@@ -41,8 +43,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import cli
-from albert_jax.planning.estimate_report import format_fit, format_report
-from albert_jax.planning.fit import estimate_and_compile, given_fields
+from albert_jax.planning.estimate_report import format_phases
+from albert_jax.planning.fit import estimate_phases, given_fields
 from albert_jax.planning.memory import DEFAULT_MFU
 
 
@@ -113,7 +115,7 @@ def run() -> None:
     with cli.guard():
       config = cli.load_config(config_flag)
       config_name = config_flags.get_config_filename(flags.FLAGS["config"])
-      est = estimate_and_compile(
+      parts = estimate_phases(  # one part per train.phases phase (one without)
         config,
         device_flag.value,
         devices_flag.value,
@@ -125,19 +127,9 @@ def run() -> None:
         chip_flag.value,
         given_fields(argv_all),
       )
-      print(format_report(est), flush=True)
-      if fit_flag.value:
-        given = [a for a in argv_all if a.startswith("--config.")] + [
-          f"--config.{k}={v}" for k, v in est.chip_overrides.items()
-        ]
-        lines = (
-          ["--fit: nothing compiled (--compile=no)"]
-          if est.tpu is None
-          else format_fit(est, config_name, given)
-        )
-        print("\n".join(lines), flush=True)
-    if est.tpu is not None and not est.tpu["fits"]:  # for scripts (launch/tpu_pod.sh)
-      sys.exit(cli.DOES_NOT_FIT)  # the config as given does not fit
+      print(format_phases(parts, config_name, argv_all, fit_flag.value), flush=True)
+    if any(e.tpu is not None and not e.tpu["fits"] for _, e in parts):  # launch/tpu_pod.sh
+      sys.exit(cli.DOES_NOT_FIT)  # the config as given does not fit (a phase of it)
 
   app.run(main, flags_parser=cli.parse_flags)
 

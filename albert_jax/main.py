@@ -15,7 +15,7 @@ from ml_collections import config_flags
 
 from albert_jax import cli
 from albert_jax.base import distributed, files
-from albert_jax.model import albert as M
+from albert_jax.model import albert as M, sharding
 from albert_jax.pretraining import init_from, train
 
 
@@ -42,6 +42,8 @@ def run():
       distributed.initialize(config)
       # What these devices cannot run (flash attention on a CPU or a TPU v3): one line, nothing written.
       M.check_runs_on(config.model)
+      # Every batch (train.phases' too) over these devices' data-parallel mesh.
+      sharding.check_batch(config.train, sharding.make_mesh(config.mesh))
     with cli.guard():
       # The lock before the log file: a run refused for a busy workdir writes nothing into it.
       with files.primary_workdir_lock(workdir, config.train.workdir_lease_seconds):

@@ -272,6 +272,12 @@ def base_config() -> ml_collections.ConfigDict:
       batch_size=4096,  # global
       micro_batches=1,  # gradient accumulation inside the step
       num_steps=125_000,
+      # Sequence-length phases of one run (base/phases.py; docs/continued_pretraining.md):
+      # "128:0.9,512:0.1" trains at 128 for the first 90% of num_steps, then at 512; an item
+      # LENGTH:FRACTION:BATCH sets that phase's global batch. "" (the default): data.max_seq_length
+      # throughout. The longest length must be data.max_seq_length (evaluation's); one learning-rate
+      # schedule over num_steps; pretraining only, with data.pairing=per_epoch.
+      phases="",
       warmup_steps=3125,
       learning_rate=0.00176,
       end_learning_rate=0.0,

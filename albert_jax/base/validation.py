@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Callable
 
+from albert_jax.base import phases as phases_lib
 from albert_jax.base.config_lib import (
   ATTENTION_IMPLS,
   DTYPES,
@@ -301,6 +302,7 @@ def validate(config) -> None:
     _validate_finetune(config)
   else:
     validate_data(config.data, config.model)
+    validate_phases(config)
   validate_train(config.train)
   check_batch_split(config.train)
   for axis in ("data", "fsdp", "tensor"):
@@ -336,23 +338,83 @@ def _validate_finetune(config) -> None:
     f"task.null_score_diff_threshold must be a finite number, got {threshold!r}",
   )
   _validate_sequence_length(d, config.model)
+  _check(
+    not config.train.get("phases", ""),
+    f"train.phases={config.train.phases!r} is pretraining's (sequence-length phases); a "
+    "fine-tuning run trains at data.max_seq_length: leave train.phases empty",
+  )
+
+
+def validate_phases(config) -> None:
+  """train.phases (base/phases.py) against the rest of a pretraining config: each length within the
+  model's positions, the longest equal to data.max_seq_length (the length the data is prepared
+  and evaluated at), per-epoch pairing where a phase trains at another length (static pairs are
+  stored at one length), and a step for every phase. Each phase's batch over the devices is
+  check_batch_split's."""
+  plan = phases_lib.plan(config.train)
+  if not plan:
+    return
+  d, model, spec = config.data, config.model, config.train.phases
+  positions = model.max_position_embeddings
+  for p in plan:
+    _check(
+      p.seq_length <= positions,
+      f"train.phases={spec!r}: phase {p.index + 1}'s length {p.seq_length} exceeds the model's "
+      f"max_position_embeddings={positions}; use lengths up to {positions} or grow the positions "
+      "(model.max_position_embeddings)",
+    )
+    _check(
+      p.seq_length >= 8,
+      f"train.phases={spec!r}: phase {p.index + 1}'s length {p.seq_length} is too short (minimum 8)",
+    )
+    _check(
+      d.max_predictions_per_seq <= p.seq_length,
+      f"train.phases={spec!r}: data.max_predictions_per_seq={d.max_predictions_per_seq} exceeds "
+      f"phase {p.index + 1}'s length {p.seq_length}",
+    )
+  longest = max(p.seq_length for p in plan)
+  _check(
+    longest == d.max_seq_length,
+    f"train.phases={spec!r}: its longest length {longest} is not data.max_seq_length="
+    f"{d.max_seq_length}; set --config.data.max_seq_length={longest} (the length the data is "
+    "prepared and evaluated at)",
+  )
+  others = sorted({p.seq_length for p in plan} - {d.max_seq_length})
+  _check(
+    not others or d.pairing == "per_epoch",
+    f"train.phases={spec!r} trains at {', '.join(map(str, others))} too, but data.pairing=static "
+    f"stores pairs of one length ({d.max_seq_length}); set data.pairing=per_epoch (the loader "
+    "pairs the same prepared documents at each phase's length)",
+  )
+
+
+def _batches(train) -> list[tuple[str, int]]:
+  """(how a message names it, global batch) of train.batch_size and of each phase that sets its
+  own batch (train.phases' LENGTH:FRACTION:BATCH)."""
+  out = [("train.batch_size", train.batch_size)]
+  for length, fraction, batch in phases_lib.parse(train.get("phases", "")):
+    if batch is not None:
+      out.append((f"train.phases' batch {batch} (phase {length}:{fraction:g})", batch))
+  return out
 
 
 def check_batch_split(train, data_parallel: int = 1, processes: int = 1) -> None:
   """The batch rule, once: train.batch_size splits into train.micro_batches equal micro-batches,
   each of which splits over the `data_parallel` devices (mesh data x fsdp), and the batch over the
-  `processes` (each host loads its own share)."""
-  b, micro = train.batch_size, train.micro_batches
-  _check(b > 0, f"train.batch_size={b} must be positive")
+  `processes` (each host loads its own share); so does each batch that train.phases sets."""
+  micro = train.micro_batches
+  _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be positive")
   _check(micro >= 1, f"train.micro_batches={micro} must be >= 1")
-  _check(b % micro == 0, f"train.micro_batches={micro} does not divide train.batch_size={b}")
-  _check(
-    (b // micro) % data_parallel == 0,
-    f"train.batch_size={b}"
-    + (f" / train.micro_batches={micro}" if micro > 1 else "")
-    + f" is not divisible by the {data_parallel} data-parallel devices (mesh data x fsdp)",
-  )
-  _check(b % processes == 0, f"train.batch_size={b} is not divisible by the {processes} processes")
+  for name, b in _batches(train):
+    named = f"train.batch_size={b}" if name == "train.batch_size" else name
+    _check(b % micro == 0, f"train.micro_batches={micro} does not divide {named}")
+    _check(
+      (b // micro) % data_parallel == 0,
+      named
+      + (f" / train.micro_batches={micro}" if micro > 1 else "")
+      + f" is not divisible by the {data_parallel} data-parallel devices (mesh data x fsdp)",
+    )
+    _check(b % processes == 0, f"{named} is not divisible by the {processes} processes")
 
 
 def resolve_sequence_length(config, announce) -> None:

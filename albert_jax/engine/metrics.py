@@ -305,9 +305,19 @@ class Reporter:
     self.flops, self.peak, self.halt = flops_per_step, peak_flops, halt_on_nonfinite
     self.max_skips = max_consecutive_skips
     self.progress = Progress(first_step, num_steps)
+    self._phase = None  # train.phases: the phase whose shapes the steps have
     self._pending = None
     self._skips, self._first_skip = 0, ""  # the current run of skipped steps
     self.restart_window(first_step)
+
+  def set_phase(self, phase, flops_per_sequence=None) -> None:
+    """train.phases: the steps from here have `phase`'s batch and length (base/phases.Phase); its
+    FLOPs per step from `flops_per_sequence(length)` where given (else the MFU is not reported).
+    perf/ then also records each logged step's sequence length and batch."""
+    self._phase = phase
+    self.sequences, self.tokens = phase.batch_size, phase.seq_length
+    if flops_per_sequence is not None:
+      self.flops = phase.batch_size * flops_per_sequence(phase.seq_length)
 
   def restart_window(self, step_done: int) -> None:
     self._window_start, self._window_step = time.perf_counter(), step_done
@@ -339,6 +349,8 @@ class Reporter:
     }
     if self.peak:
       perf["mfu"] = self.flops / seconds / self.peak
+    if self._phase is not None:
+      perf.update(sequence_length=self.tokens, batch_size=self.sequences)
     self.writer.write(step, host, prefix="train/")
     self.writer.write(step, perf, prefix="perf/")
     accuracies = " ".join(

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from albert_jax.base import distributed, lease
+from albert_jax.base import distributed, lease, phases as phases_lib
 from albert_jax.data.examples import features as features_lib
 from albert_jax.engine import checkpoint, compiling, workdir as workdir_lib
 from albert_jax.engine.metrics import MetricWriter, Periodic, Reporter, log
@@ -284,6 +284,57 @@ class _Profiler:
       self.active = False
 
 
+class PhasedBatches:
+  """train.phases (base/phases.py): the train batches of the phase each step is in.
+
+  `open_phase(phase)` gives that phase's iterator (host batches of its length and batch, with
+  get_state/set_state), opened when the phase begins or a run resumes in it, from its stream's
+  start: each phase reads its data from the beginning, as BERT's 512 phase read data made for 512
+  from the start. The state is the current phase's iterator state with the phase's index: a resume
+  in the same phase continues at exactly the next batch; a checkpoint of a phase's last step opens
+  the next phase from its start, as the run that went on did."""
+
+  def __init__(self, phases: list[phases_lib.Phase], open_phase: Callable):
+    self.phases, self._open = phases, open_phase
+    self.phase: phases_lib.Phase | None = None
+    self._it = None
+
+  def start(self, step: int, state: dict | None = None) -> None:
+    """Opens the phase that step `step` is in, at `state` (a get_state) saved in that phase."""
+    self.close()
+    self.phase = phases_lib.at_step(self.phases, step)
+    self._it = self._open(self.phase)
+    if state is not None and "phase" not in state:
+      log(
+        f"the checkpoint's data position is not one of train.phases': phase "
+        f"{self.phase.index + 1}'s data from its start"
+      )
+    elif state is not None and state["phase"] == self.phase.index:
+      self._it.set_state(state["iterator"])
+
+  def switch(self, step: int) -> bool:
+    """At the end of the current phase (before step `step` is trained): the next phase opened
+    (True); else False."""
+    if step < self.phase.end_step or self.phase.index + 1 == len(self.phases):
+      return False
+    self.start(step)
+    return True
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._it)
+
+  def get_state(self) -> dict:
+    return {"phase": self.phase.index, "iterator": self._it.get_state()}
+
+  def close(self) -> None:
+    if self._it is not None and hasattr(self._it, "close"):
+      self._it.close()
+    self._it = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Hooks:
   """What a trainer adds to the shared loop (`run`).
@@ -307,16 +358,20 @@ class Hooks:
   vocabulary: str | None = None  # a vocabulary file to keep beside the checkpoints
   flops_per_step: float = 0.0  # for the Reporter's MFU (0: not reported)
   peak_flops: float = 0.0
+  # train.phases: a sequence's FLOPs at a length (each phase's MFU); None: flops_per_step throughout
+  flops_per_sequence: Callable[[int], float] | None = None
 
 
 def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None, hooks: Hooks):
   """The training loop of pretraining and of each fine-tuning seed: restore (the newest sound
   checkpoint) or initialise, compile, then steps with metrics, evaluations, checkpoints and a save on
   StopSignal. `batches` yields host batches and has get_state/set_state (its position is saved with
-  each checkpoint); `start` is the workdir's latest step (checkpoint.latest_step), read by the caller
-  before anything was written. Returns (the last step, stopped, hooks.finish's result): stopped is
-  True after a SIGTERM save (no finish; the same command resumes)."""
+  each checkpoint), or is a PhasedBatches (train.phases: each phase's batches, its step compiled
+  once when the phase begins); `start` is the workdir's latest step (checkpoint.latest_step), read
+  by the caller before anything was written. Returns (the last step, stopped, hooks.finish's
+  result): stopped is True after a SIGTERM save (no finish; the same command resumes)."""
   t = config.train
+  phased = isinstance(batches, PhasedBatches)
   with contextlib.ExitStack() as cleanup:
     # --- Restore or initialise ------------------------------------------------------------------
     ckpt = cleanup.enter_context(checkpoint.Checkpointer(workdir, t, metric=hooks.metric))
@@ -324,7 +379,10 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
     if start is not None:  # the newest sound step; damaged newer ones are moved aside
       start, state, data_state = ckpt.restore_sound(trainer.abstract.targets)
     if state is not None:
-      batches.set_state(data_state)
+      if phased:
+        batches.start(start, data_state)
+      else:
+        batches.set_state(data_state)
       log(f"resumed from step {start} in {workdir}")
     else:
       with sharding.with_mesh(mesh):
@@ -343,15 +401,26 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
     if hooks.vocabulary:
       workdir_lib.keep_vocabulary(workdir, hooks.vocabulary)
 
+    if phased and batches.phase is None:
+      batches.start(start)
+
     # --- Compile --------------------------------------------------------------------------------
+    def compile_step(batch, what=""):
+      """The step compiled for `batch`'s shapes (once per phase): executable, seconds, a line."""
+      step_compiled = compile_train_step(config, mesh, trainer, state, batch)
+      memory = step_compiled.memory
+      seconds = step_compiled.lower_seconds + step_compiled.compile_seconds
+      return (
+        step_compiled.executable,
+        seconds,
+        f"compiled the train step{what} in {seconds:.1f}s"
+        + (f"; per-device temp memory {memory['temp'] / 2**20:.0f} MiB" if memory else ""),
+      )
+
     batch = sharding.global_batch(next(batches), mesh)
-    step_compiled = compile_train_step(config, mesh, trainer, state, batch)
-    compiled, memory = step_compiled.executable, step_compiled.memory
-    compile_seconds = step_compiled.lower_seconds + step_compiled.compile_seconds
-    log(
-      f"compiled the train step in {compile_seconds:.1f}s"
-      + (f"; per-device temp memory {memory['temp'] / 2**20:.0f} MiB" if memory else "")
-    )
+    what = f" for {batches.phase.describe()} (train.phases)" if phased else ""
+    compiled, compile_seconds, line = compile_step(batch, what)
+    log(line)
 
     # --- Loop -----------------------------------------------------------------------------------
     # metrics.jsonl, TensorBoard and W&B as train.trackers says (a W&B run resumes with the workdir).
@@ -369,6 +438,8 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
       halt_on_nonfinite=t.on_nonfinite == "halt",
       max_consecutive_skips=t.max_consecutive_skips,
     )
+    if phased:
+      reporter.set_phase(batches.phase, hooks.flops_per_sequence)
     eval_due = Periodic(t.eval_every, last_step=t.num_steps) if hooks.evaluate else None
     save_due = Periodic(
       t.checkpoint_every, every_seconds=t.checkpoint_every_seconds, last_step=t.num_steps
@@ -386,7 +457,15 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
       profiler.after(step, metrics)
       data_state = batches.get_state()  # exactly `step` batches consumed
       last = step == t.num_steps
-      if not last:  # loads the next batch while the device runs this step
+      if not last and phased and batches.switch(step):  # the next phase: its shapes compiled
+        reporter.flush()
+        batch = sharding.global_batch(next(batches), mesh)
+        compiled, seconds, line = compile_step(batch)
+        log(f"step {step}: {batches.phase.describe()} (train.phases); {line}")
+        writer.write(step, {"compile_seconds": seconds}, prefix="perf/")
+        reporter.set_phase(batches.phase, hooks.flops_per_sequence)
+        reporter.restart_window(step)
+      elif not last:  # loads the next batch while the device runs this step
         batch = sharding.global_batch(next(batches), mesh)
       reason = 0 if last else stop.should_stop()  # at the last step, finish as usual
       if reason:

@@ -3,6 +3,7 @@ and --fit's answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from albert_jax.base import hardware
@@ -271,3 +272,69 @@ def format_report(est: Estimate) -> str:
       f"and the run takes {_duration(est.total_seconds * (1 + extra))}"
     )
   return "\n".join(lines)
+
+
+def format_phases(parts, config_name: str = "", argv: list[str] = (), fit_: bool = False) -> str:
+  """albert_jax.estimate's printout of fit.estimate_phases' parts: the config's report (and --fit's
+  lines), or, with train.phases, each phase's report under a line naming it, then the whole run's
+  time and, with --fit, the one change that fits every phase."""
+  ests = [e for _, e in parts]
+  given = [a for a in argv if a.startswith("--config.")] + [
+    f"--config.{k}={v}" for k, v in ests[0].chip_overrides.items()
+  ]
+  if parts[0][0] is None:
+    lines = [format_report(ests[0])]
+    if fit_:
+      lines += (
+        ["--fit: nothing compiled (--compile=no)"]
+        if ests[0].tpu is None
+        else format_fit(ests[0], config_name, given)
+      )
+    return "\n".join(lines)
+  lines = [ests[0].chip_line] if ests[0].chip_line else []
+  for phase, est in parts:
+    lines += [
+      f"--- train.phases {phase.describe()} ({100 * phase.fraction:g}% of the steps) ---",
+      format_report(dataclasses.replace(est, chip_line="")),
+    ]
+  seconds = sum(e.total_seconds for e in ests)
+  lines.append(
+    f"predicted run, the {len(parts)} phases together: {sum(e.num_steps for e in ests):,} steps in "
+    f"{_duration(seconds)} ({seconds / 3600 * ests[0].devices:,.0f} device-hours); one "
+    "learning-rate schedule over all of them"
+  )
+  if fit_:
+    lines += _format_phases_fit(parts, config_name, given)
+  return "\n".join(lines)
+
+
+def _format_phases_fit(parts, config_name: str, given: list[str]) -> list[str]:
+  """--fit's lines for a run with train.phases: one change for every phase, or why none."""
+  ests = [e for _, e in parts]
+  if any(e.tpu is None for e in ests):
+    return ["--fit: nothing compiled (--compile=no)"]
+  name = ests[0].tpu["slice"]
+  if all(e.tpu["fits"] for e in ests):
+    return [f"--fit: every phase fits {name} as it is"]
+  f = ests[0].fit
+  if f is None or f["overrides"] is None:
+    return [f"--fit: no remat policy, micro-batch count or fsdp split fits {name} for every phase"]
+  change = " ".join(f"--config.{k}={v}" for k, v in f["overrides"].items())
+  results = [f, *f["others"]]
+  # `fit` compiled the phase that did not fit with the most tokens first, then the others in order.
+  first = max(
+    (i for i, (_, e) in enumerate(parts) if not e.tpu["fits"]),
+    key=lambda i: parts[i][0].seq_length * parts[i][0].batch_size,
+  )
+  order = [first] + [i for i in range(len(parts)) if i != first]
+  per_phase = sorted(zip(order, results))
+  figures = "; ".join(
+    f"phase {i + 1}: {_gib(r['compiled']['total'])} of {_gib(r['compiled']['device_memory'])}, "
+    f"step {r['step_seconds']:.3f} s"
+    for i, r in per_phase
+  )
+  return [
+    f"--fit: {change} fits {name} for every phase (TPU compiler, per device; predicted step times "
+    f"at {100 * ests[0].mfu:.0f}% MFU, remat's recomputation included): {figures}",
+    "  " + command_line(config_name, f["overrides"], given),
+  ]

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from albert_jax.base import hardware
+from albert_jax.base import hardware, phases as phases_lib
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.model import albert as M, sharding
 from albert_jax.planning import tpu_compile
@@ -208,25 +208,29 @@ def chip_defaults(config, device: str, devices: int, given: set[str]) -> tuple[d
   return chosen, line
 
 
-def fit(config, tpu: tpu_compile.Slice, mfu: float = DEFAULT_MFU, on_try=None) -> dict[str, Any]:
+def fit(
+  config, tpu: tpu_compile.Slice, mfu: float = DEFAULT_MFU, on_try=None, others=()
+) -> dict[str, Any]:
   """The first of fit_candidates that the TPU compiler fits on `tpu`, with its compiler memory and
-  predicted step time (remat's recomputation counted); {"overrides": None} when none does."""
+  predicted step time (remat's recomputation counted); {"overrides": None} when none does.
+  `others`: more configs the same change must fit too (train.phases' other phases: one remat,
+  micro-batch count and mesh for the whole run); "others" then holds their compiles and step times."""
   for overrides in fit_candidates(config, tpu.devices, hardware.remat_first(tpu.device)):
-    candidate = _with(config, overrides)
-    try:
-      est = estimate(candidate, tpu.device, tpu.devices, mfu)
-    except ConfigError:  # e.g. micro-batches the data-parallel devices cannot split
-      continue
-    result = tpu_compile.compile_step(candidate, tpu)
-    if on_try:
-      on_try(overrides, result)
-    if result["fits"]:
+    results = []
+    for candidate in [_with(c, overrides) for c in (config, *others)]:
+      try:
+        est = estimate(candidate, tpu.device, tpu.devices, mfu)
+      except ConfigError:  # e.g. micro-batches the data-parallel devices cannot split
+        break
+      result = tpu_compile.compile_step(candidate, tpu)
+      if on_try:
+        on_try(overrides, result)
+      if not result["fits"]:
+        break
       extra = est.recompute_flops_per_step / est.flops_per_step
-      return {
-        "overrides": overrides,
-        "compiled": result,
-        "step_seconds": est.step_seconds * (1 + extra),
-      }
+      results.append({"compiled": result, "step_seconds": est.step_seconds * (1 + extra)})
+    if len(results) == 1 + len(others):
+      return {"overrides": overrides, **results[0], "others": results[1:]}
   return {"overrides": None}
 
 
@@ -292,3 +296,62 @@ def estimate_and_compile(
         f"fsdp={est.mesh['fsdp']} x tensor={est.mesh['tensor']} split"
       )
   return est
+
+
+def phase_config(config, phase: phases_lib.Phase):
+  """train.phases: the config of one phase's steps (its length, batch and share of the steps)."""
+  c = phases_lib.phase_config(config, phase)
+  c.train.num_steps = phase.end_step - phase.first_step
+  return c
+
+
+def estimate_phases(
+  config,
+  device: str | None = None,
+  devices: int | None = None,
+  slice_name: str | None = None,
+  compile_: str = "auto",
+  fit_: bool = False,
+  mfu: float = DEFAULT_MFU,
+  config_name: str = "",
+  chip_defaults_: bool = False,
+  given: set[str] = frozenset(),
+) -> list[tuple[phases_lib.Phase | None, Estimate]]:
+  """albert_jax.estimate's answer per phase of train.phases: [(phase, estimate_and_compile of the
+  phase's config)], or [(None, the config's)] without phases. With phases, what must be one for the
+  run is chosen once: the chip's defaults (bf16, the most micro-batches any phase needs) and --fit's
+  change, the first candidate (from the phase that does not fit with the most tokens a step) that
+  the TPU compiler fits for every phase; each phase's estimate holds that same answer in `fit`."""
+  init_from.resolve(config)
+  plan = phases_lib.plan(config.train)
+  args = (device, devices, slice_name, compile_)
+  if not plan:
+    return [
+      (None, estimate_and_compile(config, *args, fit_, mfu, config_name, chip_defaults_, given))
+    ]
+  tpu = tpu_compile.parse_slice(slice_name) if slice_name else None
+  if tpu is None and device and tpu_compile.is_tpu(device) and (compile_ == "yes" or fit_):
+    tpu = tpu_compile.slice_for(device, devices or 8)
+  if fit_ and tpu is None:
+    raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
+  configs = [phase_config(config, p) for p in plan]
+  chosen, line = {}, ""
+  if chip_defaults_ and tpu is not None:
+    for c in configs:  # one dtype; the most micro-batches any phase needs
+      mine, why = chip_defaults(c, tpu.device, tpu.devices, given)
+      if mine.get("train.micro_batches", 0) >= chosen.get("train.micro_batches", 0):
+        chosen, line = mine, why
+    configs = [_with(c, chosen) for c in configs]
+  parts = [
+    (p, estimate_and_compile(c, *args, False, mfu, config_name, False, given))
+    for p, c in zip(plan, configs)
+  ]
+  for _, est in parts:
+    est.chip_overrides, est.chip_line = chosen, line
+  failing = [i for i, (_, e) in enumerate(parts) if e.tpu is not None and not e.tpu["fits"]]
+  if fit_ and failing:
+    first = max(failing, key=lambda i: plan[i].seq_length * plan[i].batch_size)
+    answer = fit(configs[first], tpu, mfu, others=[c for i, c in enumerate(configs) if i != first])
+    for _, est in parts:
+      est.fit = answer
+  return parts

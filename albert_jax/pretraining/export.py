@@ -76,6 +76,8 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
       f"- batch size: {train.batch_size}, optimizer: {train.optimizer}, "
       f"peak learning rate: {train.learning_rate}"
     ]
+    if train.get("phases", ""):  # sequence-length phases (base/phases.py)
+      lines += [f"- sequence-length phases (length:share of the steps:batch): {train.phases}"]
   data = getattr(config, "data", None)
   if data is not None:
     task = config.task.name if "task" in config else data.task

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from albert_jax.base import distributed, files, hardware
+from albert_jax.base import distributed, files, hardware, phases as phases_lib
 from albert_jax.base.log import log
 from albert_jax.data.pipeline import inspection, loader
 from albert_jax.data.prepare import build as prepare_lib
@@ -183,10 +183,25 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
       config.model, config.data.max_seq_length, config.data.max_predictions_per_seq
     ),
     peak_flops=total_peak,
+    flops_per_sequence=lambda length: M.flops_per_example(
+      config.model, length, config.data.max_predictions_per_seq
+    ),
   )
 
   # --- Restore or initialise, compile, loop -------------------------------------------------------
-  train_iter = loader.make_iterator(config, workdir, split="train")
+  phases = phases_lib.plan(t)
+  if phases:
+    # One run at several lengths: each phase's batches from the same prepared documents, its step
+    # compiled when it begins (engine/train.py's PhasedBatches).
+    log(
+      f"train.phases: {'; '.join(p.describe()[len('phase ') :] for p in phases)}; one learning-rate "
+      f"schedule over {t.num_steps} steps; evaluation at {config.data.max_seq_length} tokens"
+    )
+    train_iter = train.PhasedBatches(
+      phases, lambda phase: loader.make_iterator(config, workdir, split="train", phase=phase)
+    )
+  else:
+    train_iter = loader.make_iterator(config, workdir, split="train")
   with contextlib.closing(train_iter):
     step, _, _ = train.run(config, workdir, mesh, trainer, train_iter, start, hooks)
   log(

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from albert_jax.base import validation
+from albert_jax.base import phases as phases_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.examples import masking as masking_lib
@@ -228,6 +228,7 @@ def make_iterator(
   process_index: int | None = None,
   process_count: int | None = None,
   source: str | None = None,
+  phase: phases_lib.Phase | None = None,
 ) -> BatchIterator:
   """An infinite iterator over this host's batches of `split` from the prepared data.
 
@@ -239,12 +240,24 @@ def make_iterator(
   seeded order (a sample of the whole split), the same batches each time it is created (a pass that
   wraps around the split draws a new order and new masks). Process index/count default to
   jax's (give both to simulate hosts). Call close() when done if data.num_workers > 0.
+
+  phase: one of train.phases' (base/phases.py): its batches, of its length and global batch,
+  paired from the same prepared documents (data.pairing=per_epoch), from the stream's start.
   """
   import grain  # pylint: disable=g-import-not-at-top
 
   if split not in SPLITS:
     raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
   ddir, prepared = check_prepared(config, workdir)
+  # prepare counted epoch 0's pairs at the prepared length; a phase's other length counts its own.
+  counted = phase is None or phase.seq_length == config.data.max_seq_length
+  if phase is not None:
+    if not counted and config.data.pairing != "per_epoch":
+      raise ConfigError(
+        f"the data in {ddir} holds pairs of {config.data.max_seq_length} tokens (data.pairing="
+        f"static); train.phases' length {phase.seq_length} needs data.pairing=per_epoch"
+      )
+    config = phases_lib.phase_config(config, phase)
   if process_index is None or process_count is None:
     process_index, process_count = jax.process_index(), jax.process_count()
   if not 0 <= process_index < process_count:
@@ -290,7 +303,7 @@ def make_iterator(
   elif d.pairing == "per_epoch":
     pairs = epoch_plan.EpochPairs(ddir, split, d, config.seed, kept=kept)
     # Epoch 0's pairs, counted by prepare for these settings (check_prepared), else here.
-    n = prepared.get("stats", {}).get(f"{split}_examples")
+    n = prepared.get("stats", {}).get(f"{split}_examples") if counted else None
     n = pairs.size(0) if n is None else int(n)
   # data.packing: the example stream is global (every host reads it whole) and the rows built from
   # it are shared among the hosts instead (packing.py).

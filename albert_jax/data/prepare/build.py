@@ -34,7 +34,7 @@ import uuid
 
 from absl import logging
 
-from albert_jax.base import config_lib, files, validation
+from albert_jax.base import config_lib, files, phases as phases_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.corpus import reader as corpus_lib, sources as sources_lib
@@ -415,6 +415,13 @@ def prepare(config, workdir: str) -> dict:
   """
   validation.resolve(config)  # resolved by the caller: only its mark is checked
   ddir = data_dir(config, workdir)
+  lengths = sorted({p.seq_length for p in phases_lib.plan(config.train)})
+  if len(lengths) > 1:  # validation refused static pairs at another length
+    logging.info(
+      "train.phases: one prepared dataset serves every phase (%s tokens): its documents are "
+      "stored, and the loader pairs them at each phase's length (data.pairing=per_epoch)",
+      ", ".join(map(str, lengths)),
+    )
   prepared = read_prepared(ddir)
   if prepared is not None:
     ddir, prepared = check_prepared(config, workdir)
