@@ -50,18 +50,60 @@ def document_sequence(
 ) -> tuple[np.ndarray, np.ndarray | None]:
   """A stored pair `[CLS] A [SEP] B [SEP]` (segment ids 0 then 1) as one document's sequence
   `[CLS] A B [SEP]` in the text's order (SOP's swap undone: `swapped` is its label), int32, with
-  its segmenter's word starts moved alike (None without them)."""
-  ids = np.asarray(input_ids)
-  a_len = int(np.count_nonzero(np.asarray(segment_ids) == 0)) - 2  # [CLS] A [SEP]
+  its segmenter's word starts moved alike (None without them): document_sequences of one."""
+  example = {
+    "input_ids": input_ids,
+    "segment_ids": segment_ids,
+    "sentence_order_label": swapped,
+    "word_starts": word_starts,
+  }
+  ids, starts, _ = document_sequences([example])
+  return ids, starts
 
-  def join(x, edge):
-    a, b = x[1 : a_len + 1], x[a_len + 2 : len(x) - 1]
-    return np.concatenate([[edge], b, a, [edge]] if swapped else [[edge], a, b, [edge]])
 
-  starts = None if word_starts is None else join(np.asarray(word_starts, bool), False)
-  out = join(ids, CLS_ID).astype(np.int32)
-  out[-1] = SEP_ID
-  return out, starts
+def document_sequences(examples) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+  """Examples (dicts as the fetches give them) as document_sequence's sequences laid end to end,
+  in a few vector operations for a whole packing window: (ids int32, word starts bool or None when
+  no example has them, offsets: sequence i is [offsets[i], offsets[i + 1]))."""
+  n = len(examples)
+  lens = np.fromiter((len(x["input_ids"]) for x in examples), np.int64, n)
+  ids = np.concatenate([np.asarray(x["input_ids"]) for x in examples]).astype(np.int32, copy=False)
+  seg = np.concatenate([np.asarray(x["segment_ids"]) for x in examples])
+  swapped = np.fromiter((bool(x["sentence_order_label"]) for x in examples), bool, n)
+  first = np.cumsum(lens) - lens
+  a_len = np.bincount(np.repeat(np.arange(n), lens)[seg == 0], minlength=n) - 2  # [CLS] A [SEP]
+  b_len = np.maximum(lens - 3 - a_len, 0)  # A [SEP] B [SEP] (none in a lone [CLS] A [SEP])
+  # Each sequence is four runs of its example: [CLS], A and B (B and A when swapped), [SEP].
+  run_start = np.stack(
+    [first, first + np.where(swapped, a_len + 2, 1), first + np.where(swapped, 1, a_len + 2)],
+    axis=1,
+  )
+  run_start = np.concatenate([run_start, (first + lens - 1)[:, None]], axis=1).ravel()
+  run_len = np.stack(
+    [np.ones(n, np.int64), np.where(swapped, b_len, a_len), np.where(swapped, a_len, b_len)],
+    axis=1,
+  )
+  run_len = np.concatenate([run_len, np.ones((n, 1), np.int64)], axis=1).ravel()
+  offsets = np.zeros(n + 1, np.int64)
+  np.cumsum(run_len.reshape(n, 4).sum(axis=1), out=offsets[1:])
+  run_out = np.cumsum(run_len) - run_len
+  src = np.repeat(run_start - run_out, run_len) + np.arange(offsets[-1])
+  out = ids[src]
+  out[offsets[:-1]] = CLS_ID
+  out[offsets[1:] - 1] = SEP_ID
+  starts = None
+  if any(x.get("word_starts") is not None for x in examples):
+    flat = np.concatenate(
+      [
+        np.zeros(len(x["input_ids"]), bool)
+        if x.get("word_starts") is None
+        else np.asarray(x["word_starts"], bool)
+        for x in examples
+      ]
+    )
+    starts = flat[src]
+    starts[offsets[:-1]] = starts[offsets[1:] - 1] = False
+  return out, starts, offsets
 
 
 def best_fit(lengths, capacity: int) -> list[list[int]]:
@@ -88,7 +130,8 @@ def best_fit(lengths, capacity: int) -> list[list[int]]:
 
 
 # Each plan's example key -> the unmasked example as Masker.batch takes it (input_ids, segment_ids,
-# sentence_order_label, word_starts). Picklable (loader workers).
+# sentence_order_label, word_starts); many(keys): a list of them (a packing window's). Picklable
+# (loader workers).
 
 
 class RecordFetch:
@@ -100,6 +143,9 @@ class RecordFetch:
   def __call__(self, key) -> dict:
     return self.records.example(int(key[1]))
 
+  def many(self, keys) -> list[dict]:
+    return self.records.examples([int(k[1]) for k in keys])
+
 
 class PairFetch:
   """Per-epoch pairs: example key (epoch, k) -> pair k of the epoch (the eval split: epoch 0's)."""
@@ -109,6 +155,9 @@ class PairFetch:
 
   def __call__(self, key) -> dict:
     return self.pairs.row(int(key[0]) if self.train else 0, int(key[1]))
+
+  def many(self, keys) -> list[dict]:
+    return [self(k) for k in keys]
 
 
 class MixtureFetch:
@@ -123,6 +172,9 @@ class MixtureFetch:
     if isinstance(stream, epoch_plan.SourceRecords):
       return self.records.example(stream.record(q, k))
     return stream.row(q, k)
+
+  def many(self, keys) -> list[dict]:
+    return [self(k) for k in keys]
 
 
 class Packer:
@@ -150,25 +202,33 @@ class Packer:
   def block(self, j: int) -> tuple[list[list[int]], list[tuple]]:
     """Block j's rows (lists of indices into its sequences, in their seeded order) and sequences
     (document_sequence's (ids, word starts or None))."""
+    rows, ids, starts, offsets, marked = self._block(j)
+    seqs = [
+      (ids[a:e], starts[a:e] if m else None)
+      for a, e, m in zip(offsets[:-1].tolist(), offsets[1:].tolist(), marked)
+    ]
+    return rows, seqs
+
+  def _block(self, j: int) -> tuple:
+    """Block j as kept: (rows, its sequences end to end (document_sequences' ids, word starts,
+    offsets), whether each sequence came with word starts)."""
     got = self._blocks.get(j)
     if got is None:
       with self._lock:
         got = self._blocks.get(j)
         if got is None:
           first = j * self.window
-          seqs = []
-          for i in range(self.window):
-            x = self.fetch(self.examples[first + i])
-            seqs.append(
-              document_sequence(
-                x["input_ids"], x["segment_ids"], x["sentence_order_label"], x.get("word_starts")
-              )
-            )
-          rows = best_fit([len(s[0]) for s in seqs], self.seq)
+          # One call down grain's chain and one read for the block (per position, the chain's
+          # bookkeeping cost as much as the reads).
+          keys = self.examples._getitems(range(first, first + self.window))  # pylint: disable=protected-access
+          examples = self.fetch.many(keys)
+          ids, starts, offsets = document_sequences(examples)
+          marked = [x.get("word_starts") is not None for x in examples]
+          rows = best_fit(np.diff(offsets).tolist(), self.seq)
           order = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x5041434B, j]).permutation(
             len(rows)
           )
-          got = ([rows[i] for i in order.tolist()], seqs)
+          got = ([rows[i] for i in order.tolist()], ids, starts, offsets, marked)
           while len(self._blocks) >= self.BLOCKS_KEPT:
             self._blocks.pop(next(iter(self._blocks)))
           self._blocks[j] = got
@@ -183,25 +243,20 @@ class Packer:
     if starts[-1] <= g:
       with self._lock:
         while starts[-1] <= g:
-          starts.append(starts[-1] + len(self.block(self.base + len(starts) - 1)[0]))
+          starts.append(starts[-1] + len(self._block(self.base + len(starts) - 1)[0]))
     i = bisect.bisect_right(starts, g) - 1
     return self.base + i, g - starts[i]
 
   def __call__(self, g: int) -> tuple[int, int]:
     return self.locate(g)
 
-  def row(self, j: int, r: int) -> list[tuple]:
-    """The sequences (ids, word starts or None) of row r of block j, in their order in the row."""
-    rows, seqs = self.block(j)
-    return [seqs[i] for i in rows[r]]
-
   def shares(self, j: int = 0) -> dict[str, float]:
     """The useful-token share (real tokens over all positions) of block j's examples one a row
     (each a pair with its middle [SEP]) and packed: what data.packing changes, measured."""
-    rows, seqs = self.block(j)
-    tokens = sum(len(s[0]) for s in seqs)
+    rows, ids, _, offsets, _ = self._block(j)
+    tokens, n = len(ids), len(offsets) - 1
     return {
-      "unpacked": round((tokens + len(seqs)) / (len(seqs) * self.seq), 4),
+      "unpacked": round((tokens + n) / (n * self.seq), 4),
       "packed": round(tokens / (len(rows) * self.seq), 4),
     }
 
@@ -232,29 +287,61 @@ class PackedLoader:
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
     blocks, rows = (np.asarray(x, np.int64) for x in batch)
-    b = len(rows)
-    pack = np.zeros((b, self.seq), np.int32)
-    out = []
+    b, seq = len(rows), self.seq
+    # The batch's sequences, row by row: their block's place in `parts` and index in it.
+    parts: dict[int, int] = {}
+    kept, where, index, row_of = [], [], [], []
     for r, (j, i) in enumerate(zip(blocks.tolist(), rows.tolist())):
-      seqs = self.packer.row(j, i)
-      ids = np.concatenate([s[0] for s in seqs])
-      starts = None
-      if any(s[1] is not None for s in seqs):
-        starts = np.concatenate([np.zeros(len(s[0]), bool) if s[1] is None else s[1] for s in seqs])
-      pack[r, : len(ids)] = np.repeat(np.arange(1, len(seqs) + 1), [len(s[0]) for s in seqs])
-      out.append(
-        {
-          "input_ids": ids,
-          "segment_ids": np.zeros(len(ids), np.int32),
-          "sentence_order_label": 0,
-          "word_starts": starts,
-        }
+      p = parts.get(j)
+      if p is None:
+        p = parts[j] = len(kept)
+        kept.append(self.packer._block(j))  # pylint: disable=protected-access
+      members = kept[p][0][i]
+      where += [p] * len(members)
+      index += members
+      row_of += [r] * len(members)
+    # Each sequence's first token and length in the blocks' flat arrays laid end to end (one
+    # block, or the two a batch spans), then every token's place there and in the batch.
+    where, index = np.asarray(where, np.int64), np.asarray(index, np.int64)
+    seq_lo, lengths = np.empty(len(index), np.int64), np.empty(len(index), np.int64)
+    size = 0
+    for p, k in enumerate(kept):
+      at = where == p
+      offsets = k[3]
+      seq_lo[at] = offsets[index[at]] + size
+      lengths[at] = offsets[index[at] + 1] - offsets[index[at]]
+      size += len(k[1])
+    flat_ids = kept[0][1] if len(kept) == 1 else np.concatenate([k[1] for k in kept])
+    row_of = np.asarray(row_of, np.int64)
+    n = len(row_of)
+    first_seq = np.searchsorted(row_of, np.arange(b))  # each row's first sequence
+    tok_end = np.cumsum(lengths)
+    tok_lo = tok_end - lengths
+    owner = np.repeat(np.arange(n), lengths)
+    tok = np.arange(tok_end[-1] if n else 0)
+    dest = row_of[owner] * seq + tok - tok_lo[first_seq][row_of][owner]
+    src = seq_lo[owner] + tok - tok_lo[owner]
+    ids = np.zeros((b, seq), np.int32)
+    ids.flat[dest] = flat_ids[src]
+    mask = np.zeros((b, seq), np.int32)
+    mask.flat[dest] = 1
+    pack = np.zeros((b, seq), np.int32)
+    pack.flat[dest] = (np.arange(n) - first_seq[row_of] + 1)[owner]
+    starts = None
+    if any(k[2] is not None for k in kept):
+      flat_starts = np.concatenate(
+        [np.zeros(len(k[1]), bool) if k[2] is None else k[2] for k in kept]
       )
+      starts = np.zeros((b, seq), bool)
+      starts.flat[dest] = flat_starts[src]
     # The block's high bits and the row's low bits take example_keys' (epoch, index) places.
     keys = masking_lib.example_keys(
       self.seed, blocks >> (40 - _ROW_BITS), (blocks << _ROW_BITS) | rows
     )
-    return self.masker.batch(out, self.seq, keys, pack_ids=pack)
+    self.masker.check_ids(ids)
+    zeros = np.zeros((b, seq), np.int32)
+    labels = np.zeros(b, np.int32)
+    return self.masker(ids, zeros, mask, labels, keys=keys, word_starts=starts, pack_ids=pack)
 
 
 def useful_share(batch: dict) -> float:
