@@ -144,7 +144,7 @@ class RecordFetch:
     return self.records.example(int(key[1]))
 
   def many(self, keys) -> list[dict]:
-    return self.records.examples([int(k[1]) for k in keys])
+    return self.records.examples(np.asarray(keys)[:, 1].tolist())
 
 
 class PairFetch:
@@ -180,14 +180,14 @@ class MixtureFetch:
 class Packer:
   """The packed row stream over an example stream (module docstring): row g -> (block, row).
 
-  examples: random access, stream position -> example key (a grain MapDataset); fetch: example key
-  -> (input_ids, segment_ids, sentence_order_label). Picklable (loader workers): each process keeps
-  its own block cache and block starts."""
+  keys: (first, count) -> the example keys of stream positions [first, first + count) (a packing
+  window's: loader's _ShuffledWindow or _DatasetWindow); fetch: example keys -> examples (many).
+  Picklable (loader workers): each process keeps its own block cache and block starts."""
 
   BLOCKS_KEPT = 3
 
-  def __init__(self, examples, fetch, max_seq_length: int, window: int, seed: int):
-    self.examples, self.fetch = examples, fetch
+  def __init__(self, keys, fetch, max_seq_length: int, window: int, seed: int):
+    self.keys, self.fetch = keys, fetch
     self.seq, self.window, self.seed = int(max_seq_length), int(window), int(seed)
     self.base, self.starts = 0, [0]  # block `base + i` starts at row starts[i]
     self.__setstate__(self.__dict__)
@@ -218,10 +218,9 @@ class Packer:
         got = self._blocks.get(j)
         if got is None:
           first = j * self.window
-          # One call down grain's chain and one read for the block (per position, the chain's
-          # bookkeeping cost as much as the reads).
-          keys = self.examples._getitems(range(first, first + self.window))  # pylint: disable=protected-access
-          examples = self.fetch.many(keys)
+          # The block's keys and records at once (a position at a time, grain's bookkeeping cost
+          # as much as the reads).
+          examples = self.fetch.many(self.keys(first, self.window))
           ids, starts, offsets = document_sequences(examples)
           marked = [x.get("word_starts") is not None for x in examples]
           rows = best_fit(np.diff(offsets).tolist(), self.seq)
