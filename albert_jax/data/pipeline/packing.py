@@ -287,7 +287,7 @@ class PackedLoader:
   def __call__(self, batch) -> dict[str, np.ndarray]:
     blocks, rows = (np.asarray(x, np.int64) for x in batch)
     b, seq = len(rows), self.seq
-    # The batch's sequences, row by row: their block's place in `parts` and index in it.
+    # The batch's sequences, row by row: their block's place in `kept` and index in the block.
     parts: dict[int, int] = {}
     kept, where, index, row_of = [], [], [], []
     for r, (j, i) in enumerate(zip(blocks.tolist(), rows.tolist())):
@@ -310,37 +310,35 @@ class PackedLoader:
       seq_lo[at] = offsets[index[at]] + size
       lengths[at] = offsets[index[at] + 1] - offsets[index[at]]
       size += len(k[1])
-    flat_ids = kept[0][1] if len(kept) == 1 else np.concatenate([k[1] for k in kept])
+    flat_ids = _joined([k[1] for k in kept])
     row_of = np.asarray(row_of, np.int64)
-    n = len(row_of)
-    first_seq = np.searchsorted(row_of, np.arange(b))  # each row's first sequence
-    tok_end = np.cumsum(lengths)
-    tok_lo = tok_end - lengths
-    owner = np.repeat(np.arange(n), lengths)
-    tok = np.arange(tok_end[-1] if n else 0)
-    dest = row_of[owner] * seq + tok - tok_lo[first_seq][row_of][owner]
-    src = seq_lo[owner] + tok - tok_lo[owner]
+    # A row's sequences fill its first positions: the batch's tokens in row order are where
+    # `real` is set, row by row.
+    real = np.arange(seq) < np.bincount(row_of, lengths, minlength=b).astype(np.int64)[:, None]
+    tok_lo = np.cumsum(lengths) - lengths
+    src = np.repeat(seq_lo - tok_lo, lengths) + np.arange(tok_lo[-1] + lengths[-1])
     ids = np.zeros((b, seq), np.int32)
-    ids.flat[dest] = flat_ids[src]
-    mask = np.zeros((b, seq), np.int32)
-    mask.flat[dest] = 1
+    ids[real] = flat_ids[src]
     pack = np.zeros((b, seq), np.int32)
-    pack.flat[dest] = (np.arange(n) - first_seq[row_of] + 1)[owner]
+    first_seq = np.searchsorted(row_of, np.arange(b))  # each row's first sequence
+    pack[real] = np.repeat(np.arange(len(row_of)) - first_seq[row_of] + 1, lengths)
     starts = None
     if any(k[2] is not None for k in kept):
-      flat_starts = np.concatenate(
-        [np.zeros(len(k[1]), bool) if k[2] is None else k[2] for k in kept]
-      )
+      flat_starts = _joined([np.zeros(len(k[1]), bool) if k[2] is None else k[2] for k in kept])
       starts = np.zeros((b, seq), bool)
-      starts.flat[dest] = flat_starts[src]
+      starts[real] = flat_starts[src]
     # The block's high bits and the row's low bits take example_keys' (epoch, index) places.
     keys = masking_lib.example_keys(
       self.seed, blocks >> (40 - _ROW_BITS), (blocks << _ROW_BITS) | rows
     )
     self.masker.check_ids(ids)
-    zeros = np.zeros((b, seq), np.int32)
-    labels = np.zeros(b, np.int32)
-    return self.masker(ids, zeros, mask, labels, keys=keys, word_starts=starts, pack_ids=pack)
+    types, labels = np.zeros((b, seq), np.int32), np.zeros(b, np.int32)  # one segment, no SOP
+    mask = real.astype(np.int32)
+    return self.masker(ids, types, mask, labels, keys=keys, word_starts=starts, pack_ids=pack)
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+  return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def useful_share(batch: dict) -> float:
