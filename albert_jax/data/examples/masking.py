@@ -202,8 +202,9 @@ class Masker:
     prev[:, 1:] = cand[:, :-1]
     start = cand & (self.word_start[input_ids] | segmented | ~prev)
     flat_start = np.flatnonzero(start)
+    # A word ends at the next word start or non-candidate token (bound); its start is a bound too.
     flat_bound = np.flatnonzero(start | ~cand)
-    flat_end = flat_bound[np.searchsorted(flat_bound, flat_start, side="right")]
+    flat_end = flat_bound[np.flatnonzero(start.ravel()[flat_bound]) + 1]
     rows = flat_start // seq
     offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=b))]).tolist()
     starts = (flat_start - rows * seq).tolist()
