@@ -74,18 +74,18 @@ def document_sequences(examples) -> tuple[np.ndarray, np.ndarray | None, np.ndar
   a_len = np.bincount(np.repeat(np.arange(n), lens)[seg == 0], minlength=n) - 2  # [CLS] A [SEP]
   b_len = np.maximum(lens - 3 - a_len, 0)  # A [SEP] B [SEP] (none in a lone [CLS] A [SEP])
   # Each sequence is four runs of its example: [CLS], A and B (B and A when swapped), [SEP].
-  run_start = np.stack(
-    [first, first + np.where(swapped, a_len + 2, 1), first + np.where(swapped, 1, a_len + 2)],
-    axis=1,
-  )
-  run_start = np.concatenate([run_start, (first + lens - 1)[:, None]], axis=1).ravel()
-  run_len = np.stack(
-    [np.ones(n, np.int64), np.where(swapped, b_len, a_len), np.where(swapped, a_len, b_len)],
-    axis=1,
-  )
-  run_len = np.concatenate([run_len, np.ones((n, 1), np.int64)], axis=1).ravel()
+  one = np.ones(n, np.int64)
+  a_at, b_at = first + 1, first + a_len + 2
+  runs = [
+    (first, one),
+    (np.where(swapped, b_at, a_at), np.where(swapped, b_len, a_len)),
+    (np.where(swapped, a_at, b_at), np.where(swapped, a_len, b_len)),
+    (first + lens - 1, one),
+  ]
+  run_start = np.stack([r[0] for r in runs], axis=1).ravel()
+  run_len = np.stack([r[1] for r in runs], axis=1).ravel()
   offsets = np.zeros(n + 1, np.int64)
-  np.cumsum(run_len.reshape(n, 4).sum(axis=1), out=offsets[1:])
+  np.cumsum(a_len + b_len + 2, out=offsets[1:])
   run_out = np.cumsum(run_len) - run_len
   src = np.repeat(run_start - run_out, run_len) + np.arange(offsets[-1])
   out = ids[src]
