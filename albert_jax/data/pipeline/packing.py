@@ -23,7 +23,9 @@ counting the passed blocks again. Masks are keyed by (seed, block, row): new mas
 rerun identical.
 
 Cost: every host (and every loader worker) reads every example of the blocks it passes (a block's
-packing needs all its sequences' lengths), and masks only its own rows. With loader workers the
+packing needs all its sequences' lengths), and masks only its own rows. A block is read at once (its
+keys, one batched read, its sequences joined by document_sequences) and a batch's rows laid out with
+a few gathers: the loader's cost a row is its examples' (docs/performance.md, Packing). With loader workers the
 main process packs the passed blocks once more when a state is saved (get_state), from the block
 of the last state restored or saved on.
 """
