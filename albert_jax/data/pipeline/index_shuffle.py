@@ -64,7 +64,7 @@ def index_shuffle(index: np.ndarray, max_index: int, seed: int, rounds: int = 4)
     return (rotl(v, 1) & rotl(v, 8)) ^ rotl(v, 2)
 
   def encrypt(v):
-    left, right = v >> np.uint64(w), v & mask
+    left, right = (v >> np.uint64(w)) & mask, v & mask  # std::bitset<w> keeps the low w bits
     for i in range(0, len(keys), 2):
       left ^= f(right) ^ keys[i]
       right ^= f(left) ^ keys[i + 1]
