@@ -7,15 +7,17 @@ import os
 import subprocess
 import sys
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from grain._src.python.experimental.index_shuffle.python import index_shuffle_module as grain_is
 
 from albert_jax.base import config_lib, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.examples import masking
-from albert_jax.data.pipeline import loader, packing
+from albert_jax.data.pipeline import index_shuffle, loader, packing
 from albert_jax.data.prepare import build
 from albert_jax.data.text import samples
 from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID
@@ -120,6 +122,66 @@ def test_document_sequence_joins_a_pair_in_text_order():
   ids, starts = packing.document_sequence(swapped, seg, 1, marks)
   assert ids.tolist() == [CLS_ID, *a, *b, SEP_ID]
   assert starts.astype(int).tolist() == [0, 1, 1, 1, 0, 1, 0]
+
+
+def test_document_sequences_of_a_window_are_each_pair_joined():
+  """A window's sequences in a few vector operations: each example's [CLS] A B [SEP] (B A swapped
+  back), its word starts alike, lone [CLS] A [SEP] examples as they are."""
+  rng = np.random.default_rng(3)
+  examples, want = [], []
+  for k in range(300):
+    a, b = rng.integers(5, 99, rng.integers(1, 12)), rng.integers(5, 99, rng.integers(0, 12))
+    swapped = int(rng.integers(0, 2)) if len(b) else 0
+    first, second = (b, a) if swapped else (a, b)
+    ids = [CLS_ID, *first, SEP_ID] + ([*second, SEP_ID] if len(second) else [])
+    marks = rng.random(len(ids)) < 0.5 if k % 3 else None
+    seg = [0] * (len(first) + 2) + [1] * (len(ids) - len(first) - 2)
+    examples.append(
+      {"input_ids": np.array(ids), "segment_ids": np.array(seg, np.int8),
+       "sentence_order_label": swapped, "word_starts": marks}
+    )  # fmt: skip
+    starts = None
+    if marks is not None:
+      m_first, m_second = marks[1 : len(first) + 1], marks[len(first) + 2 : len(ids) - 1]
+      m_a, m_b = (m_second, m_first) if swapped else (m_first, m_second)
+      starts = [False, *m_a, *m_b, False]
+    want.append(([CLS_ID, *a, *b, SEP_ID], starts))
+  ids, starts, offsets = packing.document_sequences(examples)
+  assert ids.dtype == np.int32 and offsets[-1] == len(ids) == len(starts)
+  for i, (w_ids, w_starts) in enumerate(want):
+    got = slice(offsets[i], offsets[i + 1])
+    assert ids[got].tolist() == w_ids
+    assert starts[got].tolist() == (w_starts or [False] * len(w_ids))
+
+
+def test_index_shuffle_is_grains():
+  """The packing window's shuffled keys: index_shuffle gives grain's permutation, bit for bit."""
+  rng = np.random.default_rng(0)
+  for max_index in (1, 2, 4403, 2**16 - 1, 2**16, 70_000, 2**31 + 7, 2**40 + 3):
+    for seed in (0, 42, 2**32 - 1):
+      idx = np.append(rng.integers(0, max_index + 1, 200), [0, max_index])
+      want = [grain_is.index_shuffle(int(i), max_index=max_index, seed=seed, rounds=4) for i in idx]
+      assert index_shuffle.index_shuffle(idx, max_index, seed).tolist() == want
+  assert sorted(index_shuffle.index_shuffle(np.arange(1000), 999, 5).tolist()) == list(range(1000))
+
+
+@pytest.mark.parametrize(
+  "shuffle, static, host, hosts, first",
+  [(True, False, 0, 1, 0), (True, True, 1, 3, 5), (False, False, 0, 1, 7)],
+)
+def test_shuffled_window_is_grains_stream(shuffle, static, host, hosts, first):
+  """Packing keys a window of stored examples with vector operations (loader._ShuffledWindow):
+  the same keys, across epochs, as make_iterator's grain stream position by position."""
+  n, seed = 1000, 17
+  epoch_index = loader._EpochIndex(n, host, hosts, static, 3, first)
+  ds = grain.MapDataset.range(n)
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat(None)[host::hosts].map_with_index(epoch_index)
+  window = loader._ShuffledWindow(n, seed if shuffle else None, epoch_index)
+  for start in (0, 950, 2500):
+    want = [[int(x) for x in ds[p]] for p in range(start, start + 300)]
+    assert window(start, 300).tolist() == want
 
 
 def test_document_budgets():

@@ -202,45 +202,52 @@ class Masker:
     prev[:, 1:] = cand[:, :-1]
     start = cand & (self.word_start[input_ids] | segmented | ~prev)
     flat_start = np.flatnonzero(start)
+    # A word ends at the next word start or non-candidate token (bound); its start is a bound too.
     flat_bound = np.flatnonzero(start | ~cand)
-    flat_end = flat_bound[np.searchsorted(flat_bound, flat_start, side="right")]
+    flat_end = flat_bound[np.flatnonzero(start.ravel()[flat_bound]) + 1]
     rows = flat_start // seq
     offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=b))]).tolist()
     starts = (flat_start - rows * seq).tolist()
     ends = (flat_end - rows * seq).tolist()
     lengths = np.asarray(input_mask).sum(axis=1)
-    budgets = masking_budget(lengths, num_p, self.masked_lm_prob).tolist()
+    budgets = masking_budget(lengths, num_p, self.masked_lm_prob)
 
     if pack_ids is not None:
-      # Each word's document, and each row's documents' lengths (a row's documents are 1..n).
+      # Each row's documents (1..n; every row has the batch's most, the extra ones empty): their
+      # budgets, and the run of the flat word lists each one's words take.
       pack_ids = np.asarray(pack_ids, np.int32)
-      word_docs = pack_ids.ravel()[flat_start].tolist()
       docs = int(pack_ids.max()) + 1 if pack_ids.size else 1
       doc_lengths = np.bincount(
         (np.arange(b)[:, None] * docs + pack_ids).ravel(), minlength=b * docs
       ).reshape(b, docs)[:, 1:]
+      shares = _document_budgets(doc_lengths, budgets)
+      word_key = rows * docs + pack_ids.ravel()[flat_start]
+      doc_key = np.arange(b)[:, None] * docs + np.arange(1, docs)
+      doc_lo = np.searchsorted(word_key, doc_key, side="left")
+      doc_hi = np.searchsorted(word_key, doc_key, side="right")
+      # Only documents with a share and words draw spans (their generator's draws in order).
+      drawn = (shares > 0) & (doc_hi > doc_lo)
+      doc_offsets = np.concatenate([[0], np.cumsum(drawn.sum(axis=1))]).tolist()
+      doc_lo, doc_hi, shares = (x[drawn].tolist() for x in (doc_lo, doc_hi, shares))
+    budgets = budgets.tolist()
     positions = np.zeros((b, num_p), np.int32)
     weights = np.zeros((b, num_p), np.float32)
     uniforms = np.zeros((b, 2 * num_p))
     for r in range(b):
       rng = rngs[r] if keys is None else self._keyed(keys[r])
-      lo, hi = offsets[r], offsets[r + 1]
       row_spans = [] if spans is not None else None
       if pack_ids is None:
+        lo, hi = offsets[r], offsets[r + 1]
         pos = select_masked_positions(
           starts[lo:hi], ends[lo:hi], budgets[r], rng, self.cdf, row_spans
         )
       else:
-        pos = _select_per_document(
-          word_docs[lo:hi],
-          doc_lengths[r],
-          starts[lo:hi],
-          ends[lo:hi],
-          budgets[r],
-          rng,
-          self.cdf,
-          row_spans,
-        )
+        pos = []
+        for d in range(doc_offsets[r], doc_offsets[r + 1]):
+          lo, hi = doc_lo[d], doc_hi[d]
+          pos += select_masked_positions(
+            starts[lo:hi], ends[lo:hi], shares[d], rng, self.cdf, row_spans
+          )
       pos.sort()
       count = len(pos)
       positions[r, :count] = pos
@@ -300,46 +307,40 @@ class Masker:
         if starts is None:
           starts = np.zeros((b, max_seq_length), bool)
         starts[r, :n] = row["word_starts"]
+    self.check_ids(ids)
+    return self(ids, seg, mask, labels, keys=keys, word_starts=starts, pack_ids=pack_ids)
+
+  def check_ids(self, ids: np.ndarray) -> None:
+    """Every id of a padded batch is below the vocabulary's size (batch's check, a batch at once):
+    no record that does not belong to this vocabulary reaches the model."""
     top = int(ids.max(initial=0))
     if top >= self.vocab_size or int(ids.min(initial=0)) < 0:
       raise ConfigError(
         f"a stored piece id {top} is not one of the vocabulary's {self.vocab_size}: the prepared "
         f"data was made with another vocabulary or by another version; prepare it again"
       )
-    return self(ids, seg, mask, labels, keys=keys, word_starts=starts, pack_ids=pack_ids)
 
 
 def document_budgets(lengths: Sequence[int], budget: int) -> list[int]:
   """`budget` predictions shared among documents of `lengths` tokens in proportion to them: the
   floors of the shares, then one more to the largest remainders (the earlier document on ties)."""
-  total = sum(lengths)
-  if total <= 0:
-    return [0] * len(lengths)
-  shares = [budget * n / total for n in lengths]
-  out = [int(x) for x in shares]
-  order = sorted(range(len(lengths)), key=lambda i: (out[i] - shares[i], i))
-  for i in order[: budget - sum(out)]:
-    out[i] += 1
-  return out
+  lengths = np.asarray(lengths, np.int64).reshape(1, -1)
+  return _document_budgets(lengths, np.asarray([budget], np.int64))[0].tolist()
 
 
-def _select_per_document(word_docs, doc_lengths, starts, ends, budget, rng, cdf, spans):
-  """select_masked_positions within each document of a packed row: `word_docs` is each word's
-  document (1, 2, ...; a document's words are contiguous), `doc_lengths` the documents' tokens;
-  the row's budget shared by document_budgets, the documents drawn in order from the one
-  generator."""
-  shares = document_budgets(np.asarray(doc_lengths).tolist(), budget)
-  positions: list[int] = []
-  lo, n = 0, len(word_docs)
-  while lo < n:
-    doc, hi = word_docs[lo], lo + 1
-    while hi < n and word_docs[hi] == doc:
-      hi += 1
-    share = shares[doc - 1] if 0 < doc <= len(shares) else 0
-    if share > 0:
-      positions += select_masked_positions(starts[lo:hi], ends[lo:hi], share, rng, cdf, spans)
-    lo = hi
-  return positions
+def _document_budgets(lengths: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+  """document_budgets for every row of `lengths` ([b, n]) with its budget ([b]) at once."""
+  b, n = lengths.shape
+  total = lengths.sum(axis=1, keepdims=True)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    shares = np.where(total > 0, budgets[:, None] * lengths / total, 0.0)
+  out = shares.astype(np.int64)
+  # Each document's rank by (floor - share, index); the first (budget - floors) ranks get one more.
+  order = np.lexsort((np.broadcast_to(np.arange(n), (b, n)), out - shares), axis=-1)
+  rank = np.empty_like(order)
+  np.put_along_axis(rank, order, np.broadcast_to(np.arange(n), (b, n)), axis=-1)
+  out += rank < (budgets - out.sum(axis=1))[:, None]
+  return np.where(total > 0, out, 0)
 
 
 def example_keys(seed: int, epochs, indices) -> np.ndarray:

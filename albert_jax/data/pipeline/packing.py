@@ -23,7 +23,9 @@ counting the passed blocks again. Masks are keyed by (seed, block, row): new mas
 rerun identical.
 
 Cost: every host (and every loader worker) reads every example of the blocks it passes (a block's
-packing needs all its sequences' lengths), and masks only its own rows. With loader workers the
+packing needs all its sequences' lengths), and masks only its own rows. A block is read at once (its
+keys, one batched read, its sequences joined by document_sequences) and a batch's rows laid out with
+a few gathers: the loader's cost a row is its examples' (docs/performance.md, Packing). With loader workers the
 main process packs the passed blocks once more when a state is saved (get_state), from the block
 of the last state restored or saved on.
 """
@@ -50,18 +52,60 @@ def document_sequence(
 ) -> tuple[np.ndarray, np.ndarray | None]:
   """A stored pair `[CLS] A [SEP] B [SEP]` (segment ids 0 then 1) as one document's sequence
   `[CLS] A B [SEP]` in the text's order (SOP's swap undone: `swapped` is its label), int32, with
-  its segmenter's word starts moved alike (None without them)."""
-  ids = np.asarray(input_ids)
-  a_len = int(np.count_nonzero(np.asarray(segment_ids) == 0)) - 2  # [CLS] A [SEP]
+  its segmenter's word starts moved alike (None without them): document_sequences of one."""
+  example = {
+    "input_ids": input_ids,
+    "segment_ids": segment_ids,
+    "sentence_order_label": swapped,
+    "word_starts": word_starts,
+  }
+  ids, starts, _ = document_sequences([example])
+  return ids, starts
 
-  def join(x, edge):
-    a, b = x[1 : a_len + 1], x[a_len + 2 : len(x) - 1]
-    return np.concatenate([[edge], b, a, [edge]] if swapped else [[edge], a, b, [edge]])
 
-  starts = None if word_starts is None else join(np.asarray(word_starts, bool), False)
-  out = join(ids, CLS_ID).astype(np.int32)
-  out[-1] = SEP_ID
-  return out, starts
+def document_sequences(examples) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+  """Examples (dicts as the fetches give them) as document_sequence's sequences laid end to end,
+  in a few vector operations for a whole packing window: (ids int32, word starts bool or None when
+  no example has them, offsets: sequence i is [offsets[i], offsets[i + 1]))."""
+  n = len(examples)
+  lens = np.fromiter((len(x["input_ids"]) for x in examples), np.int64, n)
+  ids = np.concatenate([np.asarray(x["input_ids"]) for x in examples]).astype(np.int32, copy=False)
+  seg = np.concatenate([np.asarray(x["segment_ids"]) for x in examples])
+  swapped = np.fromiter((bool(x["sentence_order_label"]) for x in examples), bool, n)
+  first = np.cumsum(lens) - lens
+  a_len = np.bincount(np.repeat(np.arange(n), lens)[seg == 0], minlength=n) - 2  # [CLS] A [SEP]
+  b_len = np.maximum(lens - 3 - a_len, 0)  # A [SEP] B [SEP] (none in a lone [CLS] A [SEP])
+  # Each sequence is four runs of its example: [CLS], A and B (B and A when swapped), [SEP].
+  one = np.ones(n, np.int64)
+  a_at, b_at = first + 1, first + a_len + 2
+  runs = [
+    (first, one),
+    (np.where(swapped, b_at, a_at), np.where(swapped, b_len, a_len)),
+    (np.where(swapped, a_at, b_at), np.where(swapped, a_len, b_len)),
+    (first + lens - 1, one),
+  ]
+  run_start = np.stack([r[0] for r in runs], axis=1).ravel()
+  run_len = np.stack([r[1] for r in runs], axis=1).ravel()
+  offsets = np.zeros(n + 1, np.int64)
+  np.cumsum(a_len + b_len + 2, out=offsets[1:])
+  run_out = np.cumsum(run_len) - run_len
+  src = np.repeat(run_start - run_out, run_len) + np.arange(offsets[-1])
+  out = ids[src]
+  out[offsets[:-1]] = CLS_ID
+  out[offsets[1:] - 1] = SEP_ID
+  starts = None
+  if any(x.get("word_starts") is not None for x in examples):
+    flat = np.concatenate(
+      [
+        np.zeros(len(x["input_ids"]), bool)
+        if x.get("word_starts") is None
+        else np.asarray(x["word_starts"], bool)
+        for x in examples
+      ]
+    )
+    starts = flat[src]
+    starts[offsets[:-1]] = starts[offsets[1:] - 1] = False
+  return out, starts, offsets
 
 
 def best_fit(lengths, capacity: int) -> list[list[int]]:
@@ -88,7 +132,8 @@ def best_fit(lengths, capacity: int) -> list[list[int]]:
 
 
 # Each plan's example key -> the unmasked example as Masker.batch takes it (input_ids, segment_ids,
-# sentence_order_label, word_starts). Picklable (loader workers).
+# sentence_order_label, word_starts); many(keys): a list of them (a packing window's). Picklable
+# (loader workers).
 
 
 class RecordFetch:
@@ -100,6 +145,9 @@ class RecordFetch:
   def __call__(self, key) -> dict:
     return self.records.example(int(key[1]))
 
+  def many(self, keys) -> list[dict]:
+    return self.records.examples(np.asarray(keys)[:, 1].tolist())
+
 
 class PairFetch:
   """Per-epoch pairs: example key (epoch, k) -> pair k of the epoch (the eval split: epoch 0's)."""
@@ -109,6 +157,9 @@ class PairFetch:
 
   def __call__(self, key) -> dict:
     return self.pairs.row(int(key[0]) if self.train else 0, int(key[1]))
+
+  def many(self, keys) -> list[dict]:
+    return [self(k) for k in keys]
 
 
 class MixtureFetch:
@@ -124,18 +175,21 @@ class MixtureFetch:
       return self.records.example(stream.record(q, k))
     return stream.row(q, k)
 
+  def many(self, keys) -> list[dict]:
+    return [self(k) for k in keys]
+
 
 class Packer:
   """The packed row stream over an example stream (module docstring): row g -> (block, row).
 
-  examples: random access, stream position -> example key (a grain MapDataset); fetch: example key
-  -> (input_ids, segment_ids, sentence_order_label). Picklable (loader workers): each process keeps
-  its own block cache and block starts."""
+  keys: (first, count) -> the example keys of stream positions [first, first + count) (a packing
+  window's: loader's _ShuffledWindow or _DatasetWindow); fetch: example keys -> examples (many).
+  Picklable (loader workers): each process keeps its own block cache and block starts."""
 
   BLOCKS_KEPT = 3
 
-  def __init__(self, examples, fetch, max_seq_length: int, window: int, seed: int):
-    self.examples, self.fetch = examples, fetch
+  def __init__(self, keys, fetch, max_seq_length: int, window: int, seed: int):
+    self.keys, self.fetch = keys, fetch
     self.seq, self.window, self.seed = int(max_seq_length), int(window), int(seed)
     self.base, self.starts = 0, [0]  # block `base + i` starts at row starts[i]
     self.__setstate__(self.__dict__)
@@ -150,25 +204,32 @@ class Packer:
   def block(self, j: int) -> tuple[list[list[int]], list[tuple]]:
     """Block j's rows (lists of indices into its sequences, in their seeded order) and sequences
     (document_sequence's (ids, word starts or None))."""
+    rows, ids, starts, offsets, marked = self._block(j)
+    seqs = [
+      (ids[a:e], starts[a:e] if m else None)
+      for a, e, m in zip(offsets[:-1].tolist(), offsets[1:].tolist(), marked)
+    ]
+    return rows, seqs
+
+  def _block(self, j: int) -> tuple:
+    """Block j as kept: (rows, its sequences end to end (document_sequences' ids, word starts,
+    offsets), whether each sequence came with word starts)."""
     got = self._blocks.get(j)
     if got is None:
       with self._lock:
         got = self._blocks.get(j)
         if got is None:
           first = j * self.window
-          seqs = []
-          for i in range(self.window):
-            x = self.fetch(self.examples[first + i])
-            seqs.append(
-              document_sequence(
-                x["input_ids"], x["segment_ids"], x["sentence_order_label"], x.get("word_starts")
-              )
-            )
-          rows = best_fit([len(s[0]) for s in seqs], self.seq)
+          # The block's keys and records at once (a position at a time, grain's bookkeeping cost
+          # as much as the reads).
+          examples = self.fetch.many(self.keys(first, self.window))
+          ids, starts, offsets = document_sequences(examples)
+          marked = [x.get("word_starts") is not None for x in examples]
+          rows = best_fit(np.diff(offsets).tolist(), self.seq)
           order = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x5041434B, j]).permutation(
             len(rows)
           )
-          got = ([rows[i] for i in order.tolist()], seqs)
+          got = ([rows[i] for i in order.tolist()], ids, starts, offsets, marked)
           while len(self._blocks) >= self.BLOCKS_KEPT:
             self._blocks.pop(next(iter(self._blocks)))
           self._blocks[j] = got
@@ -183,25 +244,20 @@ class Packer:
     if starts[-1] <= g:
       with self._lock:
         while starts[-1] <= g:
-          starts.append(starts[-1] + len(self.block(self.base + len(starts) - 1)[0]))
+          starts.append(starts[-1] + len(self._block(self.base + len(starts) - 1)[0]))
     i = bisect.bisect_right(starts, g) - 1
     return self.base + i, g - starts[i]
 
   def __call__(self, g: int) -> tuple[int, int]:
     return self.locate(g)
 
-  def row(self, j: int, r: int) -> list[tuple]:
-    """The sequences (ids, word starts or None) of row r of block j, in their order in the row."""
-    rows, seqs = self.block(j)
-    return [seqs[i] for i in rows[r]]
-
   def shares(self, j: int = 0) -> dict[str, float]:
     """The useful-token share (real tokens over all positions) of block j's examples one a row
     (each a pair with its middle [SEP]) and packed: what data.packing changes, measured."""
-    rows, seqs = self.block(j)
-    tokens = sum(len(s[0]) for s in seqs)
+    rows, ids, _, offsets, _ = self._block(j)
+    tokens, n = len(ids), len(offsets) - 1
     return {
-      "unpacked": round((tokens + len(seqs)) / (len(seqs) * self.seq), 4),
+      "unpacked": round((tokens + n) / (n * self.seq), 4),
       "packed": round(tokens / (len(rows) * self.seq), 4),
     }
 
@@ -232,29 +288,59 @@ class PackedLoader:
 
   def __call__(self, batch) -> dict[str, np.ndarray]:
     blocks, rows = (np.asarray(x, np.int64) for x in batch)
-    b = len(rows)
-    pack = np.zeros((b, self.seq), np.int32)
-    out = []
+    b, seq = len(rows), self.seq
+    # The batch's sequences, row by row: their block's place in `kept` and index in the block.
+    parts: dict[int, int] = {}
+    kept, where, index, row_of = [], [], [], []
     for r, (j, i) in enumerate(zip(blocks.tolist(), rows.tolist())):
-      seqs = self.packer.row(j, i)
-      ids = np.concatenate([s[0] for s in seqs])
-      starts = None
-      if any(s[1] is not None for s in seqs):
-        starts = np.concatenate([np.zeros(len(s[0]), bool) if s[1] is None else s[1] for s in seqs])
-      pack[r, : len(ids)] = np.repeat(np.arange(1, len(seqs) + 1), [len(s[0]) for s in seqs])
-      out.append(
-        {
-          "input_ids": ids,
-          "segment_ids": np.zeros(len(ids), np.int32),
-          "sentence_order_label": 0,
-          "word_starts": starts,
-        }
-      )
+      p = parts.get(j)
+      if p is None:
+        p = parts[j] = len(kept)
+        kept.append(self.packer._block(j))  # pylint: disable=protected-access
+      members = kept[p][0][i]
+      where += [p] * len(members)
+      index += members
+      row_of += [r] * len(members)
+    # Each sequence's first token and length in the blocks' flat arrays laid end to end (one
+    # block, or the two a batch spans), then every token's place there and in the batch.
+    where, index = np.asarray(where, np.int64), np.asarray(index, np.int64)
+    seq_lo, lengths = np.empty(len(index), np.int64), np.empty(len(index), np.int64)
+    size = 0
+    for p, k in enumerate(kept):
+      at = where == p
+      offsets = k[3]
+      seq_lo[at] = offsets[index[at]] + size
+      lengths[at] = offsets[index[at] + 1] - offsets[index[at]]
+      size += len(k[1])
+    flat_ids = _joined([k[1] for k in kept])
+    row_of = np.asarray(row_of, np.int64)
+    # A row's sequences fill its first positions: the batch's tokens in row order are where
+    # `real` is set, row by row.
+    real = np.arange(seq) < np.bincount(row_of, lengths, minlength=b).astype(np.int64)[:, None]
+    tok_lo = np.cumsum(lengths) - lengths
+    src = np.repeat(seq_lo - tok_lo, lengths) + np.arange(tok_lo[-1] + lengths[-1])
+    ids = np.zeros((b, seq), np.int32)
+    ids[real] = flat_ids[src]
+    pack = np.zeros((b, seq), np.int32)
+    first_seq = np.searchsorted(row_of, np.arange(b))  # each row's first sequence
+    pack[real] = np.repeat(np.arange(len(row_of)) - first_seq[row_of] + 1, lengths)
+    starts = None
+    if any(k[2] is not None for k in kept):
+      flat_starts = _joined([np.zeros(len(k[1]), bool) if k[2] is None else k[2] for k in kept])
+      starts = np.zeros((b, seq), bool)
+      starts[real] = flat_starts[src]
     # The block's high bits and the row's low bits take example_keys' (epoch, index) places.
     keys = masking_lib.example_keys(
       self.seed, blocks >> (40 - _ROW_BITS), (blocks << _ROW_BITS) | rows
     )
-    return self.masker.batch(out, self.seq, keys, pack_ids=pack)
+    self.masker.check_ids(ids)
+    types, labels = np.zeros((b, seq), np.int32), np.zeros(b, np.int32)  # one segment, no SOP
+    mask = real.astype(np.int32)
+    return self.masker(ids, types, mask, labels, keys=keys, word_starts=starts, pack_ids=pack)
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+  return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def useful_share(batch: dict) -> float:
