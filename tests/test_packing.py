@@ -159,7 +159,8 @@ def test_index_shuffle_is_grains():
   rng = np.random.default_rng(0)
   for max_index in (1, 2, 4403, 2**16 - 1, 2**16, 70_000, 2**31 + 7, 2**40 + 3):
     for seed in (0, 42, 2**32 - 1):
-      idx = np.append(rng.integers(0, max_index + 1, 200), [0, max_index])
+      # A split of 2 or 3 walks ~30,000 encryptions an index (in either): fewer indices there.
+      idx = np.append(rng.integers(0, max_index + 1, 200 if max_index > 2 else 10), [0, max_index])
       want = [grain_is.index_shuffle(int(i), max_index=max_index, seed=seed, rounds=4) for i in idx]
       assert index_shuffle.index_shuffle(idx, max_index, seed).tolist() == want
   assert sorted(index_shuffle.index_shuffle(np.arange(1000), 999, 5).tolist()) == list(range(1000))
