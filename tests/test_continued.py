@@ -123,7 +123,7 @@ def _extended(tmp_path, vocabs, **model):
 
 def test_step0_unchanged_and_pieces_rows(tmp_path, vocabs):
   old_path, merged_path, ext = vocabs
-  params_old, cfg_old, grown, config, _ = _extended(tmp_path, vocabs)
+  params_old, cfg_old, grown, config, fresh = _extended(tmp_path, vocabs)
   x = inputs(vocab=1000, s=16)  # old pieces, within the old 40 positions
   mlm0, sop0 = our_logits(params_old, cfg_old, x)
   mlm1, sop1 = our_logits(grown, config.model, x)
@@ -135,7 +135,8 @@ def test_step0_unchanged_and_pieces_rows(tmp_path, vocabs):
   share = lse(mlm1) - lse(mlm1[..., :1000])
   np.testing.assert_allclose(lse(mlm1) - lse(mlm0), share, atol=1e-5)
   assert share.min() > 0
-  # pieces: each new row is the mean of the old rows of its old split, <unk> skipped; the bias too.
+  # pieces: each new row is the mean of the old rows of its old split, <unk> skipped; the bias too;
+  # a piece spelt only as <unk>: the <unk> row plus its fresh row, bias b_unk - log n.
   splits = X.new_piece_splits(open(old_path, "rb").read(), open(merged_path, "rb").read())
   words = grown["albert"]["embeddings"]["word_embeddings"]["embedding"]
   bias = grown["predictions"]["bias"]
@@ -150,11 +151,13 @@ def test_step0_unchanged_and_pieces_rows(tmp_path, vocabs):
     full = X.old_split(pieces, merged_pieces[i][0])
     known = [s for s in full if s not in (tokenizer_lib.UNK_ID, marker)]
     assert split == known
-    rows = old_words[known] if known else old_words
     kinds.add(bool(known))
-    np.testing.assert_allclose(words[i], rows.mean(0), atol=1e-6)
-    np.testing.assert_allclose(bias[i], (old_bias[known] if known else old_bias).mean(), atol=1e-6)
-  assert kinds == {False}  # the English model holds no Devanagari: every row is the mean
+    fresh_words = fresh["albert"]["embeddings"]["word_embeddings"]["embedding"]
+    want = old_words[known].mean(0) if known else old_words[1] + fresh_words[i]
+    np.testing.assert_allclose(words[i], want, atol=1e-6)
+    want = old_bias[known].mean() if known else old_bias[1] - np.log(len(splits))
+    np.testing.assert_allclose(bias[i], want, atol=1e-6)
+  assert kinds == {False}  # the English model holds no Devanagari: every piece is spelt <unk>
   # Positions copied in order (Longformer's tiling).
   table = grown["albert"]["embeddings"]["position_embeddings"]["embedding"]
   old_table = params_old["albert"]["embeddings"]["position_embeddings"]["embedding"]
@@ -162,17 +165,40 @@ def test_step0_unchanged_and_pieces_rows(tmp_path, vocabs):
 
 
 def test_pieces_rows_average_their_split():
+  """The issue's rule (model.new_token_init=pieces_mean): the mean of the old split's rows, the
+  mean of all rows for a piece spelt only as <unk>; the bias likewise."""
   rng = np.random.default_rng(0)
   old, fresh = rng.normal(size=(10, 3)), rng.normal(size=(13, 3))
   splits = {10: [2, 5], 11: [], 12: [7]}  # what new_piece_splits gives (<unk>, marker left out)
-  got = init_from.new_rows(old, fresh, splits, "pieces")
+  got = init_from.new_rows(old, fresh, splits, "pieces_mean")
   np.testing.assert_array_equal(got[:10], old)
   np.testing.assert_allclose(got[10], (old[2] + old[5]) / 2)
   np.testing.assert_allclose(got[11], old.mean(0))
   np.testing.assert_allclose(got[12], old[7])
-  bias = init_from.new_rows(old[:, 0], fresh[:, 0], splits, "pieces")
+  bias = init_from.new_rows(old[:, 0], fresh[:, 0], splits, "pieces_mean", bias=True)
   np.testing.assert_allclose(bias[10:], [(old[2, 0] + old[5, 0]) / 2, old[:, 0].mean(), old[7, 0]])
   np.testing.assert_array_equal(init_from.new_rows(old, fresh, splits, "random")[10:], fresh[10:])
+
+
+def test_pieces_rows_of_unspellable_pieces_are_the_unk_row():
+  """model.new_token_init=pieces (default): a spellable piece as above; the n pieces spelt only as
+  <unk> take the old <unk> row plus their fresh row, and the bias b_unk - log n, so that together
+  they hold the old <unk>'s share of the softmax (logits h.e_unk + b_unk - log n + h.fresh)."""
+  rng = np.random.default_rng(0)
+  old, fresh = rng.normal(size=(10, 3)), 0.02 * rng.normal(size=(14, 3))
+  splits = {10: [2, 5], 11: [], 12: [7], 13: []}
+  got = init_from.new_rows(old, fresh, splits, "pieces")
+  np.testing.assert_array_equal(got[:10], old)
+  np.testing.assert_allclose(got[10], (old[2] + old[5]) / 2)
+  np.testing.assert_allclose(got[[11, 13]], old[1] + fresh[[11, 13]])
+  np.testing.assert_allclose(got[12], old[7])
+  b_old, b_fresh = old[:, 0], np.zeros(14)
+  bias = init_from.new_rows(b_old, b_fresh, splits, "pieces", bias=True)
+  np.testing.assert_array_equal(bias[:10], b_old)
+  want = [(b_old[2] + b_old[5]) / 2, b_old[1] - np.log(2), b_old[7], b_old[1] - np.log(2)]
+  np.testing.assert_allclose(bias[10:], want)
+  # Two pieces at b_unk - log 2 with the <unk> row: the old <unk>'s probability mass, shared.
+  np.testing.assert_allclose(np.exp(bias[[11, 13]]).sum(), np.exp(b_old[1]))
 
 
 def test_split_of_a_partly_spellable_piece():

@@ -174,24 +174,42 @@ def _set_leaf(tree, keys, value):
   tree[keys[-1]] = value
 
 
-def new_rows(old: np.ndarray, fresh: np.ndarray, splits: dict[int, list[int]], how: str):
-  """The rows old.shape[0].. of a table (the word table, or the MLM output bias as a table of
-  scalars) for the appended pieces, by model.new_token_init:
-    pieces  the mean of the old rows of the old model's split of the piece (splits[id]:
-            vocab_extension.new_piece_splits, <unk> and the bare word marker left out); a piece
-            it can spell only as <unk> takes the mean of all old rows;
-    mean    the mean of all old rows;
-    random  the fresh initialisation's rows (Hugging Face's resize_token_embeddings).
+def new_rows(
+  old: np.ndarray, fresh: np.ndarray, splits: dict[int, list[int]], how: str, bias: bool = False
+):
+  """The rows old.shape[0].. of a table (the word table, or with `bias` the MLM output bias as a
+  table of scalars) for the appended pieces, by model.new_token_init:
+    pieces       the mean of the old rows of the old model's split of the piece (splits[id]:
+                 vocab_extension.new_piece_splits, <unk> and the bare word marker left out); the
+                 n pieces it can spell only as <unk> take what the old model read them as: the old
+                 <unk> row plus the fresh initialisation's row (which tells them apart), and the
+                 bias b_unk - log n, so that together they take the share of the softmax the old
+                 model gave <unk> (the issue's rule gave them the mean of all rows: a departure,
+                 measured in docs/performance.md);
+    pieces_mean  the issue's rule: as pieces, but a piece spelt only as <unk> takes the mean of
+                 all old rows;
+    mean         the mean of all old rows;
+    random       the fresh initialisation's rows (Hugging Face's resize_token_embeddings).
   Returns the whole table, old rows first, unchanged."""
   n_old, n_new = old.shape[0], fresh.shape[0]
   if how == "random":
-    rows = np.asarray(fresh[n_old:], old.dtype)
-  else:
-    mean = old.mean(axis=0)
-    rows = np.empty((n_new - n_old,) + old.shape[1:], old.dtype)
-    for i in range(n_old, n_new):
-      split = [x for x in splits.get(i, []) if x != tokenizer_lib.UNK_ID]
-      rows[i - n_old] = old[split].mean(axis=0) if how == "pieces" and split else mean
+    return np.concatenate([old, np.asarray(fresh[n_old:], old.dtype)])
+  mean = old.mean(axis=0)
+  known = {
+    i: [x for x in splits.get(i, []) if x != tokenizer_lib.UNK_ID] if how != "mean" else []
+    for i in range(n_old, n_new)
+  }
+  n_unk = sum(not split for split in known.values())
+  rows = np.empty((n_new - n_old,) + old.shape[1:], old.dtype)
+  for i, split in known.items():
+    if split:
+      rows[i - n_old] = old[split].mean(axis=0)
+    elif how != "pieces":
+      rows[i - n_old] = mean
+    elif bias:
+      rows[i - n_old] = old[tokenizer_lib.UNK_ID] - np.log(n_unk)
+    else:
+      rows[i - n_old] = old[tokenizer_lib.UNK_ID] + fresh[i]
   return np.concatenate([old, rows])
 
 
@@ -213,7 +231,8 @@ def grow_params(params: dict, fresh: dict, model, splits: dict[int, list[int]]) 
     except KeyError:  # no MLM head in the checkpoint: the fresh one is taken whole
       bias = None
     if bias is not None:
-      _set_leaf(params, MLM_BIAS, new_rows(bias, np.asarray(_leaf(fresh, MLM_BIAS)), splits, how))
+      fresh_bias = np.asarray(_leaf(fresh, MLM_BIAS))
+      _set_leaf(params, MLM_BIAS, new_rows(bias, fresh_bias, splits, how, bias=True))
   table = np.asarray(_leaf(params, POSITION_TABLE))
   n_old, n_new = table.shape[0], model.max_position_embeddings
   if n_old < n_new:
