@@ -23,11 +23,14 @@ Prints a table and, last, one JSON line with every figure.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
+import math
 import os
 import sys
 import time
+import unicodedata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import albert_jax  # noqa: E402
-from albert_jax.data.pipeline import loader  # noqa: E402
+from albert_jax.data.corpus import python_docs  # noqa: E402
 from albert_jax.data.store import dataset  # noqa: E402
 from albert_jax.data.text import samples, tokenizer as tokenizer_lib, vocab_extension  # noqa: E402
 from albert_jax.engine import checkpoint  # noqa: E402
@@ -60,32 +63,105 @@ def hindi_split(out: str) -> tuple[str, list[str]]:
   return path, [s for d in docs[cut:] for s in d]
 
 
-def loss_per_char(config, workdir: str, params, model_cfg, batches: int) -> tuple[float, float]:
-  """(summed MLM cross-entropy of the eval split's masked pieces over their characters, the share
-  of the masked pieces that are <unk>). <unk> targets are left out of both sums: the characters
-  an <unk> stands for are not known, and predicting <unk> reproduces no text."""
-  tok = tokenizer_lib.load_for(dataset.spm_model_path(config, workdir), config.data)
-  chars = np.array([len(tok.id_to_piece(i)) for i in range(tok.vocab_size)], np.float64)
+def english_split(config, out: str) -> tuple[str, list[str]]:
+  """The English run's corpus (the built-in one) split as its prepare split it (shards._is_eval:
+  every round(1/eval_fraction)-th document by index, offset by the seed): its train documents as a
+  corpus file for replay, and its held-out documents' sentences."""
+  docs = list(python_docs.python_docs_documents())
+  period = max(2, int(round(1 / config.data.eval_fraction)))
+  held = [i % period == config.seed % period for i in range(len(docs))]
+  path = os.path.join(out, "en_train.txt")
+  if not os.path.exists(path):
+    with open(path, "w", encoding="utf-8") as f:
+      for d, h in zip(docs, held):
+        if d and not h:
+          f.write("\n".join(" ".join(s.split()) for s in d) + "\n\n")
+  return path, [" ".join(s.split()) for d, h in zip(docs, held) if h for s in d]
+
+
+def char_costs(path: str) -> dict:
+  """The fallback that spells what a model cannot give back: -log q(c) of a character under the
+  unigram character model of a training text (NFKC, lowercased; add-one smoothed; "" for a
+  character the text lacks)."""
+  with open(path, encoding="utf-8") as f:
+    counts = collections.Counter(c for c in text_of(f.read()) if not c.isspace())
+  total = sum(counts.values()) + len(counts) + 1
+  costs = {c: math.log(total / (n + 1)) for c, n in counts.items()}
+  costs[""] = math.log(total)
+  return costs
+
+
+def text_of(s: str) -> str:
+  """The text every model is charged for: NFKC (what SentencePiece's normaliser does), lowercased
+  (every model here lowercases)."""
+  return unicodedata.normalize("NFKC", s).lower()
+
+
+def text_loss_per_char(
+  tok, params, model_cfg, sentences, costs, seq: int = 128
+) -> tuple[float, float]:
+  """(nats per character of `sentences`, the share of their characters the model cannot give
+  back), the same characters for every model whatever its vocabulary:
+  - each sentence alone, cut to the words whose characters (and a space each) fit in seq - 2,
+    so that every tokenizer's pieces fit ([CLS] ... [SEP]);
+  - whole-word masking: the words in a seeded order, in groups of 15% of the sentence's words, one
+    sequence per group with every piece of its words [MASK]ed: every word is scored once;
+  - a word's cost: the cross-entropy of its pieces, and for each character of its text that its
+    non-<unk> pieces do not hold (what an <unk> stood for, or a mark the tokenizer stripped), that
+    character's cost under the unigram character model of the language's training text
+    (char_costs): a generous price, a model that cannot spell a character is given a character
+    model for free;
+  - the sum over all words, over their characters (NFKC, lowercased, spaces not counted)."""
   apply = jax.jit(M.AlbertForPreTraining(model_cfg).apply)
-  loss = count = unk = total = 0.0
-  with contextlib.closing(loader.make_iterator(config, workdir, split="eval")) as it:
-    for _ in range(batches):
-      b = next(it)
-      out = apply(
-        {"params": params},
-        *(jnp.asarray(b[k]) for k in ("input_ids", "segment_ids", "input_mask")),
-        jnp.asarray(b["masked_lm_positions"]),
+  rows, words_cost, chars, missing = [], 0.0, 0, 0
+  for k, sentence in enumerate(sentences):
+    words, used = [], 0
+    for w in sentence.split():
+      used += len(w) + 1
+      if used > seq - 2:
+        break
+      words.append(w)
+    if not words:
+      continue
+    pieces = [tok.encode(w) for w in words]
+    for w, ids in zip(words, pieces):
+      given = collections.Counter(
+        c
+        for i in ids
+        if i != tokenizer_lib.UNK_ID
+        for c in tokenizer_lib.piece_text(tok.id_to_piece(i))
       )
-      logp = jax.nn.log_softmax(np.asarray(out["mlm_logits"], np.float64), -1)
-      ids, w = b["masked_lm_ids"], b["masked_lm_weights"]
-      ce = -np.take_along_axis(np.asarray(logp), ids[..., None], -1)[..., 0]
-      is_unk = ids == tokenizer_lib.UNK_ID
-      unk += float((w * is_unk).sum())
-      total += float(w.sum())
-      w = w * ~is_unk
-      loss += float((ce * w).sum())
-      count += float((chars[ids] * w).sum())
-  return loss / max(count, 1.0), unk / max(total, 1.0)
+      text = [c for c in text_of(w) if not c.isspace()]
+      lost = collections.Counter(text) - given
+      chars += len(text)
+      missing += sum(lost.values())
+      words_cost += sum(n * costs.get(c, costs[""]) for c, n in lost.items())
+    ids = [tokenizer_lib.CLS_ID] + [i for p in pieces for i in p] + [tokenizer_lib.SEP_ID]
+    assert len(ids) <= seq, (sentence, len(ids))
+    word_of = [-1] + [j for j, p in enumerate(pieces) for _ in p] + [-1]
+    order = np.random.default_rng(k).permutation(len(words))
+    size = max(1, round(0.15 * len(words)))
+    for g in range(0, len(words), size):
+      group = set(order[g : g + size].tolist())
+      rows.append((ids, [t for t, j in enumerate(word_of) if j in group]))
+  loss, width = 0.0, -(-max(len(m) for _, m in rows) // 16) * 16  # one compile for every batch
+  for b in range(0, len(rows), 64):
+    batch = rows[b : b + 64] + [([tokenizer_lib.CLS_ID], [])] * (64 - len(rows[b : b + 64]))
+    ids = np.zeros((64, seq), np.int32)
+    mask = np.zeros((64, seq), np.int32)
+    pos = np.zeros((64, width), np.int32)
+    target = np.zeros((64, width), np.int64)
+    weight = np.zeros((64, width))
+    for r, (x, masked) in enumerate(batch):
+      ids[r, : len(x)], mask[r, : len(x)] = x, 1
+      for m, t in enumerate(masked):
+        pos[r, m], target[r, m], weight[r, m] = t, x[t], 1.0
+        ids[r, t] = tokenizer_lib.MASK_ID
+    out = apply({"params": params}, ids, np.zeros_like(ids), mask, pos)
+    logp = np.asarray(jax.nn.log_softmax(out["mlm_logits"].astype(jnp.float32), -1))
+    ce = -np.take_along_axis(logp, target[..., None], -1)[..., 0].astype(np.float64)
+    loss += float((ce * weight).sum())
+  return (loss + words_cost) / max(chars, 1), missing / max(chars, 1)
 
 
 def step0_params(config, workdir: str):
@@ -100,13 +176,24 @@ def step0_params(config, workdir: str):
   return init_from.init_params(config, fresh, shardings, info["spm_model_path"])
 
 
+RUNS = (  # (name, vocabulary extension, model.new_token_init, English replay share)
+  ("no extension", False, "pieces", 0.0),
+  ("random", True, "random", 0.0),
+  ("pieces_mean", True, "pieces_mean", 0.0),
+  ("pieces", True, "pieces", 0.0),
+  ("pieces + replay", True, "pieces", None),  # --replay
+)
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default="/tmp/albert_jax_continued")
   p.add_argument("--base_steps", type=int, default=600)
   p.add_argument("--steps", type=int, default=300)
-  p.add_argument("--extend", type=int, default=1000)
-  p.add_argument("--eval_batches", type=int, default=8)
+  p.add_argument("--extend", type=int, default=150)
+  p.add_argument("--replay", type=float, default=0.2, help="English's share of the replay run")
+  p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
+  p.add_argument("--runs", default=",".join(r[0] for r in RUNS), help="a comma list of RUNS")
   a = p.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
   t0 = time.time()
@@ -121,44 +208,53 @@ def main(argv=None) -> dict:
   if not os.path.exists(export):
     export_lib.export(en_wd, export, fmt="jax")
   corpus, held = hindi_split(a.out)
+  en_corpus, en_held = english_split(en, a.out)
+  en_held = en_held[: a.en_sentences]
+  hi_costs, en_costs = char_costs(corpus), char_costs(en_corpus)
   old_tok = tokenizer_lib.load_for(dataset.spm_model_path(en, en_wd), en.data)
+  wanted = [n.strip() for n in a.runs.split(",")]
   rows = {}
-  for name, extend, how in (
-    ("no extension", 0, "pieces"),
-    ("extension + random", a.extend, "random"),
-    ("extension + pieces", a.extend, "pieces"),
-  ):
+  for name, extend, how, replay in RUNS:
+    if name not in wanted:
+      continue
+    replay = a.replay if replay is None else replay
     wd = os.path.join(a.out, name.replace(" ", "").replace("+", "_"))
-    config = albert_jax.get_config(
-      TINY,
-      {
-        **common,
-        "init_from": export,
-        "data.input_files": corpus,
-        "data.text_format": "sentences",
-        "data.eval_fraction": 0.2,
-        "data.extend_vocab_size": extend,
-        "model.new_token_init": how,
-        "train.num_steps": a.steps,
-        "train.eval_every": a.steps,
-        "train.warmup_steps": max(1, a.steps // 10),
-      },
-    )
+    overrides = {
+      **common,
+      "init_from": export,
+      "data.input_files": corpus,
+      "data.text_format": "sentences",
+      "data.eval_fraction": 0.2,
+      "data.extend_vocab_size": a.extend if extend else 0,
+      "model.new_token_init": how,
+      "train.num_steps": a.steps,
+      "train.eval_every": a.steps,
+      "train.warmup_steps": max(1, a.steps // 10),
+    }
+    if replay:  # Hindi first: its documents keep their indices, so the same ones are held out
+      overrides["data.input_files"] = f"hi={corpus},en={en_corpus}"
+      overrides["data.source_weights"] = f"hi={1 - replay:g},en={replay:g}"
+    config = albert_jax.get_config(TINY, overrides)
     with contextlib.redirect_stdout(sys.stderr):
       train.train_and_evaluate(config, wd)
     tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
     ppw, unk = vocab_extension.encoding_report(tok, held)
-    start = step0_params(config, wd)
-    end = _params(wd)
-    row = {"vocab_size": config.model.vocab_size, "pieces_per_word": ppw, "unk_share": unk}
-    for when, params in (("step0", start), ("end", end)):
-      row[f"hi_loss_per_char_{when}"], row["hi_unk_targets"] = loss_per_char(
-        config, wd, params, config.model, a.eval_batches
+    row = {
+      "vocab_size": config.model.vocab_size,
+      "new_token_init": how if extend else None,
+      "english_replay": replay,
+      "pieces_per_word": ppw,
+      "unk_share": unk,
+    }
+    for when, params in (("step0", step0_params(config, wd)), ("end", _params(wd))):
+      row[f"hi_loss_per_char_{when}"], row["hi_chars_not_given_back"] = text_loss_per_char(
+        tok, params, config.model, held, hi_costs
       )
-      row[f"en_loss_per_char_{when}"], _ = loss_per_char(
-        en, en_wd, params, config.model, a.eval_batches
+      row[f"en_loss_per_char_{when}"], row["en_chars_not_given_back"] = text_loss_per_char(
+        tok, params, config.model, en_held, en_costs
       )
     rows[name] = row
+    print(f"{name}: {json.dumps(row)}", file=sys.stderr)
   base_ppw, base_unk = vocab_extension.encoding_report(old_tok, held)
   result = {
     "base_steps": a.base_steps,
@@ -167,17 +263,18 @@ def main(argv=None) -> dict:
     "english_model_on_held_out_hindi": {"pieces_per_word": base_ppw, "unk_share": base_unk},
     "runs": rows,
     "seconds": round(time.time() - t0, 1),
+    "load_average": os.getloadavg(),
   }
   print(
-    f"{'run':22} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi loss/char 0 -> end':>22} "
-    f"{'en loss/char 0 -> end':>22} {'hi <unk> targets':>16}"
+    f"{'run':16} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi nats/char 0 -> end':>22} "
+    f"{'en nats/char 0 -> end':>22} {'hi chars lost':>13}"
   )
   for name, r in rows.items():
     print(
-      f"{name:22} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
+      f"{name:16} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
       f"{r['hi_loss_per_char_step0']:10.4f} -> {r['hi_loss_per_char_end']:7.4f}   "
       f"{r['en_loss_per_char_step0']:10.4f} -> {r['en_loss_per_char_end']:7.4f} "
-      f"{100 * r['hi_unk_targets']:15.1f}%"
+      f"{100 * r['hi_chars_not_given_back']:12.1f}%"
     )
   print(json.dumps(result))
   return result
