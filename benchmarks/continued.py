@@ -79,12 +79,17 @@ def english_split(config, out: str) -> tuple[str, list[str]]:
   return path, [" ".join(s.split()) for d, h in zip(docs, held) if h for s in d]
 
 
-def char_costs(path: str) -> dict:
-  """The fallback that spells what a model cannot give back: -log q(c) of a character under the
-  unigram character model of a training text (NFKC, lowercased; add-one smoothed; "" for a
-  character the text lacks)."""
+def char_costs(path: str, uniform: bool = False) -> dict:
+  """The fallback that spells what a model cannot give back, -log q(c) for a character c: q the
+  unigram character model of a training text (NFKC, lowercased, add-one smoothed), or with
+  `uniform` one code for every character the text holds (and one more for any other): a model that
+  knows the alphabet and nothing of its letters' frequencies. "" keys a character the text lacks."""
   with open(path, encoding="utf-8") as f:
     counts = collections.Counter(c for c in text_of(f.read()) if not c.isspace())
+  if uniform:
+    return collections.defaultdict(
+      lambda: math.log(len(counts) + 1), {"": math.log(len(counts) + 1)}
+    )
   total = sum(counts.values()) + len(counts) + 1
   costs = {c: math.log(total / (n + 1)) for c, n in counts.items()}
   costs[""] = math.log(total)
@@ -108,12 +113,12 @@ def text_loss_per_char(
     sequence per group with every piece of its words [MASK]ed: every word is scored once;
   - a word's cost: the cross-entropy of its pieces, and for each character of its text that its
     non-<unk> pieces do not hold (what an <unk> stood for, or a mark the tokenizer stripped), that
-    character's cost under the unigram character model of the language's training text
-    (char_costs): a generous price, a model that cannot spell a character is given a character
-    model for free;
+    character's cost under a character model of the language's training text (char_costs: its
+    unigram frequencies, a generous price: a model that cannot spell a character is given a
+    character model for free; or a uniform code over its alphabet);
   - the sum over all words, over their characters (NFKC, lowercased, spaces not counted)."""
   apply = jax.jit(M.AlbertForPreTraining(model_cfg).apply)
-  rows, words_cost, chars, missing = [], 0.0, 0, 0
+  rows, words_cost, chars, missing = [], [0.0] * len(costs), 0, 0
   for k, sentence in enumerate(sentences):
     words, used = [], 0
     for w in sentence.split():
@@ -135,7 +140,8 @@ def text_loss_per_char(
       lost = collections.Counter(text) - given
       chars += len(text)
       missing += sum(lost.values())
-      words_cost += sum(n * costs.get(c, costs[""]) for c, n in lost.items())
+      for t, table in enumerate(costs):
+        words_cost[t] += sum(n * table.get(c, table[""]) for c, n in lost.items())
     ids = [tokenizer_lib.CLS_ID] + [i for p in pieces for i in p] + [tokenizer_lib.SEP_ID]
     assert len(ids) <= seq, (sentence, len(ids))
     word_of = [-1] + [j for j, p in enumerate(pieces) for _ in p] + [-1]
@@ -161,7 +167,7 @@ def text_loss_per_char(
     logp = np.asarray(jax.nn.log_softmax(out["mlm_logits"].astype(jnp.float32), -1))
     ce = -np.take_along_axis(logp, target[..., None], -1)[..., 0].astype(np.float64)
     loss += float((ce * weight).sum())
-  return (loss + words_cost) / max(chars, 1), missing / max(chars, 1)
+  return [(loss + w) / max(chars, 1) for w in words_cost], missing / max(chars, 1)
 
 
 def step0_params(config, workdir: str):
@@ -181,8 +187,51 @@ RUNS = (  # (name, vocabulary extension, model.new_token_init, English replay sh
   ("random", True, "random", 0.0),
   ("pieces_mean", True, "pieces_mean", 0.0),
   ("pieces", True, "pieces", 0.0),
-  ("pieces + replay", True, "pieces", None),  # --replay
 )
+
+
+def runs(replay: str) -> list[tuple[str, bool, str, float]]:
+  """RUNS and a `pieces` run with English replay for each share in --replay ("0.2,0.3")."""
+  shares = [float(x) for x in replay.split(",") if x.strip()]
+  return list(RUNS) + [(f"pieces + {100 * r:g}% en", True, "pieces", r) for r in shares]
+
+
+def step0_alternatives(config, workdir: str, params) -> dict:
+  """Step-0 parameters of the `pieces` run with other rows (and biases) for the new pieces the old
+  model spells only as <unk> (all of them for Hindi under an English model): what the issue's and
+  the other candidate rules give, side by side with the same old rows."""
+  vocab = dataset.spm_model_path(config, workdir)
+  with open(
+    config.data.extend_vocab_from or os.path.join(config.init_from, "spiece.model"), "rb"
+  ) as f:
+    old = f.read()
+  splits = vocab_extension.new_piece_splits(old, open(vocab, "rb").read())
+  n_old = min(splits) if splits else config.model.vocab_size
+  unk = [i for i, s in splits.items() if not s]
+  n = max(len(unk), 1)
+  params = jax.tree_util.tree_map(np.asarray, params)
+  words = params["albert"]["embeddings"]["word_embeddings"]["embedding"]
+  bias = params["predictions"]["bias"]
+  fresh = M.AlbertForPreTraining(M.model_config(config.model)).init(
+    jax.random.PRNGKey(config.seed), **M.dummy_inputs()
+  )["params"]
+  fresh_words = np.asarray(nn.unbox(fresh)["albert"]["embeddings"]["word_embeddings"]["embedding"])
+  mean_row, mean_bias = words[:n_old].mean(0), bias[:n_old].mean()
+  u = tokenizer_lib.UNK_ID
+  choices = {
+    "fresh row, bias 0 (random)": (fresh_words[unk], 0.0),
+    "mean row and bias (pieces_mean)": (mean_row, mean_bias),
+    "<unk> row + fresh, bias b_unk - log n": (words[u] + fresh_words[unk], bias[u] - math.log(n)),
+    "<unk> row + fresh, score prior": (words[u] + fresh_words[unk], bias[unk]),
+    "fresh row, score prior (pieces)": (fresh_words[unk], bias[unk]),
+  }
+  out = {}
+  for name, (rows, b) in choices.items():
+    p = jax.tree_util.tree_map(np.array, params)
+    p["albert"]["embeddings"]["word_embeddings"]["embedding"][unk] = rows
+    p["predictions"]["bias"][unk] = b
+    out[name] = p
+  return out
 
 
 def main(argv=None) -> dict:
@@ -191,12 +240,12 @@ def main(argv=None) -> dict:
   p.add_argument("--base_steps", type=int, default=600)
   p.add_argument("--steps", type=int, default=300)
   p.add_argument("--extend", type=int, default=150)
-  p.add_argument("--replay", type=float, default=0.2, help="English's share of the replay run")
+  p.add_argument("--replay", default="0.2,0.3", help="English's shares in the replay runs")
   p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
-  p.add_argument("--runs", default=",".join(r[0] for r in RUNS), help="a comma list of RUNS")
+  p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
   a = p.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
-  t0 = time.time()
+  t0, load0 = time.time(), os.getloadavg()
   common = {"train.batch_size": 32, "train.log_every": 100, "train.eval_steps": 4}
   en_wd = os.path.join(a.out, "en")
   en = albert_jax.get_config(
@@ -210,15 +259,21 @@ def main(argv=None) -> dict:
   corpus, held = hindi_split(a.out)
   en_corpus, en_held = english_split(en, a.out)
   en_held = en_held[: a.en_sentences]
-  hi_costs, en_costs = char_costs(corpus), char_costs(en_corpus)
+  hi_costs = [char_costs(corpus), char_costs(corpus, uniform=True)]
+  en_costs = [char_costs(en_corpus)]
   old_tok = tokenizer_lib.load_for(dataset.spm_model_path(en, en_wd), en.data)
-  wanted = [n.strip() for n in a.runs.split(",")]
-  rows = {}
-  for name, extend, how, replay in RUNS:
-    if name not in wanted:
+  wanted = [n.strip() for n in a.runs.split(",") if n.strip()]
+  rows, alternatives = {}, {}
+
+  def score(tok, params, model_cfg) -> dict:
+    (hi, hi_uniform), hi_lost = text_loss_per_char(tok, params, model_cfg, held, hi_costs)
+    (en_loss,), _ = text_loss_per_char(tok, params, model_cfg, en_held, en_costs)
+    return {"hi": hi, "hi_uniform": hi_uniform, "hi_lost": hi_lost, "en": en_loss}
+
+  for name, extend, how, replay in runs(a.replay):
+    if wanted and name not in wanted:
       continue
-    replay = a.replay if replay is None else replay
-    wd = os.path.join(a.out, name.replace(" ", "").replace("+", "_"))
+    wd = os.path.join(a.out, "".join(c for c in name.replace("+", "_") if c.isalnum() or c == "_"))
     overrides = {
       **common,
       "init_from": export,
@@ -239,43 +294,49 @@ def main(argv=None) -> dict:
       train.train_and_evaluate(config, wd)
     tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
     ppw, unk = vocab_extension.encoding_report(tok, held)
+    start = step0_params(config, wd)
     row = {
       "vocab_size": config.model.vocab_size,
       "new_token_init": how if extend else None,
       "english_replay": replay,
       "pieces_per_word": ppw,
       "unk_share": unk,
+      "step0": score(tok, start, config.model),
+      "end": score(tok, _params(wd), config.model),
     }
-    for when, params in (("step0", step0_params(config, wd)), ("end", _params(wd))):
-      row[f"hi_loss_per_char_{when}"], row["hi_chars_not_given_back"] = text_loss_per_char(
-        tok, params, config.model, held, hi_costs
-      )
-      row[f"en_loss_per_char_{when}"], row["en_chars_not_given_back"] = text_loss_per_char(
-        tok, params, config.model, en_held, en_costs
-      )
     rows[name] = row
     print(f"{name}: {json.dumps(row)}", file=sys.stderr)
+    if name == "pieces":
+      for alt, params in step0_alternatives(config, wd, start).items():
+        alternatives[alt] = score(tok, params, config.model)
   base_ppw, base_unk = vocab_extension.encoding_report(old_tok, held)
   result = {
     "base_steps": a.base_steps,
     "steps": a.steps,
     "extend": a.extend,
+    "replay": a.replay,
     "english_model_on_held_out_hindi": {"pieces_per_word": base_ppw, "unk_share": base_unk},
     "runs": rows,
+    "step0_alternatives": alternatives,
     "seconds": round(time.time() - t0, 1),
-    "load_average": os.getloadavg(),
+    "load_average": [load0, os.getloadavg()],
   }
   print(
-    f"{'run':16} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi nats/char 0 -> end':>22} "
-    f"{'en nats/char 0 -> end':>22} {'hi chars lost':>13}"
+    f"{'run':18} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi nats/char 0 -> end':>20} "
+    f"{'(uniform)':>17} {'en nats/char 0 -> end':>22} {'hi chars lost':>13}"
   )
   for name, r in rows.items():
+    s0, s1 = r["step0"], r["end"]
     print(
-      f"{name:16} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
-      f"{r['hi_loss_per_char_step0']:10.4f} -> {r['hi_loss_per_char_end']:7.4f}   "
-      f"{r['en_loss_per_char_step0']:10.4f} -> {r['en_loss_per_char_end']:7.4f} "
-      f"{100 * r['hi_chars_not_given_back']:12.1f}%"
+      f"{name:18} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
+      f"{s0['hi']:8.3f} -> {s1['hi']:7.3f}   {s0['hi_uniform']:6.3f} -> {s1['hi_uniform']:6.3f} "
+      f"{s0['en']:9.3f} -> {s1['en']:6.3f} ({100 * (s1['en'] / s0['en'] - 1):+.1f}%) "
+      f"{100 * s0['hi_lost']:8.1f}%"
     )
+  if alternatives:
+    print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
+    for name, r in alternatives.items():
+      print(f"  {name:40} hi {r['hi']:.3f}  en {r['en']:.3f}")
   print(json.dumps(result))
   return result
 
