@@ -1,21 +1,24 @@
 """Continued pretraining (docs/continued_pretraining.md): an English tiny ALBERT taught Hindi, side by
-side in one run, with no vocabulary extension, an extension with random new rows, and an extension
-with `pieces` rows (the default).
+side in one run: no vocabulary extension, an extension with each rule for the new rows, and the
+default rule with English replay.
 
 1. English: configs/tiny.py on the built-in corpus (the interpreter's documentation, a 4,000-piece
    vocabulary) for --base_steps steps, exported (--format=jax).
-2. Three runs from that export on Hindi (albert_jax/data/text/samples/hi.txt, its first 80% of
-   documents; the rest is held out), the same --steps each: no extension (the English vocabulary,
-   marks stripped as the English model was trained), data.extend_vocab_size=--extend with
-   model.new_token_init=random, and with pieces.
+2. Runs from that export on Hindi (albert_jax/data/text/samples/hi.txt, its first 80% of documents;
+   the rest is held out), the same --steps each: no extension (the English vocabulary, marks
+   stripped as the English model was trained), data.extend_vocab_size=--extend with
+   model.new_token_init=random, pieces_mean (the issue's rule) and pieces (the default), and pieces
+   with the English run's own train documents mixed in at each share of --replay (named sources,
+   data.source_weights).
 3. For each, at step 0 and at the end: pieces per word and <unk> share on the held-out Hindi
-   documents, and the held-out MLM loss per character (the summed cross-entropy of the masked
-   pieces over the characters they stand for, the word marker counted as a space: vocabularies
-   differ, so per piece would not compare) on the run's own eval split (Hindi) and on the English
-   run's eval split (old ids, read by each model).
+   documents, and nats per character (text_loss_per_char) of the held-out Hindi sentences and of
+   the English run's held-out documents: the same characters for every model, whatever its
+   vocabulary, what a model cannot give back charged by a character model (unigram, or uniform).
+4. At step 0, the `pieces` run's parameters with other rows for the pieces the old model spells
+   only as <unk>: the candidate rules side by side.
 
   python benchmarks/continued.py                     # the figures of docs/performance.md
-  python benchmarks/continued.py --base_steps=20 --steps=5 --extend=100   # a quick look
+  python benchmarks/continued.py --base_steps=20 --steps=5 --replay=0.2   # a quick look
 
 Prints a table and, last, one JSON line with every figure.
 """
@@ -240,7 +243,7 @@ def main(argv=None) -> dict:
   p.add_argument("--base_steps", type=int, default=600)
   p.add_argument("--steps", type=int, default=300)
   p.add_argument("--extend", type=int, default=150)
-  p.add_argument("--replay", default="0.2,0.3", help="English's shares in the replay runs")
+  p.add_argument("--replay", default="0.2,0.5", help="English's shares in the replay runs")
   p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
   p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
   a = p.parse_args(argv)
