@@ -481,9 +481,9 @@ def test_an_hf_id_goes_the_same_path(tmp_path, vocabs, monkeypatch):
   assert words.shape[0] == 1050
   local = hf.load_hf(str(tmp_path / "old"))[0]["albert"]["embeddings"]["word_embeddings"]
   np.testing.assert_array_equal(words[:1000], local["embedding"])
-  np.testing.assert_allclose(
-    words[1000:], np.broadcast_to(words[:1000].mean(0), (50, 16)), atol=1e-6
-  )
+  # pieces: Hindi pieces the English model spells only as <unk> take the fresh rows
+  fresh_words = fresh["albert"]["embeddings"]["word_embeddings"]["embedding"]
+  np.testing.assert_allclose(words[1000:], fresh_words[1000:], atol=1e-6)
 
 
 @pytest.mark.slow
