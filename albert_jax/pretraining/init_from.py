@@ -240,10 +240,9 @@ def grow_params(
 ) -> dict:
   """A checkpoint's parameters (its own layout) with the word table and the MLM output bias grown
   to model.vocab_size (new_rows by model.new_token_init; `pieces`: the extended spiece.model's, for
-  score_prior) and the position table to
-  model.max_position_embeddings: model.new_position_init=copy repeats the old rows in order (row i
-  is old row i mod S_old: Longformer's tiling, which lets attention patterns learned on the old
-  positions apply in each copy), random takes the fresh rows. The old rows are unchanged: inputs
+  score_prior) and the position table to model.max_position_embeddings: model.new_position_init=
+  copy repeats the old rows in order (row i is old row i mod S_old: Longformer's tiling, which lets
+  attention patterns learned on the old positions apply in each copy), random takes the fresh rows. The old rows are unchanged: inputs
   of the old vocabulary and length give the old model's outputs (the logits over the old pieces,
   SOP), the MLM loss rising only by log(1 + sum_new e^l / sum_old e^l), the new pieces' share of
   the softmax."""
