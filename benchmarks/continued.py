@@ -313,12 +313,15 @@ def main(argv=None) -> dict:
       for alt, params in step0_alternatives(config, wd, start).items():
         alternatives[alt] = score(tok, params, config.model)
   base_ppw, base_unk = vocab_extension.encoding_report(old_tok, held)
+  letters = [c for s in held for c in text_of(s) if not c.isspace()]  # no model: the letters alone
+  unigram = sum(hi_costs[0].get(c, hi_costs[0][""]) for c in letters) / len(letters)
   result = {
     "base_steps": a.base_steps,
     "steps": a.steps,
     "extend": a.extend,
     "replay": a.replay,
     "english_model_on_held_out_hindi": {"pieces_per_word": base_ppw, "unk_share": base_unk},
+    "hindi_letter_unigram_nats_per_char": unigram,
     "runs": rows,
     "step0_alternatives": alternatives,
     "seconds": round(time.time() - t0, 1),
@@ -336,6 +339,9 @@ def main(argv=None) -> dict:
       f"{s0['en']:9.3f} -> {s1['en']:6.3f} ({100 * (s1['en'] / s0['en'] - 1):+.1f}%) "
       f"{100 * s0['hi_lost']:8.1f}%"
     )
+  print(
+    f"held-out Hindi under its training text's letter frequencies alone: {unigram:.3f} nats/char"
+  )
   if alternatives:
     print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
     for name, r in alternatives.items():
