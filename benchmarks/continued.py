@@ -1,21 +1,24 @@
 """Continued pretraining (docs/continued_pretraining.md): an English tiny ALBERT taught Hindi, side by
-side in one run, with no vocabulary extension, an extension with random new rows, and an extension
-with `pieces` rows (the default).
+side in one run: no vocabulary extension, an extension with each rule for the new rows, and the
+default rule with English replay.
 
 1. English: configs/tiny.py on the built-in corpus (the interpreter's documentation, a 4,000-piece
    vocabulary) for --base_steps steps, exported (--format=jax).
-2. Three runs from that export on Hindi (albert_jax/data/text/samples/hi.txt, its first 80% of
-   documents; the rest is held out), the same --steps each: no extension (the English vocabulary,
-   marks stripped as the English model was trained), data.extend_vocab_size=--extend with
-   model.new_token_init=random, and with pieces.
+2. Runs from that export on Hindi (albert_jax/data/text/samples/hi.txt, its first 80% of documents;
+   the rest is held out), the same --steps each: no extension (the English vocabulary, marks
+   stripped as the English model was trained), data.extend_vocab_size=--extend with
+   model.new_token_init=random, pieces_mean (the issue's rule) and pieces (the default), and pieces
+   with the English run's own train documents mixed in at each share of --replay (named sources,
+   data.source_weights).
 3. For each, at step 0 and at the end: pieces per word and <unk> share on the held-out Hindi
-   documents, and the held-out MLM loss per character (the summed cross-entropy of the masked
-   pieces over the characters they stand for, the word marker counted as a space: vocabularies
-   differ, so per piece would not compare) on the run's own eval split (Hindi) and on the English
-   run's eval split (old ids, read by each model).
+   documents, and nats per character (text_loss_per_char) of the held-out Hindi sentences and of
+   the English run's held-out documents: the same characters for every model, whatever its
+   vocabulary, what a model cannot give back charged by a character model (unigram, or uniform).
+4. At step 0, the `pieces` run's parameters with other rows for the pieces the old model spells
+   only as <unk>: the candidate rules side by side.
 
   python benchmarks/continued.py                     # the figures of docs/performance.md
-  python benchmarks/continued.py --base_steps=20 --steps=5 --extend=100   # a quick look
+  python benchmarks/continued.py --base_steps=20 --steps=5 --replay=0.2   # a quick look
 
 Prints a table and, last, one JSON line with every figure.
 """
@@ -23,11 +26,14 @@ Prints a table and, last, one JSON line with every figure.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
+import math
 import os
 import sys
 import time
+import unicodedata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,7 +44,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import albert_jax  # noqa: E402
-from albert_jax.data.pipeline import loader  # noqa: E402
+from albert_jax.data.corpus import python_docs  # noqa: E402
 from albert_jax.data.store import dataset  # noqa: E402
 from albert_jax.data.text import samples, tokenizer as tokenizer_lib, vocab_extension  # noqa: E402
 from albert_jax.engine import checkpoint  # noqa: E402
@@ -60,32 +66,111 @@ def hindi_split(out: str) -> tuple[str, list[str]]:
   return path, [s for d in docs[cut:] for s in d]
 
 
-def loss_per_char(config, workdir: str, params, model_cfg, batches: int) -> tuple[float, float]:
-  """(summed MLM cross-entropy of the eval split's masked pieces over their characters, the share
-  of the masked pieces that are <unk>). <unk> targets are left out of both sums: the characters
-  an <unk> stands for are not known, and predicting <unk> reproduces no text."""
-  tok = tokenizer_lib.load_for(dataset.spm_model_path(config, workdir), config.data)
-  chars = np.array([len(tok.id_to_piece(i)) for i in range(tok.vocab_size)], np.float64)
+def english_split(config, out: str) -> tuple[str, list[str]]:
+  """The English run's corpus (the built-in one) split as its prepare split it (shards._is_eval:
+  every round(1/eval_fraction)-th document by index, offset by the seed): its train documents as a
+  corpus file for replay, and its held-out documents' sentences."""
+  docs = list(python_docs.python_docs_documents())
+  period = max(2, int(round(1 / config.data.eval_fraction)))
+  held = [i % period == config.seed % period for i in range(len(docs))]
+  path = os.path.join(out, "en_train.txt")
+  if not os.path.exists(path):
+    with open(path, "w", encoding="utf-8") as f:
+      for d, h in zip(docs, held):
+        if d and not h:
+          f.write("\n".join(" ".join(s.split()) for s in d) + "\n\n")
+  return path, [" ".join(s.split()) for d, h in zip(docs, held) if h for s in d]
+
+
+def char_costs(path: str, uniform: bool = False) -> dict:
+  """The fallback that spells what a model cannot give back, -log q(c) for a character c: q the
+  unigram character model of a training text (NFKC, lowercased, add-one smoothed), or with
+  `uniform` one code for every character the text holds (and one more for any other): a model that
+  knows the alphabet and nothing of its letters' frequencies. "" keys a character the text lacks."""
+  with open(path, encoding="utf-8") as f:
+    counts = collections.Counter(c for c in text_of(f.read()) if not c.isspace())
+  if uniform:
+    return collections.defaultdict(
+      lambda: math.log(len(counts) + 1), {"": math.log(len(counts) + 1)}
+    )
+  total = sum(counts.values()) + len(counts) + 1
+  costs = {c: math.log(total / (n + 1)) for c, n in counts.items()}
+  costs[""] = math.log(total)
+  return costs
+
+
+def text_of(s: str) -> str:
+  """The text every model is charged for: NFKC (what SentencePiece's normaliser does), lowercased
+  (every model here lowercases)."""
+  return unicodedata.normalize("NFKC", s).lower()
+
+
+def text_loss_per_char(
+  tok, params, model_cfg, sentences, costs, seq: int = 128
+) -> tuple[float, float]:
+  """(nats per character of `sentences`, the share of their characters the model cannot give
+  back), the same characters for every model whatever its vocabulary:
+  - each sentence alone, cut to the words whose characters (and a space each) fit in seq - 2,
+    so that every tokenizer's pieces fit ([CLS] ... [SEP]);
+  - whole-word masking: the words in a seeded order, in groups of 15% of the sentence's words, one
+    sequence per group with every piece of its words [MASK]ed: every word is scored once;
+  - a word's cost: the cross-entropy of its pieces, and for each character of its text that its
+    non-<unk> pieces do not hold (what an <unk> stood for, or a mark the tokenizer stripped), that
+    character's cost under a character model of the language's training text (char_costs: its
+    unigram frequencies, a generous price: a model that cannot spell a character is given a
+    character model for free; or a uniform code over its alphabet);
+  - the sum over all words, over their characters (NFKC, lowercased, spaces not counted)."""
   apply = jax.jit(M.AlbertForPreTraining(model_cfg).apply)
-  loss = count = unk = total = 0.0
-  with contextlib.closing(loader.make_iterator(config, workdir, split="eval")) as it:
-    for _ in range(batches):
-      b = next(it)
-      out = apply(
-        {"params": params},
-        *(jnp.asarray(b[k]) for k in ("input_ids", "segment_ids", "input_mask")),
-        jnp.asarray(b["masked_lm_positions"]),
+  rows, words_cost, chars, missing = [], [0.0] * len(costs), 0, 0
+  for k, sentence in enumerate(sentences):
+    words, used = [], 0
+    for w in sentence.split():
+      used += len(w) + 1
+      if used > seq - 2:
+        break
+      words.append(w)
+    if not words:
+      continue
+    pieces = [tok.encode(w) for w in words]
+    for w, ids in zip(words, pieces):
+      given = collections.Counter(
+        c
+        for i in ids
+        if i != tokenizer_lib.UNK_ID
+        for c in tokenizer_lib.piece_text(tok.id_to_piece(i))
       )
-      logp = jax.nn.log_softmax(np.asarray(out["mlm_logits"], np.float64), -1)
-      ids, w = b["masked_lm_ids"], b["masked_lm_weights"]
-      ce = -np.take_along_axis(np.asarray(logp), ids[..., None], -1)[..., 0]
-      is_unk = ids == tokenizer_lib.UNK_ID
-      unk += float((w * is_unk).sum())
-      total += float(w.sum())
-      w = w * ~is_unk
-      loss += float((ce * w).sum())
-      count += float((chars[ids] * w).sum())
-  return loss / max(count, 1.0), unk / max(total, 1.0)
+      text = [c for c in text_of(w) if not c.isspace()]
+      lost = collections.Counter(text) - given
+      chars += len(text)
+      missing += sum(lost.values())
+      for t, table in enumerate(costs):
+        words_cost[t] += sum(n * table.get(c, table[""]) for c, n in lost.items())
+    ids = [tokenizer_lib.CLS_ID] + [i for p in pieces for i in p] + [tokenizer_lib.SEP_ID]
+    assert len(ids) <= seq, (sentence, len(ids))
+    word_of = [-1] + [j for j, p in enumerate(pieces) for _ in p] + [-1]
+    order = np.random.default_rng(k).permutation(len(words))
+    size = max(1, round(0.15 * len(words)))
+    for g in range(0, len(words), size):
+      group = set(order[g : g + size].tolist())
+      rows.append((ids, [t for t, j in enumerate(word_of) if j in group]))
+  loss, width = 0.0, -(-max(len(m) for _, m in rows) // 16) * 16  # one compile for every batch
+  for b in range(0, len(rows), 64):
+    batch = rows[b : b + 64] + [([tokenizer_lib.CLS_ID], [])] * (64 - len(rows[b : b + 64]))
+    ids = np.zeros((64, seq), np.int32)
+    mask = np.zeros((64, seq), np.int32)
+    pos = np.zeros((64, width), np.int32)
+    target = np.zeros((64, width), np.int64)
+    weight = np.zeros((64, width))
+    for r, (x, masked) in enumerate(batch):
+      ids[r, : len(x)], mask[r, : len(x)] = x, 1
+      for m, t in enumerate(masked):
+        pos[r, m], target[r, m], weight[r, m] = t, x[t], 1.0
+        ids[r, t] = tokenizer_lib.MASK_ID
+    out = apply({"params": params}, ids, np.zeros_like(ids), mask, pos)
+    logp = np.asarray(jax.nn.log_softmax(out["mlm_logits"].astype(jnp.float32), -1))
+    ce = -np.take_along_axis(logp, target[..., None], -1)[..., 0].astype(np.float64)
+    loss += float((ce * weight).sum())
+  return [(loss + w) / max(chars, 1) for w in words_cost], missing / max(chars, 1)
 
 
 def step0_params(config, workdir: str):
@@ -100,16 +185,70 @@ def step0_params(config, workdir: str):
   return init_from.init_params(config, fresh, shardings, info["spm_model_path"])
 
 
+RUNS = (  # (name, vocabulary extension, model.new_token_init, English replay share)
+  ("no extension", False, "pieces", 0.0),
+  ("random", True, "random", 0.0),
+  ("pieces_mean", True, "pieces_mean", 0.0),
+  ("pieces", True, "pieces", 0.0),
+)
+
+
+def runs(replay: str) -> list[tuple[str, bool, str, float]]:
+  """RUNS and a `pieces` run with English replay for each share in --replay ("0.2,0.3")."""
+  shares = [float(x) for x in replay.split(",") if x.strip()]
+  return list(RUNS) + [(f"pieces + {100 * r:g}% en", True, "pieces", r) for r in shares]
+
+
+def step0_alternatives(config, workdir: str, params) -> dict:
+  """Step-0 parameters of the `pieces` run with other rows (and biases) for the new pieces the old
+  model spells only as <unk> (all of them for Hindi under an English model): what the issue's and
+  the other candidate rules give, side by side with the same old rows."""
+  vocab = dataset.spm_model_path(config, workdir)
+  with open(
+    config.data.extend_vocab_from or os.path.join(config.init_from, "spiece.model"), "rb"
+  ) as f:
+    old = f.read()
+  splits = vocab_extension.new_piece_splits(old, open(vocab, "rb").read())
+  n_old = min(splits) if splits else config.model.vocab_size
+  unk = [i for i, s in splits.items() if not s]
+  n = max(len(unk), 1)
+  params = jax.tree_util.tree_map(np.asarray, params)
+  words = params["albert"]["embeddings"]["word_embeddings"]["embedding"]
+  bias = params["predictions"]["bias"]
+  fresh = M.AlbertForPreTraining(M.model_config(config.model)).init(
+    jax.random.PRNGKey(config.seed), **M.dummy_inputs()
+  )["params"]
+  fresh_words = np.asarray(nn.unbox(fresh)["albert"]["embeddings"]["word_embeddings"]["embedding"])
+  mean_row, mean_bias = words[:n_old].mean(0), bias[:n_old].mean()
+  u = tokenizer_lib.UNK_ID
+  choices = {
+    "fresh row, bias 0 (random)": (fresh_words[unk], 0.0),
+    "mean row and bias (pieces_mean)": (mean_row, mean_bias),
+    "<unk> row + fresh, bias b_unk - log n": (words[u] + fresh_words[unk], bias[u] - math.log(n)),
+    "<unk> row + fresh, score prior": (words[u] + fresh_words[unk], bias[unk]),
+    "fresh row, score prior (pieces)": (fresh_words[unk], bias[unk]),
+  }
+  out = {}
+  for name, (rows, b) in choices.items():
+    p = jax.tree_util.tree_map(np.array, params)
+    p["albert"]["embeddings"]["word_embeddings"]["embedding"][unk] = rows
+    p["predictions"]["bias"][unk] = b
+    out[name] = p
+  return out
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default="/tmp/albert_jax_continued")
   p.add_argument("--base_steps", type=int, default=600)
   p.add_argument("--steps", type=int, default=300)
-  p.add_argument("--extend", type=int, default=1000)
-  p.add_argument("--eval_batches", type=int, default=8)
+  p.add_argument("--extend", type=int, default=150)
+  p.add_argument("--replay", default="0.2,0.5", help="English's shares in the replay runs")
+  p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
+  p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
   a = p.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
-  t0 = time.time()
+  t0, load0 = time.time(), os.getloadavg()
   common = {"train.batch_size": 32, "train.log_every": 100, "train.eval_steps": 4}
   en_wd = os.path.join(a.out, "en")
   en = albert_jax.get_config(
@@ -121,64 +260,92 @@ def main(argv=None) -> dict:
   if not os.path.exists(export):
     export_lib.export(en_wd, export, fmt="jax")
   corpus, held = hindi_split(a.out)
+  en_corpus, en_held = english_split(en, a.out)
+  en_held = en_held[: a.en_sentences]
+  hi_costs = [char_costs(corpus), char_costs(corpus, uniform=True)]
+  en_costs = [char_costs(en_corpus)]
   old_tok = tokenizer_lib.load_for(dataset.spm_model_path(en, en_wd), en.data)
-  rows = {}
-  for name, extend, how in (
-    ("no extension", 0, "pieces"),
-    ("extension + random", a.extend, "random"),
-    ("extension + pieces", a.extend, "pieces"),
-  ):
-    wd = os.path.join(a.out, name.replace(" ", "").replace("+", "_"))
-    config = albert_jax.get_config(
-      TINY,
-      {
-        **common,
-        "init_from": export,
-        "data.input_files": corpus,
-        "data.text_format": "sentences",
-        "data.eval_fraction": 0.2,
-        "data.extend_vocab_size": extend,
-        "model.new_token_init": how,
-        "train.num_steps": a.steps,
-        "train.eval_every": a.steps,
-        "train.warmup_steps": max(1, a.steps // 10),
-      },
-    )
+  wanted = [n.strip() for n in a.runs.split(",") if n.strip()]
+  rows, alternatives = {}, {}
+
+  def score(tok, params, model_cfg) -> dict:
+    (hi, hi_uniform), hi_lost = text_loss_per_char(tok, params, model_cfg, held, hi_costs)
+    (en_loss,), _ = text_loss_per_char(tok, params, model_cfg, en_held, en_costs)
+    return {"hi": hi, "hi_uniform": hi_uniform, "hi_lost": hi_lost, "en": en_loss}
+
+  for name, extend, how, replay in runs(a.replay):
+    if wanted and name not in wanted:
+      continue
+    wd = os.path.join(a.out, "".join(c for c in name.replace("+", "_") if c.isalnum() or c == "_"))
+    overrides = {
+      **common,
+      "init_from": export,
+      "data.input_files": corpus,
+      "data.text_format": "sentences",
+      "data.eval_fraction": 0.2,
+      "data.extend_vocab_size": a.extend if extend else 0,
+      "model.new_token_init": how,
+      "train.num_steps": a.steps,
+      "train.eval_every": a.steps,
+      "train.warmup_steps": max(1, a.steps // 10),
+    }
+    if replay:  # Hindi first: its documents keep their indices, so the same ones are held out
+      overrides["data.input_files"] = f"hi={corpus},en={en_corpus}"
+      overrides["data.source_weights"] = f"hi={1 - replay:g},en={replay:g}"
+    config = albert_jax.get_config(TINY, overrides)
     with contextlib.redirect_stdout(sys.stderr):
       train.train_and_evaluate(config, wd)
     tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
     ppw, unk = vocab_extension.encoding_report(tok, held)
     start = step0_params(config, wd)
-    end = _params(wd)
-    row = {"vocab_size": config.model.vocab_size, "pieces_per_word": ppw, "unk_share": unk}
-    for when, params in (("step0", start), ("end", end)):
-      row[f"hi_loss_per_char_{when}"], row["hi_unk_targets"] = loss_per_char(
-        config, wd, params, config.model, a.eval_batches
-      )
-      row[f"en_loss_per_char_{when}"], _ = loss_per_char(
-        en, en_wd, params, config.model, a.eval_batches
-      )
+    row = {
+      "vocab_size": config.model.vocab_size,
+      "new_token_init": how if extend else None,
+      "english_replay": replay,
+      "pieces_per_word": ppw,
+      "unk_share": unk,
+      "step0": score(tok, start, config.model),
+      "end": score(tok, _params(wd), config.model),
+    }
     rows[name] = row
+    print(f"{name}: {json.dumps(row)}", file=sys.stderr)
+    if name == "pieces":
+      for alt, params in step0_alternatives(config, wd, start).items():
+        alternatives[alt] = score(tok, params, config.model)
   base_ppw, base_unk = vocab_extension.encoding_report(old_tok, held)
+  letters = [c for s in held for c in text_of(s) if not c.isspace()]  # no model: the letters alone
+  unigram = sum(hi_costs[0].get(c, hi_costs[0][""]) for c in letters) / len(letters)
   result = {
     "base_steps": a.base_steps,
     "steps": a.steps,
     "extend": a.extend,
+    "replay": a.replay,
     "english_model_on_held_out_hindi": {"pieces_per_word": base_ppw, "unk_share": base_unk},
+    "hindi_letter_unigram_nats_per_char": unigram,
     "runs": rows,
+    "step0_alternatives": alternatives,
     "seconds": round(time.time() - t0, 1),
+    "load_average": [load0, os.getloadavg()],
   }
   print(
-    f"{'run':22} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi loss/char 0 -> end':>22} "
-    f"{'en loss/char 0 -> end':>22} {'hi <unk> targets':>16}"
+    f"{'run':18} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi nats/char 0 -> end':>20} "
+    f"{'(uniform)':>17} {'en nats/char 0 -> end':>22} {'hi chars lost':>13}"
   )
   for name, r in rows.items():
+    s0, s1 = r["step0"], r["end"]
     print(
-      f"{name:22} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
-      f"{r['hi_loss_per_char_step0']:10.4f} -> {r['hi_loss_per_char_end']:7.4f}   "
-      f"{r['en_loss_per_char_step0']:10.4f} -> {r['en_loss_per_char_end']:7.4f} "
-      f"{100 * r['hi_unk_targets']:15.1f}%"
+      f"{name:18} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
+      f"{s0['hi']:8.3f} -> {s1['hi']:7.3f}   {s0['hi_uniform']:6.3f} -> {s1['hi_uniform']:6.3f} "
+      f"{s0['en']:9.3f} -> {s1['en']:6.3f} ({100 * (s1['en'] / s0['en'] - 1):+.1f}%) "
+      f"{100 * s0['hi_lost']:8.1f}%"
     )
+  print(
+    f"held-out Hindi under its training text's letter frequencies alone: {unigram:.3f} nats/char"
+  )
+  if alternatives:
+    print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
+    for name, r in alternatives.items():
+      print(f"  {name:40} hi {r['hi']:.3f}  en {r['en']:.3f}")
   print(json.dumps(result))
   return result
 

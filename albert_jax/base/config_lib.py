@@ -142,7 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
       attention_impl="einsum",
       # Continued pretraining (init_from with data.extend_vocab_size; docs/continued_pretraining.md):
       # the new rows of the word table and the MLM output bias: "pieces" (the mean of the old rows of
-      # the old model's split of the new piece), "mean" (of all old rows) or "random" (the fresh
+      # the old model's split of the new piece; one spelt only as <unk>: the fresh row, its bias the
+      # old model's bias for a piece of its unigram score), "pieces_mean" (the rule: such a
+      # piece takes the mean of all old rows), "mean" (of all old rows) or "random" (the fresh
       # initialisation, Hugging Face's resize_token_embeddings).
       new_token_init="pieces",
       # max_position_embeddings above init_from's: the new rows "copy" the old ones in order
@@ -500,7 +502,7 @@ LAYOUT_FIELDS = (
 
 TRACKERS = ("tensorboard", "wandb")
 # Continued pretraining's new rows (model.new_token_init, model.new_position_init).
-NEW_TOKEN_INITS = ("pieces", "mean", "random")
+NEW_TOKEN_INITS = ("pieces", "pieces_mean", "mean", "random")
 NEW_POSITION_INITS = ("copy", "random")
 
 

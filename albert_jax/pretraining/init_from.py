@@ -127,14 +127,16 @@ def init_params(config, params, param_shardings, vocabulary: str | None = None):
     m.vocab_size,
     m.max_position_embeddings,
   ):
-    splits = {}
+    splits, pieces = {}, None
     if m.vocab_size > theirs["vocab_size"]:
       old = path(config.data.extend_vocab_from or path(config.init_from, VOCAB_FILE)).read_bytes()
-      splits = vocab_extension.new_piece_splits(old, path(vocabulary).read_bytes())
+      merged = path(vocabulary).read_bytes()
+      splits = vocab_extension.new_piece_splits(old, merged)
+      pieces = vocab_extension.read_pieces(merged)
     fresh = nn.unbox(params)
 
     def resize(loaded, src):
-      grown = grow_params(loaded, fresh, m, splits)
+      grown = grow_params(loaded, fresh, m, splits, pieces)
       return grown, {
         **src,
         "vocab_size": m.vocab_size,
@@ -174,33 +176,73 @@ def _set_leaf(tree, keys, value):
   tree[keys[-1]] = value
 
 
-def new_rows(old: np.ndarray, fresh: np.ndarray, splits: dict[int, list[int]], how: str):
+def new_rows(
+  old: np.ndarray,
+  fresh: np.ndarray,
+  splits: dict[int, list[int]],
+  how: str,
+  prior: np.ndarray | None = None,
+):
   """The rows old.shape[0].. of a table (the word table, or the MLM output bias as a table of
   scalars) for the appended pieces, by model.new_token_init:
-    pieces  the mean of the old rows of the old model's split of the piece (splits[id]:
-            vocab_extension.new_piece_splits, <unk> and the bare word marker left out); a piece
-            it can spell only as <unk> takes the mean of all old rows;
-    mean    the mean of all old rows;
-    random  the fresh initialisation's rows (Hugging Face's resize_token_embeddings).
-  Returns the whole table, old rows first, unchanged."""
+    pieces       the mean of the old rows of the old model's split of the piece (splits[id]:
+                 vocab_extension.new_piece_splits, <unk> and the bare word marker left out); a
+                 piece it can spell only as <unk>, of which nothing of the old model tells: the
+                 fresh row, and in the bias its `prior` (score_prior: the bias the old model gives
+                 a piece of the same unigram score), not the mean of all rows (the issue's rule,
+                 a departure measured in docs/performance.md);
+    pieces_mean  the issue's rule: as pieces, but a piece spelt only as <unk> takes the mean of
+                 all old rows;
+    mean         the mean of all old rows;
+    random       the fresh initialisation's rows (Hugging Face's resize_token_embeddings).
+  `prior` (the bias only, under pieces): one value per appended row. Returns the whole table, old
+  rows first, unchanged."""
   n_old, n_new = old.shape[0], fresh.shape[0]
   if how == "random":
-    rows = np.asarray(fresh[n_old:], old.dtype)
-  else:
-    mean = old.mean(axis=0)
-    rows = np.empty((n_new - n_old,) + old.shape[1:], old.dtype)
-    for i in range(n_old, n_new):
-      split = [x for x in splits.get(i, []) if x != tokenizer_lib.UNK_ID]
-      rows[i - n_old] = old[split].mean(axis=0) if how == "pieces" and split else mean
+    return np.concatenate([old, np.asarray(fresh[n_old:], old.dtype)])
+  mean = old.mean(axis=0)
+  rows = np.empty((n_new - n_old,) + old.shape[1:], old.dtype)
+  for i in range(n_old, n_new):
+    split = [x for x in splits.get(i, []) if x != tokenizer_lib.UNK_ID]
+    if how == "mean" or (how == "pieces_mean" and not split):
+      rows[i - n_old] = mean
+    elif split:
+      rows[i - n_old] = old[split].mean(axis=0)
+    else:
+      rows[i - n_old] = fresh[i] if prior is None else prior[i - n_old]
   return np.concatenate([old, rows])
 
 
-def grow_params(params: dict, fresh: dict, model, splits: dict[int, list[int]]) -> dict:
+def score_prior(bias: np.ndarray, pieces: list[tuple[str, float, int]], n_new: int) -> np.ndarray:
+  """The MLM output bias of the rows bias.shape[0]..n_new from their pieces' unigram scores (the
+  extended spiece.model's `pieces`: (piece, score, type) by id): an MLM's output bias learns a
+  piece's log prior, a unigram score is its log probability in its corpus, so the least-squares
+  line bias = a * score + c over the old model's normal pieces says what the old model makes of a
+  piece's frequency; each new piece gets the bias of its own score on that line (a row without a
+  normal piece, <unused_k>: the line at the old model's lowest score)."""
+  n_old = bias.shape[0]
+  normal = [i for i in range(n_old) if pieces[i][2] == vocab_extension.NORMAL]
+  scores = np.array([pieces[i][1] for i in normal], np.float64)
+  a, c = np.polyfit(scores, np.asarray(bias, np.float64)[normal], 1)
+  new = [
+    pieces[i][1] if i < len(pieces) and pieces[i][2] == vocab_extension.NORMAL else scores.min()
+    for i in range(n_old, n_new)
+  ]
+  return (a * np.array(new) + c).astype(bias.dtype)
+
+
+def grow_params(
+  params: dict,
+  fresh: dict,
+  model,
+  splits: dict[int, list[int]],
+  pieces: list[tuple[str, float, int]] | None = None,
+) -> dict:
   """A checkpoint's parameters (its own layout) with the word table and the MLM output bias grown
-  to model.vocab_size (new_rows by model.new_token_init) and the position table to
-  model.max_position_embeddings: model.new_position_init=copy repeats the old rows in order (row i
-  is old row i mod S_old: Longformer's tiling, which lets attention patterns learned on the old
-  positions apply in each copy), random takes the fresh rows. The old rows are unchanged: inputs
+  to model.vocab_size (new_rows by model.new_token_init; `pieces`: the extended spiece.model's, for
+  score_prior) and the position table to model.max_position_embeddings: model.new_position_init=
+  copy repeats the old rows in order (row i is old row i mod S_old: Longformer's tiling, which lets
+  attention patterns learned on the old positions apply in each copy), random takes the fresh rows. The old rows are unchanged: inputs
   of the old vocabulary and length give the old model's outputs (the logits over the old pieces,
   SOP), the MLM loss rising only by log(1 + sum_new e^l / sum_old e^l), the new pieces' share of
   the softmax."""
@@ -213,7 +255,11 @@ def grow_params(params: dict, fresh: dict, model, splits: dict[int, list[int]]) 
     except KeyError:  # no MLM head in the checkpoint: the fresh one is taken whole
       bias = None
     if bias is not None:
-      _set_leaf(params, MLM_BIAS, new_rows(bias, np.asarray(_leaf(fresh, MLM_BIAS)), splits, how))
+      fresh_bias = np.asarray(_leaf(fresh, MLM_BIAS))
+      prior = None
+      if how == "pieces" and pieces is not None:
+        prior = score_prior(bias, pieces, model.vocab_size)
+      _set_leaf(params, MLM_BIAS, new_rows(bias, fresh_bias, splits, how, prior))
   table = np.asarray(_leaf(params, POSITION_TABLE))
   n_old, n_new = table.shape[0], model.max_position_embeddings
   if n_old < n_new:
