@@ -524,3 +524,26 @@ def test_thai_sentences_are_recorded_with_the_data():
   c = config_lib.base_config()
   fingerprint_lib.take_decisions(c, stored["fingerprint"])  # a run on the data reads it so
   assert c.data.thai_sentences == "crfcut"
+
+
+def test_the_language_hint_is_recorded_with_the_data():
+  """data.language changes where sentences end, so it is in prepared.json's fingerprint: a run that
+  names another hint than the data was prepared with is refused (the examples would not be what
+  it asks for); data prepared before the hint was recorded is not compared (its runs resume)."""
+  from albert_jax.data.store import fingerprint as fingerprint_lib
+
+  c = config_lib.base_config()
+  c.data.language = "de"
+  fp = fingerprint_lib.fingerprint(c, must_exist=False)
+  assert fp["language"] == "de"
+  stored = {"fingerprint": fp}
+  assert fingerprint_lib.differences(stored, fp) == []
+  assert fingerprint_lib.config_for_prepared("/nowhere", stored).data.language == "de"
+  c.data.language = ""
+  here = fingerprint_lib.fingerprint(c, must_exist=False)
+  assert fingerprint_lib.differences(stored, here) == ["language ('de' there, '' here)"]
+  old = {"fingerprint": {k: v for k, v in fp.items() if k != "language"}}
+  old = fingerprint_lib.as_read_today(old, c)
+  assert old["fingerprint"]["language"] is None
+  assert fingerprint_lib.differences(old, here) == []
+  assert fingerprint_lib.config_for_prepared("/nowhere", old).data.language == ""

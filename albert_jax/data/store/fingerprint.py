@@ -68,6 +68,7 @@ def fingerprint(config, must_exist: bool = True) -> dict:
     "keep_accents": config_lib.keep_accents_value(d.keep_accents),
     "word_segmenter": _segmenter(d),
     "thai_sentences": None if d.get("thai_sentences", "auto") == "auto" else d.thai_sentences,
+    "language": d.get("language", ""),  # the splitter's hint: its abbreviations and rules
     "max_seq_length": d.max_seq_length,
     "short_seq_prob": d.short_seq_prob,
     "task": config_lib.examples_task(d.task),
@@ -133,6 +134,8 @@ def config_for_prepared(data_dir: str, prepared: dict):
         value = value or "auto"
       elif field == "thai_sentences":
         value = value or "auto"
+      elif field == "language":
+        value = value or ""
       d[field] = value
     if fp["vocab"]["source"] == "file":
       d.spm_model_path = os.path.join(data_dir, VOCAB_FILE)
@@ -177,6 +180,7 @@ _FIELDS_SINCE = {
   "keep_accents": False,  # accents were always stripped
   "word_segmenter": "",  # no word starts stored
   "thai_sentences": "spaces",  # Thai was cut at every space between its letters
+  "language": None,  # the hint was not recorded: unknown, not compared
 }
 
 
@@ -228,6 +232,8 @@ def differences(stored: dict, current: dict) -> list[str]:
       diffs.extend(_corpus_differences(there, here))
     elif key in ("keep_accents", "word_segmenter", "thai_sentences") and here is None:
       continue  # auto: takes what the data recorded (take_decisions)
+    elif key == "language" and there is None:
+      continue  # prepared before the hint was recorded: unknown
     elif there != here:
       diffs.append(f"{key} ({there!r} there, {here!r} here)")
   return diffs
