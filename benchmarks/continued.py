@@ -219,6 +219,32 @@ def text_loss_per_char(
   return [(loss + w) / max(chars, 1) for w in words_cost], missing / max(chars, 1)
 
 
+def piece_unigram_per_char(tok, vocab_size: int, corpus: str, sentences, costs: dict) -> float:
+  """Nats per character of `sentences` for a model with no context: each word's pieces at their
+  frequencies in the corpus file under `tok` (add-one over the vocabulary), what the pieces do not
+  give back at `costs` (as text_loss_per_char). The floor a model must go below to have learnt
+  anything from context; a model that ends at it has learnt the frequencies alone."""
+  with open(corpus, encoding="utf-8") as f:
+    counts = collections.Counter(i for line in f for w in line.split() for i in tok.encode(w))
+  total, loss, chars = sum(counts.values()) + vocab_size, 0.0, 0
+  for sentence in sentences:
+    for w in sentence.split():
+      ids = tok.encode(w)
+      loss += sum(math.log(total / (counts[i] + 1)) for i in ids)
+      given = collections.Counter(
+        c
+        for i in ids
+        if i != tokenizer_lib.UNK_ID
+        for c in tokenizer_lib.piece_text(tok.id_to_piece(i))
+      )
+      text = [c for c in text_of(w) if not c.isspace()]
+      loss += sum(
+        n * costs.get(c, costs[""]) for c, n in (collections.Counter(text) - given).items()
+      )
+      chars += len(text)
+  return loss / max(chars, 1)
+
+
 def step0_params(config, workdir: str):
   """The parameters a run from init_from starts with (init_from.init_params on a fresh init)."""
   info = dataset.prepared_info(*dataset.check_prepared(config, workdir))
@@ -360,6 +386,9 @@ def main(argv=None) -> dict:
       "english_replay": replay,
       "pieces_per_word": ppw,
       "unk_share": unk,
+      "piece_unigram": piece_unigram_per_char(
+        tok, config.model.vocab_size, corpus, held, new_costs[0]
+      ),
       "step0": score(tok, start, config.model),
       "end": score(tok, _params(wd), config.model),
     }
@@ -391,7 +420,8 @@ def main(argv=None) -> dict:
   }
   print(
     f"{'run':18} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {lang + ' nats/char 0 -> end':>20} "
-    f"{'(uniform)':>17} {'en nats/char 0 -> end':>22} {lang + ' chars lost':>13}"
+    f"{'(uniform)':>17} {'en nats/char 0 -> end':>22} {lang + ' chars lost':>13} "
+    f"{'piece unigram':>13}"
   )
   for name, r in rows.items():
     s0, s1 = r["step0"], r["end"]
@@ -400,11 +430,12 @@ def main(argv=None) -> dict:
       f"{s0[lang]:8.3f} -> {s1[lang]:7.3f}   {s0[lang + '_uniform']:6.3f} -> "
       f"{s1[lang + '_uniform']:6.3f} "
       f"{s0['en']:9.3f} -> {s1['en']:6.3f} ({100 * (s1['en'] / s0['en'] - 1):+.1f}%) "
-      f"{100 * s0[lang + '_lost']:8.1f}%"
+      f"{100 * s0[lang + '_lost']:8.1f}% {r['piece_unigram']:13.3f}"
     )
   print(
     f"held-out {lang} ({len(held)} sentences, {len(letters)} letters) under its training text's "
-    f"letter frequencies alone: {unigram:.3f} nats/char"
+    f"letter frequencies alone: {unigram:.3f} nats/char; piece unigram: under each run's pieces' "
+    f"frequencies in that text, no context (a run that ends there learnt frequencies alone)"
   )
   if alternatives:
     print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
