@@ -1,23 +1,26 @@
-"""Continued pretraining (docs/continued_pretraining.md): an English tiny ALBERT taught Hindi, side by
-side in one run: no vocabulary extension, an extension with each rule for the new rows, and the
-default rule with English replay.
+"""Continued pretraining (docs/continued_pretraining.md): an English tiny ALBERT taught Hindi (or
+another language), side by side in one run: no vocabulary extension, an extension with each rule
+for the new rows, and the default rule with English replay.
 
 1. English: configs/tiny.py on the built-in corpus (the interpreter's documentation, a 4,000-piece
    vocabulary) for --base_steps steps, exported (--format=jax).
-2. Runs from that export on Hindi (albert_jax/data/text/samples/hi.txt, its first 80% of documents;
-   the rest is held out), the same --steps each: no extension (the English vocabulary, marks
-   stripped as the English model was trained), data.extend_vocab_size=--extend with
-   model.new_token_init=random, pieces_mean (the issue's rule) and pieces (the default), and pieces
-   with the English run's own train documents mixed in at each share of --replay (named sources,
-   data.source_weights).
-3. For each, at step 0 and at the end: pieces per word and <unk> share on the held-out Hindi
-   documents, and nats per character (text_loss_per_char) of the held-out Hindi sentences and of
-   the English run's held-out documents: the same characters for every model, whatever its
-   vocabulary, what a model cannot give back charged by a character model (unigram, or uniform).
+2. Runs from that export on the new language's text, the same --steps each: --corpus (a text file,
+   documents separated by blank lines, one sentence a line) or by default the package's sample of
+   --language (albert_jax/data/text/samples/hi.txt); its first 80% of documents in file order train,
+   the rest are held out. No extension (the English vocabulary, marks stripped as the English model
+   was trained), data.extend_vocab_size=--extend with model.new_token_init=random, pieces_mean (the
+   issue's rule) and pieces (the default), and pieces with the English run's own train documents
+   mixed in at each share of --replay (named sources, data.source_weights).
+3. For each, at step 0 and at the end: pieces per word and <unk> share on the held-out documents,
+   and nats per character (text_loss_per_char) of the held-out sentences and of the English run's
+   held-out documents: the same characters for every model, whatever its vocabulary, what a model
+   cannot give back charged by a character model (unigram, or uniform).
 4. At step 0, the `pieces` run's parameters with other rows for the pieces the old model spells
    only as <unk>: the candidate rules side by side.
 
-  python benchmarks/continued.py                     # the figures of docs/performance.md
+  python benchmarks/continued.py                     # the sample's figures in docs/performance.md
+  python benchmarks/continued.py --corpus=/data/hi_pud_docs.txt --replay=0.2 \
+      --out=/tmp/albert_jax_continued_pud               # UD_Hindi-PUD (docs/performance.md)
   python benchmarks/continued.py --base_steps=20 --steps=5 --replay=0.2   # a quick look
 
 Prints a table and, last, one JSON line with every figure.
@@ -31,6 +34,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import time
 import unicodedata
@@ -44,6 +48,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import albert_jax  # noqa: E402
+from albert_jax import cli  # noqa: E402
+from albert_jax.base import config_lib  # noqa: E402
 from albert_jax.data.corpus import python_docs  # noqa: E402
 from albert_jax.data.store import dataset  # noqa: E402
 from albert_jax.data.text import samples, tokenizer as tokenizer_lib, vocab_extension  # noqa: E402
@@ -54,15 +60,55 @@ from albert_jax.pretraining import export as export_lib, init_from, train  # noq
 TINY = os.path.join(ROOT, "configs", "tiny.py")
 
 
-def hindi_split(out: str) -> tuple[str, list[str]]:
-  """The Hindi sample's first 80% of documents as a corpus file; the rest's sentences held out."""
-  docs = samples.documents("hi")
+def read_documents(path: str) -> list[list[str]]:
+  """A corpus file's documents, each a list of its sentences: documents separated by blank lines,
+  one sentence a line (the samples' format, and `data.text_format=sentences`)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise config_lib.ConfigError(f"--corpus={path}: cannot be read as UTF-8 text ({e})") from None
+  docs = [d.strip().splitlines() for d in text.split("\n\n") if d.strip()]
+  return [[s for s in d if s.strip()] for d in docs]
+
+
+def language_documents(language: str, corpus: str | None) -> list[list[str]]:
+  """The new language's documents: --corpus's file, or the package's sample of --language."""
+  if not re.fullmatch(r"[a-z][a-z0-9_]*", language) or language == "en":
+    raise config_lib.ConfigError(
+      f"--language={language!r}: a lowercase source name other than en (en names the replay)"
+    )
+  if corpus is None:
+    if language not in samples.LANGUAGES:
+      raise config_lib.ConfigError(
+        f"--language={language}: no sample of it in the package "
+        f"({', '.join(x for x in samples.LANGUAGES if x != 'en')}); give --corpus"
+      )
+    return samples.documents(language)
+  docs = read_documents(corpus)
+  if len(docs) < 5:
+    raise config_lib.ConfigError(
+      f"--corpus={corpus}: {len(docs)} documents (blank-line separated); at least 5 are needed so "
+      "that 20% of them can be held out"
+    )
+  return docs
+
+
+def new_language_split(out: str, language: str, docs: list[list[str]]) -> tuple[str, list[str]]:
+  """The first 80% of the documents (in file order) as a corpus file, `<language>_train.txt`; the
+  rest's sentences held out (the split the Hindi sample has always had)."""
   cut = int(0.8 * len(docs))
-  path = os.path.join(out, "hi_train.txt")
+  path = os.path.join(out, f"{language}_train.txt")
+  text = "\n\n".join("\n".join(d) for d in docs[:cut]) + "\n"
   if os.path.exists(path):  # a rerun resumes: the corpus's files stay as prepared
-    return path, [s for d in docs[cut:] for s in d]
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("\n\n".join("\n".join(d) for d in docs[:cut]) + "\n")
+    with open(path, encoding="utf-8") as f:
+      if f.read() != text:
+        raise config_lib.ConfigError(
+          f"--out={out} holds runs prepared from another {language} corpus; give another --out"
+        )
+  else:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
   return path, [s for d in docs[cut:] for s in d]
 
 
@@ -173,6 +219,32 @@ def text_loss_per_char(
   return [(loss + w) / max(chars, 1) for w in words_cost], missing / max(chars, 1)
 
 
+def piece_unigram_per_char(tok, vocab_size: int, corpus: str, sentences, costs: dict) -> float:
+  """Nats per character of `sentences` for a model with no context: each word's pieces at their
+  frequencies in the corpus file under `tok` (add-one over the vocabulary), what the pieces do not
+  give back at `costs` (as text_loss_per_char). The floor a model must go below to have learnt
+  anything from context; a model that ends at it has learnt the frequencies alone."""
+  with open(corpus, encoding="utf-8") as f:
+    counts = collections.Counter(i for line in f for w in line.split() for i in tok.encode(w))
+  total, loss, chars = sum(counts.values()) + vocab_size, 0.0, 0
+  for sentence in sentences:
+    for w in sentence.split():
+      ids = tok.encode(w)
+      loss += sum(math.log(total / (counts[i] + 1)) for i in ids)
+      given = collections.Counter(
+        c
+        for i in ids
+        if i != tokenizer_lib.UNK_ID
+        for c in tokenizer_lib.piece_text(tok.id_to_piece(i))
+      )
+      text = [c for c in text_of(w) if not c.isspace()]
+      loss += sum(
+        n * costs.get(c, costs[""]) for c, n in (collections.Counter(text) - given).items()
+      )
+      chars += len(text)
+  return loss / max(chars, 1)
+
+
 def step0_params(config, workdir: str):
   """The parameters a run from init_from starts with (init_from.init_params on a fresh init)."""
   info = dataset.prepared_info(*dataset.check_prepared(config, workdir))
@@ -246,8 +318,19 @@ def main(argv=None) -> dict:
   p.add_argument("--replay", default="0.2,0.5", help="English's shares in the replay runs")
   p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
   p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
+  p.add_argument("--language", default="hi", help="the new language's code (its source name)")
+  p.add_argument(
+    "--corpus",
+    default=None,
+    help="the new language's text: documents separated by blank lines, one sentence a line; its "
+    "first 80%% of documents train, the rest are held out (default: the package's sample of "
+    "--language)",
+  )
   a = p.parse_args(argv)
+  lang = a.language
+  docs = language_documents(lang, a.corpus)  # bad input stops here, before anything is written
   os.makedirs(a.out, exist_ok=True)
+  corpus, held = new_language_split(a.out, lang, docs)
   t0, load0 = time.time(), os.getloadavg()
   common = {"train.batch_size": 32, "train.log_every": 100, "train.eval_steps": 4}
   en_wd = os.path.join(a.out, "en")
@@ -259,19 +342,18 @@ def main(argv=None) -> dict:
   export = os.path.join(a.out, "en-export")
   if not os.path.exists(export):
     export_lib.export(en_wd, export, fmt="jax")
-  corpus, held = hindi_split(a.out)
   en_corpus, en_held = english_split(en, a.out)
   en_held = en_held[: a.en_sentences]
-  hi_costs = [char_costs(corpus), char_costs(corpus, uniform=True)]
+  new_costs = [char_costs(corpus), char_costs(corpus, uniform=True)]
   en_costs = [char_costs(en_corpus)]
   old_tok = tokenizer_lib.load_for(dataset.spm_model_path(en, en_wd), en.data)
   wanted = [n.strip() for n in a.runs.split(",") if n.strip()]
   rows, alternatives = {}, {}
 
   def score(tok, params, model_cfg) -> dict:
-    (hi, hi_uniform), hi_lost = text_loss_per_char(tok, params, model_cfg, held, hi_costs)
+    (new, new_uniform), lost = text_loss_per_char(tok, params, model_cfg, held, new_costs)
     (en_loss,), _ = text_loss_per_char(tok, params, model_cfg, en_held, en_costs)
-    return {"hi": hi, "hi_uniform": hi_uniform, "hi_lost": hi_lost, "en": en_loss}
+    return {lang: new, f"{lang}_uniform": new_uniform, f"{lang}_lost": lost, "en": en_loss}
 
   for name, extend, how, replay in runs(a.replay):
     if wanted and name not in wanted:
@@ -289,9 +371,9 @@ def main(argv=None) -> dict:
       "train.eval_every": a.steps,
       "train.warmup_steps": max(1, a.steps // 10),
     }
-    if replay:  # Hindi first: its documents keep their indices, so the same ones are held out
-      overrides["data.input_files"] = f"hi={corpus},en={en_corpus}"
-      overrides["data.source_weights"] = f"hi={1 - replay:g},en={replay:g}"
+    if replay:  # the new language first: its documents keep their indices, the same held out
+      overrides["data.input_files"] = f"{lang}={corpus},en={en_corpus}"
+      overrides["data.source_weights"] = f"{lang}={1 - replay:g},en={replay:g}"
     config = albert_jax.get_config(TINY, overrides)
     with contextlib.redirect_stdout(sys.stderr):
       train.train_and_evaluate(config, wd)
@@ -304,6 +386,9 @@ def main(argv=None) -> dict:
       "english_replay": replay,
       "pieces_per_word": ppw,
       "unk_share": unk,
+      "piece_unigram": piece_unigram_per_char(
+        tok, config.model.vocab_size, corpus, held, new_costs[0]
+      ),
       "step0": score(tok, start, config.model),
       "end": score(tok, _params(wd), config.model),
     }
@@ -314,38 +399,48 @@ def main(argv=None) -> dict:
         alternatives[alt] = score(tok, params, config.model)
   base_ppw, base_unk = vocab_extension.encoding_report(old_tok, held)
   letters = [c for s in held for c in text_of(s) if not c.isspace()]  # no model: the letters alone
-  unigram = sum(hi_costs[0].get(c, hi_costs[0][""]) for c in letters) / len(letters)
+  unigram = sum(new_costs[0].get(c, new_costs[0][""]) for c in letters) / len(letters)
   result = {
     "base_steps": a.base_steps,
     "steps": a.steps,
     "extend": a.extend,
     "replay": a.replay,
-    "english_model_on_held_out_hindi": {"pieces_per_word": base_ppw, "unk_share": base_unk},
-    "hindi_letter_unigram_nats_per_char": unigram,
+    "language": lang,
+    "corpus": a.corpus or samples.path(lang),
+    "train_documents": int(0.8 * len(docs)),
+    "held_out_documents": len(docs) - int(0.8 * len(docs)),
+    "held_out_sentences": len(held),
+    "held_out_letters": len(letters),
+    f"english_model_on_held_out_{lang}": {"pieces_per_word": base_ppw, "unk_share": base_unk},
+    "letter_unigram_nats_per_char": unigram,
     "runs": rows,
     "step0_alternatives": alternatives,
     "seconds": round(time.time() - t0, 1),
     "load_average": [load0, os.getloadavg()],
   }
   print(
-    f"{'run':18} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {'hi nats/char 0 -> end':>20} "
-    f"{'(uniform)':>17} {'en nats/char 0 -> end':>22} {'hi chars lost':>13}"
+    f"{'run':18} {'vocab':>6} {'pieces/word':>11} {'<unk>':>7} {lang + ' nats/char 0 -> end':>20} "
+    f"{'(uniform)':>17} {'en nats/char 0 -> end':>22} {lang + ' chars lost':>13} "
+    f"{'piece unigram':>13}"
   )
   for name, r in rows.items():
     s0, s1 = r["step0"], r["end"]
     print(
       f"{name:18} {r['vocab_size']:6d} {r['pieces_per_word']:11.2f} {100 * r['unk_share']:6.2f}% "
-      f"{s0['hi']:8.3f} -> {s1['hi']:7.3f}   {s0['hi_uniform']:6.3f} -> {s1['hi_uniform']:6.3f} "
+      f"{s0[lang]:8.3f} -> {s1[lang]:7.3f}   {s0[lang + '_uniform']:6.3f} -> "
+      f"{s1[lang + '_uniform']:6.3f} "
       f"{s0['en']:9.3f} -> {s1['en']:6.3f} ({100 * (s1['en'] / s0['en'] - 1):+.1f}%) "
-      f"{100 * s0['hi_lost']:8.1f}%"
+      f"{100 * s0[lang + '_lost']:8.1f}% {r['piece_unigram']:13.3f}"
     )
   print(
-    f"held-out Hindi under its training text's letter frequencies alone: {unigram:.3f} nats/char"
+    f"held-out {lang} ({len(held)} sentences, {len(letters)} letters) under its training text's "
+    f"letter frequencies alone: {unigram:.3f} nats/char; piece unigram: under each run's pieces' "
+    f"frequencies in that text, no context (a run that ends there learnt frequencies alone)"
   )
   if alternatives:
     print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
     for name, r in alternatives.items():
-      print(f"  {name:40} hi {r['hi']:.3f}  en {r['en']:.3f}")
+      print(f"  {name:40} {lang} {r[lang]:.3f}  en {r['en']:.3f}")
   print(json.dumps(result))
   return result
 
@@ -357,4 +452,7 @@ def _params(workdir: str):
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except config_lib.ConfigError as e:
+    cli.fail(str(e))
