@@ -57,6 +57,8 @@ from albert_jax.engine import checkpoint  # noqa: E402
 from albert_jax.model import albert as M  # noqa: E402
 from albert_jax.pretraining import export as export_lib, init_from, train  # noqa: E402
 
+cli.quiet_libtpu()  # before jax starts a backend: libtpu's start-up noise on a host without TPUs
+
 TINY = os.path.join(ROOT, "configs", "tiny.py")
 
 
