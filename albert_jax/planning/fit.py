@@ -240,6 +240,24 @@ def command_line(config_name: str, overrides: dict[str, Any], given: list[str]) 
   return "python -m albert_jax.main " + " ".join(args) + " --workdir=DIR"
 
 
+def target_slice(
+  device: str | None, devices: int | None, slice_name: str | None, compile_: str, fit_: bool
+):
+  """The TPU slice albert_jax.estimate compiles for: --slice, else a TPU --device (with --devices,
+  8 when not given) when it compiles or fits; None for none. --slice against other --device or
+  --devices, or --fit without a slice: one-line errors."""
+  tpu = tpu_compile.parse_slice(slice_name) if slice_name else None
+  if tpu and ((device and device != tpu.device) or (devices and devices != tpu.devices)):
+    raise ConfigError(
+      f"--slice={tpu.name} is {tpu.devices} x {tpu.device}; --device/--devices say otherwise"
+    )
+  if tpu is None and device and tpu_compile.is_tpu(device) and (compile_ == "yes" or fit_):
+    tpu = tpu_compile.slice_for(device, devices or 8)
+  if fit_ and tpu is None:
+    raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
+  return tpu
+
+
 def estimate_and_compile(
   config,
   device: str | None = None,
@@ -257,11 +275,7 @@ def estimate_and_compile(
   compiler's check. device/devices None: this machine's; compile_ "auto", "yes" or "no";
   chip_defaults_: for a TPU slice, the chip's defaults (chip_defaults) for the fields not in `given`
   are applied first (Estimate.chip_overrides and chip_line say which)."""
-  tpu = tpu_compile.parse_slice(slice_name) if slice_name else None
-  if tpu and ((device and device != tpu.device) or (devices and devices != tpu.devices)):
-    raise ConfigError(
-      f"--slice={tpu.name} is {tpu.devices} x {tpu.device}; --device/--devices say otherwise"
-    )
+  tpu = target_slice(device, devices, slice_name, compile_, fit_)
   given_device = device
   device = tpu.device if tpu else device or hardware.device_name() or "cpu"
   devices = (
@@ -269,11 +283,6 @@ def estimate_and_compile(
     if tpu
     else devices or (8 if given_device and device != "cpu" else jax.device_count())
   )
-  if tpu is None and given_device and (compile_ == "yes" or fit_):
-    if tpu_compile.is_tpu(device):
-      tpu = tpu_compile.slice_for(device, devices)
-  if fit_ and tpu is None:
-    raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
   if tpu is not None and compile_ != "no" and not tpu_compile.available():
     raise ConfigError(tpu_compile.install_hint())  # before the analytic work (10 s for albert_base)
   init_from.resolve(config)
@@ -329,11 +338,7 @@ def estimate_phases(
     return [
       (None, estimate_and_compile(config, *args, fit_, mfu, config_name, chip_defaults_, given))
     ]
-  tpu = tpu_compile.parse_slice(slice_name) if slice_name else None
-  if tpu is None and device and tpu_compile.is_tpu(device) and (compile_ == "yes" or fit_):
-    tpu = tpu_compile.slice_for(device, devices or 8)
-  if fit_ and tpu is None:
-    raise ConfigError("--fit needs a TPU slice: --slice=v3-256 or --device=tpu_v3 --devices=256")
+  tpu = target_slice(device, devices, slice_name, compile_, fit_)
   configs = [phase_config(config, p) for p in plan]
   chosen, line = {}, ""
   if chip_defaults_ and tpu is not None:
