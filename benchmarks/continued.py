@@ -22,6 +22,7 @@ for the new rows, and the default rule with English replay.
   python benchmarks/continued.py --corpus=/data/hi_pud_docs.txt --replay=0.2 \
       --out=/tmp/albert_jax_continued_pud               # UD_Hindi-PUD (docs/performance.md)
   python benchmarks/continued.py --base_steps=20 --steps=5 --replay=0.2   # a quick look
+  python benchmarks/continued.py --runs=random,pieces --seeds=3 --lr=0.001  # spread, a lower rate
 
 Prints a table and, last, one JSON line with every figure.
 """
@@ -320,6 +321,19 @@ def main(argv=None) -> dict:
   p.add_argument("--replay", default="0.2,0.5", help="English's shares in the replay runs")
   p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
   p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
+  p.add_argument(
+    "--lr",
+    type=float,
+    default=None,
+    help="the continued runs' peak learning rate (default: the English run's, configs/tiny.py)",
+  )
+  p.add_argument(
+    "--seeds",
+    type=int,
+    default=1,
+    help="each continued run with seeds 0..N-1 (new rows, vocabulary sample, data order): the "
+    "table gives the mean and the spread, the JSON each seed's figures",
+  )
   p.add_argument("--language", default="hi", help="the new language's code (its source name)")
   p.add_argument(
     "--corpus",
@@ -330,6 +344,10 @@ def main(argv=None) -> dict:
   )
   a = p.parse_args(argv)
   lang = a.language
+  if a.seeds < 1:
+    raise config_lib.ConfigError(f"--seeds={a.seeds}: one seed or more")
+  if not (a.lr is None or 0 < a.lr < math.inf):
+    raise config_lib.ConfigError(f"--lr={a.lr}: a learning rate above 0")
   docs = language_documents(lang, a.corpus)  # bad input stops here, before anything is written
   os.makedirs(a.out, exist_ok=True)
   corpus, held = new_language_split(a.out, lang, docs)
@@ -360,45 +378,56 @@ def main(argv=None) -> dict:
   for name, extend, how, replay in runs(a.replay):
     if wanted and name not in wanted:
       continue
-    wd = os.path.join(a.out, "".join(c for c in name.replace("+", "_") if c.isalnum() or c == "_"))
-    overrides = {
-      **common,
-      "init_from": export,
-      "data.input_files": corpus,
-      "data.text_format": "sentences",
-      "data.eval_fraction": 0.2,
-      "data.extend_vocab_size": a.extend if extend else 0,
-      "model.new_token_init": how,
-      "train.num_steps": a.steps,
-      "train.eval_every": a.steps,
-      "train.warmup_steps": max(1, a.steps // 10),
-    }
-    if replay:  # the new language first: its documents keep their indices, the same held out
-      overrides["data.input_files"] = f"{lang}={corpus},en={en_corpus}"
-      overrides["data.source_weights"] = f"{lang}={1 - replay:g},en={replay:g}"
-    config = albert_jax.get_config(TINY, overrides)
-    with contextlib.redirect_stdout(sys.stderr):
-      train.train_and_evaluate(config, wd)
-    tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
-    ppw, unk = vocab_extension.encoding_report(tok, held)
-    start = step0_params(config, wd)
-    row = {
-      "vocab_size": config.model.vocab_size,
-      "new_token_init": how if extend else None,
-      "english_replay": replay,
-      "pieces_per_word": ppw,
-      "unk_share": unk,
-      "piece_unigram": piece_unigram_per_char(
-        tok, config.model.vocab_size, corpus, held, new_costs[0]
-      ),
-      "step0": score(tok, start, config.model),
-      "end": score(tok, _params(wd), config.model),
-    }
-    rows[name] = row
-    print(f"{name}: {json.dumps(row)}", file=sys.stderr)
-    if name == "pieces":
-      for alt, params in step0_alternatives(config, wd, start).items():
-        alternatives[alt] = score(tok, params, config.model)
+    per_seed = []
+    for seed in range(a.seeds):  # seed 0's and the default rate's directories keep their names
+      wd = os.path.join(
+        a.out,
+        "".join(c for c in name.replace("+", "_") if c.isalnum() or c == "_")
+        + (f"_lr{a.lr:g}" if a.lr is not None else "")
+        + (f"_seed{seed}" if seed else ""),
+      )
+      overrides = {
+        **common,
+        "seed": seed,
+        "init_from": export,
+        "data.input_files": corpus,
+        "data.text_format": "sentences",
+        "data.eval_fraction": 0.2,
+        "data.extend_vocab_size": a.extend if extend else 0,
+        "model.new_token_init": how,
+        "train.num_steps": a.steps,
+        "train.eval_every": a.steps,
+        "train.warmup_steps": max(1, a.steps // 10),
+      }
+      if a.lr is not None:
+        overrides["train.learning_rate"] = a.lr
+      if replay:  # the new language first: its documents keep their indices, the same held out
+        overrides["data.input_files"] = f"{lang}={corpus},en={en_corpus}"
+        overrides["data.source_weights"] = f"{lang}={1 - replay:g},en={replay:g}"
+      config = albert_jax.get_config(TINY, overrides)
+      with contextlib.redirect_stdout(sys.stderr):
+        train.train_and_evaluate(config, wd)
+      tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
+      ppw, unk = vocab_extension.encoding_report(tok, held)
+      start = step0_params(config, wd)
+      row = {
+        "vocab_size": config.model.vocab_size,
+        "new_token_init": how if extend else None,
+        "english_replay": replay,
+        "pieces_per_word": ppw,
+        "unk_share": unk,
+        "piece_unigram": piece_unigram_per_char(
+          tok, config.model.vocab_size, corpus, held, new_costs[0]
+        ),
+        "step0": score(tok, start, config.model),
+        "end": score(tok, _params(wd), config.model),
+      }
+      per_seed.append(row)
+      print(f"{name} (seed {seed}): {json.dumps(row)}", file=sys.stderr)
+      if name == "pieces" and seed == 0:
+        for alt, params in step0_alternatives(config, wd, start).items():
+          alternatives[alt] = score(tok, params, config.model)
+    rows[name] = seed_mean(per_seed)
   base_ppw, base_unk = vocab_extension.encoding_report(old_tok, held)
   letters = [c for s in held for c in text_of(s) if not c.isspace()]  # no model: the letters alone
   unigram = sum(new_costs[0].get(c, new_costs[0][""]) for c in letters) / len(letters)
@@ -407,6 +436,8 @@ def main(argv=None) -> dict:
     "steps": a.steps,
     "extend": a.extend,
     "replay": a.replay,
+    "learning_rate": a.lr if a.lr is not None else en.train.learning_rate,
+    "seeds": a.seeds,
     "language": lang,
     "corpus": a.corpus or samples.path(lang),
     "train_documents": int(0.8 * len(docs)),
@@ -439,12 +470,46 @@ def main(argv=None) -> dict:
     f"letter frequencies alone: {unigram:.3f} nats/char; piece unigram: under each run's pieces' "
     f"frequencies in that text, no context (a run that ends there learnt frequencies alone)"
   )
+  if a.seeds > 1:
+    print(f"\nmeans over seeds 0-{a.seeds - 1}; their standard deviation (nats/char):")
+    for name, r in rows.items():
+      sd = r["sd"]
+      print(
+        f"  {name:18} {lang} {sd['step0'][lang]:.4f} -> {sd['end'][lang]:.4f}   "
+        f"en {sd['step0']['en']:.4f} -> {sd['end']['en']:.4f}   end {lang} by seed: "
+        + " ".join(f"{x['end'][lang]:.4f}" for x in r["seeds"])
+      )
   if alternatives:
     print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
     for name, r in alternatives.items():
       print(f"  {name:40} {lang} {r[lang]:.3f}  en {r['en']:.3f}")
   print(json.dumps(result))
   return result
+
+
+def seed_mean(per_seed: list[dict]) -> dict:
+  """One run's figures over its seeds: each number's mean (the first seed's where it is not a
+  number), `sd` the standard deviation over seeds of the new language's and English's nats per
+  character at step 0 and at the end (0 for one seed), `seeds` every seed's own row."""
+
+  def mean(values):
+    if isinstance(values[0], dict):
+      return {k: mean([v[k] for v in values]) for k in values[0]}
+    if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
+      return float(np.mean(values)) if len(set(values)) > 1 else values[0]
+    return values[0]
+
+  row = mean(per_seed)
+  row["sd"] = {
+    when: {
+      k: float(np.std([r[when][k] for r in per_seed], ddof=1)) if len(per_seed) > 1 else 0.0
+      for k in per_seed[0][when]
+    }
+    for when in ("step0", "end")
+  }
+  if len(per_seed) > 1:
+    row["seeds"] = per_seed
+  return row
 
 
 def _params(workdir: str):

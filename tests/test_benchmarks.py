@@ -221,3 +221,48 @@ def test_gpu_script_is_clean_and_passes_only_real_flags():
   ]
   values = [train_step._value(v) for v in ("false", "True", "128", "0.5", "full")]
   assert values == [False, True, 128, 0.5, "full"]  # --model_set's values, typed as the config's
+
+
+def test_continued_benchmark_means_its_seeds_and_refuses_bad_input_before_writing(tmp_path):
+  """benchmarks/continued.py (its runs are minutes of CPU, not in the suite): --seeds' table is the
+  mean of the seeds' figures with their spread, and bad input stops before --out is made."""
+  continued = load_file("benchmarks/continued.py")
+
+  def row(hi0, hi1, ppw):
+    return {
+      "vocab_size": 4150,
+      "new_token_init": "pieces",
+      "pieces_per_word": ppw,
+      "step0": {"hi": hi0, "en": 2.0},
+      "end": {"hi": hi1, "en": 2.5},
+    }
+
+  mean = continued.seed_mean([row(5.0, 3.0, 3.5), row(6.0, 4.0, 3.5), row(7.0, 5.0, 3.5)])
+  assert mean["vocab_size"] == 4150 and mean["new_token_init"] == "pieces"
+  assert mean["pieces_per_word"] == 3.5 and mean["step0"]["hi"] == 6.0 and mean["end"]["hi"] == 4.0
+  assert mean["sd"]["end"]["hi"] == pytest.approx(1.0) and mean["sd"]["end"]["en"] == 0.0
+  assert [r["end"]["hi"] for r in mean["seeds"]] == [3.0, 4.0, 5.0]
+  one = continued.seed_mean([row(5.0, 3.0, 3.5)])
+  assert one["end"]["hi"] == 3.0 and one["sd"]["end"]["hi"] == 0.0 and "seeds" not in one
+
+  out = tmp_path / "out"
+  for args, error in [
+    (["--seeds=0"], "--seeds=0: one seed or more"),
+    (["--lr=0"], "--lr=0.0: a learning rate above 0"),
+    (["--lr=nan"], "--lr=nan: a learning rate above 0"),
+    (["--language=xx"], "--language=xx: no sample of it in the package"),
+    ([f"--corpus={tmp_path / 'none.txt'}"], f"--corpus={tmp_path / 'none.txt'}: cannot be read"),
+  ]:
+    with pytest.raises(config_lib.ConfigError, match=re.escape(error)):
+      continued.main([f"--out={out}", *args])
+    assert not out.exists()
+  # The command: that line alone, exit 2.
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "benchmarks", "continued.py"), f"--out={out}", "--lr=-1"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=ROOT,
+  )
+  assert proc.returncode == 2 and proc.stderr == "error: --lr=-1.0: a learning rate above 0\n"
+  assert not out.exists()
