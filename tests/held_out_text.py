@@ -14,8 +14,8 @@ The selection, which the pinned figures were measured on (issue 52, rebuilt for 
 docs and the pinned counts, which it reproduces, every one):
 
 ud_test_paragraphs.json: {"treebanks": {key: {"licence", "paragraphs": [[sentence, ...], ...]}}}
-  for each of UD_TREEBANKS' 29 test files (the `<code>_<name>-ud-test.conllu` of its repository's
-  default branch): the `# text = ` value of each sentence, in file order; a paragraph is the
+  for each of UD_TREEBANKS' 29 test files (`<stem>-ud-test.conllu` of its repository, at the
+  commit pinned: the default branch's as fetched for issue 52's figures): the `# text = ` value of each sentence, in file order; a paragraph is the
   sentences from one `# newpar` to the next (a `# newdoc` opens one too) where the file marks
   paragraphs; else, where it marks documents and they average DOCUMENT_AVERAGE sentences or
   fewer, a document's sentences; else runs of RUN sentences counted from the file's start.
