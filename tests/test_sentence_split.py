@@ -5,6 +5,8 @@ make of a document a line in each script."""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 
 import pytest
@@ -17,6 +19,7 @@ from albert_jax.data.prepare import build
 from albert_jax.data.store import dataset
 from albert_jax.data.text import samples, scripts, sentences
 from albert_jax.data.text.sentences import split_sentences, splitter
+from tests import held_out_text
 
 # The goal (issue 38): on real text in every script.
 RECALL, PRECISION = 0.9, 0.95
@@ -333,28 +336,40 @@ HELD_OUT = {
 
 
 HELD_OUT_TEXT = "ALBERT_JAX_HELD_OUT_TEXT"
+HELD_OUT_SOURCES = "ALBERT_JAX_HELD_OUT_SOURCES"
+
+
+def _beside_checkout(folder: str):
+  import pathlib
+
+  return pathlib.Path(__file__).resolve().parents[2] / "shared" / folder
 
 
 def _held_out(name: str) -> dict:
   """Held-out text from public repositories (pySBD's golden rules, MIT; Universal Dependencies
   treebanks' test sets, CC BY-SA): such data is not committed here. Read from the folder
   $ALBERT_JAX_HELD_OUT_TEXT names, else the steering repo's shared/held_out_text/ beside the
-  checkout (docs/testing.md); without the file these tests skip, saying why."""
-  import json
+  checkout (docs/testing.md); without the file these tests skip, saying why; a file that is not
+  what tests/held_out_text.py builds from the pinned sources fails them, saying which part."""
   import os
   import pathlib
 
   folder = os.environ.get(HELD_OUT_TEXT)
-  if folder:
-    path = pathlib.Path(folder) / name
-  else:
-    path = pathlib.Path(__file__).resolve().parents[2] / "shared" / "held_out_text" / name
+  path = pathlib.Path(folder) / name if folder else _beside_checkout("held_out_text") / name
   if not path.is_file():
     pytest.skip(
       f"held-out text {path} is not on this machine (set {HELD_OUT_TEXT} to the folder holding "
-      f"{name}, or put it in shared/held_out_text/)"
+      f"{name}, or put it in shared/held_out_text/; tests/held_out_text.py builds it)"
     )
-  return json.loads(path.read_text())
+  return _load_held_out(str(path))
+
+
+@functools.cache
+def _load_held_out(path: str) -> dict:
+  try:
+    return held_out_text.load(path)
+  except held_out_text.SourceError as e:
+    pytest.fail(str(e))
 
 
 def test_held_out_golden_rules_in_other_languages():
@@ -435,6 +450,103 @@ def test_real_text_held_out_universal_dependencies(key):
   )
   if key in GOAL:
     assert hits / true >= RECALL and hits / found >= PRECISION
+
+
+def test_held_out_builder_reproduces_the_pinned_counts(tmp_path):
+  """tests/held_out_text.py builds both files from the public repositories' files (the UD
+  treebanks' test sets, pySBD's tests) with the selection the figures above were measured on:
+  every key's boundaries as pinned here, every selection's digest as the builder pins it, and the
+  files it writes pass the suite's check. Run where the sources are ($ALBERT_JAX_HELD_OUT_SOURCES,
+  else shared/held_out_sources/ beside the checkout); skipped, saying so, where not."""
+  import os
+  import pathlib
+
+  folder = os.environ.get(HELD_OUT_SOURCES)
+  sources = pathlib.Path(folder) if folder else _beside_checkout("held_out_sources")
+  if not sources.is_dir():
+    pytest.skip(
+      f"the held-out text's sources {sources} are not on this machine (set {HELD_OUT_SOURCES}; "
+      "python -m tests.held_out_text --clone-commands says how to fetch them)"
+    )
+  assert held_out_text.main(["--sources", str(sources), "--out", str(tmp_path)]) == 0
+  ud = held_out_text.load(tmp_path / "ud_test_paragraphs.json")["treebanks"]
+  golden = held_out_text.load(tmp_path / "pysbd_golden.json")["cases"]
+  assert sorted(ud) == sorted(UD_HELD_OUT)
+  for key, treebank in ud.items():
+    count = sum(len(_starts(p, " ".join(p))) for p in treebank["paragraphs"])
+    assert count == treebank["boundaries"] == UD_HELD_OUT[key][0], key
+  assert set(HELD_OUT) < set(golden) and len(golden) == 17
+  for language, (boundaries, _, _) in HELD_OUT.items():
+    assert sum(len(_starts(gold, text)) for text, gold in golden[language]) == boundaries, language
+
+
+def _conllu(marks: str) -> str:
+  """A treebank in CoNLL-U, a sentence for each character of `marks`: sentence i is "Si.", and
+  opens a document where its mark is d, a paragraph where p, neither where "."."""
+  lines = []
+  for i, mark in enumerate(marks):
+    lines += {"d": ["# newdoc id = d"], "p": ["# newpar"], ".": []}[mark]
+    lines += [f"# sent_id = {i}", f"# text = S{i}.", f"1\tS{i}\t_\t_\t_\t_\t0\troot\t_\t_", ""]
+  return "\n".join(lines)
+
+
+def test_held_out_selection_and_its_check(tmp_path, monkeypatch, capsys):
+  """The builder's selection on a small treebank of each kind (paragraphs marked; documents of
+  40 sentences or fewer; else runs of five; one-sentence paragraphs left out; paragraphs taken
+  until the boundaries reach the count), pySBD's cases (verbatim, each text once), and what is
+  refused: a file it did not build (the suite fails, naming the treebank), sources whose text
+  differs or that are missing (one line, exit 2, nothing written)."""
+  para = held_out_text.paragraphs
+  marked = _conllu("p.p.p..")  # [S0 S1] [S2 S3] [S4 S5 S6]
+  assert para(marked, 300) == ("# newpar", [["S0.", "S1."], ["S2.", "S3."], ["S4.", "S5.", "S6."]])
+  # [S2] left out; a new document opens a paragraph
+  assert para(_conllu("p.pd..")) == ("# newpar", [["S0.", "S1."], ["S3.", "S4.", "S5."]])
+  assert para(marked, 2) == ("# newpar", [["S0.", "S1."], ["S2.", "S3."]])
+  assert para(marked, 3)[1] == para(marked, 300)[1]  # the last paragraph may go past the count
+  assert para(_conllu("d.d..d"))[0] == "# newdoc"
+  assert para(_conllu("d.d..d"))[1] == [["S0.", "S1."], ["S2.", "S3.", "S4."]]
+  long = "d" + "." * 40 + "d" + "." * 40  # documents of 41 sentences: runs of five
+  assert para(_conllu(long))[0] == para(_conllu("." * 11))[0] == "runs of 5"
+  assert [len(p) for p in para(_conllu("." * 11))[1]] == [5, 5]  # the run of one left out
+  assert sum(len(p) - 1 for p in para(_conllu(long))[1]) == 16 * 4 + 1
+  source = (
+    'GOLDEN_XX_RULES_TEST_CASES = [("A. B.", ["A.", "B."]), ("C d", ["C.", "d"])]\n'
+    'XX_MORE_TEST_CASES = [("A. B.", ["A.", "B."]), ("E.  F.", ["E.", "F."])]\n'
+    'lower = [("G. H.", ["G.", "H."])]\n'
+  )
+  assert held_out_text.golden_cases(source) == [["A. B.", ["A.", "B."]], ["E.  F.", ["E.", "F."]]]
+  # a file built another way: the suite refuses it, naming what differs
+  other = tmp_path / "text"
+  other.mkdir()
+  paragraphs = [["Ahoj.", "Jak se máš?"]]
+  (other / "ud_test_paragraphs.json").write_text(
+    json.dumps({"treebanks": {"cs": {"licence": "CC BY-SA 4.0", "paragraphs": paragraphs}}})
+  )
+  (other / "pysbd_golden.json").write_text("[]")
+  monkeypatch.setenv(HELD_OUT_TEXT, str(other))
+  with pytest.raises(pytest.fail.Exception, match=r"\(differs: cs; missing: af be cy .* ug\)"):
+    _held_out("ud_test_paragraphs.json")
+  with pytest.raises(pytest.fail.Exception, match="not the builder's layout"):
+    _held_out("pysbd_golden.json")
+  # sources whose text is not the one measured, or missing: one line, exit 2, nothing written
+  sources, out = tmp_path / "sources", tmp_path / "out"
+  for _, name, stem, _, _ in held_out_text.UD_TREEBANKS:
+    (sources / name).mkdir(parents=True)
+    (sources / name / f"{stem}-ud-test.conllu").write_text(_conllu("." * 12))
+    (sources / name / "LICENSE.txt").write_text("CC BY-SA 4.0")
+  (sources / "pySBD" / "tests" / "lang").mkdir(parents=True)
+  (sources / "pySBD" / "LICENSE").write_text("MIT License")
+  for stem in held_out_text.PYSBD_FILES.values():
+    (sources / "pySBD" / "tests" / "lang" / f"test_{stem}.py").write_text(source)
+  capsys.readouterr()
+  assert held_out_text.main(["--sources", str(sources), "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "differs: af be cs" in err and "--clone-commands" in err, err
+  (sources / "UD_Welsh-CCG" / "cy_ccg-ud-test.conllu").unlink()
+  assert held_out_text.main(["--sources", str(sources), "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "UD_Welsh-CCG's cy_ccg-ud-test.conllu is not under" in err
+  assert not out.exists()
 
 
 def test_held_out_goal_in_ten_languages_beyond_the_seven():
