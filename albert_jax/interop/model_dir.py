@@ -165,7 +165,10 @@ def check_safetensors(p) -> None:
   p = fpath(p)
   if not p.is_file():
     raise ConfigError(f"{p} is missing")
-  size = p.stat().length
+  try:
+    size = p.stat().length
+  except (OSError, NotImplementedError, AttributeError):  # a store that cannot tell: the load will
+    return
   with p.open("rb") as f:
     head = f.read(8)
     n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
