@@ -390,6 +390,21 @@ def test_a_resume_with_a_changed_setting_is_refused_and_the_checkpoints_kept(
       e.value
     )
     assert (tree_hash(workdir / "checkpoints"), (workdir / "config.json").read_bytes()) == before
+  # A bad value or a damaged init_from on this workdir: refused while the config is resolved, the
+  # checkpoints as they were.
+  weights = os.path.join(init, "model.safetensors")
+  with open(weights, "r+b") as f:
+    f.truncate(os.path.getsize(weights) // 2)
+  for change, message in [
+    (dict(phases="32:0.5:16,64"), "train.phases='32:0.5:16,64': '64' is not LENGTH:FRACTION"),
+    (dict(init_from=init), f"{weights} is cut short or padded: "),
+  ]:
+    config = small_config(data_dir, num_steps=STEPS, phases=PHASES, checkpoint_every=1)
+    config.train.phases = change.get("phases", PHASES)
+    config.init_from = change.get("init_from", "")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+      train.train_and_evaluate(config, str(workdir))
+    assert (tree_hash(workdir / "checkpoints"), (workdir / "config.json").read_bytes()) == before
   # 7 steps: the first phase still ends at step 4 (round(3.5) = 4), step 3 is where it was.
   config = small_config(data_dir, num_steps=7, phases=PHASES)
   validation.resolve(config)
