@@ -397,11 +397,15 @@ def test_longer_positions_alone_keep_outputs_within_the_old_length(tmp_path, voc
 def test_main_continues_on_hindi_with_an_extension_and_longer_positions(tmp_path, vocabs):
   """python -m albert_jax.main from a Hugging Face directory: the vocabulary extended and the
   positions grown (40 -> 64) in one run, 2 steps, then resumed to 3 (the prepared data found, the
-  checkpoint's model the same)."""
+  checkpoint's model the same), bitwise where a run of 3 steps straight ends; a resume with another
+  extension size is one line, exit 2, the checkpoints untouched."""
+  import shutil
   import subprocess
   import sys
 
+  from albert_jax.engine import checkpoint
   from tests.conftest import xla_flags
+  from tests.test_reliability import tree_hash
 
   old_path, _, _ = vocabs
   cfg_old = small(vocab_size=1000)
@@ -424,27 +428,47 @@ def test_main_continues_on_hindi_with_an_extension_and_longer_positions(tmp_path
     "--config.train.eval_steps=1",
   ]
   env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONPATH=os.getcwd())
-  run = lambda steps: subprocess.run(  # noqa: E731
+  args.append(f"--config.data.data_dir={tmp_path / 'data'}")  # one prepare, for the copy too
+  run = lambda steps, *more, workdir=workdir: subprocess.run(  # noqa: E731
     [sys.executable, "-m", "albert_jax.main", "--config=configs/tiny.py", f"--workdir={workdir}"]
     + args
-    + [f"--config.train.num_steps={steps}"],
+    + [f"--config.train.num_steps={steps}", *more],
     capture_output=True,
     text=True,
     env=env,
     timeout=600,
   )
-  first = run(2)
+  first = run(3, "--config.train.checkpoint_every=1")
   assert first.returncode == 0, first.stderr[-3000:]
   out = first.stdout + first.stderr
   assert "model.vocab_size=1,100" in out and "vocabulary extension" in out
   saved = json_config(workdir)
   assert saved["model"]["vocab_size"] == 1100 and saved["model"]["max_position_embeddings"] == 64
   assert saved["data"]["keep_accents"] == "true"
-  second = run(3)
+  # Its checkpoint of step 2 resumed (as after a SIGTERM there): bitwise the parameters of step 3.
+  resumed = str(tmp_path / "resumed")
+  shutil.copytree(workdir, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "3"))
+  second = run(3, "--config.train.checkpoint_every=1", workdir=resumed)
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resumed from step 2" in second.stdout + second.stderr
-  loaded = albert_jax.load(workdir)
+  loaded = albert_jax.load(resumed)
   assert loaded.tokenizer.vocab_size == 1100 and loaded.tokenizer.keep_accents
+  a, b = (checkpoint.load_params(w, 3)[0] for w in (workdir, resumed))
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # Another extension size on resume: refused before anything is prepared or restored.
+  before = tree_hash(os.path.join(workdir, "checkpoints"))
+  changed = run(4, "--config.data.extend_vocab_size=50")
+  assert changed.returncode == 2, changed.stderr[-3000:]
+  (line,) = [x for x in changed.stderr.splitlines() if x.startswith("error:")]
+  assert line == (
+    f"error: {workdir}: data.extend_vocab_size changed since its checkpoints (checkpoint 100 != "
+    "config 50; the checkpoints' vocabulary and word table were extended by it); resume with the "
+    "same value, or start afresh in a new --workdir"
+  )
+  assert "Traceback" not in changed.stderr
+  assert tree_hash(os.path.join(workdir, "checkpoints")) == before
 
 
 def json_config(workdir):
@@ -519,3 +543,55 @@ def test_a_run_is_an_init_from_too(tmp_path, data_dir):
   )
   for a, b in zip(jax.tree_util.tree_leaves(grown), jax.tree_util.tree_leaves(saved)):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+  "files,weights,message",
+  [
+    ("{empty}", "", "the corpus has no documents: {empty} of data.input_files holds no text"),
+    ("{binary}", "", "{binary} holds NUL bytes (3 in the first 600: binary data?)"),
+    ("{one}", "", "the corpus gives 1 document ({one}): pretraining needs at least 2 documents"),
+    (
+      "hi={hindi},en={tmp}/none/*.txt",
+      "hi=0.8,en=0.2",
+      "source en: data.input_files: no file matches '{tmp}/none/*.txt'",
+    ),
+    pytest.param(
+      "hi={hindi},en={empty}",
+      "hi=0.8,en=0.2",
+      "source en of data.input_files ({empty}) holds no documents (empty files, or every record "
+      "skipped): give it text, or take it out of data.input_files",
+      marks=pytest.mark.slow,  # the extension is trained on the Hindi source first
+    ),
+  ],
+)
+def test_damaged_extension_or_replay_data_is_one_line_naming_it(
+  tmp_path, vocabs, capsys, files, weights, message
+):
+  """An extension corpus that is empty, binary or one character, a replay source's glob that
+  matches nothing and an empty replay source: one line naming the file or source, exit 2, no data
+  prepared (an empty replay source ended in 'internal error: StopIteration' at the first
+  evaluation, after checkpoints were written)."""
+  from tests.test_corpus_damage import prepare_refused
+
+  names = dict(
+    empty=tmp_path / "empty.txt",
+    binary=tmp_path / "binary.txt",
+    one=tmp_path / "one.txt",
+    hindi=_hindi_corpus(tmp_path),
+    tmp=tmp_path,
+  )
+  names["empty"].write_bytes(b"")
+  names["binary"].write_bytes(bytes((i * 37) % 256 for i in range(600)))  # 3 NULs
+  names["one"].write_text("a", encoding="utf-8")
+  c = _continued_config(
+    tmp_path,
+    vocabs,
+    extend_vocab_size=50,
+    input_files=files.format(**names),
+    source_weights=weights,
+  )
+  init_from.resolve(c)
+  line = prepare_refused(capsys, c, tmp_path / "run")
+  assert line.startswith("error: " + message.format(**names)), line
+  assert not (tmp_path / "data").exists()

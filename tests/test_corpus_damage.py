@@ -495,7 +495,7 @@ def test_an_empty_result_names_the_files_and_one_document_is_too_few(
   config = _config(str(one), spm_model_path, text_format="sentences")
   line = prepare_refused(capsys, config, tmp_path / "w1")
   assert (
-    line == "error: the corpus gives 1 document: pretraining needs at least 2 documents "
+    line == f"error: the corpus gives 1 document ({one}): pretraining needs at least 2 documents "
     "(one to train on, one held out for evaluation); add text"
   )
 

@@ -242,6 +242,25 @@ def test_bad_tsv_is_one_line(tmp_path, content, match):
 
 
 @pytest.mark.slow
+def test_a_finetuned_run_is_refused_as_pretrainings_init_from(env, run):
+  """A fine-tuning run (or one of its seeds) holds a task's head, not the heads pretraining goes
+  on with: one line naming what it is and the model it was fine-tuned from, while the config is
+  resolved (before any workdir is written)."""
+  from tests.conftest import small_config
+
+  workdir, _ = run
+  for p, what in [(workdir, "run"), (os.path.join(workdir, "seed_0"), "seed")]:
+    config = small_config("unused")
+    config.init_from = p
+    with pytest.raises(ConfigError) as e:
+      init_from.resolve(config)
+    said = str(e.value)
+    assert said.startswith(f"init_from={p} is a fine-tuning {what}: pretraining continues a "), said
+    if what == "seed":
+      assert said.endswith(f"(this one was fine-tuned from {env / 'init'})"), said
+
+
+@pytest.mark.slow
 def test_finetuning_learns_and_summarises_seeds(run):
   workdir, out = run
   seeds = out["seeds"]

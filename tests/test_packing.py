@@ -682,3 +682,54 @@ def test_packed_sequences_keep_the_segmenters_word_starts(short_corpus):
   assert marked, "no sequence carries word starts"
   for ids, starts in marked:
     assert len(starts) == len(ids) and not starts[0] and not starts[-1]  # [CLS] and [SEP]
+
+
+@pytest.mark.slow
+def test_a_packed_phased_run_resumes_bitwise_inside_a_window_and_at_the_boundary(
+  short_corpus, tmp_path
+):
+  """The trainer on packed rows with two sequence-length phases (64 then 128 tokens), 4 steps,
+  a checkpoint every step: resumed from step 1 (inside the first packed window and the first
+  phase) and from step 2 (the boundary: the next phase opens its own packed stream), it ends
+  bitwise where the run never stopped ended (the loader's own resume: test_packed_rows_resume_
+  exactly_mid_epoch)."""
+  import shutil
+
+  from albert_jax.engine import checkpoint, train as engine_train
+  from albert_jax.pretraining import train
+
+  files, workdirs = short_corpus
+  c = _config(files, pairing="per_epoch", data_dir=os.path.join(workdirs["per_epoch", 128], "data"))
+  c.model.update(
+    embedding_size=16,
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=128,
+  )
+  c.train.update(
+    num_steps=4,
+    warmup_steps=1,
+    phases="64:0.5,128:0.5",
+    checkpoint_every=1,
+    keep_checkpoints=4,
+    eval_steps=0,
+    log_every=1,
+  )
+  straight = str(tmp_path / "straight")
+  train.train_and_evaluate(c.copy_and_resolve_references(), straight)
+  want = [np.asarray(x) for x in jax.tree_util.tree_leaves(checkpoint.load_params(straight, 4)[0])]
+  for resume_at in (1, 2):
+    workdir = tmp_path / f"resumed_{resume_at}"
+    shutil.copytree(straight, workdir)
+    for step in range(resume_at + 1, 5):
+      shutil.rmtree(workdir / "checkpoints" / str(step))
+    lines = []
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(engine_train, "log", lines.append)
+      train.train_and_evaluate(c.copy_and_resolve_references(), str(workdir))
+    assert f"resumed from step {resume_at} in {workdir}" in lines, lines
+    got = checkpoint.load_params(str(workdir), 4)[0]
+    for x, y in zip(want, jax.tree_util.tree_leaves(got)):
+      np.testing.assert_array_equal(x, np.asarray(y))

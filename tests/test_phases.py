@@ -312,3 +312,100 @@ def test_data_prepared_once_serves_every_phase(data_dir, caplog):
     # Real pairs at that length: some rows fill it, none is longer.
     lengths = batch["input_mask"].sum(1)
     assert lengths.max() > phase.seq_length * 3 // 4
+
+
+@pytest.mark.slow
+def test_a_resume_with_a_changed_setting_is_refused_and_the_checkpoints_kept(
+  tmp_path, data_dir, straight
+):
+  """The straight run's checkpoint of step 3 (inside the first phase), resumed with a setting it
+  depends on changed: one line naming the setting, the checkpoint's value and this run's and the
+  two ways on, before anything is prepared or restored; the checkpoints and config.json as they
+  were. A train.num_steps that leaves the phases up to step 3 where they were is not refused."""
+  from albert_jax.base import config_lib
+  from albert_jax.engine import workdir as workdir_lib
+  from albert_jax.interop import hf
+  from albert_jax.model import albert as M
+  from tests.conftest import MODEL
+  from tests.test_reliability import tree_hash
+
+  workdir = tmp_path / "w"
+  shutil.copytree(straight[0], workdir)
+  for step_dir in (workdir / "checkpoints").iterdir():
+    if step_dir.name.isdigit() and int(step_dir.name) > 3:
+      shutil.rmtree(step_dir)
+  # A model of this architecture and vocabulary to name as init_from.
+  c = config_lib.base_config().model
+  c.update(MODEL)
+  cfg = M.model_config(c)
+  init = str(tmp_path / "init")
+  params = M.AlbertForPreTraining(cfg).init(jax.random.key(1), **M.dummy_inputs())["params"]
+  hf.save_hf(params, cfg, init, os.path.join(data_dir, "spiece.model"))
+  before = tree_hash(workdir / "checkpoints"), (workdir / "config.json").read_bytes()
+  fix = "; resume with the same value, or start afresh in a new --workdir"
+  cases = [
+    (
+      dict(phases="16:0.5:16,64:0.5:8"),
+      "train.phases changed since its checkpoints (checkpoint '32:0.5:16,64:0.5:8' != config "
+      "'16:0.5:16,64:0.5:8'; the checkpoints' data position is in its phases)" + fix,
+    ),
+    (  # 4 steps: the first phase ends at step 2, so step 3 would be in the second
+      dict(num_steps=4),
+      "train.num_steps changed since its checkpoints (checkpoint 8 != config 4; "
+      "train.phases='32:0.5:16,64:0.5:8' over it moves the phases up to the checkpoints' step 3: "
+      "32 tokens from step 1 before, 32 tokens from step 1 to 2, 64 tokens from step 3 now)" + fix,
+    ),
+    (
+      dict(packing=True, task="none"),
+      "data.packing changed since its checkpoints (checkpoint False != config True; the "
+      "checkpoints' data position counts its rows)" + fix,
+    ),
+    (
+      dict(init_from=init),
+      f"init_from changed since its checkpoints (checkpoint '' != config '{init}'; the "
+      "checkpoints' parameters started from it)" + fix,
+    ),
+    (
+      dict(input_files=f"en={tmp_path}/en.txt,hi={tmp_path}/hi.txt"),
+      "data.input_files' named sources changed since its checkpoints (checkpoint '' != config "
+      "'en,hi'; the checkpoints' data position is in their epoch plan)" + fix,
+    ),
+    (
+      dict(max_position_embeddings=128),
+      "holds a checkpoint of another model (model.max_position_embeddings: checkpoint 64 != "
+      "config 128); use a new --workdir or the same model config",
+    ),
+  ]
+  for change, message in cases:
+    config = small_config(data_dir, num_steps=STEPS, phases=PHASES, checkpoint_every=1)
+    for k, v in change.items():
+      if k == "init_from":
+        config.init_from = v
+      else:
+        section = next(s for s in ("train", "data", "model") if k in config[s])
+        config[section][k] = v
+    with pytest.raises(ConfigError) as e:
+      train.train_and_evaluate(config, str(workdir))
+    assert str(e.value) == f"{workdir}: {message}" or str(e.value) == f"{workdir} {message}", str(
+      e.value
+    )
+    assert (tree_hash(workdir / "checkpoints"), (workdir / "config.json").read_bytes()) == before
+  # A bad value or a damaged init_from on this workdir: refused while the config is resolved, the
+  # checkpoints as they were.
+  weights = os.path.join(init, "model.safetensors")
+  with open(weights, "r+b") as f:
+    f.truncate(os.path.getsize(weights) // 2)
+  for change, message in [
+    (dict(phases="32:0.5:16,64"), "train.phases='32:0.5:16,64': '64' is not LENGTH:FRACTION"),
+    (dict(init_from=init), f"{weights} is cut short or padded: "),
+  ]:
+    config = small_config(data_dir, num_steps=STEPS, phases=PHASES, checkpoint_every=1)
+    config.train.phases = change.get("phases", PHASES)
+    config.init_from = change.get("init_from", "")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+      train.train_and_evaluate(config, str(workdir))
+    assert (tree_hash(workdir / "checkpoints"), (workdir / "config.json").read_bytes()) == before
+  # 7 steps: the first phase still ends at step 4 (round(3.5) = 4), step 3 is where it was.
+  config = small_config(data_dir, num_steps=7, phases=PHASES)
+  validation.resolve(config)
+  workdir_lib.check_workdir(str(workdir), config, 3)

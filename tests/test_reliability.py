@@ -21,7 +21,7 @@ from albert_jax import cli
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import checkpoint
-from tests.conftest import ROOT, main_cmd, xla_flags
+from tests.conftest import MODEL, ROOT, main_cmd, xla_flags
 
 TRAIN = ml_collections.ConfigDict(dict(keep_checkpoints=5, keep_best=True))
 ABSTRACT = {
@@ -811,3 +811,208 @@ def test_what_libraries_raise_in_threads_and_event_loops_goes_to_the_log_file(tm
   assert log.count("Traceback") >= len(BACKGROUND_MESSAGES)
   assert ("Traceback" in console) == verbose
   assert "a library warning on the main thread" in r.stderr
+
+
+# --- the newest features: bad init_from, bad values, damaged data (issue 61) ---------------------------
+
+
+def tree_hash(root) -> str | None:
+  """sha256 over every file's relative path and bytes under `root` (None: no such directory): a
+  refused run must leave a workdir's checkpoints as they were."""
+  import hashlib
+
+  if not os.path.isdir(root):
+    return None
+  h = hashlib.sha256()
+  for folder, dirs, names in sorted(os.walk(root)):
+    dirs.sort()
+    for name in sorted(names):
+      p = os.path.join(folder, name)
+      h.update(os.path.relpath(p, root).encode() + b"\0")
+      with open(p, "rb") as f:
+        h.update(f.read())
+  return h.hexdigest()
+
+
+def run_in_process(command: str, *args) -> tuple[int, str]:
+  """python -m albert_jax.<command> args run in this process (its run(), as __main__ calls it):
+  (exit status, the error line). The flags its run() defined are removed after, so the next call
+  defines them again."""
+  import importlib
+
+  from absl import flags
+
+  module = importlib.import_module(f"albert_jax.{command}")
+  before, argv = set(flags.FLAGS), sys.argv
+  sys.argv = [command, *args]
+  code = 0
+  try:
+    module.run()
+  except SystemExit as e:
+    code = e.code
+  finally:
+    sys.argv = argv
+    for name in set(flags.FLAGS) - before:
+      delattr(flags.FLAGS, name)
+  return code
+
+
+@pytest.fixture(scope="module")
+def jax_export_dir(tmp_path_factory, spm_model_path):
+  """The tests' shrunken model (conftest MODEL) as one of our --format=jax exports."""
+  from albert_jax.base import config_lib
+  from albert_jax.interop import jax_export
+  from albert_jax.model import albert as M
+  from tests.conftest import MODEL
+
+  c = config_lib.base_config().model
+  c.update(MODEL)
+  cfg = M.model_config(c)
+  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+  path = tmp_path_factory.mktemp("export") / "init"
+  jax_export.save_jax(params, cfg, str(path), spm_model_path)
+  return path
+
+
+def _cut(name, keep=0.5):
+  def harm(d):
+    p = d / name
+    p.write_bytes(p.read_bytes()[: int(p.stat().st_size * keep)])
+
+  return harm
+
+
+def _set_vocab_size(n):
+  def harm(d):
+    meta = json.loads((d / "config.json").read_text())
+    (meta["model"] if "model" in meta else meta)["vocab_size"] = n
+    (d / "config.json").write_text(json.dumps(meta))
+
+  return harm
+
+
+@pytest.mark.parametrize(
+  "source,harm,message",
+  [
+    (
+      "hf",
+      lambda d: (d / "spiece.model").unlink(),
+      "{d} holds no spiece.model: set data.spm_model",
+    ),
+    (
+      "hf",
+      _cut("spiece.model"),
+      "cannot load SentencePiece model {d}/spiece.model: its bytes are ",
+    ),
+    ("jax", _cut("spiece.model", 0.9), "cannot load SentencePiece model {d}/spiece.model"),
+    (
+      "hf",
+      lambda d: (d / "config.json").write_text("{not json"),
+      "{d}/config.json is not valid JSON: ",
+    ),
+    (
+      "hf",
+      _set_vocab_size(1200),
+      "{d}/spiece.model holds 1,000 pieces but {d}/config.json says vocab_size=1,200",
+    ),
+    (
+      "jax",
+      _set_vocab_size(900),
+      "{d}/spiece.model holds 1,000 pieces but {d}/config.json says vocab_size=900",
+    ),
+    ("hf", _cut("model.safetensors"), "{d}/model.safetensors is cut short or padded: "),
+    ("jax", _cut("params.safetensors"), "{d}/params.safetensors is cut short or padded: "),
+    ("jax", _cut("params.safetensors", 1e-5), "{d}/params.safetensors is not a whole safetensors"),
+  ],
+)
+def test_a_bad_init_from_is_one_line_exit_2_and_nothing_written(
+  tmp_path, other_model, jax_export_dir, capsys, source, harm, message
+):
+  """An init_from whose files are damaged or disagree: refused while the config is resolved, in one
+  line naming the file and what is wrong, exit 2, before the new workdir exists (python -m
+  albert_jax.main's run(), in this process)."""
+  import shutil
+
+  d = tmp_path / "init"
+  shutil.copytree(other_model if source == "hf" else jax_export_dir, d)
+  harm(d)
+  workdir = tmp_path / "w"
+  code = run_in_process(
+    "main",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--workdir={workdir}",
+    f"--config.init_from={d}",
+    *[f"--config.model.{k}={v}" for k, v in MODEL.items()],
+  )
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2, err
+  assert err[-1].startswith("error: " + message.format(d=d)), err[-1]
+  assert "Traceback" not in "\n".join(err)
+  assert not workdir.exists()
+
+
+# Every new switch's bad values (continued pretraining, phases, packing, mixtures): one line, exit 2,
+# before the workdir exists.
+@pytest.mark.parametrize(
+  "args,message",
+  [
+    (["--config.data.extend_vocab_size=-5"], "data.extend_vocab_size=-5 must be an integer >= 0"),
+    (["--config.data.extend_vocab_size=50"], "data.extend_vocab_size=50 extends init_from's"),
+    (
+      ["--config.model.new_token_init=avg", "--config.init_from={init}"],
+      "model.new_token_init='avg' is not one of pieces, pieces_mean, mean, random",
+    ),
+    (["--config.model.new_position_init=tile"], "model.new_position_init='tile' is not one of"),
+    (
+      ["--config.model.max_position_embeddings=32", "--config.init_from={init}"],
+      "model.max_position_embeddings=32 is below init_from's 64: positions can grow",
+    ),
+    (["--config.train.phases=32:0.5,64"], "train.phases='32:0.5,64': '64' is not LENGTH:FRACTION"),
+    (["--config.train.phases=32:0.5:0,64:0.5"], "'32:0.5:0' has the batch '0'"),
+    (["--config.train.phases=32:0.5,128:0.5"], "phase 2's length 128 exceeds the model's"),
+    (["--config.data.packing=true"], "data.packing=true packs MLM-only rows: it needs data.task"),
+    (
+      ["--config.data.packing=true", "--config.data.task=none", "--config.data.packing_window=0"],
+      "data.packing_window=0 must be an integer in [1, ",
+    ),
+    (
+      ["--config.data.input_files=hi=a.txt,en=b.txt", "--config.data.source_weights=hi=0.8,xx=0.2"],
+      "data.source_weights names xx: not a source of data.input_files (its sources: hi, en)",
+    ),
+  ],
+)
+def test_a_bad_value_of_a_new_switch_is_one_line_before_anything_is_written(
+  tmp_path, other_model, capsys, args, message
+):
+  workdir = tmp_path / "w"
+  code = run_in_process(
+    "main",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--workdir={workdir}",
+    *[f"--config.model.{k}={v}" for k, v in MODEL.items()],
+    "--config.data.max_seq_length=64",
+    *[a.format(init=other_model) for a in args],
+  )
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err
+  assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_mixture_weights_naming_no_source_exit_2_without_a_lock_or_log(tmp_path):
+  """The command as people run it: exit 2, one line, no traceback, and no .lock or logs/ in the
+  workdir (the names are checked while the config is resolved)."""
+  workdir = tmp_path / "w"
+  r = run_command(
+    "main",
+    "--config=configs/tiny.py",
+    f"--workdir={workdir}",
+    f"--config.data.input_files=hi={tmp_path}/hi.txt,en={tmp_path}/en.txt",
+    "--config.data.source_weights=hi=0.8,xx=0.2",
+  )
+  assert r.returncode == 2, r.stderr[-2000:]
+  (line,) = r.stderr.strip().splitlines()
+  assert line == (
+    "error: data.source_weights names xx: not a source of data.input_files (its sources: hi, en)"
+  )
+  assert not workdir.exists()

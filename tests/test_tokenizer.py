@@ -218,8 +218,8 @@ def test_a_file_that_is_not_a_sentencepiece_model_is_named_as_such(tmp_path, spm
   with pytest.raises(ConfigError) as e:
     tokenizer.Tokenizer(str(vocab))
   assert str(e.value) == (
-    f"cannot load SentencePiece model {vocab}: its bytes are not a SentencePiece model "
-    "(the .model file spm_train writes, not .vocab)"
+    f"cannot load SentencePiece model {vocab}: its bytes are not a whole SentencePiece model "
+    "(cut short, damaged, or another file: the .model file spm_train writes, not .vocab)"
   )
   with pytest.raises(ConfigError, match="SentencePiece model not found: .*missing.model"):
     tokenizer.Tokenizer(str(tmp_path / "missing.model"))

@@ -207,7 +207,8 @@ def _validate_packing(d) -> None:
 
 def _validate_sources(data) -> None:
   """data.source_weights, sampling_alpha and vocab_sampling_alpha on their own (the names they
-  weigh are checked against the corpus by data/corpus/sources.check_names)."""
+  weigh are checked against data.input_files by data/corpus/sources.check_names, which
+  pretraining's completion runs before anything is written)."""
   for field in ("sampling_alpha", "vocab_sampling_alpha"):
     alpha = data.get(field, 0.0)
     if alpha != 0 and not 0 < alpha <= 1:

@@ -1,16 +1,20 @@
 """The one place that opens a model directory: a pretraining run's workdir (or one fine-tuning seed's),
 a fine-tuning run (its best seed), one of our --format=jax exports or a Hugging Face ALBERT directory.
 
-`open_model_dir(path)` reads only small files (config.json, eval_results.json): it gives the
+`open_model_dir(path)` reads only small files (config.json, eval_results.json, spiece.model and the
+weights' headers): it gives the
 directory's kind, its model config (every ModelConfig field), its vocabulary and the text
 preprocessing its model was trained with (`tokenizer`), the run's whole config where it has one, and
 `params(step)`, which reads the weights when called. init_from, evaluate, export,
-fine-tuning and albert_jax.load all open directories through it.
+fine-tuning and albert_jax.load all open directories through it, so each of them refuses a damaged
+directory in one line before it writes anything (check_files).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -20,9 +24,12 @@ from albert_jax.base.config_lib import ConfigError, keep_accents_value
 from albert_jax.base.files import path as fpath, read_json
 from albert_jax.base.layout import CONFIG_FILE, RESULTS_FILE, VOCAB_FILE, Kind, is_run, kind
 from albert_jax.data.store import dataset
+from albert_jax.data.text import tokenizer as tokenizer_lib
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
 from albert_jax.interop import pretrained
+from albert_jax.interop.hf import HF_INDEX, HF_WEIGHTS
+from albert_jax.interop.jax_export import JAX_PARAMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +106,7 @@ def open_model_dir(p: str, what: str = "path") -> ModelDir:
     d, _ = best_seed_dir(p)
   if is_run(d):
     config = read_config(d)
+    check_files(d, found, config.model.vocab_size, run_vocabulary(config, d))
     return ModelDir(
       path=d,
       kind=found,
@@ -110,13 +118,70 @@ def open_model_dir(p: str, what: str = "path") -> ModelDir:
       load=lambda step="latest": checkpoint.load_params(d, step)[::2],
     )
   meta = read_json(fpath(d, CONFIG_FILE))
+  model = pretrained.read_model_config(d)
+  check_files(d, found, model["vocab_size"], str(fpath(d, VOCAB_FILE)))
   return ModelDir(
     path=d,
     kind=found,
-    model=pretrained.read_model_config(d),
+    model=model,
     vocab=str(fpath(d, VOCAB_FILE)),
     task=meta.get("task", "unknown") if found is Kind.EXPORT else "unknown",
     run_config=None,
     tokenizer=tokenizer_settings(found, d, meta),
     load=lambda step="latest": (pretrained.load_pretrained(d)[0], meta.get("step")),
   )
+
+
+def check_files(d: str, found: Kind, vocab_size: int, vocab: str) -> None:
+  """What can be known of a model directory without reading its weights, checked before a command
+  writes anything (a one-line ConfigError naming the file): its vocabulary loads and has the
+  config's vocab_size pieces (an absent one is left to the callers, which say what to set), and
+  its safetensors weights (an export's, a Hugging Face directory's) are whole. A run's
+  checkpoints are checked when they are restored (their checksums)."""
+  if fpath(vocab).is_file():
+    pieces = tokenizer_lib.load(vocab).vocab_size  # a damaged file: "cannot load ... <path>: why"
+    if pieces != vocab_size:
+      where = (
+        f"{d}/{CONFIG_FILE}" if found is not Kind.PRETRAINING else f"{d}/{CONFIG_FILE} (model)"
+      )
+      raise ConfigError(
+        f"{vocab} holds {pieces:,} pieces but {where} says vocab_size={vocab_size:,}: the "
+        f"embeddings have a row per piece, so one of the two is not this model's; use the "
+        f"spiece.model the model was trained with"
+      )
+  if found is Kind.EXPORT:
+    check_safetensors(fpath(d, JAX_PARAMS))
+  elif found is Kind.HF:
+    if fpath(d, HF_WEIGHTS).is_file():
+      check_safetensors(fpath(d, HF_WEIGHTS))
+    elif fpath(d, HF_INDEX).is_file():
+      for shard in sorted(set(read_json(fpath(d, HF_INDEX)).get("weight_map", {}).values())):
+        check_safetensors(fpath(d, shard))
+
+
+def check_safetensors(p) -> None:
+  """A safetensors file is whole: an 8-byte header length, the JSON header, then exactly the bytes
+  its tensors' offsets end at (a copy cut short fails here, not half way through a load)."""
+  p = fpath(p)
+  if not p.is_file():
+    raise ConfigError(f"{p} is missing")
+  try:
+    size = p.stat().length
+  except (OSError, NotImplementedError, AttributeError):  # a store that cannot tell: the load will
+    return
+  with p.open("rb") as f:
+    head = f.read(8)
+    n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    header = f.read(n) if 0 <= n <= size else b""
+  try:
+    meta = json.loads(header)
+    end = max((t["data_offsets"][1] for k, t in meta.items() if k != "__metadata__"), default=0)
+  except (ValueError, TypeError, KeyError, IndexError):
+    raise ConfigError(
+      f"{p} is not a whole safetensors file ({size:,} bytes, its header unreadable): copy it again"
+    ) from None
+  if size != 8 + n + end:
+    raise ConfigError(
+      f"{p} is cut short or padded: {size:,} bytes where its header's tensors need "
+      f"{8 + n + end:,}; copy it again"
+    )

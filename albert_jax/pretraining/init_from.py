@@ -14,6 +14,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.files import path, sha256
 from albert_jax.base.layout import VOCAB_FILE, Kind, is_run, kind
 from albert_jax.base.log import log
+from albert_jax.data.corpus import sources
 from albert_jax.data.text import tokenizer as tokenizer_lib, vocab_extension
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
@@ -54,10 +55,17 @@ def complete(config) -> None:
   Hub id becomes its local snapshot, its vocabulary the run's (use_its_vocabulary) or, with
   data.extend_vocab_size, the one prepare extends (model.vocab_size grows by as many rows), and its
   architecture must be the config's (read from its config.json: no weights are read) but for
-  max_position_embeddings, which may grow. Its lowercasing must be the config's; its
+  max_position_embeddings, which may grow, and its files sound (model_dir.check_files). The
+  corpus's source weights must name its sources. Its lowercasing must be the config's; its
   keep_accents is taken (an extension may turn marks on)."""
+  # data.source_weights' names against data.input_files' sources (parsed, no file read): a value
+  # of the config, refused with the others before anything is written.
+  if config.data.get("source_weights"):
+    sources.check_names(config.data)
   config.init_from = hub.resolve(config.init_from, "init_from")
   extend = config.data.get("extend_vocab_size", 0)
+  if not (isinstance(extend, int) and not isinstance(extend, bool) and extend > 0):
+    extend = 0  # 0, or a bad value that validate() then refuses
   if extend and not config.init_from:
     raise ConfigError(
       f"data.extend_vocab_size={extend} extends init_from's vocabulary: set init_from (a run, "
@@ -65,8 +73,12 @@ def complete(config) -> None:
     )
   if not config.init_from:
     return
-  theirs = pretrained.read_model_config(config.init_from)
+  _refuse_fine_tuned(config.init_from)
+  # Opening it checks what can be known without reading weights (model_dir.check_files: its
+  # vocabulary loads and has vocab_size pieces, its weights' files are whole): before anything is
+  # written.
   source = model_dir.open_model_dir(config.init_from, "init_from")
+  theirs = pretrained.read_model_config(config.init_from)
   if extend:
     _extend_its_vocabulary(config, extend, theirs["vocab_size"])
   else:
@@ -77,7 +89,8 @@ def complete(config) -> None:
       f"model.max_position_embeddings={positions} is below init_from's "
       f"{theirs['max_position_embeddings']}: positions can grow (model.new_position_init), not shrink"
     )
-  grown = {k: config.model[k] for k in ("vocab_size", "max_position_embeddings")}
+  # The vocabulary grows only by data.extend_vocab_size; the positions by the config's table.
+  grown = {k: config.model[k] for k in ("vocab_size", "max_position_embeddings")[not extend :]}
   pretrained.check_architecture({**theirs, **grown}, config.model, config.init_from)
   lower = source.tokenizer["do_lower_case"]
   if bool(config.data.do_lower_case) != lower:
@@ -88,6 +101,20 @@ def complete(config) -> None:
   take_keep_accents(
     config, source.tokenizer["keep_accents"], config.init_from, may_add=bool(extend)
   )
+
+
+def _refuse_fine_tuned(p: str) -> None:
+  """A fine-tuning run (or one of its seeds) holds a task's head, not the MLM and SOP heads that
+  pretraining continues: refused in one line naming the model it was fine-tuned from."""
+  found = kind(p) if path(p).is_dir() else None
+  seed = is_run(p) and "task" in read_config(p)
+  if found is Kind.FINETUNING or seed:
+    origin = read_config(p).get("init_from") if seed else None
+    raise ConfigError(
+      f"init_from={p} is a fine-tuning {'seed' if seed else 'run'}: pretraining continues a "
+      f"pretraining run, a --format=jax export or a Hugging Face ALBERT directory"
+      + (f" (this one was fine-tuned from {origin})" if origin else "")
+    )
 
 
 def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:

@@ -189,3 +189,25 @@ def fingerprint(data) -> dict | None:
   if not any(data.get(f) for f in fields):
     return None
   return {f: data.get(f) for f in fields}
+
+
+def check_served(stats: list[dict], files: dict[str, list[str]]) -> None:
+  """Every named source gives train and held-out examples, else a one-line error naming it and
+  its files (`files`: name -> its files): an empty replay source would otherwise be dropped from
+  the mixture without a word (epoch_counts gives it nothing), and its own evaluation (each named
+  source is evaluated alone) would have nothing to read."""
+  for s in stats:
+    if s["train_examples"] and s["eval_records"][1] > s["eval_records"][0]:
+      continue
+    named = ", ".join(files.get(s["name"], [])[:3]) or "no file"
+    if not s["documents"]:
+      why, fix = "holds no documents (empty files, or every record skipped)", "give it text"
+    elif not s["train_examples"]:
+      why, fix = f"gives no train examples ({s['documents']} documents)", "give it more text"
+    else:
+      why = f"gives no held-out examples ({s['documents']} documents)"
+      fix = "give it more text or a larger data.eval_fraction"
+    raise ConfigError(
+      f"source {display(s['name'])} of data.input_files ({named}) {why}: {fix}, or take it out "
+      f"of data.input_files"
+    )

@@ -188,9 +188,9 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   t0 = time.time()
   shards = corpus_lib.shards(d, SHARD_BYTES, SHARD_DOCUMENTS, spill_dir)
   if not shards:
-    raise ConfigError("the corpus has no documents (empty files or an empty dataset)")
+    raise ConfigError(_too_few_documents(0, d))
   if sum(s["docs"] for s in shards) < 2:
-    raise ConfigError(_too_few_documents(sum(s["docs"] for s in shards)))
+    raise ConfigError(_too_few_documents(sum(s["docs"] for s in shards), d))
   corpus_lib.check_language(d, shards)
   names = corpus_lib.source_names(d)
   shard_seconds = time.time() - t0
@@ -227,10 +227,11 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   built["skipped_by_file"] = corpus_lib.skipped_by_file(shards, summaries)
   if len(names) > 1 or names[0]:  # named sources (one unnamed corpus: the stats of today)
     built["sources"] = sources_lib.source_stats(names, shards, summaries, d)
+    sources_lib.check_served(built["sources"], dict(corpus_lib.source_files(d)))
   if not built["documents"]:
     raise ConfigError(corpus_lib.nothing_read(shards, summaries, "make examples of"))
   if built["documents"] < 2:
-    raise ConfigError(_too_few_documents(built["documents"]))
+    raise ConfigError(_too_few_documents(built["documents"], d))
   for split in SPLITS:
     if not built[f"{split}_examples"]:
       raise ConfigError(
@@ -299,10 +300,22 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   return prepared
 
 
-def _too_few_documents(n: int) -> str:
+def _too_few_documents(n: int, d) -> str:
+  """The line for a corpus of fewer than 2 documents, naming data.input_files' files (an empty
+  or one-line extension corpus, or a path to the wrong file, is the usual cause)."""
+  paths = [p for _, ps in corpus_lib.source_files(d) for p in ps] if d.input_files else []
+  named = ", ".join(paths[:3]) + (f" and {len(paths) - 3:,} more files" if len(paths) > 3 else "")
+  if not n:
+    return (
+      f"the corpus has no documents: {named} of data.input_files "
+      f"{'hold' if len(paths) > 1 else 'holds'} no text (empty?); give it text"
+      if paths
+      else "the corpus has no documents (an empty dataset)"
+    )
   return (
-    f"the corpus gives {n} document{'' if n == 1 else 's'}: pretraining needs at least 2 "
-    f"documents (one to train on, one held out for evaluation); add text"
+    f"the corpus gives {n} document{'' if n == 1 else 's'}{f' ({named})' if named else ''}: "
+    f"pretraining needs at least 2 documents (one to train on, one held out for evaluation); "
+    f"add text"
   )
 
 

@@ -255,7 +255,8 @@ class Tokenizer:
       why = str(e).splitlines()[0]
       if "ParseFromArray" in why:  # sentencepiece's own words name its source line, not the cause
         why = (
-          "its bytes are not a SentencePiece model (the .model file spm_train writes, not .vocab)"
+          "its bytes are not a whole SentencePiece model (cut short, damaged, or another file: "
+          "the .model file spm_train writes, not .vocab)"
         )
       raise ConfigError(f"cannot load SentencePiece model {model_path}: {why}") from None
     self.model_path = model_path
