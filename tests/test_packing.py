@@ -155,15 +155,69 @@ def test_document_sequences_of_a_window_are_each_pair_joined():
 
 
 def test_index_shuffle_is_grains():
-  """The packing window's shuffled keys: index_shuffle gives grain's permutation, bit for bit."""
+  """The packing window's shuffled keys: index_shuffle gives grain's permutation, bit for bit,
+  wherever grain's is one (every split but 4^k + 1, k >= 8: test_index_shuffle_permutes)."""
   rng = np.random.default_rng(0)
-  for max_index in (1, 2, 4403, 2**16 - 1, 2**16, 70_000, 2**31 + 7, 2**40 + 3):
+  for max_index in (1, 2, 4403, 2**16 - 1, 2**16 + 1, 2**17, 70_000, 2**31 + 7, 2**40 + 3):
+    assert index_shuffle.grain_permutes(max_index + 1)
     for seed in (0, 42, 2**32 - 1):
       # A split of 2 or 3 walks ~30,000 encryptions an index (in either): fewer indices there.
       idx = np.append(rng.integers(0, max_index + 1, 200 if max_index > 2 else 10), [0, max_index])
       want = [grain_is.index_shuffle(int(i), max_index=max_index, seed=seed, rounds=4) for i in idx]
       assert index_shuffle.index_shuffle(idx, max_index, seed).tolist() == want
+      if max_index > 2:
+        got = [index_shuffle.index_shuffle_one(int(i), max_index, seed) for i in idx[:20]]
+        assert got == want[:20]
   assert sorted(index_shuffle.index_shuffle(np.arange(1000), 999, 5).tolist()) == list(range(1000))
+
+
+def test_index_shuffle_permutes():
+  """A permutation at every split size: grain's quirk at 4^k + 1 (its top index lands where index
+  0 does: one example read twice an epoch, one never) is not reproduced, and its order is kept
+  everywhere else (test_index_shuffle_is_grains)."""
+  for k in (8, 9, 10):
+    n = 4**k + 1
+    assert not index_shuffle.grain_permutes(n)
+    seed = 7
+    bad = [grain_is.index_shuffle(i, max_index=n - 1, seed=seed, rounds=4) for i in (0, n - 1)]
+    assert bad[0] == bad[1]  # grain's quirk, as it is
+    order = index_shuffle.index_shuffle(np.arange(n), n - 1, seed)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    assert [index_shuffle.index_shuffle_one(i, n - 1, seed) for i in (0, 1, n - 1)] == [
+      int(order[i]) for i in (0, 1, n - 1)
+    ]
+  # Every n in 1..5,000 at once (a call a split would take minutes): the splits' bit count (16)
+  # holds every index, and for each n the walk of the 16-bit cipher from each i < n to the first
+  # value below n (what index_shuffle does) hits every value below n once. Walking from i until a
+  # value <= i gives, for every n > i, where i lands: the first prefix minimum below n.
+  top, seed = 5000, 3
+  assert all(index_shuffle.cipher_bits(n - 1) == 16 for n in range(2, top + 1))
+  table = index_shuffle.encrypt(np.arange(2**16, dtype=np.uint64), 16, seed).astype(np.int64)
+  assert np.array_equal(np.sort(table), np.arange(2**16))
+  count = np.zeros((top + 2, top), np.int32)  # [n, value]: +1 where an interval of n starts
+  i = np.arange(top)
+  cur, low, upto = table[i], np.full(top, 2**16), np.full(top, top + 1)
+  while len(i):
+    rec = cur < low  # a new prefix minimum: where i lands for n in (cur, upto)
+    r_i, r_v = i[rec], cur[rec]
+    lo = np.maximum(r_v, r_i) + 1
+    hi = np.minimum(upto[rec], top + 1)
+    keep = lo < hi
+    np.add.at(count, (lo[keep], r_v[keep]), 1)
+    np.add.at(count, (hi[keep], r_v[keep]), -1)
+    low[rec], upto[rec] = cur[rec], np.minimum(upto[rec], r_v + 1)
+    done = low <= i
+    i, cur, low, upto = i[~done], table[cur[~done]], low[~done], upto[~done]
+  seen = np.cumsum(count, axis=0)[1 : top + 1]  # [n - 1, value]
+  assert np.array_equal(seen, np.tri(top, top, dtype=np.int32))
+  for n in (1, 2, 3, 17, 1023, 1024, 1025, 4097, 5000):
+    order = index_shuffle.index_shuffle(np.arange(n), n - 1, seed)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    if n >= 1024:  # the vector path: the walk of the table
+      want = table[:n].copy()
+      while (want >= n).any():
+        want = np.where(want >= n, table[want], want)
+      assert np.array_equal(order, want)
 
 
 @pytest.mark.parametrize(
@@ -183,6 +237,37 @@ def test_shuffled_window_is_grains_stream(shuffle, static, host, hosts, first):
   for start in (0, 950, 2500):
     want = [[int(x) for x in ds[p]] for p in range(start, start + 300)]
     assert window(start, 300).tolist() == want
+
+
+def test_a_split_grain_does_not_permute_is_read_once_an_epoch():
+  """At 4^k + 1 examples the loader's stream (loader.make_iterator: range -> repeat ->
+  EpochShuffle) reads every example once an epoch, a new order each epoch, the same as packing's
+  window keys (_ShuffledWindow); a state saved with grain's order is refused there, one line."""
+  n, seed = 4**8 + 1, 11
+  ds = grain.MapDataset.range(n).repeat(None).map_with_index(index_shuffle.EpochShuffle(n, seed))
+  first = np.asarray(ds._getitems(range(n)))  # pylint: disable=protected-access
+  assert np.array_equal(np.sort(first), np.arange(n))
+  second = [ds[p] for p in range(n, n + 50)]
+  assert second != first[:50].tolist()
+  window = loader._ShuffledWindow(n, seed, loader._EpochIndex(n, 0, 1, False, 1))
+  keys = window(n - 25, 50)
+  assert keys[:, 1].tolist() == first[-25:].tolist() + second[:25]
+  assert keys[:, 0].tolist() == [0] * 25 + [1] * 25
+
+  def batches(reordered):
+    it = iter(grain.MapDataset.range(8).to_iter_dataset())
+    return loader.BatchIterator(
+      it, split="train", num_examples=n, per_host_batch=2, process_index=0, process_count=1,
+      reordered=reordered,
+    )  # fmt: skip
+
+  state = batches(True).get_state()
+  batches(True).set_state(state)
+  old = {k: v for k, v in state.items() if k != "epoch_order"}
+  batches(False).set_state(old)  # grain's order is this version's at every other size
+  with pytest.raises(ConfigError, match="resume with the version that saved it") as e:
+    batches(True).set_state(old)
+  assert "\n" not in str(e.value)
 
 
 def test_document_budgets():
