@@ -152,8 +152,10 @@ class BatchIterator:
     pairs: epoch_plan.EpochPairs | None = None,
     packer: packing_lib.Packer | None = None,
     reordered: bool = False,
+    masker: masking_lib.Masker | None = None,
   ):
     self._it = grain_iterator
+    self.masker = masker  # what masks the batches (useful_token_shares' masked counts)
     self._reordered = reordered  # the split's order is not grain's: no resume from grain's
     self._packer = packer  # data.packing: its current block goes into the state
     self._pairs = pairs  # per-epoch pairing, train: its epoch starts go into the state
@@ -244,7 +246,7 @@ class BatchIterator:
       self._batches = state.get("batches")
     if self._packer is not None:
       if not self._packer.restore(state.get("packing")):
-        logging.info("the iterator state has no packing position for these settings: from row 0")
+        logging.warning(packing_lib.recount_line(state, self._packer))
       self._batches = state.get("batches")
     self._it.set_state(state["grain"])
 
@@ -256,7 +258,8 @@ class BatchIterator:
 
 def useful_token_shares(config, workdir: str, split: str = "eval") -> dict[str, float]:
   """The useful-token share (real tokens over all positions) of one packing window of `split`'s
-  examples, one example a row and packed ({"unpacked": ..., "packed": ...}; packing.Packer.shares),
+  examples, one example a row and packed ({"unpacked": ..., "packed": ...}, and the masked tokens
+  a row and per real token each way, "masked_per_row_unpacked", ...; packing.Packer.shares),
   measured whatever data.packing says: what prepare and the trainer report. The eval split by
   default: the held-out documents are a sample of the corpus whose per-epoch layout is counted
   in a fiftieth of the train split's time (a window wraps around a small split)."""
@@ -264,7 +267,7 @@ def useful_token_shares(config, workdir: str, split: str = "eval") -> dict[str, 
   c.data.update(packing=True, num_workers=0, prefetch=0)
   it = make_iterator(c, workdir, split, process_index=0, process_count=1)
   try:
-    return it.packer.shares(0)
+    return it.packer.shares(0, it.masker)
   finally:
     it.close()
 
@@ -397,7 +400,14 @@ def make_iterator(
       fetch = packing_lib.RecordFetch(records_of_split)
     if window is None:
       window = _DatasetWindow(ds)
-    packer = packing_lib.Packer(window, fetch, d.max_seq_length, d.packing_window, config.seed)
+    packer = packing_lib.Packer(
+      window,
+      fetch,
+      d.max_seq_length,
+      d.packing_window,
+      config.seed,
+      d.get("packing_layout", "pairs"),
+    )
     ds = grain.MapDataset.range(1 << 62)[process_index::process_count].map(packer)
   ds = ds.batch(per_host, drop_remainder=True)
   if packer is not None:
@@ -439,4 +449,5 @@ def make_iterator(
     pairs=mixture if mixture is not None else (pairs if train else None),
     packer=packer,
     reordered=reordered,
+    masker=masker,
   )
