@@ -611,6 +611,7 @@ def test_packed_rows_same_with_workers_and_hosts(short_corpus):
     (dict(static_masking=True), "cannot reuse the original's static masks"),
     (dict(single_sentence_random_next=True), "single_sentence_random_next=true"),
     (dict(packing_window=0), "data.packing_window=0 must be an integer in [1, 1048576]"),
+    (dict(packing_layout="pair"), "data.packing_layout='pair' must be pairs (each example as"),
     (dict(max_seq_length=2), "data.max_seq_length=2 is too short (minimum 8)"),
   ],
 )
@@ -621,6 +622,22 @@ def test_bad_packing_settings_are_one_line(fields, message):
   with pytest.raises(ConfigError) as e:
     validation.validate_data(config.data, config.model)
   assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_packing_says_its_prediction_cap_in_one_line():
+  """What packing changes in what is masked: one console line (the trainer prints it), and the
+  width the batches, the model's step and the estimate take (masking.predictions_per_row)."""
+  data = config_lib.base_config().data
+  data.update(task="none", max_seq_length=512)
+  assert masking.predictions_per_row(data) == 20
+  data.packing = True
+  assert masking.predictions_per_row(data) == 102
+  line = masking.packed_cap_line(data)
+  assert "\n" not in line and line.startswith("data.packing: each document is masked as alone")
+  assert "up to 102 predictions where one example a row takes 20" in line
+  # The width is the most documents of >= 10 tokens take: 10 tokens take 2 (round(1.5)).
+  assert masking.packed_predictions(20, 20) == 4 and masking.packed_predictions(128, 20) == 25
+  assert masking.packed_predictions(512, 1) == 51  # the cap binds per document: 51 of 10 tokens
 
 
 def test_packing_with_a_sentence_task_exits_2_before_writing(tmp_path):

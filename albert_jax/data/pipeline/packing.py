@@ -4,12 +4,14 @@ Why: with data.task=none each row holds one document's chunk and the rest is pad
 the tokens at S=512 on Wikipedia and far more on short texts (docs/data.md, Packing). The anchors
 pack: MLPerf BERT (Krell et al. 2021), MaxText and grain's packing, Levanter, ModernBERT.
 
-What a packed row is: the example stream's sequences one after another, each `[CLS] text [SEP]`
-(a stored pair `[CLS] A [SEP] B [SEP]` with A and B joined again in the text's order: SOP's swap is
-undone and the middle [SEP] dropped), token type 0, then padding; `pack_ids` numbers the row's
-documents 1, 2, ... (0: padding). The model restarts positions at each document and lets a token
-attend only within its own document (model/attention.py), and masking draws each document's spans
-among its own words (masking.Masker's pack_ids).
+What a packed row is: the example stream's examples one after another, each as one a row holds it
+(data.packing_layout=pairs: `[CLS] A [SEP] B [SEP]`, token types 0 then 1, SOP's swap as
+data.task=none's rows have it; `joined`, the earlier layout: A and B joined again in the text's
+order, `[CLS] A B [SEP]`, token type 0), then padding; `pack_ids` numbers the row's documents 1,
+2, ... (0: padding). The model restarts positions at each document and lets a token attend only
+within its own document (model/attention.py), and masking gives each document the budget it has
+alone and draws its spans among its own words (masking.Masker's pack_ids; the masked_lm arrays
+masking.packed_predictions wide).
 
 How rows are made, deterministically: the example stream (whatever make_iterator's plan gives:
 stored pairs, per-epoch pairs, a weighted mixture; position g -> example key) is cut into blocks of
