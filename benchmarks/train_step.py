@@ -71,7 +71,7 @@ import numpy as np  # noqa: E402
 
 from albert_jax import cli  # noqa: E402
 from albert_jax.base import config_lib, hardware, validation  # noqa: E402
-from albert_jax.data.examples import features as features_lib  # noqa: E402
+from albert_jax.data.examples import features as features_lib, masking as masking_lib  # noqa: E402
 from albert_jax.data.pipeline import packing as packing_lib  # noqa: E402
 from albert_jax.engine import train  # noqa: E402
 from albert_jax.model import albert as albert_model, sharding  # noqa: E402
@@ -647,8 +647,11 @@ def packing_benchmark(
     config = make_config(model, batch, seq, predictions, dtype, model_overrides)
     config.data.update(task="none", packing=packed)
     validation.resolve(config)
+    # A packed row's masked_lm arrays are as wide as its documents' budgets take (each masked as
+    # alone: masking.predictions_per_row), one example a row's `predictions`.
+    width = masking_lib.predictions_per_row(config.data)
     unpacked_batch, packed_batch = document_batches(
-      batch, seq, predictions, config.model.vocab_size, mean_tokens
+      batch, seq, width, config.model.vocab_size, mean_tokens
     )
     b = packed_batch if packed else unpacked_batch
     batches[packed] = b
@@ -678,6 +681,7 @@ def packing_benchmark(
       "step_s": _sig(step_s),
       "useful_token_share": round(real / (batch * seq), 4),
       "real_tokens_per_s": _sig(real / step_s),
+      "predictions_per_row": int(batches[packed]["masked_lm_positions"].shape[1]),
     }
   out["real_tokens_ratio"] = round(
     out["packed"]["real_tokens_per_s"] / out["unpacked"]["real_tokens_per_s"], 2

@@ -3,6 +3,7 @@ model's equivalence with each document alone, per-document masking, the useful-t
 short-document corpus in seven scripts, resume, workers and hosts, bad input, and training parity."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -125,8 +126,9 @@ def test_document_sequence_joins_a_pair_in_text_order():
 
 
 def test_document_sequences_of_a_window_are_each_pair_joined():
-  """A window's sequences in a few vector operations: each example's [CLS] A B [SEP] (B A swapped
-  back), its word starts alike, lone [CLS] A [SEP] examples as they are."""
+  """A window's sequences in a few vector operations. data.packing_layout=pairs: each example as
+  it is (ids, token types 0 then 1, word starts); joined: each example's [CLS] A B [SEP] (B A
+  swapped back), its word starts alike, lone [CLS] A [SEP] examples as they are, type 0."""
   rng = np.random.default_rng(3)
   examples, want = [], []
   for k in range(300):
@@ -146,24 +148,87 @@ def test_document_sequences_of_a_window_are_each_pair_joined():
       m_a, m_b = (m_second, m_first) if swapped else (m_first, m_second)
       starts = [False, *m_a, *m_b, False]
     want.append(([CLS_ID, *a, *b, SEP_ID], starts))
-  ids, starts, offsets = packing.document_sequences(examples)
-  assert ids.dtype == np.int32 and offsets[-1] == len(ids) == len(starts)
+  ids, starts, offsets, types = packing.document_sequences(examples, "joined")
+  assert ids.dtype == np.int32 and offsets[-1] == len(ids) == len(starts) == len(types)
+  assert not types.any()
   for i, (w_ids, w_starts) in enumerate(want):
     got = slice(offsets[i], offsets[i + 1])
     assert ids[got].tolist() == w_ids
     assert starts[got].tolist() == (w_starts or [False] * len(w_ids))
+  ids, starts, offsets, types = packing.document_sequences(examples)  # pairs, the default
+  assert ids.dtype == types.dtype == np.int32 and offsets[-1] == len(ids) == len(starts)
+  for i, x in enumerate(examples):
+    got = slice(offsets[i], offsets[i + 1])
+    assert ids[got].tolist() == x["input_ids"].tolist()
+    assert types[got].tolist() == x["segment_ids"].tolist()
+    want = [False] * len(x["input_ids"]) if x["word_starts"] is None else x["word_starts"].tolist()
+    assert starts[got].tolist() == want
 
 
 def test_index_shuffle_is_grains():
-  """The packing window's shuffled keys: index_shuffle gives grain's permutation, bit for bit."""
+  """The packing window's shuffled keys: index_shuffle gives grain's permutation, bit for bit,
+  wherever grain's is one (every split but 4^k + 1, k >= 8: test_index_shuffle_permutes)."""
   rng = np.random.default_rng(0)
-  for max_index in (1, 2, 4403, 2**16 - 1, 2**16, 70_000, 2**31 + 7, 2**40 + 3):
+  for max_index in (1, 2, 4403, 2**16 - 1, 2**16 + 1, 2**17, 70_000, 2**31 + 7, 2**40 + 3):
+    assert index_shuffle.grain_permutes(max_index + 1)
     for seed in (0, 42, 2**32 - 1):
       # A split of 2 or 3 walks ~30,000 encryptions an index (in either): fewer indices there.
       idx = np.append(rng.integers(0, max_index + 1, 200 if max_index > 2 else 10), [0, max_index])
       want = [grain_is.index_shuffle(int(i), max_index=max_index, seed=seed, rounds=4) for i in idx]
       assert index_shuffle.index_shuffle(idx, max_index, seed).tolist() == want
+      if max_index > 2:
+        got = [index_shuffle.index_shuffle_one(int(i), max_index, seed) for i in idx[:20]]
+        assert got == want[:20]
   assert sorted(index_shuffle.index_shuffle(np.arange(1000), 999, 5).tolist()) == list(range(1000))
+
+
+def test_index_shuffle_permutes():
+  """A permutation at every split size: grain's quirk at 4^k + 1 (its top index lands where index
+  0 does: one example read twice an epoch, one never) is not reproduced, and its order is kept
+  everywhere else (test_index_shuffle_is_grains)."""
+  for k in (8, 9, 10):
+    n = 4**k + 1
+    assert not index_shuffle.grain_permutes(n)
+    seed = 7
+    bad = [grain_is.index_shuffle(i, max_index=n - 1, seed=seed, rounds=4) for i in (0, n - 1)]
+    assert bad[0] == bad[1]  # grain's quirk, as it is
+    order = index_shuffle.index_shuffle(np.arange(n), n - 1, seed)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    assert [index_shuffle.index_shuffle_one(i, n - 1, seed) for i in (0, 1, n - 1)] == [
+      int(order[i]) for i in (0, 1, n - 1)
+    ]
+  # Every n in 1..5,000 at once (a call a split would take minutes): the splits' bit count (16)
+  # holds every index, and for each n the walk of the 16-bit cipher from each i < n to the first
+  # value below n (what index_shuffle does) hits every value below n once. Walking from i until a
+  # value <= i gives, for every n > i, where i lands: the first prefix minimum below n.
+  top, seed = 5000, 3
+  assert all(index_shuffle.cipher_bits(n - 1) == 16 for n in range(2, top + 1))
+  table = index_shuffle.encrypt(np.arange(2**16, dtype=np.uint64), 16, seed).astype(np.int64)
+  assert np.array_equal(np.sort(table), np.arange(2**16))
+  count = np.zeros((top + 2, top), np.int32)  # [n, value]: +1 where an interval of n starts
+  i = np.arange(top)
+  cur, low, upto = table[i], np.full(top, 2**16), np.full(top, top + 1)
+  while len(i):
+    rec = cur < low  # a new prefix minimum: where i lands for n in (cur, upto)
+    r_i, r_v = i[rec], cur[rec]
+    lo = np.maximum(r_v, r_i) + 1
+    hi = np.minimum(upto[rec], top + 1)
+    keep = lo < hi
+    np.add.at(count, (lo[keep], r_v[keep]), 1)
+    np.add.at(count, (hi[keep], r_v[keep]), -1)
+    low[rec], upto[rec] = cur[rec], np.minimum(upto[rec], r_v + 1)
+    done = low <= i
+    i, cur, low, upto = i[~done], table[cur[~done]], low[~done], upto[~done]
+  seen = np.cumsum(count, axis=0)[1 : top + 1]  # [n - 1, value]
+  assert np.array_equal(seen, np.tri(top, top, dtype=np.int32))
+  for n in (1, 2, 3, 17, 1023, 1024, 1025, 4097, 5000):
+    order = index_shuffle.index_shuffle(np.arange(n), n - 1, seed)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    if n >= 1024:  # the vector path: the walk of the table
+      want = table[:n].copy()
+      while (want >= n).any():
+        want = np.where(want >= n, table[want], want)
+      assert np.array_equal(order, want)
 
 
 @pytest.mark.parametrize(
@@ -183,6 +248,37 @@ def test_shuffled_window_is_grains_stream(shuffle, static, host, hosts, first):
   for start in (0, 950, 2500):
     want = [[int(x) for x in ds[p]] for p in range(start, start + 300)]
     assert window(start, 300).tolist() == want
+
+
+def test_a_split_grain_does_not_permute_is_read_once_an_epoch():
+  """At 4^k + 1 examples the loader's stream (loader.make_iterator: range -> repeat ->
+  EpochShuffle) reads every example once an epoch, a new order each epoch, the same as packing's
+  window keys (_ShuffledWindow); a state saved with grain's order is refused there, one line."""
+  n, seed = 4**8 + 1, 11
+  ds = grain.MapDataset.range(n).repeat(None).map_with_index(index_shuffle.EpochShuffle(n, seed))
+  first = np.asarray(ds._getitems(range(n)))  # pylint: disable=protected-access
+  assert np.array_equal(np.sort(first), np.arange(n))
+  second = [ds[p] for p in range(n, n + 50)]
+  assert second != first[:50].tolist()
+  window = loader._ShuffledWindow(n, seed, loader._EpochIndex(n, 0, 1, False, 1))
+  keys = window(n - 25, 50)
+  assert keys[:, 1].tolist() == first[-25:].tolist() + second[:25]
+  assert keys[:, 0].tolist() == [0] * 25 + [1] * 25
+
+  def batches(reordered):
+    it = iter(grain.MapDataset.range(8).to_iter_dataset())
+    return loader.BatchIterator(
+      it, split="train", num_examples=n, per_host_batch=2, process_index=0, process_count=1,
+      reordered=reordered,
+    )  # fmt: skip
+
+  state = batches(True).get_state()
+  batches(True).set_state(state)
+  old = {k: v for k, v in state.items() if k != "epoch_order"}
+  batches(False).set_state(old)  # grain's order is this version's at every other size
+  with pytest.raises(ConfigError, match="resume with the version that saved it") as e:
+    batches(True).set_state(old)
+  assert "\n" not in str(e.value)
 
 
 def test_document_budgets():
@@ -205,7 +301,7 @@ def test_masks_stay_within_documents_and_a_lone_document_is_masked_as_unpacked()
   for r in range(b):
     at, d = 0, 1
     while True:
-      n = int(rng.integers(5, 30))
+      n = int(rng.integers(3, 7) if r < 4 else rng.integers(5, 30))  # rows 0-3: very short texts
       if at + n > s - 4:
         break
       ids[r, at : at + n] = rng.integers(5, vocab, n)
@@ -217,20 +313,31 @@ def test_masks_stay_within_documents_and_a_lone_document_is_masked_as_unpacked()
   spans = []
   out = masker(ids, np.zeros_like(ids), mask, np.zeros(b), keys=keys, pack_ids=pack, spans=spans)
   np.testing.assert_array_equal(out["pack_ids"], pack)
+  width = masking.packed_predictions(s, 20)
+  assert out["masked_lm_positions"].shape == (b, width) == (b, 18)
+  shared = 0
   for r in range(b):
     k = int(out["masked_lm_weights"][r].sum())
-    assert k == masking.masking_budget(mask[r].sum(), 20)  # the row's budget, all used
     pos = out["masked_lm_positions"][r, :k]
     docs = pack[r, pos]
     lengths = np.bincount(pack[r][pack[r] > 0])[1:]
-    want = masking.document_budgets(lengths.tolist(), k)
+    want = masking.masking_budget(lengths, 20).tolist()  # each document as alone
+    if sum(want) > width:  # documents under 10 tokens: the width shared among them
+      want, shared = masking.document_budgets(lengths.tolist(), width), shared + 1
+    assert k == sum(want)
     assert np.bincount(docs, minlength=len(lengths) + 1)[1:].tolist() == want
     assert all(ids[r, p] not in (CLS_ID, SEP_ID) for p in pos)
-  # One document a row: the same masks as the unpacked example.
+  assert 0 < shared < b  # both cases seen
+  # One document a row: the same masks as the unpacked example (whose arrays are 20 wide, where
+  # no example of 96 tokens takes more than 18).
   one = (mask > 0).astype(np.int32)
   a = masker(ids, np.zeros_like(ids), mask, np.zeros(b), keys=keys, pack_ids=one)
   c = masker(ids, np.zeros_like(ids), mask, np.zeros(b), keys=keys)
+  assert c["masked_lm_positions"].shape == (b, 20)
   for k in c:
+    if k.startswith("masked_lm"):
+      assert not c[k][:, width:].any()
+      c[k] = c[k][:, :width]
     np.testing.assert_array_equal(a[k], c[k])
 
 
@@ -253,29 +360,37 @@ def _small(**fields):
 
 
 def _documents(seed, lengths=(21, 34, 47)):
+  """Pairs [CLS] A [SEP] B [SEP] (data.packing_layout=pairs)."""
   rng = np.random.default_rng(seed)
   docs = []
   for n in lengths:
     d = rng.integers(5, 97, n).astype(np.int32)
-    d[0], d[-1] = CLS_ID, SEP_ID
+    d[0], d[n // 2 - 1], d[-1] = CLS_ID, SEP_ID, SEP_ID
     docs.append(d)
   return docs
 
 
+def _types(doc):
+  return (np.arange(len(doc)) >= len(doc) // 2).astype(np.int32)  # 0 then 1
+
+
 def _packed(docs, s):
   ids, pack = np.zeros((1, s), np.int32), np.zeros((1, s), np.int32)
+  types = np.zeros((1, s), np.int32)
   at, starts = 0, []
   for d, doc in enumerate(docs, start=1):
     ids[0, at : at + len(doc)], pack[0, at : at + len(doc)] = doc, d
+    types[0, at : at + len(doc)] = _types(doc)
     starts.append(at)
     at += len(doc)
-  return ids, pack, starts
+  return ids, pack, starts, types
 
 
 def _alone(doc, s):
   ids, mask = np.zeros((1, s), np.int32), np.zeros((1, s), np.int32)
-  ids[0, : len(doc)], mask[0, : len(doc)] = doc, 1
-  return ids, mask
+  types = np.zeros((1, s), np.int32)
+  ids[0, : len(doc)], mask[0, : len(doc)], types[0, : len(doc)] = doc, 1, _types(doc)
+  return ids, mask, types
 
 
 def _positions(doc, p=6):
@@ -289,18 +404,17 @@ def _check_equivalence(cfg, s, context=None, atol=1e-5):
   docs = _documents(0)
   model = M.AlbertForPreTraining(cfg)
   packed_model = M.AlbertForPreTraining(cfg, packed=True)  # the same parameters
-  ids, pack, starts = _packed(docs, s)
+  ids, pack, starts, types = _packed(docs, s)
   pos = np.concatenate([st + _positions(d) for st, d in zip(starts, docs)])[None]
-  zeros = np.zeros_like(ids)
   with context:
-    params = model.init(jax.random.key(0), ids, zeros, (pack > 0).astype(np.int32), pos)["params"]
+    params = model.init(jax.random.key(0), ids, types, (pack > 0).astype(np.int32), pos)["params"]
     # Jitted: one compile per model and shape (three documents alone share theirs).
     run_packed = jax.jit(lambda *a: packed_model.apply({"params": params}, *a))
     run_alone = jax.jit(lambda *a: model.apply({"params": params}, *a))
-    packed = run_packed(ids, zeros, pack, pos)
+    packed = run_packed(ids, types, pack, pos)
     for d, (doc, st) in enumerate(zip(docs, starts)):
-      alone_ids, mask = _alone(doc, s)
-      alone = run_alone(alone_ids, zeros, mask, _positions(doc)[None])
+      alone_ids, mask, alone_types = _alone(doc, s)
+      alone = run_alone(alone_ids, alone_types, mask, _positions(doc)[None])
       got = packed["mlm_logits"][0, 6 * d : 6 * (d + 1)]
       np.testing.assert_allclose(got, alone["mlm_logits"][0], atol=atol, rtol=0)
       np.testing.assert_allclose(
@@ -311,8 +425,8 @@ def _check_equivalence(cfg, s, context=None, atol=1e-5):
       )
     # A change in the middle document leaves the others' outputs bitwise as they were.
     other = [docs[0], _documents(9)[1], docs[2]]
-    ids2, pack2, _ = _packed(other, s)
-    changed = run_packed(ids2, zeros, pack2, pos)
+    ids2, pack2, _, types2 = _packed(other, s)
+    changed = run_packed(ids2, types2, pack2, pos)
   out = np.asarray(packed["sequence_output"][0], np.float32)
   out2 = np.asarray(changed["sequence_output"][0], np.float32)
   for d in (0, 2):
@@ -371,14 +485,57 @@ def test_useful_token_share_on_short_documents(short_corpus, seq, floor):
   print(f"S={seq}: useful-token share packed {packed:.4f}, unpacked {unpacked:.4f}")
   assert packed >= floor
   assert unpacked < 0.5
-  for b in batches:  # every document of a row is [CLS] ... [SEP], token type 0
-    assert not b["segment_ids"].any() and not b["sentence_order_label"].any()
+  # Every document of a row is an example as one a row has it: [CLS] A [SEP] B [SEP], token types
+  # 0 then 1 (data.packing_layout=pairs), or [CLS] A [SEP] alone.
+  pairs = 0
+  for b in batches:
+    assert not b["sentence_order_label"].any()
     for r in range(len(b["input_ids"])):
       pack = b["pack_ids"][r]
       for d in range(1, pack.max() + 1):
         at = np.flatnonzero(pack == d)
         assert at[-1] - at[0] + 1 == len(at)
         assert b["input_ids"][r, at[0]] == CLS_ID and b["input_ids"][r, at[-1]] == SEP_ID
+        types = b["segment_ids"][r, at]
+        assert types[0] == 0 and (np.diff(types) >= 0).all()
+        if types[-1]:
+          pairs += 1
+          assert b["input_ids"][r, at[np.argmax(types) - 1]] == SEP_ID  # A's [SEP], type 0
+  assert pairs > 0
+
+
+@pytest.mark.parametrize("seq", [128, 512])
+def test_packed_rows_mask_short_documents_at_the_unpacked_rate(short_corpus, seq):
+  """Each packed document is masked as it would be alone (the default config's 15%, at most 20):
+  masked tokens per real token within 1% of one example a row at S=128 and S=512, on the
+  short-document corpus; in the batches, each document takes exactly its own budget."""
+  files, workdirs = short_corpus
+  config = _config(files, seq=seq, packing_window=1024 if seq == 512 else 512)
+  base = config_lib.base_config().data
+  assert (config.data.max_predictions_per_seq, config.data.masked_lm_prob) == (
+    base.max_predictions_per_seq,
+    base.masked_lm_prob,
+  )
+  workdir = workdirs["static", seq]
+  shares = loader.useful_token_shares(config, workdir)
+  print(seq, shares)
+  rate, alone = shares["masked_per_token_packed"], shares["masked_per_token_unpacked"]
+  assert abs(rate / alone - 1) < 0.01
+  width = masking.packed_predictions(seq, 20)
+  assert (seq, width) in ((128, 25), (512, 102))
+  _, batches = _share(config, workdir, batches=4)
+  lengths, masked = [], []
+  for b in batches:
+    assert b["masked_lm_positions"].shape == (8, width)
+    for r in range(8):
+      pack, w = b["pack_ids"][r], b["masked_lm_weights"][r] > 0
+      docs = np.bincount(pack[b["masked_lm_positions"][r][w]], minlength=pack.max() + 1)[1:]
+      own = masking.masking_budget(np.bincount(pack)[1:], 20)
+      assert docs.tolist() == own.tolist()
+      lengths += np.bincount(pack)[1:].tolist()
+      masked += docs.tolist()
+  print(f"S={seq}: documents of {min(lengths)}-{max(lengths)} tokens (median "
+        f"{int(np.median(lengths))}); masked {sum(masked) / sum(lengths):.4f} of their tokens")  # fmt: skip
 
 
 @pytest.mark.parametrize("pairing", ["static", "per_epoch"])
@@ -400,6 +557,23 @@ def test_packed_rows_resume_exactly_mid_epoch(short_corpus, pairing):
   _same(_take(resumed, 5), rest)
   again = _take(loader.make_iterator(config, workdir, process_index=0, process_count=1), 7)
   _same(again, first)
+  # Another packing window: said in one line, and the rows are this window's from the same row.
+  if pairing == "static":
+    config.data.packing_window = 48
+    logged = []
+    handler = type(
+      "H", (logging.Handler,), {"emit": lambda self, r: logged.append(r.getMessage())}
+    )()
+    logging.getLogger().addHandler(handler)
+    try:
+      other = loader.make_iterator(config, workdir, process_index=0, process_count=1)
+      other.set_state(state)
+    finally:
+      logging.getLogger().removeHandler(handler)
+    lines = [x for x in logged if x.startswith("data.packing: the saved packing position")]
+    assert len(lines) == 1 and "window 64 -> 48" in lines[0] and f"row {7 * 8:,}" in lines[0]
+    fresh = loader.make_iterator(config, workdir, process_index=0, process_count=1)
+    _same(_take(other, 2), _take(fresh, 9)[7:])  # a fresh run's batches 7 and 8
   config.data.packing = False  # a packed run's position is in rows: not resumed unpacked
   with pytest.raises(ConfigError, match="saved with data.packing=true; resume with the same"):
     loader.make_iterator(config, workdir, process_index=0, process_count=1).set_state(state)
@@ -437,6 +611,7 @@ def test_packed_rows_same_with_workers_and_hosts(short_corpus):
     (dict(static_masking=True), "cannot reuse the original's static masks"),
     (dict(single_sentence_random_next=True), "single_sentence_random_next=true"),
     (dict(packing_window=0), "data.packing_window=0 must be an integer in [1, 1048576]"),
+    (dict(packing_layout="pair"), "data.packing_layout='pair' must be pairs (each example as"),
     (dict(max_seq_length=2), "data.max_seq_length=2 is too short (minimum 8)"),
   ],
 )
@@ -447,6 +622,22 @@ def test_bad_packing_settings_are_one_line(fields, message):
   with pytest.raises(ConfigError) as e:
     validation.validate_data(config.data, config.model)
   assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_packing_says_its_prediction_cap_in_one_line():
+  """What packing changes in what is masked: one console line (the trainer prints it), and the
+  width the batches, the model's step and the estimate take (masking.predictions_per_row)."""
+  data = config_lib.base_config().data
+  data.update(task="none", max_seq_length=512)
+  assert masking.predictions_per_row(data) == 20
+  data.packing = True
+  assert masking.predictions_per_row(data) == 102
+  line = masking.packed_cap_line(data)
+  assert "\n" not in line and line.startswith("data.packing: each document is masked as alone")
+  assert "up to 102 predictions where one example a row takes 20" in line
+  # The width is the most documents of >= 10 tokens take: 10 tokens take 2 (round(1.5)).
+  assert masking.packed_predictions(20, 20) == 4 and masking.packed_predictions(128, 20) == 25
+  assert masking.packed_predictions(512, 1) == 51  # the cap binds per document: 51 of 10 tokens
 
 
 def test_packing_with_a_sentence_task_exits_2_before_writing(tmp_path):
@@ -563,12 +754,43 @@ def test_estimate_says_what_packing_changes():
   config.data.update(task="none", packing=True)
   est = memory.estimate(config, "tpu_v4", 8)
   plain = memory.estimate(load_config("albert_base"), "tpu_v4", 8)
-  assert est.flops_per_step == plain.flops_per_step and est.memory == plain.memory
   sequences, seq = est.sequences_per_device, config.data.max_seq_length
-  assert est.pack_mask_bytes == sequences * seq * seq
+  # The masked_lm arrays are 102 wide at 512 (each document masked as alone), not 20: the MLM
+  # head's FLOPs and the batch grow with them; the einsum path's pack mask is counted.
+  assert (est.predictions_per_row, plain.predictions_per_row) == (102, 20)
+  assert est.flops_per_step > plain.flops_per_step
+  mlm = M.flops_per_example(config.model, seq, 102) - M.flops_per_example(config.model, seq, 20)
+  assert est.flops_per_step - plain.flops_per_step == pytest.approx(mlm * config.train.batch_size)
+  assert est.pack_mask_bytes == est.memory["pack_mask"] == sequences * seq * seq
+  for part in ("params", "opt_state", "grads", "activations_working"):
+    assert est.memory[part] == plain.memory[part]
+  batch = sequences * (seq * 4 + 3 * (102 - 20) * 4)  # pack_ids and the wider masked_lm arrays
+  assert est.memory["batch"] - plain.memory["batch"] == batch
+  # The MLM head's logits at 102 positions, not 20: [B, P, V] floats kept for the backward pass.
+  logits = est.memory["activations_saved"] - plain.memory["activations_saved"]
+  vocab = config.model.vocab_size
+  assert 4 * vocab * 82 * sequences <= logits <= 1.5 * 4 * vocab * 82 * sequences
+  print(f"packed albert_base at S=512: +{logits / 2**30:.2f} GiB of MLM logits a device")
   line = [x for x in estimate_report.format_report(est).splitlines() if "data.packing" in x]
   assert len(line) == 1 and f"{sequences * seq * seq / 2**30:.2f} GiB" in line[0]
+  assert "102 wide (one example a row: 20)" in line[0]
   assert "data.packing" not in estimate_report.format_report(plain)
+  # On a GPU the flash kernel takes no pack ids: packed rows run (and are counted as) einsum.
+  config.model.update(attention_impl="flash", dtype="bfloat16")
+  gpu = memory.estimate(config, "h100", 8)
+  flat = load_config("albert_base")
+  flat.model.update(attention_impl="einsum", dtype="bfloat16")
+  flat.data.update(task="none", packing=True)
+  as_einsum = memory.estimate(flat, "h100", 8)
+  assert gpu.packed_attention == "einsum" and gpu.memory == as_einsum.memory
+  heads = config.model.num_attention_heads
+  assert gpu.pack_scores_bytes == sequences * heads * seq * seq * 2
+  line = [x for x in estimate_report.format_report(gpu).splitlines() if "data.packing" in x][0]
+  assert "take the einsum path" in line and "[B, h, S, S] scores" in line
+  tpu = memory.estimate(config, "tpu_v4", 8)  # the Pallas kernel: pack ids, no mask
+  assert tpu.packed_attention == "flash" and tpu.memory["pack_mask"] == 0
+  line = [x for x in estimate_report.format_report(tpu).splitlines() if "data.packing" in x][0]
+  assert "SegmentIds (no mask in memory)" in line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -598,11 +820,18 @@ def test_inspect_and_fill_mask_show_packed_rows(short_corpus):
     lines[0].startswith("example 0: sentence_order_label=0 tokens=") and " documents=" in lines[0]
   )
   documents = int(lines[0].split(" documents=")[1].split()[0])
-  assert documents >= 2 and lines[1].count("[CLS]") == documents == lines[1].count("[SEP]")
-  assert stats["packing"] and stats["batch_useful_token_share"] >= 0.95
-  assert (
-    stats["useful_token_share"]["packed"] >= 0.95 > 0.5 > stats["useful_token_share"]["unpacked"]
+  assert documents >= 2 and lines[1].count("[CLS]") == documents
+  assert documents <= lines[1].count("[SEP]") <= 2 * documents  # pairs: [CLS] A [SEP] B [SEP]
+  # Two batches of 8 rows (the window's share, below, is the claim): 0.9492 measured.
+  assert stats["packing"] and stats["batch_useful_token_share"] >= 0.9
+  shares = stats["useful_token_share"]
+  assert shares["packed"] >= 0.95 > 0.5 > shares["unpacked"]
+  # Masked tokens a row, packed and one a row, at the same rate of real tokens.
+  assert shares["masked_per_row_packed"] > 2 * shares["masked_per_row_unpacked"]
+  assert shares["masked_per_token_packed"] == pytest.approx(
+    shares["masked_per_token_unpacked"], 0.01
   )
+  assert stats["predictions_per_row"] == 25 and stats["max_predictions_per_seq"] == 20
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
   trainer = train.build(config, mesh)
   with sharding.with_mesh(mesh):

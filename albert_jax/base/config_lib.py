@@ -257,11 +257,14 @@ def base_config() -> ml_collections.ConfigDict:
       # static (made once at prepare time: every epoch shows a document the same pairs).
       pairing="per_epoch",
       # Sequence packing (a departure, off: the original's one example a row; docs/data.md,
-      # Packing): true fills each row with several documents' sequences ([CLS] ... [SEP] each,
-      # token type 0, positions from 0, attention within its own document), best-fit over windows
-      # of packing_window examples. MLM only (data.task=none).
+      # Packing): true fills each row with several documents' sequences, positions from 0,
+      # attention within its own document, each masked as alone, best-fit over windows of
+      # packing_window examples. MLM only (data.task=none). packing_layout: pairs (each example
+      # as unpacked, `[CLS] A [SEP] B [SEP]`, token types 0 then 1) | joined (the earlier layout:
+      # `[CLS] A B [SEP]` in the text's order, token type 0; docs/departures.md).
       packing=False,
       packing_window=4096,
+      packing_layout="pairs",
       # Loader.
       shuffle=True,
       num_workers=0,

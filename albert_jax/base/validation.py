@@ -200,6 +200,11 @@ def _validate_packing(d) -> None:
     "would put another document's sentences inside it",
   )
   _check(
+    d.get("packing_layout", "pairs") in ("pairs", "joined"),
+    f"data.packing_layout={d.get('packing_layout')!r} must be pairs (each example as one a row: "
+    "[CLS] A [SEP] B [SEP], token types 0 then 1) or joined ([CLS] A B [SEP], token type 0)",
+  )
+  _check(
     isinstance(d.packing_window, int) and 1 <= d.packing_window <= 1 << 20,
     f"data.packing_window={d.packing_window!r} must be an integer in [1, {1 << 20}]",
   )

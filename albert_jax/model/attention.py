@@ -37,10 +37,17 @@ def pack_mask(pack_ids):
 _SAID: set = set()
 
 
+def packed_implementation(impl: str, backend: str) -> str:
+  """The attention path packed rows take on `backend` ("gpu", "tpu", "cpu"): the einsum path for
+  flash on a GPU (cuDNN's kernel takes per-row lengths, not pack ids), else model.attention_impl
+  (the Pallas TPU kernel takes the pack ids as its SegmentIds). The estimate asks this too."""
+  return "einsum" if impl == "flash" and backend == "gpu" else impl
+
+
 def implementation(impl: str, packed: bool) -> str:
   """model.attention_impl as it runs: packed rows on a GPU take the einsum path instead of cuDNN's
   flash kernel, which takes per-row lengths, not pack ids (one console line, once)."""
-  if impl == "flash" and packed and jax.default_backend() == "gpu":
+  if packed and packed_implementation(impl, jax.default_backend()) != impl:
     line = "attention: packed rows take the einsum path on a GPU (cuDNN's kernel takes no pack ids)"
     if line not in _SAID:
       _SAID.add(line)

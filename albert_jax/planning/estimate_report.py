@@ -220,6 +220,11 @@ def format_report(est: Estimate) -> str:
     f"  batch               {_gib(mem['batch'])}",
     f"  activations saved   {_gib(mem['activations_saved'])} (remat={est.remat})",
     f"  backward, one layer {_gib(mem['activations_working'])}",
+    *(
+      [f"  pack mask           {_gib(mem['pack_mask'])} ([B, S, S], packed rows)"]
+      if "pack_mask" in mem
+      else []
+    ),
     f"  total               {_gib(mem['total'])} of {_gib(est.device_memory)}: "
     + ("fits" if est.fits else "DOES NOT FIT")
     + f" (keeping {100 * (1 - USABLE_MEMORY_FRACTION):.0f}% free)",
@@ -256,12 +261,26 @@ def format_report(est: Estimate) -> str:
     f"({est.total_seconds / 3600 * est.devices:,.0f} device-hours)",
   ]
   if est.packing:
-    # docs/data.md, Packing: the same step per row; what changes is how many of its tokens are real.
+    # docs/data.md, Packing: the same step per row; what changes is how many of its tokens are real,
+    # the attention's mask and the masked_lm arrays' width.
+    if est.packed_attention == "flash":
+      attention = "the Pallas flash kernel takes the pack ids as its SegmentIds (no mask in memory)"
+    elif est.packed_attention != est.attention_impl:
+      attention = (
+        f"on a GPU packed rows take the einsum path (cuDNN's flash kernel takes no pack ids): the "
+        f"memory above counts its [B, h, S, S] scores ({_gib(est.pack_scores_bytes)} a layer per "
+        f"device) and the [B, S, S] pack mask ({_gib(est.pack_mask_bytes)})"
+      )
+    else:
+      attention = (
+        f"the {est.packed_attention} path's [B, S, S] pack mask ({_gib(est.pack_mask_bytes)} per "
+        f"device) is counted above"
+      )
     lines.append(
-      f"data.packing: rows of several documents; the FLOPs, memory and time per row above are "
-      f"unchanged but for a [B, S, S] pack mask on the einsum path ({_gib(est.pack_mask_bytes)} per "
-      f"device; none on the Pallas flash kernel), and nearly every token is real (one example a row "
-      f"keeps only the corpus's useful-token share: `prepare` prints both)"
+      f"data.packing: rows of several documents: {attention}; each document masked as alone, "
+      f"masked_lm arrays {est.predictions_per_row} wide (one example a row: "
+      f"{est.max_predictions_per_seq}), counted in the FLOPs and the batch; nearly every token is "
+      f"real (one example a row keeps only the corpus's useful-token share: `prepare` prints both)"
     )
   if est.recompute_flops_per_step:
     extra = est.recompute_flops_per_step / est.flops_per_step

@@ -22,7 +22,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from albert_jax.base import hardware, validation
 from albert_jax.base.config_lib import ConfigError
-from albert_jax.data.examples import features as features_lib
+from albert_jax.data.examples import features as features_lib, masking as masking_lib
 from albert_jax.model import albert as M, sharding
 from albert_jax.pretraining import init_from, objective, train
 
@@ -159,7 +159,7 @@ def model_bytes_per_sequence(config) -> float:
   return _model_bytes_per_sequence(
     M.model_config(config.model),
     int(config.data.max_seq_length),
-    int(config.data.max_predictions_per_seq),
+    masking_lib.predictions_per_row(config.data),
   )
 
 
@@ -287,10 +287,18 @@ class Estimate:
   remat: str
   dtype: str
   compiled: dict[str, Any] | None = None
-  # data.packing: the einsum paths' [B, S, S] pack mask on top (one a micro-step, bool), and every
-  # token of a row is real (estimate_report says what packing changes).
+  # data.packing: the attention path packed rows take on the device (memory.packed_attention), the
+  # einsum paths' [B, S, S] pack mask (one a micro-step, bool; in `memory`), one layer's [B, h, S, S]
+  # scores where a GPU's flash kernel gives way to the einsum path, and the masked_lm arrays' width
+  # (masking.predictions_per_row; max_predictions_per_seq one example a row). estimate_report says
+  # what packing changes.
   packing: bool = False
   pack_mask_bytes: float = 0.0
+  packed_attention: str = ""
+  attention_impl: str = ""
+  pack_scores_bytes: float = 0.0
+  predictions_per_row: int = 0
+  max_predictions_per_seq: int = 0
   tpu: dict[str, Any] | None = None  # the TPU compiler's view (tpu_compile.compile_step)
   fit: dict[str, Any] | None = None  # --fit's answer
   # What `estimate --slice` chose for the chip where the command line left a field open
@@ -307,8 +315,33 @@ class Estimate:
     return self.memory["total"] <= USABLE_MEMORY_FRACTION * self.device_memory
 
 
-def memory_per_device(config, mesh, sequences: int) -> dict[str, float]:
-  """The analytic per-device memory of one train step (bytes), by part, and its total."""
+def _backend(device: str | None) -> str:
+  """--device's backend: "gpu" for a GPU of hardware.PEAK_FLOPS, "tpu" for a TPU, else "cpu"."""
+  if device is None:
+    return jax.default_backend()
+  return "gpu" if device in _GPUS else "tpu" if device.startswith("tpu") else "cpu"
+
+
+_GPUS = ("a100", "h100", "h200")
+
+
+def packed_attention(config, device: str | None = None) -> str:
+  """The attention path data.packing's rows take on `device` (None: this process's backend):
+  attention.packed_implementation (einsum for flash on a GPU)."""
+  return M.attention.packed_implementation(config.model.attention_impl, _backend(device))
+
+
+def memory_per_device(config, mesh, sequences: int, device: str | None = None) -> dict[str, float]:
+  """The analytic per-device memory of one train step (bytes), by part, and its total. With
+  data.packing on `device` (None: this process's backend): the attention path packed rows take
+  (packed_attention: flash on a GPU runs the einsum path, its scores counted) and the [B, S, S]
+  pack mask of the einsum and dot_product_attention paths ("pack_mask"; none on the Pallas
+  kernel, which takes the pack ids)."""
+  packing = bool(config.data.get("packing", False))
+  path = packed_attention(config, device) if packing else config.model.attention_impl
+  if path != config.model.attention_impl:
+    config = config.copy_and_resolve_references()
+    config.model.attention_impl = path
   state = state_bytes(config, mesh)
   micro = config.train.micro_batches
   # Gradients like the parameters (GSPMD reduce-scatters them onto the parameters' shards); with
@@ -325,7 +358,12 @@ def memory_per_device(config, mesh, sequences: int) -> dict[str, float]:
   # are a little over-counted); 2x keeps both within 3%. ALBERT's shared block has none.
   layer_buffers = 2 * state["stacked_layers"]
   d = config.data
-  batch = sequences * micro * (3 * d.max_seq_length * 4 + 3 * d.max_predictions_per_seq * 4 + 4)
+  packed = int(bool(d.get("packing", False)))  # pack_ids
+  batch = (
+    sequences
+    * micro
+    * ((3 + packed) * d.max_seq_length * 4 + 3 * masking_lib.predictions_per_row(d) * 4 + 4)
+  )
   act = activation_bytes(config, sequences, tensor=int(mesh.shape["tensor"]))
   parts = {
     "params": state["params"],
@@ -337,6 +375,8 @@ def memory_per_device(config, mesh, sequences: int) -> dict[str, float]:
     "activations_saved": act["saved"],
     "activations_working": act["working"],
   }
+  if packing:
+    parts["pack_mask"] = 0.0 if path == "flash" else float(sequences * d.max_seq_length**2)
   parts["total"] = float(sum(parts.values()))
   return parts
 
@@ -374,8 +414,18 @@ def estimate(
   validation.check_batch_split(t, dp)
   sequences = t.batch_size // (dp * t.micro_batches)
   counts = M.param_counts(config.model)
-  per_example = M.flops_per_example(config.model, d.max_seq_length, d.max_predictions_per_seq)
-  peak, memory, source = device_specs(device)
+  per_example = M.flops_per_example(
+    config.model, d.max_seq_length, masking_lib.predictions_per_row(d)
+  )
+  peak, device_memory, source = device_specs(device)
+  memory = memory_per_device(config, mesh, sequences, device)
+  packing = bool(d.get("packing", False))
+  path = packed_attention(config, device) if packing else ""
+  m = config.model
+  scores = 0.0
+  if packing and path != m.attention_impl:  # one layer's scores, in the compute dtype
+    width = 4 if m.dtype == "float32" else 2
+    scores = float(sequences * m.num_attention_heads * d.max_seq_length**2 * width)
   return Estimate(
     config_name=config_name,
     device=device,
@@ -390,8 +440,8 @@ def estimate(
     flops_per_example=per_example,
     flops_per_step=per_example * t.batch_size,
     recompute_flops_per_step=recompute_flops_per_example(config) * t.batch_size,
-    memory=memory_per_device(config, mesh, sequences),
-    device_memory=memory,
+    memory=memory,
+    device_memory=device_memory,
     peak_flops=peak,
     peak_source=source,
     mfu=mfu,
@@ -399,6 +449,11 @@ def estimate(
     num_steps=t.num_steps,
     remat=config.model.remat,
     dtype=config.model.dtype,
-    packing=bool(d.get("packing", False)),
-    pack_mask_bytes=float(sequences * d.max_seq_length**2) if d.get("packing", False) else 0.0,
+    packing=packing,
+    pack_mask_bytes=memory.get("pack_mask", 0.0),
+    packed_attention=path,
+    attention_impl=m.attention_impl,
+    pack_scores_bytes=scores,
+    predictions_per_row=masking_lib.predictions_per_row(d),
+    max_predictions_per_seq=int(d.max_predictions_per_seq),
   )

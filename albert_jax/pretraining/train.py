@@ -14,6 +14,7 @@ import numpy as np
 
 from albert_jax.base import distributed, files, hardware, phases as phases_lib
 from albert_jax.base.log import log
+from albert_jax.data.examples import masking as masking_lib
 from albert_jax.data.pipeline import inspection, loader
 from albert_jax.data.prepare import build as prepare_lib
 from albert_jax.data.store import dataset
@@ -130,8 +131,13 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
   packed = "true" if config.data.get("packing", False) else "false"
   log(
     f"data: real (non-pad) tokens {shares['unpacked']:.1%} of a row with one example a row, "
-    f"{shares['packed']:.1%} packed (data.packing={packed})"
+    f"{shares['packed']:.1%} packed (data.packing={packed}); masked tokens a row "
+    f"{shares['masked_per_row_unpacked']:g} one example a row ({shares['masked_per_token_unpacked']:.1%}"
+    f" of its tokens), {shares['masked_per_row_packed']:g} packed "
+    f"({shares['masked_per_token_packed']:.1%})"
   )
+  if config.data.get("packing", False):
+    log(masking_lib.packed_cap_line(config.data))
 
   # --- Model, optimizer, shapes and shardings -------------------------------------------------
   objective = objective_lib.Pretraining.for_config(config)
@@ -180,11 +186,11 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
     vocabulary=info["spm_model_path"],
     flops_per_step=t.batch_size
     * M.flops_per_example(
-      config.model, config.data.max_seq_length, config.data.max_predictions_per_seq
+      config.model, config.data.max_seq_length, masking_lib.predictions_per_row(config.data)
     ),
     peak_flops=total_peak,
     flops_per_sequence=lambda length: M.flops_per_example(
-      config.model, length, config.data.max_predictions_per_seq
+      config.model, length, masking_lib.predictions_per_row(config.data)
     ),
   )
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from albert_jax.data.examples import masking
+
 # The model's features of one batch: name -> (shape in terms of B, S = max_seq_length and
-# P = max_predictions_per_seq, dtype). The original's feature names; the one batch layout that the
+# P = max_predictions_per_seq, wider with packing: masking.predictions_per_row, dtype). The original's feature names; the one batch layout that the
 # input pipeline produces and the trainer, the estimate and the benchmarks consume.
 FEATURES = {
   "input_ids": (("B", "S"), np.int32),
@@ -36,7 +38,7 @@ def batch_spec(config, batch_size: int | None = None, sharding=None) -> dict:
   return batch_shapes(
     config.train.batch_size if batch_size is None else batch_size,
     config.data.max_seq_length,
-    config.data.max_predictions_per_seq,
+    masking.predictions_per_row(config.data),  # packed rows: each document's budget as alone
     sharding=sharding,
     packing=bool(config.data.get("packing", False)),
   )

@@ -17,6 +17,7 @@ Where we depart from the original, and why:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,6 +38,50 @@ def masking_budget(num_tokens, max_predictions_per_seq: int, masked_lm_prob: flo
   return np.minimum(
     max_predictions_per_seq,
     np.maximum(1, np.round(np.asarray(num_tokens) * masked_lm_prob).astype(np.int64)),
+  )
+
+
+# Documents shorter than this may share a packed row's width (packed_predictions) rather than each
+# get its own budget: the width is sized for rows of documents at least this long.
+PACKED_MIN_DOCUMENT = 10
+
+
+@functools.lru_cache(maxsize=64)
+def packed_predictions(
+  max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float = 0.15
+) -> int:
+  """The masked_lm width of a packed row of max_seq_length (data.packing): the most predictions
+  its documents can take, each masked as alone (masking_budget of its tokens, at most
+  max_predictions_per_seq), when every document holds at least PACKED_MIN_DOCUMENT tokens (an
+  exact knapsack over document lengths; 25 at S=128 and 102 at 512 with the defaults). A row of
+  shorter documents that would take more shares the width among them (Masker)."""
+  seq = int(max_seq_length)
+  sizes = np.arange(PACKED_MIN_DOCUMENT, seq + 1)
+  gain = masking_budget(sizes, max_predictions_per_seq, masked_lm_prob)
+  best = np.zeros(seq + 1, np.int64)
+  for t in range(PACKED_MIN_DOCUMENT, seq + 1):
+    k = t - PACKED_MIN_DOCUMENT + 1  # documents of sizes[:k] fit in t tokens
+    best[t] = max(best[t - 1], int((best[t - sizes[:k]] + gain[:k]).max()))
+  return max(1, int(best[seq]))
+
+
+def predictions_per_row(data) -> int:
+  """The masked_lm arrays' width P of config.data's batches: max_predictions_per_seq, or with
+  data.packing packed_predictions (each document masked as it would be alone)."""
+  if data.get("packing", False):
+    return packed_predictions(
+      int(data.max_seq_length), int(data.max_predictions_per_seq), float(data.masked_lm_prob)
+    )
+  return int(data.max_predictions_per_seq)
+
+
+def packed_cap_line(data) -> str:
+  """The console line of data.packing's prediction cap (what packing changes in what is masked)."""
+  cap, width = int(data.max_predictions_per_seq), predictions_per_row(data)
+  return (
+    f"data.packing: each document is masked as alone ({data.masked_lm_prob:g} of its tokens, at "
+    f"most max_predictions_per_seq={cap}), so a packed row of {data.max_seq_length} takes up to "
+    f"{width} predictions where one example a row takes {cap} (masked_lm arrays {width} wide)"
   )
 
 
@@ -189,14 +234,18 @@ class Masker:
     segmenter began a word. Returns the model's features.
 
     pack_ids ([b, S], data.packing): the document of each token (1, 2, ... in a row; 0 padding).
-    The row's budget (masking_budget of its real tokens) is shared among its documents in
-    proportion to their lengths (largest remainders, ties to the earlier document), and each
-    document's spans are drawn among its own words: a span never crosses documents. A row of one
-    document is masked exactly as the same example unpacked. The features then hold pack_ids."""
+    Each document gets the budget it has alone (masking_budget of its tokens, at most
+    max_predictions_per_seq), its spans drawn among its own words: a span never crosses documents,
+    and a row of one document is masked exactly as the same example unpacked. The masked_lm arrays
+    are packed_predictions wide; a row whose documents would take more (documents under
+    PACKED_MIN_DOCUMENT tokens) shares that width in proportion to their lengths (largest
+    remainders, ties to the earlier document). The features then hold pack_ids."""
     input_ids = np.asarray(input_ids, np.int32)
     segmented = False if word_starts is None else np.asarray(word_starts, bool)
     b, seq = input_ids.shape
     num_p = self.max_predictions
+    if pack_ids is not None:
+      num_p = packed_predictions(seq, self.max_predictions, self.masked_lm_prob)
     cand = self.candidate[input_ids] & (np.asarray(input_mask) > 0)
     prev = np.zeros_like(cand)
     prev[:, 1:] = cand[:, :-1]
@@ -220,7 +269,14 @@ class Masker:
       doc_lengths = np.bincount(
         (np.arange(b)[:, None] * docs + pack_ids).ravel(), minlength=b * docs
       ).reshape(b, docs)[:, 1:]
-      shares = _document_budgets(doc_lengths, budgets)
+      shares = np.where(
+        doc_lengths > 0,
+        masking_budget(doc_lengths, self.max_predictions, self.masked_lm_prob),
+        0,
+      )
+      over = shares.sum(axis=1) > num_p  # documents too short for the width: share it
+      if over.any():
+        shares[over] = _document_budgets(doc_lengths[over], np.full(int(over.sum()), num_p))
       word_key = rows * docs + pack_ids.ravel()[flat_start]
       doc_key = np.arange(b)[:, None] * docs + np.arange(1, docs)
       doc_lo = np.searchsorted(word_key, doc_key, side="left")

@@ -115,5 +115,6 @@ def inspect(
     batch_sentence_order_label_1=round(float(cat["sentence_order_label"].mean()), 3),
     masking="static" if config.data.static_masking else "dynamic",
     max_predictions_per_seq=config.data.max_predictions_per_seq,
+    predictions_per_row=masking_lib.predictions_per_row(config.data),  # packed rows: wider
   )
   return lines, stats

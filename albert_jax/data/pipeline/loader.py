@@ -151,8 +151,12 @@ class BatchIterator:
     num_workers: int = 0,
     pairs: epoch_plan.EpochPairs | None = None,
     packer: packing_lib.Packer | None = None,
+    reordered: bool = False,
+    masker: masking_lib.Masker | None = None,
   ):
     self._it = grain_iterator
+    self.masker = masker  # what masks the batches (useful_token_shares' masked counts)
+    self._reordered = reordered  # the split's order is not grain's: no resume from grain's
     self._packer = packer  # data.packing: its current block goes into the state
     self._pairs = pairs  # per-epoch pairing, train: its epoch starts go into the state
     self._batches = 0  # read since the start, None when restored from a state without it
@@ -187,6 +191,7 @@ class BatchIterator:
       "global_batch_size": self.per_host_batch * self.process_count,
       "num_workers": self.num_workers,
       "packed": self._packer is not None,  # grain's position counts rows then, not examples
+      "epoch_order": index_shuffle.ORDER_VERSION,
       "grain": self._it.get_state(),
     }
     position = None if self._batches is None else self._batches * state["global_batch_size"]
@@ -214,6 +219,13 @@ class BatchIterator:
         f"the iterator state was saved with data.num_workers={state.get('num_workers')}; "
         f"resume with the same value (this run has {self.num_workers})"
       )
+    if self._reordered and state.get("epoch_order", 1) < index_shuffle.ORDER_VERSION:
+      raise ConfigError(
+        f"the iterator state was saved by a version that shuffled this split of "
+        f"{self.num_examples:,} examples in grain's order, which reads one example twice an epoch "
+        f"and another never at 4^k + 1 examples; this version reads each once, in another order: "
+        f"resume with the version that saved it, or start a new workdir"
+      )
     if bool(state.get("packed", False)) != (self._packer is not None):
       raise ConfigError(
         f"the iterator state was saved with data.packing={str(bool(state.get('packed'))).lower()}; "
@@ -234,7 +246,7 @@ class BatchIterator:
       self._batches = state.get("batches")
     if self._packer is not None:
       if not self._packer.restore(state.get("packing")):
-        logging.info("the iterator state has no packing position for these settings: from row 0")
+        logging.warning(packing_lib.recount_line(state, self._packer))
       self._batches = state.get("batches")
     self._it.set_state(state["grain"])
 
@@ -246,7 +258,8 @@ class BatchIterator:
 
 def useful_token_shares(config, workdir: str, split: str = "eval") -> dict[str, float]:
   """The useful-token share (real tokens over all positions) of one packing window of `split`'s
-  examples, one example a row and packed ({"unpacked": ..., "packed": ...}; packing.Packer.shares),
+  examples, one example a row and packed ({"unpacked": ..., "packed": ...}, and the masked tokens
+  a row and per real token each way, "masked_per_row_unpacked", ...; packing.Packer.shares),
   measured whatever data.packing says: what prepare and the trainer report. The eval split by
   default: the held-out documents are a sample of the corpus whose per-epoch layout is counted
   in a fiftieth of the train split's time (a window wraps around a small split)."""
@@ -254,7 +267,7 @@ def useful_token_shares(config, workdir: str, split: str = "eval") -> dict[str, 
   c.data.update(packing=True, num_workers=0, prefetch=0)
   it = make_iterator(c, workdir, split, process_index=0, process_count=1)
   try:
-    return it.packer.shares(0)
+    return it.packer.shares(0, it.masker)
   finally:
     it.close()
 
@@ -348,6 +361,7 @@ def make_iterator(
   packed = bool(d.get("packing", False))
   host, hosts = (0, 1) if packed else (process_index, process_count)
   window = None  # the stream's positions -> keys a window at a time, for packing
+  reordered = False  # an order that is not grain's (index_shuffle.grain_permutes)
   if mixture is not None:
     # Weighted sources: pass after pass of the sources' examples mixed (epoch_plan.Mixture).
     ds = grain.MapDataset.range(1 << 62)[host::hosts]
@@ -360,11 +374,16 @@ def make_iterator(
   else:
     ds = grain.MapDataset.range(n)
     shuffled = d.shuffle or not train
-    if shuffled:
+    # grain's shuffle reads one example twice an epoch and another never at n = 4^k + 1 (k >= 8);
+    # index_shuffle's order is a permutation there, and grain's elsewhere.
+    reordered = shuffled and not index_shuffle.grain_permutes(n)
+    if shuffled and not reordered:
       # Train: a global shuffle, reseeded every epoch by repeat(). Eval: the files hold the split
       # in corpus order, so every evaluation reads the same seeded sample of the whole split.
       ds = ds.shuffle(seed=config.seed)
     ds = ds.repeat(None)
+    if reordered:
+      ds = ds.map_with_index(index_shuffle.EpochShuffle(n, config.seed))
     ds = ds[host::hosts]
     epoch_index = _EpochIndex(
       n, host, hosts, d.static_masking, d.dupe_factor, 0 if pairs else first
@@ -381,7 +400,14 @@ def make_iterator(
       fetch = packing_lib.RecordFetch(records_of_split)
     if window is None:
       window = _DatasetWindow(ds)
-    packer = packing_lib.Packer(window, fetch, d.max_seq_length, d.packing_window, config.seed)
+    packer = packing_lib.Packer(
+      window,
+      fetch,
+      d.max_seq_length,
+      d.packing_window,
+      config.seed,
+      d.get("packing_layout", "pairs"),
+    )
     ds = grain.MapDataset.range(1 << 62)[process_index::process_count].map(packer)
   ds = ds.batch(per_host, drop_remainder=True)
   if packer is not None:
@@ -422,4 +448,6 @@ def make_iterator(
     num_workers=d.num_workers,
     pairs=mixture if mixture is not None else (pairs if train else None),
     packer=packer,
+    reordered=reordered,
+    masker=masker,
   )

@@ -4,12 +4,14 @@ Why: with data.task=none each row holds one document's chunk and the rest is pad
 the tokens at S=512 on Wikipedia and far more on short texts (docs/data.md, Packing). The anchors
 pack: MLPerf BERT (Krell et al. 2021), MaxText and grain's packing, Levanter, ModernBERT.
 
-What a packed row is: the example stream's sequences one after another, each `[CLS] text [SEP]`
-(a stored pair `[CLS] A [SEP] B [SEP]` with A and B joined again in the text's order: SOP's swap is
-undone and the middle [SEP] dropped), token type 0, then padding; `pack_ids` numbers the row's
-documents 1, 2, ... (0: padding). The model restarts positions at each document and lets a token
-attend only within its own document (model/attention.py), and masking draws each document's spans
-among its own words (masking.Masker's pack_ids).
+What a packed row is: the example stream's examples one after another, each as one a row holds it
+(data.packing_layout=pairs: `[CLS] A [SEP] B [SEP]`, token types 0 then 1, SOP's swap as
+data.task=none's rows have it; `joined`, the earlier layout: A and B joined again in the text's
+order, `[CLS] A B [SEP]`, token type 0), then padding; `pack_ids` numbers the row's documents 1,
+2, ... (0: padding). The model restarts positions at each document and lets a token attend only
+within its own document (model/attention.py), and masking gives each document the budget it has
+alone and draws its spans among its own words (masking.Masker's pack_ids; the masked_lm arrays
+masking.packed_predictions wide).
 
 How rows are made, deterministically: the example stream (whatever make_iterator's plan gives:
 stored pairs, per-epoch pairs, a weighted mixture; position g -> example key) is cut into blocks of
@@ -52,21 +54,47 @@ def document_sequence(
 ) -> tuple[np.ndarray, np.ndarray | None]:
   """A stored pair `[CLS] A [SEP] B [SEP]` (segment ids 0 then 1) as one document's sequence
   `[CLS] A B [SEP]` in the text's order (SOP's swap undone: `swapped` is its label), int32, with
-  its segmenter's word starts moved alike (None without them): document_sequences of one."""
+  its segmenter's word starts moved alike (None without them): document_sequences of one in
+  data.packing_layout=joined."""
   example = {
     "input_ids": input_ids,
     "segment_ids": segment_ids,
     "sentence_order_label": swapped,
     "word_starts": word_starts,
   }
-  ids, starts, _ = document_sequences([example])
+  ids, starts, _, _ = document_sequences([example], "joined")
   return ids, starts
 
 
-def document_sequences(examples) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-  """Examples (dicts as the fetches give them) as document_sequence's sequences laid end to end,
-  in a few vector operations for a whole packing window: (ids int32, word starts bool or None when
-  no example has them, offsets: sequence i is [offsets[i], offsets[i + 1]))."""
+def document_sequences(
+  examples, layout: str = "pairs"
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+  """Examples (dicts as the fetches give them) as one packed sequence each, laid end to end, in a
+  few vector operations for a whole packing window: (ids int32, word starts bool or None when no
+  example has them, offsets: sequence i is [offsets[i], offsets[i + 1]), token types int32).
+
+  layout (data.packing_layout): "pairs", each example as it is (`[CLS] A [SEP] B [SEP]`, types 0
+  then 1, SOP's swap kept as the unpacked rows of data.task=none have it); "joined", the earlier
+  layout (document_sequence: `[CLS] A B [SEP]` in the text's order, type 0)."""
+  if layout == "pairs":
+    lens = np.fromiter((len(x["input_ids"]) for x in examples), np.int64, len(examples))
+    offsets = np.zeros(len(examples) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    ids = np.concatenate([np.asarray(x["input_ids"]) for x in examples]).astype(
+      np.int32, copy=False
+    )
+    types = np.concatenate([np.asarray(x["segment_ids"]) for x in examples]).astype(np.int32)
+    starts = None
+    if any(x.get("word_starts") is not None for x in examples):
+      starts = np.concatenate(
+        [
+          np.zeros(len(x["input_ids"]), bool)
+          if x.get("word_starts") is None
+          else np.asarray(x["word_starts"], bool)
+          for x in examples
+        ]
+      )
+    return ids, starts, offsets, types
   n = len(examples)
   lens = np.fromiter((len(x["input_ids"]) for x in examples), np.int64, n)
   ids = np.concatenate([np.asarray(x["input_ids"]) for x in examples]).astype(np.int32, copy=False)
@@ -105,7 +133,7 @@ def document_sequences(examples) -> tuple[np.ndarray, np.ndarray | None, np.ndar
     )
     starts = flat[src]
     starts[offsets[:-1]] = starts[offsets[1:] - 1] = False
-  return out, starts, offsets
+  return out, starts, offsets, np.zeros(len(out), np.int32)
 
 
 def best_fit(lengths, capacity: int) -> list[list[int]]:
@@ -188,9 +216,12 @@ class Packer:
 
   BLOCKS_KEPT = 3
 
-  def __init__(self, keys, fetch, max_seq_length: int, window: int, seed: int):
+  def __init__(
+    self, keys, fetch, max_seq_length: int, window: int, seed: int, layout: str = "pairs"
+  ):
     self.keys, self.fetch = keys, fetch
     self.seq, self.window, self.seed = int(max_seq_length), int(window), int(seed)
+    self.layout = str(layout)  # data.packing_layout (document_sequences)
     self.base, self.starts = 0, [0]  # block `base + i` starts at row starts[i]
     self.__setstate__(self.__dict__)
 
@@ -204,7 +235,7 @@ class Packer:
   def block(self, j: int) -> tuple[list[list[int]], list[tuple]]:
     """Block j's rows (lists of indices into its sequences, in their seeded order) and sequences
     (document_sequence's (ids, word starts or None))."""
-    rows, ids, starts, offsets, marked = self._block(j)
+    rows, ids, starts, offsets, marked, _ = self._block(j)
     seqs = [
       (ids[a:e], starts[a:e] if m else None)
       for a, e, m in zip(offsets[:-1].tolist(), offsets[1:].tolist(), marked)
@@ -213,7 +244,7 @@ class Packer:
 
   def _block(self, j: int) -> tuple:
     """Block j as kept: (rows, its sequences end to end (document_sequences' ids, word starts,
-    offsets), whether each sequence came with word starts)."""
+    offsets), whether each sequence came with word starts, their token types)."""
     got = self._blocks.get(j)
     if got is None:
       with self._lock:
@@ -223,13 +254,13 @@ class Packer:
           # The block's keys and records at once (a position at a time, grain's bookkeeping cost
           # as much as the reads).
           examples = self.fetch.many(self.keys(first, self.window))
-          ids, starts, offsets = document_sequences(examples)
+          ids, starts, offsets, types = document_sequences(examples, self.layout)
           marked = [x.get("word_starts") is not None for x in examples]
           rows = best_fit(np.diff(offsets).tolist(), self.seq)
           order = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x5041434B, j]).permutation(
             len(rows)
           )
-          got = ([rows[i] for i in order.tolist()], ids, starts, offsets, marked)
+          got = ([rows[i] for i in order.tolist()], ids, starts, offsets, marked, types)
           while len(self._blocks) >= self.BLOCKS_KEPT:
             self._blocks.pop(next(iter(self._blocks)))
           self._blocks[j] = got
@@ -251,18 +282,42 @@ class Packer:
   def __call__(self, g: int) -> tuple[int, int]:
     return self.locate(g)
 
-  def shares(self, j: int = 0) -> dict[str, float]:
+  def shares(self, j: int = 0, masker: masking_lib.Masker | None = None) -> dict[str, float]:
     """The useful-token share (real tokens over all positions) of block j's examples one a row
-    (each a pair with its middle [SEP]) and packed: what data.packing changes, measured."""
-    rows, ids, _, offsets, _ = self._block(j)
+    (each a pair with its middle [SEP]) and packed: what data.packing changes, measured. With a
+    masker, the masked tokens a row takes (its budgets: masking.masking_budget one example a row,
+    each document's as alone packed, Masker) and per real token, one a row and packed."""
+    rows, ids, _, offsets, _, _ = self._block(j)
     tokens, n = len(ids), len(offsets) - 1
-    return {
-      "unpacked": round((tokens + n) / (n * self.seq), 4),
+    lengths = np.diff(offsets) + (self.layout == "joined")  # the joined layout drops a [SEP]
+    out = {
+      "unpacked": round(float(lengths.sum()) / (n * self.seq), 4),
       "packed": round(tokens / (len(rows) * self.seq), 4),
     }
+    if masker is not None:
+      alone = masking_lib.masking_budget(lengths, masker.max_predictions, masker.masked_lm_prob)
+      width = masking_lib.packed_predictions(
+        self.seq, masker.max_predictions, masker.masked_lm_prob
+      )
+      own = masking_lib.masking_budget(
+        np.diff(offsets), masker.max_predictions, masker.masked_lm_prob
+      )
+      packed = np.minimum([sum(own[i] for i in r) for r in rows], width)
+      out.update(
+        masked_per_row_unpacked=round(float(alone.mean()), 2),
+        masked_per_row_packed=round(float(packed.mean()), 2),
+        masked_per_token_unpacked=round(float(alone.sum() / lengths.sum()), 4),
+        masked_per_token_packed=round(float(packed.sum() / tokens), 4),
+      )
+    return out
 
   def settings(self) -> dict:
-    return {"max_seq_length": self.seq, "window": self.window, "seed": self.seed}
+    return {
+      "max_seq_length": self.seq,
+      "window": self.window,
+      "seed": self.seed,
+      "layout": self.layout,
+    }
 
   def packing_state(self, g: int) -> dict:
     """What a resume at global row g needs: the block holding g and the row where it starts."""
@@ -277,6 +332,26 @@ class Packer:
       self.base, self.starts = int(state["block"]), [int(state["row"])]
       self._blocks.clear()
     return True
+
+
+def recount_line(state: dict, packer: Packer) -> str:
+  """The console line of a resume whose packing position is for other settings (a changed
+  data.packing_window, packing_layout, max_seq_length or seed) or missing: what the packer does."""
+  saved = (state.get("packing") or {}).get("settings")
+  rows = (state.get("batches") or 0) * (state.get("global_batch_size") or 0)
+  now = packer.settings()
+  changed = (
+    ", ".join(f"{k} {saved.get(k, '(none)')} -> {v}" for k, v in now.items() if saved.get(k) != v)
+    if saved
+    else "no packing position saved"
+  )
+  return (
+    f"data.packing: the saved packing position does not fit this run ({changed}): the packer "
+    f"packs this run's windows from block 0 again and resumes at row {rows:,} of their rows (the "
+    f"rows read so far), reading every example of the blocks before it; the rows from there are "
+    f"this run's, not the continuation of the saved run's (whose examples may be read again or "
+    f"skipped)"
+  )
 
 
 class PackedLoader:
@@ -333,8 +408,10 @@ class PackedLoader:
     keys = masking_lib.example_keys(
       self.seed, blocks >> (40 - _ROW_BITS), (blocks << _ROW_BITS) | rows
     )
+    types = np.zeros((b, seq), np.int32)
+    types[real] = _joined([k[5] for k in kept])[src]  # 0 then 1 per document (pairs layout)
     self.masker.check_ids(ids)
-    types, labels = np.zeros((b, seq), np.int32), np.zeros(b, np.int32)  # one segment, no SOP
+    labels = np.zeros(b, np.int32)  # no SOP (data.task=none)
     mask = real.astype(np.int32)
     return self.masker(ids, types, mask, labels, keys=keys, word_starts=starts, pack_ids=pack)
 
