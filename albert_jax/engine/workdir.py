@@ -66,7 +66,12 @@ def check_workdir(workdir, config: ml_collections.ConfigDict, latest: int | None
 # Fields that change the layout of the saved state (parameter shapes and tree, optimizer state); the
 # rest (dtype, remat, dropout, learning rate, ...) may differ between a checkpoint and a resumed run.
 SHAPE_FIELDS = config_lib.SIZE_FIELDS + config_lib.LAYOUT_FIELDS
-STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (("train", "optimizer"),)
+# A word tagger's task.word_pooling too: its head reads other pieces (first_last: another shape),
+# and a run trained with one rule is neither continued nor evaluated with another.
+STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (
+  ("train", "optimizer"),
+  ("task", "word_pooling"),
+)
 
 
 def check_same_model(saved: dict, current: dict, workdir) -> None:
