@@ -889,3 +889,87 @@ def test_word_pooling_settings_are_checked_and_recorded(env, tmp_path, capsys):
   with pytest.raises(ConfigError, match=r"task.word_pooling: checkpoint 'first' != config 'mean'"):
     workdir_lib.check_same_model(trained, config.to_dict(), "runs/ner")
   workdir_lib.check_same_model(config.to_dict(), config.to_dict(), "runs/ner")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", tuple(tokens.WORD_POOLINGS))
+def test_word_pooling_export_gives_the_words_our_labels(env, tmp_path, rule):
+  """Each rule's export: AlbertForTokenClassification's per-piece logits equal ours (1e-5; mean's
+  word logits are the mean of them), the model card's lines (run as written) give every word our
+  label, `first` through the pipeline's aggregation_strategy="first" too; config.json records the
+  rule; first_last, whose classifier transformers cannot hold, is refused in one line."""
+  import flax.linen as nn
+  import torch
+  import transformers
+
+  from albert_jax import tasks
+  from albert_jax.pretraining import export as export_lib
+
+  train = write_formats(tmp_path / "train", tagged_corpus(40, 0))["conll"]
+  config = _resolve_tokens(env, train_file=train)
+  with config.unlocked():
+    config.task.word_pooling = rule
+  task = tasks.of(config)
+  module, inputs = task.model(config)
+  params = nn.unbox(module.init(jax.random.key(1), **inputs)["params"])
+  # A classifier with a wide spread, so that a wrong piece would change labels.
+  params["classifier"]["kernel"] = params["classifier"]["kernel"] * 50.0
+  out = tmp_path / "hf"
+  spm = str(env / "spm" / "spiece.model")
+  if rule == "first_last":
+    with pytest.raises(ConfigError, match="first_last .* export with --format=jax") as e:
+      export_lib.write_export(params, config, str(out), step=0, spm_model_path=spm)
+    assert "\n" not in str(e.value) and not out.exists()
+    return
+  export_lib.write_export(params, config, str(out), step=0, spm_model_path=spm)
+  theirs = transformers.AlbertForTokenClassification.from_pretrained(str(out)).eval()
+  assert theirs.config.albert_jax_word_pooling == rule
+  words = ["john", "smith", "lives", "in", "new", "york", "since", "2019", "!", "Иван", "живёт",
+           "в", "Москве", "राम", "दिल्ली", "김민수", "는", "서울"]  # fmt: skip
+  tok = tokenizer_lib.load(spm)
+  sentence = tagged_files.Sentence(words, None, list(range(len(words))))
+  arrays, alignment = tokens.make_features(
+    [sentence], [None], tok, max_seq_length=64, stride=16, word_pooling=rule
+  )
+  assert (alignment.word_row >= 0).all()
+  extra = {"word_position": arrays["word_position"]} if rule in tokens.POOLED else {}
+  ours = module.apply({"params": params}, arrays["input_ids"], arrays["segment_ids"],
+                      arrays["input_mask"], **extra)["logits"]  # fmt: skip
+  mine = [task.labels[i] for i in tokens.word_predictions(np.asarray(ours), alignment, 0)]
+  assert len(set(mine)) > 1  # the labels differ between words
+  with torch.no_grad():
+    piece = theirs(
+      input_ids=torch.tensor(arrays["input_ids"]).long(),
+      attention_mask=torch.tensor(arrays["input_mask"]).long(),
+    ).logits.numpy()[0]
+  n = int(arrays["input_mask"][0].sum())
+  if rule == "mean":
+    for p in alignment.word_pos:
+      span = arrays["word_position"][0, :n] == p
+      np.testing.assert_allclose(ours[0, p], piece[:n][span].mean(0), atol=1e-5)
+  else:
+    np.testing.assert_allclose(np.asarray(ours)[0, :n], piece[:n], atol=1e-5)
+  # The model card's code, as written, on the words.
+  card = (out / "README.md").read_text()
+  code = card.split("```python\n")[-1].split("```")[0].replace("PATH", str(out))
+  scope = {}
+  exec(code, scope)  # noqa: S102
+  # Where transformers' tokenizer (tokenizer.json) cuts a word as our SentencePiece does; it cuts
+  # some Hangul and Devanagari words otherwise (a matter of the exported tokenizer, not the rule).
+  same = [
+    k for k, w in enumerate(words) if scope["tokenizer"].encode(w, add_special_tokens=False)
+    == tok.encode(w)
+  ]  # fmt: skip
+  assert len(same) >= 13 and {0, 1, 5, 6, 10} <= set(same)  # english, russian, bare "▁" firsts
+  kept = [words[k] for k in same]
+  arrays, alignment = tokens.make_features(
+    [tagged_files.Sentence(kept, None, list(range(len(kept))))], [None], tok, max_seq_length=64,
+    stride=16, word_pooling=rule,
+  )  # fmt: skip
+  extra = {"word_position": arrays["word_position"]} if rule in tokens.POOLED else {}
+  ours = module.apply({"params": params}, arrays["input_ids"], arrays["segment_ids"],
+                      arrays["input_mask"], **extra)["logits"]  # fmt: skip
+  mine = [task.labels[i] for i in tokens.word_predictions(np.asarray(ours), alignment, 0)]
+  assert scope["tag"](kept) == mine
+  assert ('aggregation_strategy="first"' in card) == (rule == "first")
+  assert ("No aggregation_strategy" in card) == (rule != "first")

@@ -157,6 +157,13 @@ class Task:
     """config.json fields of the fine-tuned Hugging Face model beside its class."""
     return {}
 
+  def check_export(self, fmt: str) -> None:
+    """A one-line ConfigError where the fine-tuned model cannot be exported in `fmt`."""
+
+  def card_lines(self, fmt: str) -> list[str]:
+    """What the export's model card adds on how to read the model's outputs (markdown lines)."""
+    return []
+
 
 # ----------------------------------------------------------------------------------------------------
 # The Hub's Parquet files.

@@ -52,6 +52,34 @@ WORD_POOLINGS = {
   "mean": "the mean of its pieces' hidden states",
   "first_last": "its first and last pieces' hidden states side by side (a 2H-wide classifier)",
 }
+RULE_FILE = "tagging.json"  # in a run's predictions/: task.word_pooling, the labels, the tag scheme
+# The model card's lines (an export's README) that read a word's label from transformers'
+# per-piece logits under each rule (first_last exports only as --format=jax).
+CARD_SCORES = {
+  "first": "logits[at[0]]",
+  "first_word_piece": "logits[next((p for p in at if ids[p] != bare), at[0])]",
+  "last": "logits[at[-1]]",
+  "mean": "logits[at].mean(0)",
+}
+CARD_CODE = """import torch
+from transformers import AlbertForTokenClassification, AlbertTokenizer
+
+model = AlbertForTokenClassification.from_pretrained("PATH").eval()
+tokenizer = AlbertTokenizer.from_pretrained("PATH")
+bare = tokenizer.convert_tokens_to_ids("\u2581")
+
+
+def tag(words):  # one sentence (that fits in one sequence) as a list of words -> their labels
+  pieces = [tokenizer.encode(w, add_special_tokens=False) for w in words]  # each word alone
+  ids = [tokenizer.cls_token_id, *[i for p in pieces for i in p], tokenizer.sep_token_id]
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor([ids])).logits[0]
+  labels, start = [], 1
+  for p in pieces:
+    at, start = list(range(start, start + len(p))), start + len(p)
+    score = {score} if at else None  # at: the word's positions ([]: it became no piece)
+    labels.append(model.config.id2label[int(score.argmax())] if at else None)
+  return labels"""
 # Rules whose head pools hidden states (its input: each piece's word_position); the others read
 # one piece's hidden state, chosen when the features are made.
 POOLED = ("mean", "first_last")
@@ -542,6 +570,13 @@ class TaggingTask(tasks.Task):
       out = str(files.path(directory, f"{split}{ext}"))
       tagged_files.write_tagged(out, corpus, self.tags(outputs[split], data[split][1]))
       written.append(out)
+    if written:  # the rule the labels were read by, beside them
+      rule = str(files.path(directory, RULE_FILE))
+      files.write_json(
+        rule,
+        {"word_pooling": self.word_pooling, "labels": list(self.labels), "tag_scheme": self.scheme},
+      )
+      written.append(rule)
     return written
 
   def hf_fields(self, head_outputs):
@@ -549,7 +584,63 @@ class TaggingTask(tasks.Task):
       num_labels=head_outputs,
       id2label={str(i): label for i, label in enumerate(self.labels)},
       label2id={label: i for i, label in enumerate(self.labels)},
+      albert_jax_word_pooling=self.word_pooling,  # transformers keeps unknown fields as they are
     )
+
+  def check_export(self, fmt: str) -> None:
+    if fmt == "hf" and self.word_pooling == "first_last":
+      raise ConfigError(
+        "--format=hf: task.word_pooling=first_last reads each word's first and last pieces' hidden "
+        "states side by side (a 2H-wide classifier), which AlbertForTokenClassification cannot "
+        "hold; export with --format=jax"
+      )
+
+  def card_lines(self, fmt: str) -> list[str]:
+    """How to read a word's label from the per-piece logits under the run's task.word_pooling
+    (CARD_SCORES), in a few lines the card gives: no aggregation_strategy of transformers'
+    pipeline matches (average and max pool softmax scores, not one chosen piece or hidden states;
+    first finds words by its own heuristics, a bare "▁" piece can become a word)."""
+    if fmt != "hf":
+      return [
+        "",
+        f"Words are labelled by task.word_pooling={self.word_pooling} "
+        f"({WORD_POOLINGS[self.word_pooling]}); `albert_jax.load(PATH)` applies the same rule.",
+      ]
+    lines = [
+      "",
+      "## Word labels",
+      "",
+      f"Trained with task.word_pooling={self.word_pooling}: a word's label is read from "
+      f"{WORD_POOLINGS[self.word_pooling]}.",
+    ]
+    if self.word_pooling == "first":
+      lines += [
+        'transformers\' `pipeline("token-classification", model="PATH", '
+        'aggregation_strategy="first")` reads the first piece too, but finds words by its own '
+        'heuristics on the text (a bare "▁" piece can become a word of its own); these lines read '
+        "each word as albert_jax does:",
+      ]
+    else:
+      lines += [
+        "No aggregation_strategy of transformers' pipeline reads it so (average and max pool the "
+        "pieces' softmax scores); these lines do"
+        + (
+          " (the classifier is linear, so the mean of the pieces' logits is the logits of the mean "
+          "of their hidden states)"
+          if self.word_pooling == "mean"
+          else ""
+        )
+        + ":",
+      ]
+    lines += ["", "```python", *CARD_CODE.format(score=CARD_SCORES[self.word_pooling]).split("\n")]
+    lines += [
+      "```",
+      "",
+      "Words written without spaces (Chinese, Japanese) were encoded by albert_jax without the "
+      '"▁" of a word boundary the text does not have (a word written against the one before: '
+      '`tokenizer.encode` of it, its leading bare "▁" dropped).',
+    ]
+    return lines
 
 
 TASKS = {"tokens": TaggingTask()}
