@@ -568,6 +568,9 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   )
   assert [s.labels for s in test.sentences] == [s.labels for s in written.sentences]
   assert finetuning.finished_seed(config, str(tagger / "run" / "seed_0")) is not None
+  # The rule the labels were read by, beside them.
+  rule = json.loads((tagger / "run" / "predictions" / tokens.RULE_FILE).read_text())
+  assert rule == {"word_pooling": "first", "labels": list(task.labels), "tag_scheme": "bio"}
 
 
 @pytest.mark.slow
