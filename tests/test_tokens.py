@@ -976,3 +976,30 @@ def test_word_pooling_export_gives_the_words_our_labels(env, tmp_path, rule):
   assert scope["tag"](kept) == mine
   assert ('aggregation_strategy="first"' in card) == (rule == "first")
   assert ("No aggregation_strategy" in card) == (rule != "first")
+
+
+def test_tagging_benchmark_lookup_baseline_and_subsample(tmp_path):
+  """benchmarks/tagging.py's floor: each eval word's most frequent training tag (lowercased where
+  the model lowercases), unknown words the most frequent tag; its subsample keeps whole sentences."""
+  bench = load_file("benchmarks/tagging.py")
+  train = [(["The", "dog", "runs"], ["DET", "NOUN", "VERB"]), (["the", "runs"], ["DET", "NOUN"]),
+           (["dog", "runs"], ["NOUN", "VERB"])]  # fmt: skip
+  evals = [(["THE", "cat", "runs"], ["DET", "NOUN", "NOUN"])]
+  paths = {}
+  for name, sentences in (("train", train), ("eval", evals)):
+    lines = []
+    for k, (words, tags) in enumerate(sentences):
+      lines += [f"# sent_id = {k}"] + [
+        f"{i}\t{w}\t{w}\t{t}\t_\t_\t0\tdep\t_\t_" for i, (w, t) in enumerate(zip(words, tags), 1)
+      ] + [""]  # fmt: skip
+    paths[name] = tmp_path / f"{name}.conllu"
+    paths[name].write_text("\n".join(lines) + "\n")
+  read = {k: tagged_files.read_tagged(str(v)) for k, v in paths.items()}
+  # the -> DET (lowercased), cat unknown -> NOUN (the most frequent tag), runs -> VERB (2 of 3).
+  assert bench.lookup_accuracy(read["train"], read["eval"], lower=True) == pytest.approx(2 / 3)
+  assert bench.lookup_accuracy(read["train"], read["eval"], lower=False) == pytest.approx(1 / 3)
+  assert bench.subsample(str(paths["train"]), str(tmp_path / "sub.conllu"), 2) == 2
+  sub = tagged_files.read_tagged(str(tmp_path / "sub.conllu"))
+  assert [s.words for s in sub.sentences] in [[w for w, _ in pair] for pair in
+                                              ([train[0], train[1]], [train[0], train[2]],
+                                               [train[1], train[2]])]  # fmt: skip
