@@ -892,6 +892,12 @@ def test_word_pooling_settings_are_checked_and_recorded(env, tmp_path, capsys):
   with pytest.raises(ConfigError, match=r"task.word_pooling: checkpoint 'first' != config 'mean'"):
     workdir_lib.check_same_model(trained, config.to_dict(), "runs/ner")
   workdir_lib.check_same_model(config.to_dict(), config.to_dict(), "runs/ner")
+  # A run saved before task.word_pooling existed was trained with first; a GLUE run has no rule.
+  del trained["task"]["word_pooling"]
+  with pytest.raises(ConfigError, match=r"task.word_pooling: checkpoint 'first' != config 'mean'"):
+    workdir_lib.check_same_model(trained, config.to_dict(), "runs/ner")
+  glue = {"task": {"name": "sst2"}, "model": {}}
+  workdir_lib.check_same_model(glue, glue, "runs/sst2")
 
 
 @pytest.mark.slow

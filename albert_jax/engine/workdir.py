@@ -74,13 +74,25 @@ STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (
 )
 
 
+# What a run saved before a state field existed was trained with (compared where this run's config
+# has the field: a word tagger's, not a GLUE run's).
+SAVED_BEFORE = {("task", "word_pooling"): "first"}
+
+
 def check_same_model(saved: dict, current: dict, workdir) -> None:
   """saved, current: whole configs as dicts (config.json's and this run's)."""
+
+  def was(section, k):
+    return saved.get(section, {}).get(k, SAVED_BEFORE.get((section, k)))
+
   diffs = [
-    f"{section}.{k}: checkpoint {saved.get(section, {}).get(k)!r} != config "
-    f"{current.get(section, {}).get(k)!r}"
+    f"{section}.{k}: checkpoint {was(section, k)!r} != config {current.get(section, {}).get(k)!r}"
     for section, k in STATE_FIELDS
-    if k in saved.get(section, {}) and saved[section][k] != current.get(section, {}).get(k)
+    if (
+      k in saved.get(section, {})
+      or ((section, k) in SAVED_BEFORE and section in saved and k in current.get(section, {}))
+    )
+    and was(section, k) != current.get(section, {}).get(k)
   ]
   if diffs:
     raise ConfigError(
