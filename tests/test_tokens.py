@@ -554,7 +554,8 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
       config.data.label_column = column
     arrays, extra = task.load(config, loaded.tokenizer, "eval", str(tagger / "eval" / f"data.{f}"))
     out = loaded.model.apply({"params": loaded.params}, arrays["input_ids"],
-                             arrays["segment_ids"], arrays["input_mask"])  # fmt: skip
+                             arrays["segment_ids"], arrays["input_mask"],
+                             word_position=arrays["word_position"])  # fmt: skip
     scores[f] = task.evaluate(config, {"logits": np.asarray(out["logits"])}, arrays, extra)
   for f in ("conllu", "jsonl", "parquet"):
     assert scores[f] == pytest.approx(scores["conll"], abs=1e-9), f
@@ -570,7 +571,7 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   assert finetuning.finished_seed(config, str(tagger / "run" / "seed_0")) is not None
   # The rule the labels were read by, beside them.
   rule = json.loads((tagger / "run" / "predictions" / tokens.RULE_FILE).read_text())
-  assert rule == {"word_pooling": "first", "labels": list(task.labels), "tag_scheme": "bio"}
+  assert rule == {"word_pooling": "mean", "labels": list(task.labels), "tag_scheme": "bio"}
 
 
 @pytest.mark.slow

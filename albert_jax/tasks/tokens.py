@@ -320,7 +320,7 @@ def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TaggingTask(tasks.Task):
   """Token classification: AlbertForTokenClassification's label per piece, cross-entropy over the
-  labelled pieces (a word's first piece), word accuracy and (BIO/IOBES tags) entity F1; the best
+  labelled pieces (one a word, where task.word_pooling reads it), word accuracy and (BIO/IOBES tags) entity F1; the best
   seed's eval and test predictions in the input's format."""
 
   name: str = "tokens"
@@ -359,7 +359,7 @@ class TaggingTask(tasks.Task):
     if pooling != "first" and d.get("label_all_pieces", False):
       raise ConfigError(
         f"data.label_all_pieces=True labels every piece, task.word_pooling={pooling} one: "
-        "set one of them"
+        "set task.word_pooling=first with it (a word predicted from its first piece)"
       )
     labels = parse_labels(d.labels)
     train = self.split_path(config, "train")
