@@ -554,7 +554,8 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
       config.data.label_column = column
     arrays, extra = task.load(config, loaded.tokenizer, "eval", str(tagger / "eval" / f"data.{f}"))
     out = loaded.model.apply({"params": loaded.params}, arrays["input_ids"],
-                             arrays["segment_ids"], arrays["input_mask"])  # fmt: skip
+                             arrays["segment_ids"], arrays["input_mask"],
+                             word_position=arrays["word_position"])  # fmt: skip
     scores[f] = task.evaluate(config, {"logits": np.asarray(out["logits"])}, arrays, extra)
   for f in ("conllu", "jsonl", "parquet"):
     assert scores[f] == pytest.approx(scores["conll"], abs=1e-9), f
@@ -568,6 +569,9 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   )
   assert [s.labels for s in test.sentences] == [s.labels for s in written.sentences]
   assert finetuning.finished_seed(config, str(tagger / "run" / "seed_0")) is not None
+  # The rule the labels were read by, beside them.
+  rule = json.loads((tagger / "run" / "predictions" / tokens.RULE_FILE).read_text())
+  assert rule == {"word_pooling": "mean", "labels": list(task.labels), "tag_scheme": "bio"}
 
 
 @pytest.mark.slow
@@ -703,3 +707,306 @@ def test_benchmark_tagging_tiny():
   assert figures["ours_over_torch"] == pytest.approx(
     figures["ours_sequences_per_second"] / figures["torch_sequences_per_second"], rel=1e-3
   )
+
+
+# --- Word pooling (task.word_pooling) ------------------------------------------------------------------
+
+
+def _pooling_sentences():
+  """Hand-built sentences: English with words of one and of several pieces, the six other scripts
+  (their words alone often start with a bare "▁" in a 400-piece vocabulary), Chinese and Japanese
+  text without spaces, and words that become no piece."""
+  from tests.multiscript_text import SENTENCES as TEXT
+
+  out = [w for w, _ in SENTENCES]
+  out += [TEXT["en"][1].split(), TEXT["ru"][1].split(), list(TEXT["zh"][1][:12])]
+  out.append(["john", "\u0301", "lives", "", "in", "paris"])
+  return out
+
+
+def _alone(tok, words):
+  together = scripts.words_written_together(words)
+  return [tok.encode_continuation(w) if t else tok.encode(w) for w, t in zip(words, together)]
+
+
+@pytest.mark.parametrize("rule", tuple(tokens.WORD_POOLINGS))
+def test_each_word_pooling_labels_the_piece_it_states(tok, rule):
+  """The label of each word sits where the rule says, stated from the pieces' text (first, first
+  not a bare "▁", last; mean and first_last at the first, pooling every piece of the word there);
+  a word of one piece is labelled at that piece under every rule."""
+  bare = tokenizer_lib.WORD_MARKER
+  sentences = _pooling_sentences()
+  label_ids = [list(range(len(w))) for w in sentences]
+  data = [tagged_files.Sentence(w, ["O"] * len(w), list(range(len(w)))) for w in sentences]
+  arrays, alignment = tokens.make_features(
+    data, label_ids, tok, max_seq_length=64, stride=16, word_pooling=rule
+  )
+  assert alignment.split_sentences == 0 and len(arrays["input_ids"]) == len(sentences)
+  saw_bare = saw_one = 0
+  for r, words in enumerate(sentences):
+    alone = _alone(tok, words)
+    start = 1
+    want_weight = np.zeros(64, np.float32)
+    for i, pieces in enumerate(alone):
+      k = alignment.sentence_start[r] + i
+      if not pieces:
+        assert alignment.word_row[k] == -1
+        continue
+      text = [tok.id_to_piece(p) for p in pieces]
+      at = {
+        "last": len(text) - 1,
+        "first_word_piece": next((j for j, t in enumerate(text) if t != bare), 0),
+      }.get(rule, 0)
+      saw_bare += text[0] == bare and len(text) > 1
+      saw_one += len(text) == 1
+      if len(text) == 1:
+        assert at == 0
+      assert alignment.word_row[k] == r and alignment.word_pos[k] == start + at
+      assert arrays["label"][r, start + at] == i
+      want_weight[start + at] = 1.0
+      if rule in tokens.POOLED:  # every piece of the word points at its label position
+        assert (arrays["word_position"][r, start : start + len(text)] == start).all()
+      start += len(text)
+    np.testing.assert_array_equal(arrays["label_weight"][r], want_weight)
+    if rule in tokens.POOLED:
+      assert arrays["word_position"][r, 0] == -1 and arrays["word_position"][r, start] == -1
+    else:
+      assert "word_position" not in arrays
+  assert saw_bare >= 5 and saw_one >= 10  # the sentences have both kinds of word
+
+
+@pytest.mark.parametrize("rule", tuple(tokens.WORD_POOLINGS))
+def test_word_pooling_in_split_windows_reads_the_whole_word_once(tok, rule):
+  """Sentences longer than a window: each word is labelled once, in the window that owns it, at
+  its rule's piece, and all its pieces are in that window (windows are of whole words)."""
+  rng = np.random.default_rng(0)
+  vocabulary = [w for words in _pooling_sentences() for w in words if tok.encode(w)]
+  sentences, label_ids = [], []
+  for length in (40, 97):
+    words = [str(w) for w in rng.choice(vocabulary, length)]
+    sentences.append(tagged_files.Sentence(words, ["O"] * length, list(range(length))))
+    label_ids.append(list(rng.integers(0, 5, length)))
+  arrays, alignment = tokens.make_features(
+    sentences, label_ids, tok, max_seq_length=24, stride=7, word_pooling=rule
+  )
+  assert alignment.split_sentences == 2
+  has = alignment.word_row >= 0
+  assert arrays["label_weight"].sum() == has.sum()
+  rows, pos = alignment.word_row[has], alignment.word_pos[has]
+  assert (arrays["label_weight"][rows, pos] == 1).all()
+  words = [w for s in sentences for w in s.words]
+  for k in np.flatnonzero(has)[:60]:
+    pieces = tok.encode(words[k])
+    r, p = alignment.word_row[k], alignment.word_pos[k]
+    ids = arrays["input_ids"][r].tolist()
+    # The word's pieces around its label position, whole, in the owning window.
+    at = tokens.label_piece(pieces, rule, tok.sp.piece_to_id(tokenizer_lib.WORD_MARKER))
+    assert (
+      ids[p - at : p - at + len(pieces)] == pieces
+      or scripts.words_written_together([words[k - 1], words[k]])[1]
+    )
+    if rule in tokens.POOLED:
+      assert (arrays["word_position"][r, p : p + len(pieces)] == p).sum() >= 1
+  # Logits that put each position's gold label first read the gold labels back, in order.
+  logits = np.zeros(arrays["label"].shape + (5,), np.float32)
+  np.put_along_axis(logits, arrays["label"][..., None], 1.0, axis=-1)
+  gold = np.concatenate(label_ids)
+  np.testing.assert_array_equal(tokens.word_predictions(logits, alignment, 0)[has], gold[has])
+
+
+def test_mean_and_first_last_pool_the_words_pieces_hidden_states(tok):
+  """mean: at each word's label position the mean of its pieces' hidden states (1e-6); first_last:
+  its first and last pieces' side by side; a word of one piece reads its own hidden state under
+  every rule, so a head with the same weights gives it the same logits under first and mean; and
+  mean's logits are the mean of the per-piece logits (what the export's model card computes)."""
+  from albert_jax.model import albert as M, heads
+
+  sentences = _pooling_sentences()
+  data = [tagged_files.Sentence(w, ["O"] * len(w), list(range(len(w)))) for w in sentences]
+  arrays, alignment = tokens.make_features(
+    data, [[0] * len(w) for w in sentences], tok, max_seq_length=64, stride=16, word_pooling="mean"
+  )
+  cfg = M.model_config({**SIZES, "max_position_embeddings": 64})
+  models = {
+    rule: heads.AlbertForTokenClassification(cfg, 5, 0.0, word_pooling=rule)
+    for rule in ("first", "mean", "first_last")
+  }
+  inputs = (arrays["input_ids"], arrays["segment_ids"], arrays["input_mask"])
+  params = models["first"].init(jax.random.key(0), *inputs)["params"]
+  first = models["first"].apply({"params": params}, *inputs)
+  mean = models["mean"].apply({"params": params}, *inputs, word_position=arrays["word_position"])
+  hidden = np.asarray(first["sequence_output"], np.float64)
+  pooled = np.asarray(heads.pool_words(first["sequence_output"], arrays["word_position"], "mean"))
+  both = np.asarray(
+    heads.pool_words(first["sequence_output"], arrays["word_position"], "first_last")
+  )
+  per_piece = np.asarray(first["logits"], np.float64)
+  has = alignment.word_row >= 0
+  lengths = [len(p) for w in sentences for p in _alone(tok, w)]
+  for k in np.flatnonzero(has):
+    r, p, n = alignment.word_row[k], alignment.word_pos[k], lengths[k]
+    np.testing.assert_allclose(pooled[r, p], hidden[r, p : p + n].mean(0), atol=1e-6)
+    np.testing.assert_allclose(both[r, p], np.concatenate([hidden[r, p], hidden[r, p + n - 1]]),
+                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(mean["logits"][r, p], per_piece[r, p : p + n].mean(0), atol=1e-5)
+    if n == 1:
+      np.testing.assert_allclose(mean["logits"][r, p], per_piece[r, p], atol=1e-5)
+  assert max(lengths) > 2 and min(lengths) == 0
+  # first_last: a 2H-wide classifier; a one-piece word's input is its hidden state twice.
+  wide = models["first_last"].init(jax.random.key(0), *inputs)["params"]
+  assert wide["classifier"]["kernel"].value.shape == (2 * SIZES["hidden_size"], 5)
+
+
+def test_word_pooling_settings_are_checked_and_recorded(env, tmp_path, capsys):
+  """A bad task.word_pooling, or label_all_pieces with a rule that reads one piece, is one line at
+  resolve; a rule other than first says so in one line; the task and its model carry the rule, and
+  a workdir trained with one rule is refused with another (continuing or evaluating it)."""
+  from albert_jax import tasks
+  from albert_jax.engine import workdir as workdir_lib
+
+  train = write_formats(tmp_path / "train", tagged_corpus(40, 0))["conll"]
+  import albert_jax
+
+  def resolve(**task):
+    base = {"init_from": str(env / "init"), "train.batch_size": 8, "data.train_file": train}
+    return albert_jax.get_config(
+      "configs/finetune/tokens.py", {**base, **{f"task.{k}": v for k, v in task.items()}}
+    )
+
+  with pytest.raises(ConfigError, match="task.word_pooling='average' is not one of first,") as e:
+    resolve(word_pooling="average")
+  assert "\n" not in str(e.value)
+  with pytest.raises(ConfigError, match="label_all_pieces=True labels every piece") as e:
+    albert_jax.get_config(
+      "configs/finetune/tokens.py",
+      {"init_from": str(env / "init"), "data.train_file": train, "task.word_pooling": "last",
+       "data.label_all_pieces": True},
+    )  # fmt: skip
+  capsys.readouterr()
+  config = resolve(word_pooling="mean")
+  assert (
+    "task.word_pooling=mean: each word's label is read from the mean" in capsys.readouterr().out
+  )
+  task = tasks.of(config)
+  assert task.word_pooling == "mean" and task.model(config)[0].word_pooling == "mean"
+  trained = resolve(word_pooling="first").to_dict()
+  with pytest.raises(ConfigError, match=r"task.word_pooling: checkpoint 'first' != config 'mean'"):
+    workdir_lib.check_same_model(trained, config.to_dict(), "runs/ner")
+  workdir_lib.check_same_model(config.to_dict(), config.to_dict(), "runs/ner")
+  # A run saved before task.word_pooling existed was trained with first; a GLUE run has no rule.
+  del trained["task"]["word_pooling"]
+  with pytest.raises(ConfigError, match=r"task.word_pooling: checkpoint 'first' != config 'mean'"):
+    workdir_lib.check_same_model(trained, config.to_dict(), "runs/ner")
+  glue = {"task": {"name": "sst2"}, "model": {}}
+  workdir_lib.check_same_model(glue, glue, "runs/sst2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", tuple(tokens.WORD_POOLINGS))
+def test_word_pooling_export_gives_the_words_our_labels(env, tmp_path, rule):
+  """Each rule's export: AlbertForTokenClassification's per-piece logits equal ours (1e-5; mean's
+  word logits are the mean of them), the model card's lines (run as written) give every word our
+  label, `first` through the pipeline's aggregation_strategy="first" too; config.json records the
+  rule; first_last, whose classifier transformers cannot hold, is refused in one line."""
+  import flax.linen as nn
+  import torch
+  import transformers
+
+  from albert_jax import tasks
+  from albert_jax.pretraining import export as export_lib
+
+  train = write_formats(tmp_path / "train", tagged_corpus(40, 0))["conll"]
+  config = _resolve_tokens(env, train_file=train)
+  with config.unlocked():
+    config.task.word_pooling = rule
+  task = tasks.of(config)
+  module, inputs = task.model(config)
+  params = nn.unbox(module.init(jax.random.key(1), **inputs)["params"])
+  # A classifier with a wide spread, so that a wrong piece would change labels.
+  params["classifier"]["kernel"] = params["classifier"]["kernel"] * 50.0
+  out = tmp_path / "hf"
+  spm = str(env / "spm" / "spiece.model")
+  if rule == "first_last":
+    with pytest.raises(ConfigError, match="first_last .* export with --format=jax") as e:
+      export_lib.write_export(params, config, str(out), step=0, spm_model_path=spm)
+    assert "\n" not in str(e.value) and not out.exists()
+    return
+  export_lib.write_export(params, config, str(out), step=0, spm_model_path=spm)
+  theirs = transformers.AlbertForTokenClassification.from_pretrained(str(out)).eval()
+  assert theirs.config.albert_jax_word_pooling == rule
+  words = ["john", "smith", "lives", "in", "new", "york", "since", "2019", "!", "Иван", "живёт",
+           "в", "Москве", "राम", "दिल्ली", "김민수", "는", "서울"]  # fmt: skip
+  tok = tokenizer_lib.load(spm)
+  sentence = tagged_files.Sentence(words, None, list(range(len(words))))
+  arrays, alignment = tokens.make_features(
+    [sentence], [None], tok, max_seq_length=64, stride=16, word_pooling=rule
+  )
+  assert (alignment.word_row >= 0).all()
+  extra = {"word_position": arrays["word_position"]} if rule in tokens.POOLED else {}
+  ours = module.apply({"params": params}, arrays["input_ids"], arrays["segment_ids"],
+                      arrays["input_mask"], **extra)["logits"]  # fmt: skip
+  mine = [task.labels[i] for i in tokens.word_predictions(np.asarray(ours), alignment, 0)]
+  assert len(set(mine)) > 1  # the labels differ between words
+  with torch.no_grad():
+    piece = theirs(
+      input_ids=torch.tensor(arrays["input_ids"]).long(),
+      attention_mask=torch.tensor(arrays["input_mask"]).long(),
+    ).logits.numpy()[0]
+  n = int(arrays["input_mask"][0].sum())
+  if rule == "mean":
+    for p in alignment.word_pos:
+      span = arrays["word_position"][0, :n] == p
+      np.testing.assert_allclose(ours[0, p], piece[:n][span].mean(0), atol=1e-5)
+  else:
+    np.testing.assert_allclose(np.asarray(ours)[0, :n], piece[:n], atol=1e-5)
+  # The model card's code, as written, on the words.
+  card = (out / "README.md").read_text()
+  code = card.split("```python\n")[-1].split("```")[0].replace("PATH", str(out))
+  scope = {}
+  exec(code, scope)  # noqa: S102
+  # Where transformers' tokenizer (tokenizer.json) cuts a word as our SentencePiece does; it cuts
+  # some Hangul and Devanagari words otherwise (a matter of the exported tokenizer, not the rule).
+  same = [
+    k for k, w in enumerate(words) if scope["tokenizer"].encode(w, add_special_tokens=False)
+    == tok.encode(w)
+  ]  # fmt: skip
+  assert len(same) >= 13 and {0, 1, 5, 6, 10} <= set(same)  # english, russian, bare "▁" firsts
+  kept = [words[k] for k in same]
+  arrays, alignment = tokens.make_features(
+    [tagged_files.Sentence(kept, None, list(range(len(kept))))], [None], tok, max_seq_length=64,
+    stride=16, word_pooling=rule,
+  )  # fmt: skip
+  extra = {"word_position": arrays["word_position"]} if rule in tokens.POOLED else {}
+  ours = module.apply({"params": params}, arrays["input_ids"], arrays["segment_ids"],
+                      arrays["input_mask"], **extra)["logits"]  # fmt: skip
+  mine = [task.labels[i] for i in tokens.word_predictions(np.asarray(ours), alignment, 0)]
+  assert scope["tag"](kept) == mine
+  assert ('aggregation_strategy="first"' in card) == (rule == "first")
+  assert ("No aggregation_strategy" in card) == (rule != "first")
+
+
+def test_tagging_benchmark_lookup_baseline_and_subsample(tmp_path):
+  """benchmarks/tagging.py's floor: each eval word's most frequent training tag (lowercased where
+  the model lowercases), unknown words the most frequent tag; its subsample keeps whole sentences."""
+  bench = load_file("benchmarks/tagging.py")
+  train = [(["The", "dog", "runs"], ["DET", "NOUN", "VERB"]), (["the", "runs"], ["DET", "NOUN"]),
+           (["dog", "runs"], ["NOUN", "VERB"])]  # fmt: skip
+  evals = [(["THE", "cat", "runs"], ["DET", "NOUN", "NOUN"])]
+  paths = {}
+  for name, sentences in (("train", train), ("eval", evals)):
+    lines = []
+    for k, (words, tags) in enumerate(sentences):
+      lines += [f"# sent_id = {k}"] + [
+        f"{i}\t{w}\t{w}\t{t}\t_\t_\t0\tdep\t_\t_" for i, (w, t) in enumerate(zip(words, tags), 1)
+      ] + [""]  # fmt: skip
+    paths[name] = tmp_path / f"{name}.conllu"
+    paths[name].write_text("\n".join(lines) + "\n")
+  read = {k: tagged_files.read_tagged(str(v)) for k, v in paths.items()}
+  # the -> DET (lowercased), cat unknown -> NOUN (the most frequent tag), runs -> VERB (2 of 3).
+  assert bench.lookup_accuracy(read["train"], read["eval"], lower=True) == pytest.approx(2 / 3)
+  assert bench.lookup_accuracy(read["train"], read["eval"], lower=False) == pytest.approx(1 / 3)
+  assert bench.subsample(str(paths["train"]), str(tmp_path / "sub.conllu"), 2) == 2
+  sub = tagged_files.read_tagged(str(tmp_path / "sub.conllu"))
+  assert [s.words for s in sub.sentences] in [[w for w, _ in pair] for pair in
+                                              ([train[0], train[1]], [train[0], train[2]],
+                                               [train[1], train[2]])]  # fmt: skip

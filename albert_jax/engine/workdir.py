@@ -72,7 +72,17 @@ def check_workdir(workdir, config: ml_collections.ConfigDict, latest: int | None
 # Fields that change the layout of the saved state (parameter shapes and tree, optimizer state); the
 # rest (dtype, remat, dropout, learning rate, ...) may differ between a checkpoint and a resumed run.
 SHAPE_FIELDS = config_lib.SIZE_FIELDS + config_lib.LAYOUT_FIELDS
-STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (("train", "optimizer"),)
+# A word tagger's task.word_pooling too: its head reads other pieces (first_last: another shape),
+# and a run trained with one rule is neither continued nor evaluated with another.
+STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (
+  ("train", "optimizer"),
+  ("task", "word_pooling"),
+)
+
+
+# What a run saved before a state field existed was trained with (compared where this run's config
+# has the field: a word tagger's, not a GLUE run's).
+SAVED_BEFORE = {("task", "word_pooling"): "first"}
 
 # Settings a resume cannot change though the state's shapes may stay: what the checkpoints'
 # parameters started from, and what their data position counts. (section or None, field, why.)
@@ -176,11 +186,18 @@ def _describe(plan) -> str:
 
 def check_same_model(saved: dict, current: dict, workdir) -> None:
   """saved, current: whole configs as dicts (config.json's and this run's)."""
+
+  def was(section, k):
+    return saved.get(section, {}).get(k, SAVED_BEFORE.get((section, k)))
+
   diffs = [
-    f"{section}.{k}: checkpoint {saved.get(section, {}).get(k)!r} != config "
-    f"{current.get(section, {}).get(k)!r}"
+    f"{section}.{k}: checkpoint {was(section, k)!r} != config {current.get(section, {}).get(k)!r}"
     for section, k in STATE_FIELDS
-    if k in saved.get(section, {}) and saved[section][k] != current.get(section, {}).get(k)
+    if (
+      k in saved.get(section, {})
+      or ((section, k) in SAVED_BEFORE and section in saved and k in current.get(section, {}))
+    )
+    and was(section, k) != current.get(section, {}).get(k)
   ]
   if diffs:
     raise ConfigError(

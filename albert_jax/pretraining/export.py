@@ -105,6 +105,7 @@ def model_card(config: Any, step: int, metrics: dict, fmt: str, source: str = ""
       f'model = {cls}.from_pretrained("PATH")',
       'tokenizer = AlbertTokenizer.from_pretrained("PATH")',
       "```",
+      *tasks.of(config).card_lines(fmt),
     ]
   elif fmt == "hf":
     lines += [
@@ -205,6 +206,8 @@ def write_export(
       "--format=hf: this model was trained with data.normalize_quotes=False but Hugging Face's "
       "AlbertTokenizer always turns `` and '' into \"; export with --format=jax"
     )
+  if "task" in config:
+    tasks.of(config).check_export(fmt)
   output = check_output(output, overwrite)
   if spm_model_path and not files.path(spm_model_path).is_file():
     raise ConfigError(f"vocabulary not found: {spm_model_path} (pass --spm_model_path)")

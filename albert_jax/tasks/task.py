@@ -157,6 +157,13 @@ class Task:
     """config.json fields of the fine-tuned Hugging Face model beside its class."""
     return {}
 
+  def check_export(self, fmt: str) -> None:
+    """A one-line ConfigError where the fine-tuned model cannot be exported in `fmt`."""
+
+  def card_lines(self, fmt: str) -> list[str]:
+    """What the export's model card adds on how to read the model's outputs (markdown lines)."""
+    return []
+
 
 # ----------------------------------------------------------------------------------------------------
 # The Hub's Parquet files.
@@ -236,7 +243,9 @@ def hub_column(rows: list[dict], column: str, path: str) -> list:
 
 
 def apply(model, params, batch, rng) -> dict:
-  """The head model on a batch (rng None: deterministic, no dropout)."""
+  """The head model on a batch (rng None: deterministic, no dropout); a word tagger's batch that
+  pools its words' pieces (tokens.POOLED) brings each piece's word_position too."""
+  extra = {"word_position": batch["word_position"]} if "word_position" in batch else {}
   return model.apply(
     {"params": params},
     batch["input_ids"],
@@ -244,6 +253,7 @@ def apply(model, params, batch, rng) -> dict:
     batch["input_mask"],
     deterministic=rng is None,
     rngs=None if rng is None else {"dropout": rng},
+    **extra,
   )
 
 

@@ -8,8 +8,12 @@ encoded alone (preprocessed, then SentencePiece with its "▁" word start), exce
 without spaces (Chinese, Japanese, Thai: scripts.words_written_together), where a word written
 against the one before is encoded as pretraining saw it, without the "▁" of a word boundary the
 text does not have (Tokenizer.encode_continuation: a Chinese NER file tagged per character gives
-"北" "京", not "▁北" "▁京"). The first piece carries the word's label and the others weight 0
-(transformers' -100), or with data.label_all_pieces every piece carries it. A word that becomes no piece at all (a lone combining mark, a control character) has no
+"北" "京", not "▁北" "▁京"). One piece carries the word's label and the others weight 0
+(transformers' -100), or with data.label_all_pieces every piece carries it. Which piece, and what the
+classifier reads there, is task.word_pooling (WORD_POOLINGS): the first piece (transformers'), the
+first that is not a bare "▁", the last, or (POOLED, in the head: model/heads.py) the mean of the
+word's pieces' hidden states or its first and last side by side; the same in training, evaluation,
+prediction, albert_jax.load and the export's model card. A word that becomes no piece at all (a lone combining mark, a control character) has no
 position: it is predicted as LABEL_OF_NOTHING says. A sentence longer than the sequence is split into
 windows of whole words, data.doc_stride pieces apart; each word is predicted (and trained) in exactly
 one window, the one that gives it the most context (SQuAD's rule, in words), so nothing is truncated.
@@ -35,11 +39,13 @@ from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.log import log
 from albert_jax.data.text import scripts
-from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID
+from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID, WORD_MARKER
 from albert_jax.model import albert as M, heads
-from albert_jax.tasks import tagged_files, task as tasks
+from albert_jax.tasks import tagged_files, task as tasks, word_pooling
+from albert_jax.tasks.word_pooling import POOLED, WORD_POOLINGS, label_piece
 
 TAG_SCHEMES = ("auto", "none", "bio", "iobes")
+RULE_FILE = "tagging.json"  # in a run's predictions/: task.word_pooling, the labels, the tag scheme
 _ENTITY_TAG = re.compile(r"^[BIES]-.+$")
 
 
@@ -114,8 +120,8 @@ def detect_scheme(labels: Sequence[str]) -> tuple[str, str]:
 
 @dataclasses.dataclass
 class Alignment:
-  """Where each word of a split is predicted: its row and first piece's position (row -1: the word
-  became no piece), its gold label id (-1: none), and each sentence's first word."""
+  """Where each word of a split is predicted: its row and the position its label sits at (row -1:
+  the word became no piece), its gold label id (-1: none), and each sentence's first word."""
 
   word_row: np.ndarray
   word_pos: np.ndarray
@@ -165,11 +171,16 @@ def make_features(
   max_seq_length: int,
   stride: int,
   label_all_pieces: bool = False,
+  word_pooling: str = "first",
 ) -> tuple[dict[str, np.ndarray], Alignment]:
-  """Model inputs [CLS] pieces [SEP] of every window, the label of each word at its first piece
-  (every piece with label_all_pieces) in the window that owns the word, weight 1 there and 0
-  elsewhere, and where each word is predicted."""
+  """Model inputs [CLS] pieces [SEP] of every window, the label of each word at the piece
+  word_pooling reads it from (label_piece; every piece with label_all_pieces) in the window that
+  owns the word, weight 1 there and 0 elsewhere, and where each word is predicted. For the pooled
+  rules (POOLED) also `word_position`: each piece's word's label position in its row (-1 for [CLS],
+  [SEP] and padding), which the head pools by. A word's pieces are never split between windows
+  (windows are of whole words), so every rule reads all of them in the window that owns it."""
   room = max_seq_length - 2
+  bare = tokenizer.sp.piece_to_id(WORD_MARKER)
   if room < 1 or stride < 1:
     raise ConfigError(f"max_seq_length={max_seq_length} and doc_stride={stride} leave no room")
   flat = [w for s in sentences for w in s.words]
@@ -192,17 +203,21 @@ def make_features(
     first_row = len(rows)
     positions = np.full(n, -1, np.int64)
     for w, (start, end) in enumerate(windows):
-      tokens, label = [CLS_ID], []
+      tokens, label, where = [CLS_ID], [], [-1]
       for i in range(start, end):
         mine = owner[i] == w and ids is not None
+        at = label_piece(word_pieces[i], word_pooling, bare)
         if owner[i] == w and word_pieces[i]:
-          positions[i] = len(tokens)
+          positions[i] = len(tokens) + at
+        anchor = len(tokens) + at
         for j, piece in enumerate(word_pieces[i]):
           tokens.append(piece)
-          labelled = mine and (j == 0 or label_all_pieces)
+          where.append(anchor)
+          labelled = mine and (j == at or label_all_pieces)
           label.append((len(tokens) - 1, ids[i] if labelled else 0, 1.0 if labelled else 0.0))
       tokens.append(SEP_ID)
-      rows.append((tokens, label))
+      where.append(-1)
+      rows.append((tokens, label, where))
     for i in range(n):
       word_row.append(first_row + owner[i] if positions[i] >= 0 else -1)
       word_pos.append(positions[i])
@@ -214,9 +229,13 @@ def make_features(
     for name in ("input_ids", "input_mask", "segment_ids", "label")
   }
   arrays["label_weight"] = np.zeros((m, max_seq_length), np.float32)
-  for r, (tokens, label) in enumerate(rows):
+  if word_pooling in POOLED:
+    arrays["word_position"] = np.full((m, max_seq_length), -1, np.int32)
+  for r, (tokens, label, where) in enumerate(rows):
     arrays["input_ids"][r, : len(tokens)] = tokens
     arrays["input_mask"][r, : len(tokens)] = 1
+    if word_pooling in POOLED:
+      arrays["word_position"][r, : len(where)] = where
     for pos, lab, wt in label:
       arrays["label"][r, pos], arrays["label_weight"][r, pos] = lab, wt
   alignment = Alignment(
@@ -230,8 +249,8 @@ def make_features(
 
 
 def word_predictions(logits: np.ndarray, alignment: Alignment, fallback: int) -> np.ndarray:
-  """Each word's predicted label id: the argmax at its first piece in the window that owns it, or
-  `fallback` for a word that became no piece."""
+  """Each word's predicted label id: the argmax at its label's position (make_features') in the
+  window that owns it, or `fallback` for a word that became no piece."""
   rows, pos = alignment.word_row, alignment.word_pos
   found = rows >= 0
   pred = np.full(len(rows), fallback, np.int64)
@@ -301,12 +320,13 @@ def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TaggingTask(tasks.Task):
   """Token classification: AlbertForTokenClassification's label per piece, cross-entropy over the
-  labelled pieces (a word's first piece), word accuracy and (BIO/IOBES tags) entity F1; the best
+  labelled pieces (one a word, where task.word_pooling reads it), word accuracy and (BIO/IOBES tags) entity F1; the best
   seed's eval and test predictions in the input's format."""
 
   name: str = "tokens"
   labels: tuple[str, ...] = ()
   scheme: str = "none"
+  word_pooling: str = "first"
 
   kind = "tagging"
   hf_class = "AlbertForTokenClassification"
@@ -316,7 +336,12 @@ class TaggingTask(tasks.Task):
     saved = config.task.get("labels") or ""
     labels = tuple(json.loads(saved)) if saved.startswith("[") else ()
     scheme = config.data.get("tag_scheme", "auto")
-    return dataclasses.replace(self, labels=labels, scheme=scheme if scheme != "auto" else "none")
+    return dataclasses.replace(
+      self,
+      labels=labels,
+      scheme=scheme if scheme != "auto" else "none",
+      word_pooling=config.task.get("word_pooling", "first"),
+    )
 
   def resolve(self, config) -> None:
     """The label set (data.labels, else the training file's) saved as task.labels, the tag scheme
@@ -328,6 +353,14 @@ class TaggingTask(tasks.Task):
       raise ConfigError(f"data.tag_scheme={d.tag_scheme!r} is not one of {', '.join(TAG_SCHEMES)}")
     if not isinstance(d.get("doc_stride"), int) or d.doc_stride < 1:
       raise ConfigError(f"data.doc_stride={d.get('doc_stride')!r} must be a positive integer")
+    pooling = config.task.get("word_pooling", "first")
+    if pooling not in WORD_POOLINGS:
+      raise ConfigError(f"task.word_pooling={pooling!r} is not one of {', '.join(WORD_POOLINGS)}")
+    if pooling != "first" and d.get("label_all_pieces", False):
+      raise ConfigError(
+        f"data.label_all_pieces=True labels every piece, task.word_pooling={pooling} one: "
+        "set task.word_pooling=first with it (a word predicted from its first piece)"
+      )
     labels = parse_labels(d.labels)
     train = self.split_path(config, "train")
     if not train:
@@ -363,6 +396,11 @@ class TaggingTask(tasks.Task):
         raise ConfigError(f"data.tag_scheme={d.tag_scheme}: label {bad[0]!r} is not O or X-TYPE")
     if d.tag_scheme != "none" and config.task.metric == "accuracy":
       config.task.metric = "f1"
+    if pooling != "first":
+      log(
+        f"task.word_pooling={pooling}: each word's label is read from {WORD_POOLINGS[pooling]} "
+        "(transformers' rule is first)"
+      )
     self._resolve_steps(config, len(corpus.sentences))
 
   @staticmethod
@@ -392,7 +430,10 @@ class TaggingTask(tasks.Task):
     if not self.labels:
       raise ConfigError("task tokens: no label set (task.labels); resolve the config first")
     module = heads.AlbertForTokenClassification(
-      M.model_config(config.model), len(self.labels), config.task.classifier_dropout
+      M.model_config(config.model),
+      len(self.labels),
+      config.task.classifier_dropout,
+      word_pooling=self.word_pooling,
     )
     return module, tasks.head_inputs((1, 8))
 
@@ -437,6 +478,7 @@ class TaggingTask(tasks.Task):
       max_seq_length=d.max_seq_length,
       stride=d.doc_stride,
       label_all_pieces=bool(d.get("label_all_pieces", False)),
+      word_pooling=self.word_pooling,
     )
     words = len(alignment.word_row)
     pieceless = int(np.sum(alignment.word_row < 0))
@@ -480,6 +522,13 @@ class TaggingTask(tasks.Task):
       out = str(files.path(directory, f"{split}{ext}"))
       tagged_files.write_tagged(out, corpus, self.tags(outputs[split], data[split][1]))
       written.append(out)
+    if written:  # the rule the labels were read by, beside them
+      rule = str(files.path(directory, RULE_FILE))
+      files.write_json(
+        rule,
+        {"word_pooling": self.word_pooling, "labels": list(self.labels), "tag_scheme": self.scheme},
+      )
+      written.append(rule)
     return written
 
   def hf_fields(self, head_outputs):
@@ -487,7 +536,19 @@ class TaggingTask(tasks.Task):
       num_labels=head_outputs,
       id2label={str(i): label for i, label in enumerate(self.labels)},
       label2id={label: i for i, label in enumerate(self.labels)},
+      albert_jax_word_pooling=self.word_pooling,  # transformers keeps unknown fields as they are
     )
+
+  def check_export(self, fmt: str) -> None:
+    if fmt == "hf" and self.word_pooling == "first_last":
+      raise ConfigError(
+        "--format=hf: task.word_pooling=first_last reads each word's first and last pieces' hidden "
+        "states side by side (a 2H-wide classifier), which AlbertForTokenClassification cannot "
+        "hold; export with --format=jax"
+      )
+
+  def card_lines(self, fmt: str) -> list[str]:
+    return word_pooling.card_lines(self.word_pooling, fmt)
 
 
 TASKS = {"tokens": TaggingTask()}

@@ -26,6 +26,11 @@ def get_config(arg=None):
   # train.num_steps=0: this many passes over the training sentences (10% of them warmup).
   config.task.num_epochs = 3.0
   config.task.warmup_proportion = 0.1
+  # Which of a word's pieces its label is read from: mean (of the pieces' hidden states; measured
+  # best or tied in every treebank tried) | first (BERT's and transformers' rule) | first_word_piece
+  # (the first that is not a bare "▁") | last | first_last (first and last side by side).
+  # docs/finetuning.md, Word pooling, has the measurements.
+  config.task.word_pooling = "mean"
   # ALBERT v2's released models and most of Table 14 have no dropout in the backbone.
   config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
   config.data.update(

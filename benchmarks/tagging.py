@@ -1,0 +1,203 @@
+"""Word tagging by word-pooling rule (task.word_pooling), over seeds and languages, beside a per-word
+lookup of the training set.
+
+For each treebank (Universal Dependencies CoNLL-U files, UPOS tags) and each rule, one fine-tuning
+run of `--seeds` seeds from `--init` (a pretraining workdir or export) with
+configs/finetune/tokens.py; the table holds each rule's mean and spread (population std over the
+seeds) of word accuracy on the eval file, the lookup baseline (each training word's most frequent
+tag as the model sees the word, lowercased where it lowercases; unknown words the training set's
+most frequent tag) and what the vocabulary makes of the words (the share whose first piece is a
+bare "▁", the share of pieces that are <unk>).
+
+The data is not committed. Build it from UniversalDependencies/UD_English-EWT, UD_Korean-GSD and
+UD_Chinese-GSD on GitHub (any <treebank>-ud-{dev,test}.conllu pair; docs/finetuning.md, Word
+pooling) into one folder, then:
+
+  python benchmarks/tagging.py --init=/tmp/runs/tiny --data=/tmp/ud --out=/tmp/tagging \
+      --treebanks=en_ewt,ko_gsd,zh_gsd --seeds=3
+
+Each treebank's --train_split file gives the first --train_sentences sentences (shuffled with seed
+0) to train on, its --eval_split file --eval_sentences to score. Prints a table and, last, one JSON
+line with every figure and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+RULES = ("first", "first_word_piece", "last", "mean", "first_last")
+
+
+def conllu_blocks(path: str) -> list[str]:
+  """The sentences of a CoNLL-U file, each its block of lines as written."""
+  with open(path, encoding="utf-8") as f:
+    return [b.strip("\n") for b in f.read().split("\n\n") if b.strip()]
+
+
+def subsample(src: str, dst: str, n: int, seed: int = 0) -> int:
+  """The first n sentences of `src` shuffled with `seed`, written to dst; how many."""
+  blocks = conllu_blocks(src)
+  order = np.random.default_rng(seed).permutation(len(blocks))[:n]
+  os.makedirs(os.path.dirname(dst), exist_ok=True)
+  with open(dst, "w", encoding="utf-8") as f:
+    f.write("\n\n".join(blocks[i] for i in sorted(order)) + "\n\n")
+  return len(order)
+
+
+def lookup_accuracy(train, evals, lower: bool) -> float:
+  """Each eval word's tag as the training set's most frequent for that word (as the model sees it:
+  lowercased where it lowercases), the most frequent tag for a word never seen."""
+  key = (lambda w: w.lower()) if lower else (lambda w: w)
+  counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  tags = collections.Counter()
+  for s in train.sentences:
+    for w, t in zip(s.words, s.labels):
+      counts[key(w)][t] += 1
+      tags[t] += 1
+  common = tags.most_common(1)[0][0]
+  right = total = 0
+  for s in evals.sentences:
+    for w, t in zip(s.words, s.labels):
+      c = counts.get(key(w))
+      right += (c.most_common(1)[0][0] if c else common) == t
+      total += 1
+  return right / total
+
+
+def vocabulary_view(corpus, tokenizer) -> dict:
+  """How the vocabulary cuts the corpus's words: the share whose first piece is a bare "▁" (with
+  more pieces after it), of one piece, and of pieces that are <unk>; mean pieces per word."""
+  from albert_jax.data.text import scripts
+
+  bare_id = tokenizer.sp.piece_to_id("\u2581")
+  unk = tokenizer.sp.unk_id()
+  words = bare = one = pieces = unknown = 0
+  for s in corpus.sentences:
+    encoded = tokenizer.encode_batch(s.words)
+    for w, ids, together in zip(s.words, encoded, scripts.words_written_together(s.words)):
+      ids = tokenizer.continuation(w, ids) if together else ids
+      words += 1
+      bare += len(ids) > 1 and ids[0] == bare_id
+      one += len(ids) == 1
+      pieces += len(ids)
+      unknown += sum(i == unk for i in ids)
+  return {
+    "words": words,
+    "bare_first_piece": bare / words,
+    "one_piece_words": one / words,
+    "pieces_per_word": pieces / words,
+    "unk_pieces": unknown / max(pieces, 1),
+  }
+
+
+def run(args) -> dict:
+  import albert_jax
+  from albert_jax.data.text import tokenizer as tokenizer_lib
+  from albert_jax.interop import model_dir
+  from albert_jax.tasks import finetuning, tagged_files
+
+  load0, t0 = os.getloadavg(), time.time()
+  found = model_dir.open_model_dir(args.init, "--init")
+  tokenizer = tokenizer_lib.load(found.vocab)
+  lower = bool(found.tokenizer["do_lower_case"])
+  figures = {"init": args.init, "treebanks": {}}
+  for bank in args.treebanks.split(","):
+    folder = os.path.join(args.out, "data", bank)
+    train_file, eval_file = (
+      os.path.join(folder, "train.conllu"),
+      os.path.join(folder, "eval.conllu"),
+    )
+    src = {
+      s: os.path.join(args.data, f"{bank}-{s}.conllu") for s in (args.train_split, args.eval_split)
+    }
+    n_train = subsample(src[args.train_split], train_file, args.train_sentences)
+    n_eval = subsample(src[args.eval_split], eval_file, args.eval_sentences)
+    train, evals = tagged_files.read_tagged(train_file), tagged_files.read_tagged(eval_file)
+    labels = sorted({t for c in (train, evals) for s in c.sentences for t in s.labels})
+    row = {
+      "train_sentences": n_train,
+      "eval_sentences": n_eval,
+      "lookup_accuracy": lookup_accuracy(train, evals, lower),
+      **vocabulary_view(evals, tokenizer),
+      "rules": {},
+    }
+    print(f"{bank}: {json.dumps({k: v for k, v in row.items() if k != 'rules'})}", flush=True)
+    for rule in args.rules.split(","):
+      overrides = {
+        "init_from": args.init,
+        "seeds": args.seeds,
+        "task.word_pooling": rule,
+        "task.num_epochs": args.epochs,
+        "data.train_file": train_file,
+        "data.eval_file": eval_file,
+        "data.labels": ",".join(labels),
+        "data.max_seq_length": args.max_seq_length,
+        "data.doc_stride": args.max_seq_length // 2,
+        "train.learning_rate": args.lr,
+        "train.batch_size": args.batch_size,
+        "train.log_every": 1000,
+      }
+      config = albert_jax.get_config("configs/finetune/tokens.py", overrides)
+      start = time.time()
+      out = finetuning.finetune(config, os.path.join(args.out, "runs", bank, rule))
+      accuracy = [s["metrics"]["accuracy"] for s in out["seeds"]]
+      row["rules"][rule] = {
+        "mean": statistics.fmean(accuracy),
+        "std": float(np.std(accuracy)),
+        "seeds": accuracy,
+        "seconds": time.time() - start,
+        "load_average": os.getloadavg()[0],
+      }
+      print(f"{bank} {rule}: {json.dumps(row['rules'][rule])}", flush=True)
+    figures["treebanks"][bank] = row
+  figures["load_average"] = [load0, os.getloadavg()]
+  figures["seconds"] = time.time() - t0
+  print()
+  print(f"| treebank | lookup | {' | '.join(args.rules.split(','))} | bare ▁ first | <unk> |")
+  print("|---" * (len(args.rules.split(",")) + 4) + "|")
+  for bank, row in figures["treebanks"].items():
+    cells = [f"{r['mean']:.4f} ± {r['std']:.4f}" for r in row["rules"].values()]
+    print(
+      f"| {bank} | {row['lookup_accuracy']:.4f} | {' | '.join(cells)} | "
+      f"{row['bare_first_piece']:.1%} | {row['unk_pieces']:.1%} |"
+    )
+  print(json.dumps(figures), flush=True)
+  return figures
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--init", required=True, help="a pretraining workdir or export")
+  p.add_argument("--data", required=True, help="a folder of <treebank>-<split>.conllu files")
+  p.add_argument("--out", required=True, help="where the subsampled data and the runs go")
+  p.add_argument("--treebanks", default="en_ewt,ko_gsd,zh_gsd")
+  p.add_argument("--rules", default=",".join(RULES))
+  p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--train_split", default="dev")
+  p.add_argument("--eval_split", default="test")
+  p.add_argument("--train_sentences", type=int, default=1000)
+  p.add_argument("--eval_sentences", type=int, default=300)
+  p.add_argument("--epochs", type=float, default=3.0)
+  p.add_argument("--lr", type=float, default=1e-3)
+  p.add_argument("--batch_size", type=int, default=32)
+  p.add_argument("--max_seq_length", type=int, default=64)
+  args = p.parse_args(argv)
+  bad = [r for r in args.rules.split(",") if r not in RULES]
+  if bad or args.seeds < 1 or args.train_sentences < 1 or args.eval_sentences < 1:
+    p.error(f"--rules {bad} not in {RULES}, or a count below 1")
+  return run(args)
+
+
+if __name__ == "__main__":
+  main()
