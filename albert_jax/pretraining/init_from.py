@@ -92,7 +92,8 @@ def complete(config) -> None:
 
 def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
   """data.extend_vocab_size: prepare trains a vocabulary on the corpus and appends its new pieces to
-  init_from's spiece.model (data.extend_vocab_from); model.vocab_size is init_from's plus `extend`."""
+  init_from's spiece.model (data.extend_vocab_from); model.vocab_size is init_from's plus `extend`
+  until prepare decides it (init_from's plus the pieces it added: no row without a piece)."""
   base = path(config.init_from, VOCAB_FILE)
   if config.data.spm_model_path:
     raise ConfigError(
@@ -105,7 +106,7 @@ def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
   config.model.vocab_size = theirs_size + extend
   log(
     f"vocabulary: init_from's {theirs_size:,} pieces ({base}) and up to {extend:,} new ones "
-    f"from this corpus (model.vocab_size={theirs_size + extend:,})"
+    f"from this corpus (model.vocab_size: {theirs_size:,} and the pieces prepare adds)"
   )
 
 
@@ -231,6 +232,19 @@ def score_prior(bias: np.ndarray, pieces: list[tuple[str, float, int]], n_new: i
   return (a * np.array(new) + c).astype(bias.dtype)
 
 
+def on_host(x) -> np.ndarray:
+  """A fresh parameter whole, as host NumPy: one spanning several hosts (FSDP over a multi-host
+  mesh, whose rows np.asarray cannot read) is gathered from every process
+  (multihost_utils.process_allgather: a collective, which grow_params calls on every process in
+  the same order, its growth decided by the configs every host agrees on); one this process holds
+  whole is read as it is."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
 def grow_params(
   params: dict,
   fresh: dict,
@@ -249,13 +263,13 @@ def grow_params(
   words = np.asarray(_leaf(params, WORD_TABLE))
   if words.shape[0] < model.vocab_size:
     how = model.new_token_init
-    _set_leaf(params, WORD_TABLE, new_rows(words, _leaf(fresh, WORD_TABLE), splits, how))
+    _set_leaf(params, WORD_TABLE, new_rows(words, on_host(_leaf(fresh, WORD_TABLE)), splits, how))
     try:
       bias = np.asarray(_leaf(params, MLM_BIAS))
     except KeyError:  # no MLM head in the checkpoint: the fresh one is taken whole
       bias = None
     if bias is not None:
-      fresh_bias = np.asarray(_leaf(fresh, MLM_BIAS))
+      fresh_bias = on_host(_leaf(fresh, MLM_BIAS))
       prior = None
       if how == "pieces" and pieces is not None:
         prior = score_prior(bias, pieces, model.vocab_size)
@@ -266,7 +280,8 @@ def grow_params(
     if model.new_position_init == "copy":
       grown = table[np.arange(n_new) % n_old]
     else:
-      grown = np.concatenate([table, np.asarray(_leaf(fresh, POSITION_TABLE)[n_old:], table.dtype)])
+      fresh_table = on_host(_leaf(fresh, POSITION_TABLE))
+      grown = np.concatenate([table, np.asarray(fresh_table[n_old:], table.dtype)])
     _set_leaf(params, POSITION_TABLE, grown)
   return params
 
