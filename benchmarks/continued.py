@@ -326,6 +326,15 @@ def main(argv=None) -> dict:
   p.add_argument("--extend", type=int, default=150)
   p.add_argument("--replay", default="0.2,0.5", help="English's shares in the replay runs")
   p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
+  p.add_argument(
+    "--held_sentences", type=int, default=0, help="held-out new-text sentences scored (0: all)"
+  )
+  p.add_argument(
+    "--alternatives",
+    type=int,
+    default=1,
+    help="1: score the step-0 alternatives for the pieces spelt only as <unk> (the pieces run)",
+  )
   p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
   p.add_argument(
     "--lr",
@@ -374,6 +383,7 @@ def main(argv=None) -> dict:
     raise config_lib.ConfigError(f"--tagging={a.tagging}: TRAIN,EVAL, two CoNLL files")
   os.makedirs(a.out, exist_ok=True)
   corpus, held = new_language_split(a.out, lang, docs)
+  held = held[: a.held_sentences] if a.held_sentences else held
   t0, load0 = time.time(), os.getloadavg()
   common = {"train.batch_size": 32, "train.log_every": 100, "train.eval_steps": 4}
   en_wd = os.path.join(a.out, "en")
@@ -460,7 +470,7 @@ def main(argv=None) -> dict:
         downstream[name] = tag(a, tagging, ft_from, wd + "_ft")
       per_seed.append(row)
       print(f"{name} (seed {seed}): {json.dumps(row)}", file=sys.stderr)
-      if name == "pieces" and seed == 0:
+      if name == "pieces" and seed == 0 and a.alternatives:
         for alt, params in step0_alternatives(config, wd, start).items():
           alternatives[alt] = score(tok, params, config.model)
     rows[name] = seed_mean(per_seed)
@@ -553,7 +563,12 @@ def tag(a, tagging: list[str], init: str, workdir: str) -> dict:
   with open(os.path.join(workdir, "eval_results.json")) as f:
     results = json.load(f)
   print(f"downstream from {init}: {json.dumps(results)}", file=sys.stderr)
-  return {k: v for k, v in results.items() if not isinstance(v, (dict, list))} or results
+  summary = results.get("summary", {})
+  return {
+    k: f"{summary[k]['mean']:.4f} +- {summary[k]['std']:.4f}"
+    for k in ("f1", "accuracy")
+    if isinstance(summary.get(k), dict)
+  }
 
 
 def seed_mean(per_seed: list[dict]) -> dict:

@@ -25,15 +25,30 @@ HINDI = [s for d in samples.documents("hi") for s in d]
 ENGLISH = [s for d in samples.documents("en") for s in d]
 NEW_TRAIN, NEW_HELD = HINDI[:120], HINDI[120:]
 ADDED = 200
+# English with accented names (a replay source's): marks turned on by the extension must not make
+# their letters <unk> (issue 58).
+ACCENTED = [
+  "The café in Zürich served a naïve crème brûlée to Renée.",
+  "José met Françoise in São Paulo, then flew to Malmö and Kraków.",
+  "Ångström, Dvořák and Gödel are named in the résumé.",
+]
+# Text that spells special tokens (wikitext writes every rare word as <unk>).
+SPELLED = ["the <unk> river flows past [MASK] and <pad> to [CLS] the sea", "a <unk> @-@ <unk>"]
 
 
 @pytest.fixture(scope="module")
 def vocabs(tmp_path_factory, spm_model_path):
   """(old, merged) model paths: the session's English 1000-piece model, and it extended by up to
   ADDED pieces of a 300-piece model trained on Hindi with marks kept."""
+  from albert_jax.data.prepare import vocab as vocab_lib
+
   d = tmp_path_factory.mktemp("extend")
   new = tokenizer_lib.train(NEW_TRAIN, str(d / "new" / "spiece.model"), 300, keep_accents=True)
-  ext = X.merge(open(spm_model_path, "rb").read(), open(new, "rb").read(), ADDED)
+  old = open(spm_model_path, "rb").read()
+  # the old language's marked letters (prepare reads them in the reference and the sample)
+  marks = tokenizer_lib.load(spm_model_path, keep_accents=True)
+  letters = vocab_lib.marked_letters(old, marks, ENGLISH + ACCENTED)
+  ext = X.merge(old, open(new, "rb").read(), ADDED, letters=letters)
   merged = d / "merged" / "spiece.model"
   merged.parent.mkdir()
   merged.write_bytes(ext.model)
@@ -254,8 +269,14 @@ def test_extended_export_matches_transformers(tmp_path, vocabs):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
   tok = tokenizer_lib.load(merged_path, keep_accents=True)
   fast = transformers.AutoTokenizer.from_pretrained(out)
-  for text in ENGLISH[:60] + NEW_HELD:
+  for text in ENGLISH[:60] + NEW_HELD + ACCENTED + SPELLED:
     assert fast(text, add_special_tokens=False)["input_ids"] == tok.encode(text), text
+  # "<unk>" and "[MASK]" written in text are read as their characters, as ours (tokenizer_config's
+  # split_special_tokens); fill-mask's way, split_special_tokens=False, matches [MASK] as the token
+  assert tokenizer_lib.UNK_ID not in tok.encode(SPELLED[0])
+  assert fast("a [MASK] b", add_special_tokens=False, split_special_tokens=False)["input_ids"] == (
+    tok.encode("a") + [tokenizer_lib.MASK_ID] + tok.encode("b")
+  )
   # albert_jax.load opens it (the extended table, marks kept) and fills a Hindi [MASK].
   loaded = albert_jax.load(out)
   assert loaded.params["albert"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == (
@@ -271,6 +292,22 @@ def test_extended_export_matches_transformers(tmp_path, vocabs):
   init_from.resolve_init_from(ft)
   assert ft.model.vocab_size == 1000 + len(ext.added) and ft.model.max_position_embeddings == 80
   assert ft.data.spm_model_path.endswith("spiece.model") and ft.data.keep_accents is True
+
+
+def test_marks_turned_on_keep_the_old_languages_accented_letters(vocabs):
+  """An extension that turns marks on over an English model: its accented words ("café",
+  "Zürich", "naïve") gain no <unk> (the marked letters are appended, each one piece), and words
+  without marks keep their ids."""
+  old_path, merged_path, ext = vocabs
+  before = tokenizer_lib.load(old_path)  # marks stripped, as the English model was trained
+  after = tokenizer_lib.load(merged_path, keep_accents=True)
+  assert set("éüïçãöóřå") <= set(ext.letters), ext.letters
+  assert all(len(c) == 1 and c in ext.added for c in ext.letters)
+  for text in ACCENTED + ENGLISH:
+    u = tokenizer_lib.UNK_ID
+    assert after.encode(text).count(u) <= before.encode(text).count(u), text
+  assert tokenizer_lib.UNK_ID not in after.encode("café Zürich naïve")
+  assert after.encode("the cafe in zurich") == before.encode("the cafe in zurich")
 
 
 def _hindi_corpus(tmp_path) -> str:

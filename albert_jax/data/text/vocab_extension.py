@@ -211,9 +211,9 @@ def merge(
   """The old model's bytes with at most `limit` pieces appended, in order:
     1. pieces of the new model holding a character no old piece holds (the new-character rule:
        old text without <unk> keeps its ids), the highest-scoring first, with their own scores;
-    2. `letters` (need_letters: the old language's marked letters once marks are kept) the old
-       model lacks and step 1 did not add, each a one-character piece at the old model's lowest
-       score;
+    2. `letters` (need_letters: the old language's marked letters once marks are kept, which the
+       old model lacks), each a one-character piece at the old model's lowest score, their places
+       kept before step 1 takes the rest of `limit`;
     3. with `words` (the new corpus's words, as SentencePiece is given them, and their counts):
        domain pieces, pieces of the new model the old one lacks but can spell, scored by
        INTERPOLATION's rule, ranked by the pieces they save on `words` (each word's old pieces
@@ -241,10 +241,10 @@ def merge(
     else:
       candidates.append((-score, len(candidates), piece, score))
   candidates.sort()
-  fixed = [(piece, score) for _, _, piece, score in candidates[:limit]]
-  taken = {p for p, _ in fixed}
+  # the marked letters first (a handful, which the old language's text needs), then the rest
+  marked = list(dict.fromkeys(letters))[:limit]
+  fixed = [(p, s) for _, _, p, s in candidates if p not in marked][: limit - len(marked)]
   lowest = min(s for _, s, k in old_pieces if k == NORMAL)
-  marked = [c for c in letters if c not in taken][: max(0, limit - len(fixed))]
   fixed += [(c, lowest) for c in marked]
   ext = Extension(
     model=b"",
