@@ -348,6 +348,10 @@ def _continued_config(tmp_path, vocabs, **data):
     (dict(do_lower_case=False), "was trained with do_lower_case=True"),
     (dict(max_position_embeddings=20), "below init_from's 40"),
     (dict(keep_accents="true", spm_model_path="x"), "leave data.spm_model_path unset"),
+    (dict(extend_vocab_size=0, new_token_init="random"), "new_token_init=random: no vocabulary"),
+    (dict(new_position_init="random"), "new_position_init=random: no position table grows"),
+    (dict(extend_vocab_rule="all"), "extend_vocab_rule='all' must be domain or new_characters"),
+    (dict(extend_vocab_max_changed=2.0), "extend_vocab_max_changed=2.0 must be a share"),
   ],
 )
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, vocabs, change, message):
@@ -355,8 +359,8 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path, vocabs, chan
   for k, v in change.items():
     if k == "init_from":
       c.init_from = v
-    elif k == "max_position_embeddings":
-      c.model.max_position_embeddings = v
+    elif k in ("max_position_embeddings", "new_token_init", "new_position_init"):
+      c.model[k] = v
     else:
       c.data[k] = v
   with pytest.raises(ConfigError, match=message) as e:

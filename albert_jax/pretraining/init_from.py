@@ -64,8 +64,10 @@ def complete(config) -> None:
       f"an export or a Hugging Face ALBERT directory), or train a new vocabulary with model.vocab_size"
     )
   if not config.init_from:
+    _check_growth_settings(config, None)
     return
   theirs = pretrained.read_model_config(config.init_from)
+  _check_growth_settings(config, theirs)
   source = model_dir.open_model_dir(config.init_from, "init_from")
   if extend:
     _extend_its_vocabulary(config, extend, theirs["vocab_size"])
@@ -88,6 +90,30 @@ def complete(config) -> None:
   take_keep_accents(
     config, source.tokenizer["keep_accents"], config.init_from, may_add=bool(extend)
   )
+
+
+def _check_growth_settings(config, theirs: dict | None) -> None:
+  """model.new_token_init / new_position_init set away from their defaults where no row of that
+  table can grow (no init_from, no data.extend_vocab_size, positions no longer than init_from's):
+  refused in one line, as a setting that would do nothing."""
+  m, defaults = config.model, config_lib.base_config().model
+  grows = {
+    "new_token_init": bool(theirs and config.data.get("extend_vocab_size", 0)),
+    "new_position_init": bool(
+      theirs and m.max_position_embeddings > theirs["max_position_embeddings"]
+    ),
+  }
+  why = {
+    "new_token_init": "no vocabulary grows (it initialises the rows data.extend_vocab_size adds "
+    "to init_from's)",
+    "new_position_init": "no position table grows (it initialises the rows of a "
+    "model.max_position_embeddings above init_from's)",
+  }
+  for k, grown in grows.items():
+    if not grown and m.get(k, defaults[k]) != defaults[k]:
+      raise ConfigError(
+        f"model.{k}={m[k]}: {why[k]}; leave it unset{'' if theirs else ' (no init_from)'}"
+      )
 
 
 def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
