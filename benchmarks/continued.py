@@ -366,6 +366,8 @@ def main(argv=None) -> dict:
   p.add_argument(
     "--ft_runs", default="no extension,pieces", help="the runs fine-tuned downstream (and base)"
   )
+  p.add_argument("--ft_base", type=int, default=1, help="1: fine-tune the base model too")
+  p.add_argument("--ft_batch", type=int, default=32, help="the downstream fine-tuning's batch")
   p.add_argument("--ft_seeds", type=int, default=3, help="the downstream fine-tuning's seeds")
   p.add_argument("--ft_steps", type=int, default=300, help="the downstream fine-tuning's steps")
   p.add_argument("--ft_lr", type=float, default=5e-4, help="the downstream fine-tuning's rate")
@@ -409,7 +411,7 @@ def main(argv=None) -> dict:
     return {lang: new, f"{lang}_uniform": new_uniform, f"{lang}_lost": lost, "en": en_loss}
 
   downstream = {}
-  if tagging:
+  if tagging and a.ft_base:
     downstream["base"] = tag(a, tagging, export, os.path.join(a.out, "ft_base"))
   for name, extend, how, replay, rule in runs(a.replay):
     if wanted and name not in wanted:
@@ -555,6 +557,7 @@ def tag(a, tagging: list[str], init: str, workdir: str) -> dict:
       "data.eval_file": tagging[1],
       "train.num_steps": a.ft_steps,
       "train.learning_rate": a.ft_lr,
+      "train.batch_size": a.ft_batch,
       "train.eval_every": a.ft_steps,
     },
   )
