@@ -411,9 +411,14 @@ def extend_vocab(
     for i in range(tok.vocab_size):
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
   added = len(ext.added)
+  marks = (
+    f"{len(ext.letters)} marked letters of init_from's language (marks now kept"
+    + (f": {' '.join(ext.letters[:12])}), " if ext.letters else "), ")
+    if keep and not old_keep
+    else ""
+  )
   kinds = (
-    f"{ext.new_characters} with a character init_from's pieces lack, {len(ext.letters)} marked "
-    f"letters of init_from's language (marks now kept{': ' + ' '.join(ext.letters[:12]) if ext.letters else ''}), "
+    f"{ext.new_characters} with a character init_from's pieces lack, {marks}"
     f"{len(ext.domain)} domain pieces"
   )
   logging.info(
