@@ -449,7 +449,7 @@ def main(argv=None) -> dict:
       tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
       ppw, unk = vocab_extension.encoding_report(tok, held)
       start = step0_params(config, wd)
-      vocab = dataset.prepared_info(*dataset.check_prepared(config, wd)).get("vocab_settings")
+      vocab = dataset.check_prepared(config, wd)[1].get("vocab_settings")
       extension = (vocab or {}).get("extension") or {}
       row = {
         "vocab_size": config.model.vocab_size,
