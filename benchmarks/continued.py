@@ -76,11 +76,15 @@ def read_documents(path: str) -> list[list[str]]:
 
 
 def language_documents(language: str, corpus: str | None) -> list[list[str]]:
-  """The new language's documents: --corpus's file, or the package's sample of --language."""
-  if not re.fullmatch(r"[a-z][a-z0-9_]*", language) or language == "en":
+  """The new language's documents: --corpus's file, or the package's sample of --language.
+  --language=en with --corpus: English of another domain (the new source is named `domain`)."""
+  if language == "en" and corpus is None:
     raise config_lib.ConfigError(
-      f"--language={language!r}: a lowercase source name other than en (en names the replay)"
+      "--language=en: English is the base model's language; give --corpus (a domain's English "
+      "text) or another language"
     )
+  if not re.fullmatch(r"[a-z][a-z0-9_]*", language):
+    raise config_lib.ConfigError(f"--language={language!r}: a lowercase source name")
   if corpus is None:
     if language not in samples.LANGUAGES:
       raise config_lib.ConfigError(
@@ -260,18 +264,20 @@ def step0_params(config, workdir: str):
   return init_from.init_params(config, fresh, shardings, info["spm_model_path"])
 
 
-RUNS = (  # (name, vocabulary extension, model.new_token_init, English replay share)
-  ("no extension", False, "pieces", 0.0),
-  ("random", True, "random", 0.0),
-  ("pieces_mean", True, "pieces_mean", 0.0),
-  ("pieces", True, "pieces", 0.0),
+RUNS = (  # (name, vocabulary extension, model.new_token_init, English replay share, rule)
+  ("no extension", False, "pieces", 0.0, "domain"),
+  ("random", True, "random", 0.0, "domain"),
+  ("pieces_mean", True, "pieces_mean", 0.0, "domain"),
+  ("new_characters", True, "pieces", 0.0, "new_characters"),
+  ("pieces", True, "pieces", 0.0, "domain"),
 )
 
 
-def runs(replay: str) -> list[tuple[str, bool, str, float]]:
-  """RUNS and a `pieces` run with English replay for each share in --replay ("0.2,0.3")."""
+def runs(replay: str) -> list[tuple[str, bool, str, float, str]]:
+  """RUNS (`pieces`: data.extend_vocab_rule=domain, `new_characters`: issue 50's rule) and a
+  `pieces` run with English replay for each share in --replay ("0.2,0.3")."""
   shares = [float(x) for x in replay.split(",") if x.strip()]
-  return list(RUNS) + [(f"pieces + {100 * r:g}% en", True, "pieces", r) for r in shares]
+  return list(RUNS) + [(f"pieces + {100 * r:g}% en", True, "pieces", r, "domain") for r in shares]
 
 
 def step0_alternatives(config, workdir: str, params) -> dict:
@@ -320,6 +326,15 @@ def main(argv=None) -> dict:
   p.add_argument("--extend", type=int, default=150)
   p.add_argument("--replay", default="0.2,0.5", help="English's shares in the replay runs")
   p.add_argument("--en_sentences", type=int, default=300, help="held-out English scored")
+  p.add_argument(
+    "--held_sentences", type=int, default=0, help="held-out new-text sentences scored (0: all)"
+  )
+  p.add_argument(
+    "--alternatives",
+    type=int,
+    default=1,
+    help="1: score the step-0 alternatives for the pieces spelt only as <unk> (the pieces run)",
+  )
   p.add_argument("--runs", default="", help="a comma list of the runs' names (default: all)")
   p.add_argument(
     "--lr",
@@ -342,15 +357,35 @@ def main(argv=None) -> dict:
     "first 80%% of documents train, the rest are held out (default: the package's sample of "
     "--language)",
   )
+  p.add_argument(
+    "--tagging",
+    default="",
+    help="downstream: TRAIN,EVAL CoNLL files of a tagging task of the new text's domain, fine-tuned "
+    "(configs/finetune/tokens.py) from the base model and from each run's last checkpoint",
+  )
+  p.add_argument(
+    "--ft_runs", default="no extension,pieces", help="the runs fine-tuned downstream (and base)"
+  )
+  p.add_argument("--ft_base", type=int, default=1, help="1: fine-tune the base model too")
+  p.add_argument("--ft_batch", type=int, default=32, help="the downstream fine-tuning's batch")
+  p.add_argument("--ft_seeds", type=int, default=3, help="the downstream fine-tuning's seeds")
+  p.add_argument("--ft_steps", type=int, default=300, help="the downstream fine-tuning's steps")
+  p.add_argument("--ft_lr", type=float, default=5e-4, help="the downstream fine-tuning's rate")
   a = p.parse_args(argv)
-  lang = a.language
+  lang = a.language if a.language != "en" else "domain"
   if a.seeds < 1:
     raise config_lib.ConfigError(f"--seeds={a.seeds}: one seed or more")
   if not (a.lr is None or 0 < a.lr < math.inf):
     raise config_lib.ConfigError(f"--lr={a.lr}: a learning rate above 0")
-  docs = language_documents(lang, a.corpus)  # bad input stops here, before anything is written
+  docs = language_documents(
+    a.language, a.corpus
+  )  # bad input stops here, before anything is written
+  tagging = [x for x in a.tagging.split(",") if x]
+  if a.tagging and (len(tagging) != 2 or not all(os.path.isfile(x) for x in tagging)):
+    raise config_lib.ConfigError(f"--tagging={a.tagging}: TRAIN,EVAL, two CoNLL files")
   os.makedirs(a.out, exist_ok=True)
   corpus, held = new_language_split(a.out, lang, docs)
+  held = held[: a.held_sentences] if a.held_sentences else held
   t0, load0 = time.time(), os.getloadavg()
   common = {"train.batch_size": 32, "train.log_every": 100, "train.eval_steps": 4}
   en_wd = os.path.join(a.out, "en")
@@ -375,7 +410,10 @@ def main(argv=None) -> dict:
     (en_loss,), _ = text_loss_per_char(tok, params, model_cfg, en_held, en_costs)
     return {lang: new, f"{lang}_uniform": new_uniform, f"{lang}_lost": lost, "en": en_loss}
 
-  for name, extend, how, replay in runs(a.replay):
+  downstream = {}
+  if tagging and a.ft_base:
+    downstream["base"] = tag(a, tagging, export, os.path.join(a.out, "ft_base"))
+  for name, extend, how, replay, rule in runs(a.replay):
     if wanted and name not in wanted:
       continue
     per_seed = []
@@ -394,6 +432,7 @@ def main(argv=None) -> dict:
         "data.text_format": "sentences",
         "data.eval_fraction": 0.2,
         "data.extend_vocab_size": a.extend if extend else 0,
+        "data.extend_vocab_rule": rule,
         "model.new_token_init": how,
         "train.num_steps": a.steps,
         "train.eval_every": a.steps,
@@ -410,8 +449,12 @@ def main(argv=None) -> dict:
       tok = tokenizer_lib.load_for(dataset.spm_model_path(config, wd), config.data)
       ppw, unk = vocab_extension.encoding_report(tok, held)
       start = step0_params(config, wd)
+      vocab = dataset.check_prepared(config, wd)[1].get("vocab_settings")
+      extension = (vocab or {}).get("extension") or {}
       row = {
         "vocab_size": config.model.vocab_size,
+        "added": extension.get("added", 0),
+        "reference_changed": extension.get("reference_changed", 0.0),
         "new_token_init": how if extend else None,
         "english_replay": replay,
         "pieces_per_word": ppw,
@@ -422,9 +465,14 @@ def main(argv=None) -> dict:
         "step0": score(tok, start, config.model),
         "end": score(tok, _params(wd), config.model),
       }
+      if tagging and seed == 0 and name in a.ft_runs.split(","):
+        ft_from = os.path.join(wd, "export")
+        if not os.path.exists(ft_from):
+          export_lib.export(wd, ft_from, fmt="jax")
+        downstream[name] = tag(a, tagging, ft_from, wd + "_ft")
       per_seed.append(row)
       print(f"{name} (seed {seed}): {json.dumps(row)}", file=sys.stderr)
-      if name == "pieces" and seed == 0:
+      if name == "pieces" and seed == 0 and a.alternatives:
         for alt, params in step0_alternatives(config, wd, start).items():
           alternatives[alt] = score(tok, params, config.model)
     rows[name] = seed_mean(per_seed)
@@ -447,6 +495,7 @@ def main(argv=None) -> dict:
     f"english_model_on_held_out_{lang}": {"pieces_per_word": base_ppw, "unk_share": base_unk},
     "letter_unigram_nats_per_char": unigram,
     "runs": rows,
+    "downstream": downstream,
     "step0_alternatives": alternatives,
     "seconds": round(time.time() - t0, 1),
     "load_average": [load0, os.getloadavg()],
@@ -479,12 +528,50 @@ def main(argv=None) -> dict:
         f"en {sd['step0']['en']:.4f} -> {sd['end']['en']:.4f}   end {lang} by seed: "
         + " ".join(f"{x['end'][lang]:.4f}" for x in r["seeds"])
       )
+  print(f"\n{'run':18} {'added':>6} {'reference words changed':>24}")
+  for name, r in rows.items():
+    print(f"{name:18} {r['added']:6.0f} {100 * r['reference_changed']:23.2f}%")
+  if downstream:
+    print(f"\ndownstream: {tagging[0]} -> {tagging[1]}, {a.ft_seeds} seeds, mean +- std:")
+    for name, r in downstream.items():
+      print(f"  {name:18} " + "  ".join(f"{k} {v}" for k, v in r.items()))
   if alternatives:
     print("\nstep 0, the new rows of the pieces the old model spells only as <unk>:")
     for name, r in alternatives.items():
       print(f"  {name:40} {lang} {r[lang]:.3f}  en {r['en']:.3f}")
   print(json.dumps(result))
   return result
+
+
+def tag(a, tagging: list[str], init: str, workdir: str) -> dict:
+  """The tagging task (configs/finetune/tokens.py) fine-tuned from `init` with a.ft_seeds seeds
+  of a.ft_steps steps at a.ft_lr: eval_results.json's entity F1 and accuracy (mean +- std)."""
+  from albert_jax.tasks import finetuning  # pylint: disable=g-import-not-at-top
+
+  config = albert_jax.get_config(
+    os.path.join(ROOT, "configs", "finetune", "tokens.py"),
+    {
+      "init_from": init,
+      "seeds": a.ft_seeds,
+      "data.train_file": tagging[0],
+      "data.eval_file": tagging[1],
+      "train.num_steps": a.ft_steps,
+      "train.learning_rate": a.ft_lr,
+      "train.batch_size": a.ft_batch,
+      "train.eval_every": a.ft_steps,
+    },
+  )
+  with contextlib.redirect_stdout(sys.stderr):
+    finetuning.finetune(config, workdir)
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    results = json.load(f)
+  print(f"downstream from {init}: {json.dumps(results)}", file=sys.stderr)
+  summary = results.get("summary", {})
+  return {
+    k: f"{summary[k]['mean']:.4f} +- {summary[k]['std']:.4f}"
+    for k in ("f1", "accuracy")
+    if isinstance(summary.get(k), dict)
+  }
 
 
 def seed_mean(per_seed: list[dict]) -> dict:

@@ -252,6 +252,8 @@ def test_continued_benchmark_means_its_seeds_and_refuses_bad_input_before_writin
     (["--lr=nan"], "--lr=nan: a learning rate above 0"),
     (["--language=xx"], "--language=xx: no sample of it in the package"),
     ([f"--corpus={tmp_path / 'none.txt'}"], f"--corpus={tmp_path / 'none.txt'}: cannot be read"),
+    (["--language=en"], "--language=en: English is the base model's language; give --corpus"),
+    (["--tagging=a.tsv"], "--tagging=a.tsv: TRAIN,EVAL, two CoNLL files"),
   ]:
     with pytest.raises(config_lib.ConfigError, match=re.escape(error)):
       continued.main([f"--out={out}", *args])

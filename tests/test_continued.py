@@ -25,15 +25,30 @@ HINDI = [s for d in samples.documents("hi") for s in d]
 ENGLISH = [s for d in samples.documents("en") for s in d]
 NEW_TRAIN, NEW_HELD = HINDI[:120], HINDI[120:]
 ADDED = 200
+# English with accented names (a replay source's): marks turned on by the extension must not make
+# their letters <unk> (issue 58).
+ACCENTED = [
+  "The café in Zürich served a naïve crème brûlée to Renée.",
+  "José met Françoise in São Paulo, then flew to Malmö and Kraków.",
+  "Ångström, Dvořák and Gödel are named in the résumé.",
+]
+# Text that spells special tokens (wikitext writes every rare word as <unk>).
+SPELLED = ["the <unk> river flows past [MASK] and <pad> to [CLS] the sea", "a <unk> @-@ <unk>"]
 
 
 @pytest.fixture(scope="module")
 def vocabs(tmp_path_factory, spm_model_path):
   """(old, merged) model paths: the session's English 1000-piece model, and it extended by up to
   ADDED pieces of a 300-piece model trained on Hindi with marks kept."""
+  from albert_jax.data.prepare import vocab as vocab_lib
+
   d = tmp_path_factory.mktemp("extend")
   new = tokenizer_lib.train(NEW_TRAIN, str(d / "new" / "spiece.model"), 300, keep_accents=True)
-  ext = X.merge(open(spm_model_path, "rb").read(), open(new, "rb").read(), ADDED)
+  old = open(spm_model_path, "rb").read()
+  # the old language's marked letters (prepare reads them in the reference and the sample)
+  marks = tokenizer_lib.load(spm_model_path, keep_accents=True)
+  letters = vocab_lib.marked_letters(old, marks, ENGLISH + ACCENTED)
+  ext = X.merge(old, open(new, "rb").read(), ADDED, letters=letters)
   merged = d / "merged" / "spiece.model"
   merged.parent.mkdir()
   merged.write_bytes(ext.model)
@@ -254,8 +269,14 @@ def test_extended_export_matches_transformers(tmp_path, vocabs):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
   tok = tokenizer_lib.load(merged_path, keep_accents=True)
   fast = transformers.AutoTokenizer.from_pretrained(out)
-  for text in ENGLISH[:60] + NEW_HELD:
+  for text in ENGLISH[:60] + NEW_HELD + ACCENTED + SPELLED:
     assert fast(text, add_special_tokens=False)["input_ids"] == tok.encode(text), text
+  # "<unk>" and "[MASK]" written in text are read as their characters, as ours (tokenizer_config's
+  # split_special_tokens); fill-mask's way, split_special_tokens=False, matches [MASK] as the token
+  assert tokenizer_lib.UNK_ID not in tok.encode(SPELLED[0])
+  assert fast("a [MASK] b", add_special_tokens=False, split_special_tokens=False)["input_ids"] == (
+    tok.encode("a") + [tokenizer_lib.MASK_ID] + tok.encode("b")
+  )
   # albert_jax.load opens it (the extended table, marks kept) and fills a Hindi [MASK].
   loaded = albert_jax.load(out)
   assert loaded.params["albert"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == (
@@ -271,6 +292,22 @@ def test_extended_export_matches_transformers(tmp_path, vocabs):
   init_from.resolve_init_from(ft)
   assert ft.model.vocab_size == 1000 + len(ext.added) and ft.model.max_position_embeddings == 80
   assert ft.data.spm_model_path.endswith("spiece.model") and ft.data.keep_accents is True
+
+
+def test_marks_turned_on_keep_the_old_languages_accented_letters(vocabs):
+  """An extension that turns marks on over an English model: its accented words ("café",
+  "Zürich", "naïve") gain no <unk> (the marked letters are appended, each one piece), and words
+  without marks keep their ids."""
+  old_path, merged_path, ext = vocabs
+  before = tokenizer_lib.load(old_path)  # marks stripped, as the English model was trained
+  after = tokenizer_lib.load(merged_path, keep_accents=True)
+  assert set("éüïçãöóřå") <= set(ext.letters), ext.letters
+  assert all(len(c) == 1 and c in ext.added for c in ext.letters)
+  for text in ACCENTED + ENGLISH:
+    u = tokenizer_lib.UNK_ID
+    assert after.encode(text).count(u) <= before.encode(text).count(u), text
+  assert tokenizer_lib.UNK_ID not in after.encode("café Zürich naïve")
+  assert after.encode("the cafe in zurich") == before.encode("the cafe in zurich")
 
 
 def _hindi_corpus(tmp_path) -> str:
@@ -311,6 +348,10 @@ def _continued_config(tmp_path, vocabs, **data):
     (dict(do_lower_case=False), "was trained with do_lower_case=True"),
     (dict(max_position_embeddings=20), "below init_from's 40"),
     (dict(keep_accents="true", spm_model_path="x"), "leave data.spm_model_path unset"),
+    (dict(extend_vocab_size=0, new_token_init="random"), "new_token_init=random: no vocabulary"),
+    (dict(new_position_init="random"), "new_position_init=random: no position table grows"),
+    (dict(extend_vocab_rule="all"), "extend_vocab_rule='all' must be domain or new_characters"),
+    (dict(extend_vocab_max_changed=2.0), "extend_vocab_max_changed=2.0 must be a share"),
   ],
 )
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, vocabs, change, message):
@@ -318,8 +359,8 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path, vocabs, chan
   for k, v in change.items():
     if k == "init_from":
       c.init_from = v
-    elif k == "max_position_embeddings":
-      c.model.max_position_embeddings = v
+    elif k in ("max_position_embeddings", "new_token_init", "new_position_init"):
+      c.model[k] = v
     else:
       c.data[k] = v
   with pytest.raises(ConfigError, match=message) as e:
@@ -333,18 +374,22 @@ def test_prepare_extends_and_says_what_it_did(tmp_path, vocabs, caplog):
   from albert_jax.data.prepare import build
 
   old_path, _, _ = vocabs
-  # More than the corpus's vocabulary can give: trained at the most it supports, the rest of the
-  # rows <unused_k> pieces that no text reaches.
+  # More than the corpus's vocabulary can give: trained at the most it supports, the model sized
+  # to what was added (no row without a piece), said in one line with the count and why.
   c = _continued_config(tmp_path, vocabs, extend_vocab_size=400)
+  again = _continued_config(tmp_path, vocabs, extend_vocab_size=400)  # the corpus as prepared
   init_from.resolve(c)
   assert c.model.vocab_size == 1400 and c.data.extend_vocab_from.endswith("spiece.model")
   with caplog.at_level(logging.INFO):
     info = build.prepare(c, str(tmp_path / "run"))
   lines = [r.getMessage() for r in caplog.records if "vocabulary extension" in r.getMessage()]
   assert any("pieces per word" in line and "<unk> share" in line for line in lines), lines
-  (line,) = [line for line in lines if "new appended (ids 1000-" in line]
-  added = int(line.split(" new appended")[0].split()[-1])
-  assert 100 < added < 400 and f"{400 - added} rows unused (<unused_k>" in line
+  (line,) = [line for line in lines if " appended (ids 1000-" in line]
+  added = int(line.split(" appended (ids")[0].split()[-1])
+  assert 100 < added < 400 and "with a character init_from's pieces lack" in line
+  (short,) = [line for line in lines if "pieces added of the 400 asked" in line]
+  assert f"model.vocab_size={1000 + added:,}" in short and "save pieces" in short
+  assert c.model.vocab_size == 1000 + added == info["vocab_size"]
   assert any("data.keep_accents=auto: keeping" in r.getMessage() for r in caplog.records)
   # init_from's own language (its pieces are Latin: the English sample): before and after, and
   # how many sentences keep their ids (all but those with <unk> or marks now kept).
@@ -356,13 +401,17 @@ def test_prepare_extends_and_says_what_it_did(tmp_path, vocabs, caplog):
   data = open(info["spm_model_path"], "rb").read()
   assert data.startswith(open(old_path, "rb").read())  # init_from's model, bytes kept
   tok = tokenizer_lib.load(info["spm_model_path"], keep_accents=True)
-  assert tok.vocab_size == 1400 and tok.id_to_piece(1399) == f"<unused_{399 - added}>"
-  assert max(i for s in HINDI + ENGLISH for i in tok.encode(s)) < 1000 + added
+  assert tok.vocab_size == 1000 + added
+  # Prepared again from a fresh resolution (model.vocab_size 1400 until the data says): found, and
+  # the size taken from it.
+  c = init_from.resolve(again)
+  assert c.model.vocab_size == 1400
   # Prepared again: found, not rebuilt (its fingerprint records the extension).
   caplog.clear()
   with caplog.at_level(logging.INFO):
     build.prepare(c, str(tmp_path / "run"))
   assert any("prepared data found" in r.getMessage() for r in caplog.records)
+  assert c.model.vocab_size == 1000 + added
   # Another extension over the same data directory: refused in one line, the data kept.
   other = _continued_config(tmp_path, vocabs, extend_vocab_size=300)
   init_from.resolve(other)
@@ -441,9 +490,10 @@ def test_main_continues_on_hindi_with_an_extension_and_longer_positions(tmp_path
   first = run(3, "--config.train.checkpoint_every=1")
   assert first.returncode == 0, first.stderr[-3000:]
   out = first.stdout + first.stderr
-  assert "model.vocab_size=1,100" in out and "vocabulary extension" in out
+  assert "vocabulary extension" in out
   saved = json_config(workdir)
-  assert saved["model"]["vocab_size"] == 1100 and saved["model"]["max_position_embeddings"] == 64
+  size = saved["model"]["vocab_size"]  # init_from's 1000 and the pieces added
+  assert 1050 <= size <= 1100 and saved["model"]["max_position_embeddings"] == 64
   assert saved["data"]["keep_accents"] == "true"
   # Its checkpoint of step 2 resumed (as after a SIGTERM there): bitwise the parameters of step 3.
   resumed = str(tmp_path / "resumed")
@@ -453,7 +503,7 @@ def test_main_continues_on_hindi_with_an_extension_and_longer_positions(tmp_path
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resumed from step 2" in second.stdout + second.stderr
   loaded = albert_jax.load(resumed)
-  assert loaded.tokenizer.vocab_size == 1100 and loaded.tokenizer.keep_accents
+  assert loaded.tokenizer.vocab_size == size and loaded.tokenizer.keep_accents
   a, b = (checkpoint.load_params(w, 3)[0] for w in (workdir, resumed))
   for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -595,3 +645,122 @@ def test_damaged_extension_or_replay_data_is_one_line_naming_it(
   line = prepare_refused(capsys, c, tmp_path / "run")
   assert line.startswith("error: " + message.format(**names)), line
   assert not (tmp_path / "data").exists()
+
+
+# A same-script domain (issue 58): English sentences dense in long biomedical words, which the
+# session's English model (trained on the interpreter's documentation) splits into many pieces.
+DOMAIN_WORDS = (
+  "adenomatous polyposis dehydrogenase hydroxylase leukodystrophy phosphorylation heterozygous "
+  "homozygous chromosome nucleotide polymorphism lymphocyte glycoprotein cardiomyopathy "
+  "haemophilia neuropathy fibroblast carcinoma mitochondrial transcriptional immunoglobulin "
+  "dystrophy ubiquitin pathogenesis mutations syndrome deficiency recessive allele exon"
+).split()
+DOMAIN_FRAMES = (
+  "the {} and the {} were found in {} patients",
+  "we report a {} of the {} gene with {}",
+  "{} was associated with {} in families with {}",
+  "analysis of {} showed {} and reduced {}",
+)
+
+
+def domain_sentences(n: int, offset: int = 0) -> list[str]:
+  """n sentences: a frame with three domain words, then a sentence of the English sample."""
+  w = DOMAIN_WORDS
+  return [
+    DOMAIN_FRAMES[i % 4].format(w[i % len(w)], w[(3 * i + 1) % len(w)], w[(7 * i + 2) % len(w)])
+    + " "
+    + ENGLISH[(5 * i) % len(ENGLISH)]
+    for i in range(offset, offset + n)
+  ]
+
+
+@pytest.fixture(scope="module")
+def domain_extension(tmp_path_factory, spm_model_path):
+  """The session's English model extended by up to 60 domain pieces (data.extend_vocab_rule=domain:
+  merge with the corpus's words and a reference of the old domain's text)."""
+  from albert_jax.data.prepare import vocab as vocab_lib
+  from tests.conftest import pydoc_sentences
+
+  d = tmp_path_factory.mktemp("domain")
+  train = domain_sentences(600)
+  new = tokenizer_lib.train(train, str(d / "new" / "spiece.model"), 200)
+  old_tok = tokenizer_lib.load(spm_model_path)
+  reference = pydoc_sentences()[::7][:3000]
+  ext = X.merge(
+    open(spm_model_path, "rb").read(),
+    open(new, "rb").read(),
+    60,
+    words=vocab_lib.word_counts(old_tok, train),
+    reference=vocab_lib.reference_counts(old_tok, old_tok, reference),
+  )
+  merged = d / "merged" / "spiece.model"
+  merged.parent.mkdir()
+  merged.write_bytes(ext.model)
+  return spm_model_path, str(merged), ext, reference
+
+
+def test_domain_pieces_on_a_same_script_corpus(domain_extension):
+  """Pieces the old model can spell are added (ranked by what they save on the corpus's words),
+  the held-out domain text takes fewer pieces, every added piece is used by it (no dead row), and
+  old ids and scores are kept."""
+  old_path, merged_path, ext, _ = domain_extension
+  old, merged = tokenizer_lib.load(old_path), tokenizer_lib.load(merged_path)
+  # at least half of the 60 asked are domain pieces (the English sample brings a few characters
+  # the documentation lacks: new-character pieces)
+  assert len(ext.domain) >= 30 and len(ext.added) == ext.new_characters + len(ext.domain) == 60
+  assert merged.vocab_size == 1000 + len(ext.added)  # the model has no unused row
+  for i in range(1000):
+    assert merged.sp.id_to_piece(i) == old.sp.id_to_piece(i)
+    assert merged.sp.get_score(i) == old.sp.get_score(i)
+  held = domain_sentences(200, offset=5000)
+  (ppw0, _), (ppw1, _) = (X.encoding_report(t, held) for t in (old, merged))
+  assert ppw1 < 0.85 * ppw0, (ppw0, ppw1)
+  used = {i for s in domain_sentences(600) for i in merged.encode(s)}
+  assert set(range(1000, merged.vocab_size)) <= used
+  # a domain piece's score: the new model's score plus log(1 - a) (google/sentencepiece#822)
+  new_scores = dict(
+    (p, s) for p, s, _ in X.read_pieces(open(ext_new_path(merged_path), "rb").read())
+  )
+  for piece in ext.domain:
+    i = merged.sp.piece_to_id(piece)
+    assert merged.sp.get_score(i) == pytest.approx(
+      new_scores[piece] + np.log(1 - X.INTERPOLATION), abs=1e-5
+    )
+
+
+def ext_new_path(merged_path: str) -> str:
+  return os.path.join(os.path.dirname(os.path.dirname(merged_path)), "new", "spiece.model")
+
+
+def test_the_reference_keeps_its_pieces_within_the_budget(domain_extension, spm_model_path):
+  """The reference's changed-word share is counted as stated (words weighted by their count, a
+  word changed when its ids differ) and stays within data.extend_vocab_max_changed; a budget of 0
+  leaves out every piece that changes a reference word."""
+  from albert_jax.data.prepare import vocab as vocab_lib
+
+  old_path, merged_path, ext, reference = domain_extension
+  old, merged = tokenizer_lib.load(old_path), tokenizer_lib.load(merged_path)
+  words = [w for s in reference for w in old.preprocess(s).split()]
+  # words without <unk> before (those with one are counted apart: the new characters' point)
+  changed = sum(
+    old.sp.encode(w) != merged.sp.encode(w) and tokenizer_lib.UNK_ID not in old.sp.encode(w)
+    for w in words
+  )
+  assert ext.reference_words == len(words)
+  assert ext.changed == pytest.approx(changed / len(words)) and ext.changed <= X.MAX_CHANGED
+  train = domain_sentences(600)
+  strict = X.merge(
+    open(old_path, "rb").read(),
+    open(ext_new_path(merged_path), "rb").read(),
+    60,
+    words=vocab_lib.word_counts(old, train),
+    reference=vocab_lib.reference_counts(old, old, reference),
+    max_changed=0.0,
+  )
+  assert strict.changed == 0.0 and strict.domain
+  sp = X._processor(strict.model)
+  assert all(
+    sp.encode(w) == old.sp.encode(w)
+    for w in set(words)
+    if tokenizer_lib.UNK_ID not in old.sp.encode(w)
+  )

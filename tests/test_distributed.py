@@ -440,3 +440,99 @@ def test_hosts_with_different_configs_stop_together_with_one_error(tmp_path, dat
       "run the same command on the same (shared) --workdir"
     )
   assert checkpoint.latest_step(workdir) is None
+
+
+# grow_params on a multi-host mesh (issue 58): every process of a 2-process CPU job holds a
+# quarter of the fresh word table, MLM bias and position table (FSDP over 4 devices); the grown
+# new rows are written out for the test to compare with one process's.
+GROW = r"""
+import json, sys, types
+import jax, numpy as np
+port, pid, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+jax.distributed.initialize(f"127.0.0.1:{port}", 2, pid)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from albert_jax.pretraining import init_from
+mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+rng = np.random.default_rng(0)
+full = {"words": rng.normal(size=(12, 4)).astype(np.float32),
+        "bias": rng.normal(size=(12,)).astype(np.float32),
+        "pos": rng.normal(size=(8, 4)).astype(np.float32)}
+def sharded(x):
+  spec = P("fsdp", *([None] * (x.ndim - 1)))
+  return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda i: x[i])
+def tree(w, b, p):
+  return {"albert": {"embeddings": {"word_embeddings": {"embedding": w},
+          "position_embeddings": {"embedding": p}}}, "predictions": {"bias": b}}
+fresh = tree(sharded(full["words"]), sharded(full["bias"]), sharded(full["pos"]))
+assert not fresh["albert"]["embeddings"]["word_embeddings"]["embedding"].is_fully_addressable
+loaded = tree(np.ones((8, 4), np.float32), np.ones((8,), np.float32), np.ones((4, 4), np.float32))
+model = types.SimpleNamespace(vocab_size=12, max_position_embeddings=8, new_token_init="random",
+                              new_position_init="random")
+grown = init_from.grow_params(loaded, fresh, model, {})
+e = grown["albert"]["embeddings"]
+json.dump({"words": e["word_embeddings"]["embedding"].tolist(),
+           "bias": grown["predictions"]["bias"].tolist(),
+           "pos": e["position_embeddings"]["embedding"].tolist()}, open(out, "w"))
+"""
+
+
+def test_grow_params_on_a_two_process_fsdp_mesh_gives_one_process_rows(tmp_path):
+  """model.new_token_init=random and new_position_init=random take the fresh rows, which span both
+  hosts under FSDP: each process's grown tables are what one process holding every row gives."""
+  port = free_port()
+  procs = [
+    (
+      start(
+        [sys.executable, "-c", GROW, str(port), str(i), str(tmp_path / f"grown.{i}.json")],
+        env(2, tmp_path),
+        tmp_path / f"grow.{i}",
+      ),
+      tmp_path / f"grow.{i}",
+    )
+    for i in range(2)
+  ]
+  for result in finish(procs, timeout=200):
+    assert_ok(result)
+  rng = np.random.default_rng(0)
+  words, bias, pos = (rng.normal(size=s).astype(np.float32) for s in ((12, 4), (12,), (8, 4)))
+  from albert_jax.pretraining import init_from
+
+  one = init_from.grow_params(
+    {
+      "albert": {
+        "embeddings": {
+          "word_embeddings": {"embedding": np.ones((8, 4), np.float32)},
+          "position_embeddings": {"embedding": np.ones((4, 4), np.float32)},
+        }
+      },
+      "predictions": {"bias": np.ones((8,), np.float32)},
+    },
+    {
+      "albert": {
+        "embeddings": {
+          "word_embeddings": {"embedding": words},
+          "position_embeddings": {"embedding": pos},
+        }
+      },
+      "predictions": {"bias": bias},
+    },
+    type(
+      "M",
+      (),
+      dict(
+        vocab_size=12,
+        max_position_embeddings=8,
+        new_token_init="random",
+        new_position_init="random",
+      ),
+    ),
+    {},
+  )
+  e = one["albert"]["embeddings"]
+  for i in range(2):
+    with open(tmp_path / f"grown.{i}.json") as f:
+      got = json.load(f)
+    np.testing.assert_array_equal(got["words"], e["word_embeddings"]["embedding"])
+    np.testing.assert_array_equal(got["bias"], one["predictions"]["bias"])
+    np.testing.assert_array_equal(got["pos"], e["position_embeddings"]["embedding"])
+    np.testing.assert_array_equal(np.asarray(got["words"])[8:], words[8:])  # the fresh rows

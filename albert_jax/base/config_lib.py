@@ -161,8 +161,18 @@ def base_config() -> ml_collections.ConfigDict:
       spm_model_path="",
       # With init_from: append up to this many pieces of a vocabulary trained on this corpus to
       # init_from's (0: init_from's vocabulary as it is). model.vocab_size becomes init_from's plus
-      # this; data/text/vocab_extension.py has the rule that keeps old text's ids.
+      # the pieces added (prepare decides and says so); data/text/vocab_extension.py has the rules.
       extend_vocab_size=0,
+      # Which pieces: "domain" (pieces with new characters, then pieces init_from's model lacks
+      # but can spell, by what they save on the corpus's words, within the reference's budget) or
+      # "new_characters" (only pieces holding a character init_from's pieces lack: issue 50's).
+      extend_vocab_rule="domain",
+      # The old language's text a domain extension must keep: a glob; "" = the replay source (of
+      # several named sources, the one init_from's vocabulary reads with the fewest pieces a word),
+      # else albert_jax's sample of init_from's language (data/text/samples).
+      extend_vocab_reference="",
+      # The share of the reference's words whose pieces a domain extension may change.
+      extend_vocab_max_changed=0.01,
       # Set by the resolution (init_from's spiece.model) when extend_vocab_size is set.
       extend_vocab_from="",
       do_lower_case=True,

@@ -121,6 +121,17 @@ def validate_data(d, model) -> None:
     isinstance(n, int) and not isinstance(n, bool) and n >= 0,
     f"data.extend_vocab_size={n!r} must be an integer >= 0 (0: init_from's vocabulary as it is)",
   )
+  rule = d.get("extend_vocab_rule", "domain")
+  _check(
+    rule in ("domain", "new_characters"),
+    f"data.extend_vocab_rule={rule!r} must be domain or new_characters",
+  )
+  share = d.get("extend_vocab_max_changed", 0.01)
+  _check(
+    isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share <= 1,
+    f"data.extend_vocab_max_changed={share!r} must be a share in [0, 1] (0.01: 1% of the "
+    f"reference's words may change pieces)",
+  )
   _check(
     0 < d.max_predictions_per_seq <= d.max_seq_length,
     f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]",

@@ -147,6 +147,10 @@ def _albert_tokenizer_differs(proto: SpmModel, keep_accents: bool, lower: bool =
   return ""
 
 
+# How far below the lowest normal piece tokenizer.json scores <pad>, <unk>, [CLS], [SEP], [MASK].
+SPECIAL_SCORE_GAP = 1000.0
+
+
 def write_hf_tokenizer(
   spm_model_path: str,
   out_dir: str,
@@ -181,8 +185,21 @@ def write_hf_tokenizer(
       f"{spm_model_path} is not a unigram SentencePiece model (AlbertTokenizer needs one)"
     )
   max_score = max(score for _, score, kind in proto.pieces if kind == NORMAL)
+  # Text that spells a special token ("<unk>" in wikitext, "[MASK]"): SentencePiece reads its
+  # characters, never the token. tokenizer_config.json's split_special_tokens=True keeps
+  # transformers from cutting it out as the token; the Unigram model, which matches any piece of
+  # its vocabulary in text, gets the special pieces' scores far below every piece's (SentencePiece
+  # gives them no place in the lattice), so that their spelling is never read as them.
+  never = min(score for _, score, kind in proto.pieces if kind == NORMAL) - SPECIAL_SCORE_GAP
   vocab = [
-    [piece, float(len(piece) * max_score - 0.1) if kind == USER_DEFINED else float(score)]
+    [
+      piece,
+      float(len(piece) * max_score - 0.1)
+      if kind == USER_DEFINED
+      else float(never)
+      if kind in (UNKNOWN, CONTROL)
+      else float(score),
+    ]
     for piece, score, kind in proto.pieces
   ]
   names = {
@@ -305,6 +322,8 @@ def write_hf_tokenizer(
       "keep_accents": bool(keep_accents),
       "remove_space": True,
       "model_max_length": int(model_max_length),
+      # "<unk>" or "[MASK]" written in text is read as its characters, as SentencePiece reads it
+      "split_special_tokens": True,
       # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
       "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
       **tokens,

@@ -72,6 +72,7 @@ def complete(config) -> None:
       f"an export or a Hugging Face ALBERT directory), or train a new vocabulary with model.vocab_size"
     )
   if not config.init_from:
+    _check_growth_settings(config, None)
     return
   _refuse_fine_tuned(config.init_from)
   # Opening it checks what can be known without reading weights (model_dir.check_files: its
@@ -79,6 +80,7 @@ def complete(config) -> None:
   # written.
   source = model_dir.open_model_dir(config.init_from, "init_from")
   theirs = pretrained.read_model_config(config.init_from)
+  _check_growth_settings(config, theirs)
   if extend:
     _extend_its_vocabulary(config, extend, theirs["vocab_size"])
   else:
@@ -117,9 +119,39 @@ def _refuse_fine_tuned(p: str) -> None:
     )
 
 
+def _check_growth_settings(config, theirs: dict | None) -> None:
+  """model.new_token_init / new_position_init set away from their defaults where no row of that
+  table can grow (no init_from, no data.extend_vocab_size, positions no longer than init_from's):
+  refused in one line, as a setting that would do nothing."""
+  m, defaults = config.model, config_lib.base_config().model
+  grows = {
+    "new_token_init": bool(theirs and config.data.get("extend_vocab_size", 0)),
+    "new_position_init": bool(
+      theirs and m.max_position_embeddings > theirs["max_position_embeddings"]
+    ),
+  }
+  why = {
+    "new_token_init": "no vocabulary grows (it initialises the rows data.extend_vocab_size adds "
+    "to init_from's)",
+    "new_position_init": "no position table grows (it initialises the rows of a "
+    "model.max_position_embeddings above init_from's)",
+  }
+  known = {
+    "new_token_init": config_lib.NEW_TOKEN_INITS,
+    "new_position_init": config_lib.NEW_POSITION_INITS,
+  }
+  for k, grown in grows.items():
+    # a value that is not a rule at all is validate()'s to name, with the rules there are
+    if not grown and m.get(k, defaults[k]) != defaults[k] and m[k] in known[k]:
+      raise ConfigError(
+        f"model.{k}={m[k]}: {why[k]}; leave it unset{'' if theirs else ' (no init_from)'}"
+      )
+
+
 def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
   """data.extend_vocab_size: prepare trains a vocabulary on the corpus and appends its new pieces to
-  init_from's spiece.model (data.extend_vocab_from); model.vocab_size is init_from's plus `extend`."""
+  init_from's spiece.model (data.extend_vocab_from); model.vocab_size is init_from's plus `extend`
+  until prepare decides it (init_from's plus the pieces it added: no row without a piece)."""
   base = path(config.init_from, VOCAB_FILE)
   if config.data.spm_model_path:
     raise ConfigError(
@@ -132,7 +164,7 @@ def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
   config.model.vocab_size = theirs_size + extend
   log(
     f"vocabulary: init_from's {theirs_size:,} pieces ({base}) and up to {extend:,} new ones "
-    f"from this corpus (model.vocab_size={theirs_size + extend:,})"
+    f"from this corpus (model.vocab_size: {theirs_size:,} and the pieces prepare adds)"
   )
 
 
@@ -258,6 +290,19 @@ def score_prior(bias: np.ndarray, pieces: list[tuple[str, float, int]], n_new: i
   return (a * np.array(new) + c).astype(bias.dtype)
 
 
+def on_host(x) -> np.ndarray:
+  """A fresh parameter whole, as host NumPy: one spanning several hosts (FSDP over a multi-host
+  mesh, whose rows np.asarray cannot read) is gathered from every process
+  (multihost_utils.process_allgather: a collective, which grow_params calls on every process in
+  the same order, its growth decided by the configs every host agrees on); one this process holds
+  whole is read as it is."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
 def grow_params(
   params: dict,
   fresh: dict,
@@ -276,13 +321,13 @@ def grow_params(
   words = np.asarray(_leaf(params, WORD_TABLE))
   if words.shape[0] < model.vocab_size:
     how = model.new_token_init
-    _set_leaf(params, WORD_TABLE, new_rows(words, _leaf(fresh, WORD_TABLE), splits, how))
+    _set_leaf(params, WORD_TABLE, new_rows(words, on_host(_leaf(fresh, WORD_TABLE)), splits, how))
     try:
       bias = np.asarray(_leaf(params, MLM_BIAS))
     except KeyError:  # no MLM head in the checkpoint: the fresh one is taken whole
       bias = None
     if bias is not None:
-      fresh_bias = np.asarray(_leaf(fresh, MLM_BIAS))
+      fresh_bias = on_host(_leaf(fresh, MLM_BIAS))
       prior = None
       if how == "pieces" and pieces is not None:
         prior = score_prior(bias, pieces, model.vocab_size)
@@ -293,7 +338,8 @@ def grow_params(
     if model.new_position_init == "copy":
       grown = table[np.arange(n_new) % n_old]
     else:
-      grown = np.concatenate([table, np.asarray(_leaf(fresh, POSITION_TABLE)[n_old:], table.dtype)])
+      fresh_table = on_host(_leaf(fresh, POSITION_TABLE))
+      grown = np.concatenate([table, np.asarray(fresh_table[n_old:], table.dtype)])
     _set_leaf(params, POSITION_TABLE, grown)
   return params
 

@@ -117,6 +117,8 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> None:
   distributed.check_same_run(
     config, start
   )  # same config and step on every host, or one clear error
+  if config.data.get("extend_vocab_size"):  # the size an extension decided, if prepared already
+    dataset.take_prepared_decisions(config, workdir)
   workdir_lib.check_workdir(workdir, config, start)
 
   # --- Data -------------------------------------------------------------------------------------

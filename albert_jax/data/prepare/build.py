@@ -198,6 +198,7 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   if d.get("extend_vocab_size"):  # init_from's vocabulary and the corpus's new pieces
     held_out = decision_sample(job_data(d), shards)
     vocab_seconds, vocab_settings = extend_vocab(config, shards, out, names, held_out)
+    fp["vocab_size"] = config.model.vocab_size  # the size the extension decided
   elif not d.spm_model_path:
     vocab_seconds, vocab_settings = train_vocab(config, shards, out, names)
   tok = tokenizer_lib.load(

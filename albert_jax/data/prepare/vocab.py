@@ -7,6 +7,7 @@ sample's script (`character_coverage`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import math
@@ -17,7 +18,7 @@ import time
 
 from absl import logging
 
-from albert_jax.base import config_lib, files
+from albert_jax.base import config_lib, files, validation
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
 from albert_jax.data.corpus import reader as corpus_lib, sources
@@ -259,22 +260,113 @@ def _train_vocab_on(
 
 
 # The new corpus's own vocabulary is trained with this many pieces per piece asked for (and the
-# special ones): some of its pieces are init_from's already, some spelled from init_from's.
-EXTEND_TRAIN_FACTOR = 1.5
+# special ones): some of its pieces are init_from's already, and of those it lacks the domain rule
+# keeps the ones that save pieces on the corpus's words (a factor of 3 gave 500 of 500 asked on
+# NCBI disease abstracts where 1.5 gave 353; docs/continued_pretraining.md).
+EXTEND_TRAIN_FACTOR = 3.0
+# How much of the reference (data.extend_vocab_reference, the replay source or the package's
+# sample) is read: its first sentences up to this many characters.
+REFERENCE_CHARS = 2_000_000
+EXTEND_RULES = ("domain", "new_characters")
+
+
+def _source_sentences(d, patterns: list[str], chars: int = REFERENCE_CHARS) -> list[str]:
+  """The first sentences of the files `patterns` match, read in the run's formats, up to `chars`
+  characters."""
+  data = job_data(d)
+  data.input_files = ",".join(patterns)
+  out, n = [], 0
+  for doc in corpus_lib.file_documents(data):
+    for sentence in doc:
+      out.append(sentence)
+      n += len(sentence)
+      if n >= chars:
+        return out
+  return out
+
+
+def reference_sentences(d, names: list[str], old_tok, language: str | None) -> tuple[list, str]:
+  """The old language's text an extension must keep (merge's `reference`) and what it is:
+  data.extend_vocab_reference; else, with several named sources, the replay source: the one
+  init_from's vocabulary reads with the fewest pieces a word; else the package's sample of
+  init_from's language (data/text/samples); else none."""
+  if d.extend_vocab_reference:
+    return (
+      _source_sentences(d, [d.extend_vocab_reference]),
+      f"data.extend_vocab_reference={d.extend_vocab_reference}",
+    )
+  named = [(n, p) for n, p in sources.named_patterns(d.input_files) if n] if d.input_files else []
+  if len(named) > 1:
+    best = None
+    for name, patterns in named:
+      texts = _source_sentences(d, patterns)
+      ppw = vocab_extension.encoding_report(old_tok, texts[:2000])[0] if texts else math.inf
+      if best is None or ppw < best[0]:
+        best = (ppw, name, texts)
+    if best is not None and best[2]:
+      return best[2], (
+        f"the replay source {best[1]} (the source init_from's vocabulary reads with the fewest "
+        f"pieces a word, {best[0]:.2f})"
+      )
+  if language:
+    return (
+      [s for doc in samples.documents(language) for s in doc],
+      f"albert_jax's sample of init_from's language ({language})",
+    )
+  return [], "none (no replay source, no sample of init_from's language)"
+
+
+def word_counts(tok, sentences: list[str]) -> dict[str, int]:
+  """The words of `sentences` as `tok` gives them to SentencePiece, and how often each occurs."""
+  counts: dict[str, int] = collections.Counter()
+  for s in sentences:
+    counts.update(tok.preprocess(s).split())
+  return counts
+
+
+def reference_counts(old_tok, tok, sentences: list[str]) -> dict[tuple[str, str], int]:
+  """Each word of `sentences` as the old and the extended model read it (their text settings:
+  marks stripped before, kept after an extension turned them on), and how often it occurs."""
+  counts: dict[tuple[str, str], int] = collections.Counter()
+  for s in sentences:
+    counts.update((old_tok.preprocess(w), tok.preprocess(w)) for w in s.split())
+  return counts
+
+
+def marked_letters(old_bytes: bytes, tok, texts: list[str]) -> list[str]:
+  """The letters an extension that turns marks on must add (`tok` keeps them, init_from's model
+  holds none): those of `texts` read with marks kept that no old piece holds and that read as
+  old letters with marks stripped ("é" of "café": without it the old language's accented words
+  would gain <unk>)."""
+  old_pieces = vocab_extension.read_pieces(old_bytes)
+  chars = vocab_extension.old_characters(old_pieces)
+  return [
+    c
+    for c in vocab_extension.need_letters(old_pieces, [tok.preprocess(t) for t in texts])
+    if scripts.strip_accents(c) != c
+    and all(x in chars for x in tokenizer_lib.preprocess_text(c, tok.lower, keep_accents=False))
+  ]
 
 
 def extend_vocab(
   config, shards: list[dict], out_dir: str, names: list[str], held_out: list[str]
 ) -> tuple[float, dict]:
   """data.extend_vocab_size: a vocabulary trained on the corpus with today's rules (train_vocab:
-  sample, coverage, byte fallback, kept accents, the sources' sampling), and its pieces that
-  init_from's model (data.extend_vocab_from) lacks appended to a copy of it (vocab_extension.merge:
-  old ids and scores kept, old text's ids unchanged). The rows the corpus does not fill (fewer new
-  pieces than asked) are <unused_k> pieces, which no text reaches. Prints what it did and, on
-  `held_out` (corpus sentences outside the vocabulary's sample), pieces per word and <unk> share
-  before and after. Writes <out_dir>/spiece.model; returns (seconds, vocab settings)."""
+  sample, coverage, byte fallback, kept accents, the sources' sampling), and up to
+  data.extend_vocab_size pieces appended to a copy of init_from's model (data.extend_vocab_from;
+  vocab_extension.merge: old ids and scores kept): pieces with characters it lacks, the old
+  language's marked letters where marks turn on, and (data.extend_vocab_rule=domain) domain
+  pieces that save pieces on the corpus's words within the reference's budget
+  (data.extend_vocab_max_changed). The model is sized to what was added (model.vocab_size, a
+  decision recorded in the config), with one line saying why where fewer than asked qualify.
+  Prints what it did: new pieces by kind, pieces per word and <unk> share before and after on
+  `held_out` (corpus sentences outside the vocabulary's sample) and on init_from's language, and
+  the reference's changed-word share. Writes <out_dir>/spiece.model; returns (seconds, vocab
+  settings)."""
   d = config.data
   asked = d.extend_vocab_size
+  rule = d.get("extend_vocab_rule", "domain")
+  max_changed = d.get("extend_vocab_max_changed", vocab_extension.MAX_CHANGED)
   t0 = time.time()
   old_bytes = files.path(d.extend_vocab_from).read_bytes()
   size = math.ceil(asked * EXTEND_TRAIN_FACTOR) + len(tokenizer_lib.USER_DEFINED_SYMBOLS) + 5
@@ -290,57 +382,88 @@ def extend_vocab(
       sample.clear()
       _, settings = train_vocab(config, shards, local, names, vocab_size=size, sample_out=sample)
     new_bytes = files.path(local, VOCAB_FILE).read_bytes()
-  ext = vocab_extension.merge(old_bytes, new_bytes, asked)
-  unused = asked - len(ext.added)
-  # Below every piece's score: SentencePiece never emits an UNUSED piece, and a reader that knows
-  # no UNUSED type (Hugging Face's tokenizer.json) never prefers one.
-  floor = min(score for _, score, _ in vocab_extension.read_pieces(ext.model)) - 100.0
-  model = ext.model + b"".join(
-    vocab_extension.encode_piece(f"<unused_{k}>", floor, vocab_extension.UNUSED)
-    for k in range(unused)
-  )
-  out = os.path.join(out_dir, VOCAB_FILE)
-  files.path(out).write_bytes(model)
   keep = bool(config_lib.keep_accents_value(d.keep_accents))
   text = dict(lower=d.do_lower_case, normalize_quotes=d.normalize_quotes)
-  tok = tokenizer_lib.Tokenizer(out, keep_accents=keep, **text)
   # "before": the old model reading text as it was trained to (marks stripped where its pieces hold
   # none: an extension may have turned them on)
   old_keep = keep and vocab_extension.holds_marks(old_bytes)
   old_tok = tokenizer_lib.Tokenizer(d.extend_vocab_from, keep_accents=old_keep, **text)
+  # the corpus read as the extended model will read it (the old model's bytes: same normalizer)
+  new_tok = tokenizer_lib.Tokenizer(d.extend_vocab_from, keep_accents=keep, **text)
+  language = old_language(old_bytes)
+  ref, ref_what = reference_sentences(d, names, old_tok, language)
+  own = [s for doc in samples.documents(language) for s in doc] if language else []
+  letters = marked_letters(old_bytes, new_tok, ref + own) if keep and not old_keep else []
+  domain = rule == "domain"
+  ext = vocab_extension.merge(
+    old_bytes,
+    new_bytes,
+    asked,
+    words=word_counts(new_tok, sample) if domain else None,
+    reference=reference_counts(old_tok, new_tok, ref) if domain else None,
+    max_changed=max_changed,
+    letters=letters,
+  )
+  out = os.path.join(out_dir, VOCAB_FILE)
+  files.path(out).write_bytes(ext.model)
+  tok = tokenizer_lib.Tokenizer(out, keep_accents=keep, **text)
   with open(os.path.splitext(out)[0] + ".vocab", "w", encoding="utf-8") as f:
     for i in range(tok.vocab_size):
       f.write(f"{tok.sp.id_to_piece(i)}\t{tok.sp.get_score(i)}\n")
-  if not ext.added:
+  added = len(ext.added)
+  marks = (
+    f"{len(ext.letters)} marked letters of init_from's language (marks now kept"
+    + (f": {' '.join(ext.letters[:12])}), " if ext.letters else "), ")
+    if keep and not old_keep
+    else ""
+  )
+  kinds = (
+    f"{ext.new_characters} with a character init_from's pieces lack, {marks}"
+    f"{len(ext.domain)} domain pieces"
+  )
+  logging.info(
+    "vocabulary extension (data.extend_vocab_rule=%s): %s of init_from's pieces kept (ids and "
+    "scores), %d appended%s from a %d-piece vocabulary of the corpus: %s",
+    rule,
+    f"{ext.old_size:,}",
+    added,
+    f" (ids {ext.old_size}-{ext.old_size + added - 1})" if added else "",
+    size,
+    kinds,
+  )
+  if added < asked:
+    if domain:
+      why = (
+        f"of the corpus's vocabulary's {ext.spellable} pieces that init_from's spells, "
+        f"{ext.candidates} save pieces on the corpus's words; {ext.left_for_reference} left out "
+        f"for the reference's budget, {ext.left_unused} unused with the others"
+      )
+    else:
+      why = (
+        f"data.extend_vocab_rule=new_characters appends only pieces with a character "
+        f"init_from's lack; {ext.spellable} it spells from its own pieces left out"
+      )
     logging.warning(
-      "vocabulary extension: the corpus's %d-piece vocabulary has no piece with a character "
-      "init_from's %s pieces lack: init_from's vocabulary is used as it is (its %d added rows "
-      "are unused)",
-      size,
-      f"{ext.old_size:,}",
+      "vocabulary extension: %d pieces added of the %d asked (data.extend_vocab_size): %s; "
+      "model.vocab_size=%s (init_from's %s and the %d added: no row without a piece)",
+      added,
       asked,
-    )
-  else:
-    splits = vocab_extension.new_piece_splits(old_bytes, model)
-    unspellable = sum(
-      1 for i in range(ext.old_size, ext.old_size + len(ext.added)) if not splits[i]
-    )
-    logging.info(
-      "vocabulary extension: %s of init_from's pieces kept (ids and scores), %d new appended "
-      "(ids %d-%d) from a %d-piece vocabulary of the corpus; %d of them the old model could only "
-      "spell as <unk>; left out: %d it spells from its own pieces (they would re-segment old "
-      "text), %d holding a user-defined symbol%s",
+      why,
+      f"{ext.old_size + added:,}",
       f"{ext.old_size:,}",
-      len(ext.added),
-      ext.old_size,
-      ext.old_size + len(ext.added) - 1,
-      size,
-      unspellable,
-      ext.spellable,
-      ext.with_user_symbol,
-      f"; {unused} rows unused (<unused_k>: fewer new pieces than data.extend_vocab_size)"
-      if unused
-      else "",
+      added,
+    )
+  validation.record_decision(config, "model", "vocab_size", ext.old_size + added)
+  if domain and ext.reference_words:
+    logging.info(
+      "vocabulary extension on the reference (%s, %s words): %.2f%% of its words change pieces "
+      "(data.extend_vocab_max_changed=%g%%); %.2f%% are read otherwise (marks now kept, or <unk> "
+      "before) and counted apart",
+      ref_what,
+      f"{ext.reference_words:,}",
+      100 * ext.changed,
+      100 * max_changed,
+      100 * ext.read_otherwise,
     )
   sampled = set(sample)
   held = [s for s in held_out if s not in sampled]
@@ -349,9 +472,7 @@ def extend_vocab(
     held, what = held_out, "sentences of the corpus (none held out: all are in its sample)"
   for line in extension_report(old_tok, tok, held, what):
     logging.info("%s", line)
-  language = old_language(old_bytes)
   if language:  # init_from's own language, on text neither vocabulary was trained on
-    own = [s for doc in samples.documents(language) for s in doc]
     what = f"sentences of init_from's own language ({language}, albert_jax's sample)"
     for line in extension_report(old_tok, tok, own, what):
       logging.info("%s", line)
@@ -361,9 +482,23 @@ def extend_vocab(
       same,
       len(own),
       language,
-      "" if same == len(own) else " (the others hold <unk> or marks the old model stripped)",
+      ""
+      if same == len(own)
+      else " (the others hold <unk>, marks the old model stripped or "
+      "words the domain pieces re-segment)",
     )
-  settings = dict(settings, extension={"added": len(ext.added), "unused": unused})
+  settings = dict(
+    settings,
+    extension={
+      "rule": rule,
+      "asked": asked,
+      "added": added,
+      "new_characters": ext.new_characters,
+      "marked_letters": len(ext.letters),
+      "domain": len(ext.domain),
+      "reference_changed": round(ext.changed, 6),
+    },
+  )
   return time.time() - t0, settings
 
 

@@ -72,6 +72,15 @@ def check_prepared(config, workdir: str) -> tuple[str, dict]:
   return ddir, prepared
 
 
+def take_prepared_decisions(config, workdir: str) -> None:
+  """The decisions prepared data recorded (take_decisions), read before anything is written: a
+  resumed run's model.vocab_size where a vocabulary extension decided it, which check_workdir
+  compares with the checkpoint's. Nothing prepared yet: nothing is taken."""
+  prepared = read_prepared(data_dir(config, workdir))
+  if prepared is not None:
+    take_decisions(config, as_read_today(prepared, config)["fingerprint"])
+
+
 def prepared_info(ddir: str, prepared: dict) -> dict:
   stats = prepared["stats"]
   return dict(

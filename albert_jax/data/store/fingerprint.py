@@ -56,6 +56,9 @@ def fingerprint(config, must_exist: bool = True) -> dict:
       base = files.path(d.extend_vocab_from)
       vocab["extends"] = {
         "pieces": d.extend_vocab_size,
+        "rule": d.get("extend_vocab_rule", "domain"),
+        "reference": d.get("extend_vocab_reference", ""),
+        "max_changed": d.get("extend_vocab_max_changed", 0.01),
         "base_sha256": files.sha256(str(base)) if base.is_file() else None,
       }
   return {
@@ -100,6 +103,11 @@ def take_decisions(config, stored: dict) -> None:
       validation.record_decision(config, "data", "keep_accents", "true" if keep else "false")
   if d.word_start == "auto" and d.word_segmenter == "auto" and stored.get("word_segmenter"):
     validation.record_decision(config, "data", "word_segmenter", stored["word_segmenter"])
+  extends = (stored.get("vocab") or {}).get("extends")
+  if d.get("extend_vocab_size") and extends and extends.get("pieces") == d.extend_vocab_size:
+    # the size an extension decided (the pieces it added: vocab_extension.merge)
+    if stored.get("vocab_size") and stored["vocab_size"] != config.model.vocab_size:
+      validation.record_decision(config, "model", "vocab_size", stored["vocab_size"])
   if d.get("thai_sentences", "auto") == "auto" and stored.get("thai_sentences"):
     validation.record_decision(config, "data", "thai_sentences", stored["thai_sentences"])
 
@@ -145,6 +153,9 @@ def config_for_prepared(data_dir: str, prepared: dict):
       d.vocab_sample_sentences = fp["vocab"]["sample_sentences"]
       if fp["vocab"].get("extends"):
         d.extend_vocab_size = fp["vocab"]["extends"]["pieces"]
+        for k in ("rule", "reference", "max_changed"):
+          if k in fp["vocab"]["extends"]:
+            d[f"extend_vocab_{k}"] = fp["vocab"]["extends"][k]
         d.extend_vocab_from = os.path.join(data_dir, "no-such-base-vocabulary")  # not compared
     if corpus["source"] == "files":
       gone = os.path.join(data_dir, "no-such-corpus-file")  # unknown: not compared

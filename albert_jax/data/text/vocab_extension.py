@@ -1,14 +1,22 @@
-"""Vocabulary extension (data.extend_vocab_size, issue 50): a SentencePiece unigram model trained on
-a new corpus, its pieces that init_from's model lacks appended to a copy of init_from's model.
+"""Vocabulary extension (data.extend_vocab_size, issues 50 and 58): a SentencePiece unigram model
+trained on a new corpus, its pieces that init_from's model lacks appended to a copy of init_from's
+model.
 
 The merge (`merge`):
   - the old model's bytes are kept as they are: every old piece keeps its id, score and type, and
     the normalizer and trainer settings stay the old model's;
-  - a piece of the new model is appended only if it holds a character that no piece of the old
-    model holds (a character the old model could only read as <unk>); it keeps its score in the new
-    model (a log-probability on the same scale as the old pieces');
-  - pieces the old model could spell from its own pieces are left out and counted.
+  - first, pieces of the new model holding a character that no piece of the old model holds (a
+    character the old model could only read as <unk>), with their scores in the new model (a
+    log-probability on the same scale as the old pieces'): the new-character rule below;
+  - then, where an extension turns marks on, the old language's marked letters it lacks ("é");
+  - then (data.extend_vocab_rule=domain, the default) domain pieces: pieces of the new model that
+    the old one lacks but can spell, ranked by the pieces they save on the corpus's words, scored
+    by interpolating the two models' probabilities (INTERPOLATION), kept only where the corpus's
+    words use them and where the reference's changed words stay within data.extend_vocab_max_changed
+    (the old language's text: a domain piece may re-segment it, within that budget);
+  - nothing else: the vocabulary grows by what was appended, no row without a piece.
 
+The new-character rule (data.extend_vocab_rule=new_characters appends only these):
 Why this rule keeps old text's ids exactly: the unigram model segments by the highest sum of
 scores (Viterbi). An appended piece holds a character c that is in no old piece, so it can match
 only text that contains c, and text the old model read without <unk> has no such character (every
@@ -21,10 +29,13 @@ New text uses the appended pieces because each replaces at least one <unk> node 
 minimum score less 10) with a piece of its own trained score.
 
 Why not score 0 (Chinese-LLaMA's merge): in a unigram model 0 is the highest log-probability, so
-every appended piece would outrank the old ones and re-segment old text. Why not append pieces the
-old model spells: the same string occurs in old text, where using the new piece changes its ids
-(any score high enough to be used there is used there), and with a score too low to be used it
-would be a row no text ever reaches.
+every appended piece would outrank the old ones and re-segment old text. Pieces the old model
+spells: the same string occurs in old text, where using the new piece changes its ids (any score
+high enough to be used there is used there), and with a score too low to be used it would be a row
+no text ever reaches; so the domain rule measures both, on the corpus's words (each piece it keeps
+is used) and on the reference's (the share of its words whose pieces change, left out most harmful
+first), rather than forbidding them (issue 58: on a same-script domain the new-character rule
+added nearly nothing).
 
 The model file is the protobuf sentencepiece_model.proto; a repeated field accumulates over
 concatenated messages, so the merged model is the old model's bytes followed by the appended
@@ -38,6 +49,8 @@ import dataclasses
 import math
 import struct
 import unicodedata
+
+import sentencepiece as spm
 
 from albert_jax.data.text import tokenizer as tokenizer_lib
 
@@ -122,14 +135,24 @@ def encode_piece(piece: str, score: float, kind: int = NORMAL) -> bytes:
 @dataclasses.dataclass
 class Extension:
   """What merge() did: the merged model's bytes, the appended pieces (by new id, from the old
-  vocabulary's size on), and what was left out."""
+  vocabulary's size on: new-character pieces, marked letters, domain pieces, in that order), and
+  what was left out."""
 
   model: bytes
   old_size: int
   added: list[str]
-  spellable: int  # new pieces the old model spells from its own pieces: left out
+  spellable: int  # new pieces the old model spells from its own pieces, not appended
   with_user_symbol: int  # new pieces holding a user-defined symbol ("(", "." ...): left out
   asked: int  # how many the caller asked for at most
+  new_characters: int = 0  # appended pieces holding a character no old piece holds
+  letters: list[str] = dataclasses.field(default_factory=list)  # marked letters (need_letters)
+  domain: list[str] = dataclasses.field(default_factory=list)  # appended domain pieces
+  candidates: int = 0  # spellable pieces that save pieces on the new corpus's words
+  left_for_reference: int = 0  # domain pieces left out for the reference's budget
+  left_unused: int = 0  # domain pieces left out: the corpus's words did not use them
+  changed: float = 0.0  # the reference's share of words whose pieces changed (counted words)
+  read_otherwise: float = 0.0  # the reference's share of words read otherwise (marks, <unk>)
+  reference_words: int = 0
 
 
 def old_characters(pieces: list[tuple[str, float, int]]) -> set[str]:
@@ -142,34 +165,175 @@ def old_characters(pieces: list[tuple[str, float, int]]) -> set[str]:
   return chars
 
 
-def merge(old: bytes, new: bytes, limit: int) -> Extension:
-  """The old model's bytes with at most `limit` pieces of the new model appended (the rule in the
-  module's docstring), the highest-scoring first (the new model's most probable pieces)."""
+# A domain piece's score: SentencePiece's maintainers' rule for merging two unigram models
+# (google/sentencepiece#822), the interpolated probability log(a * p_old + (1 - a) * p_new), with
+# p_old = 0 for a piece the old model lacks: log(1 - a) + its score in the new corpus's model. The
+# old pieces keep their scores (their interpolation would re-segment old text); a = 1/2.
+INTERPOLATION = 0.5
+# data.extend_vocab_max_changed's default: the share of the reference's words whose pieces may
+# change (docs/continued_pretraining.md measures it).
+MAX_CHANGED = 0.01
+ROUNDS = 8
+
+
+def _processor(model: bytes):
+  sp = spm.SentencePieceProcessor()
+  sp.load(model_proto=model)
+  return sp
+
+
+def _encode(sp, words: list[str]) -> list[list[int]]:
+  return sp.encode(words, num_threads=1) if words else []
+
+
+def need_letters(old_pieces, texts) -> list[str]:
+  """The characters of `texts` (read as the extended model will read them, SentencePiece's NFKC
+  applied) that no old piece holds, most frequent first: an extension that turns marks on would
+  otherwise read the old language's "é" of "café" as <unk>."""
+  chars = old_characters(old_pieces)
+  counts: dict[str, int] = {}
+  for text in texts:
+    for c in unicodedata.normalize("NFKC", text):
+      if not c.isspace() and c not in chars:
+        counts[c] = counts.get(c, 0) + 1
+  return sorted(counts, key=lambda c: (-counts[c], c))
+
+
+def merge(
+  old: bytes,
+  new: bytes,
+  limit: int,
+  words: dict[str, int] | None = None,
+  reference: dict[tuple[str, str], int] | None = None,
+  max_changed: float = MAX_CHANGED,
+  letters: list[str] = (),
+) -> Extension:
+  """The old model's bytes with at most `limit` pieces appended, in order:
+    1. pieces of the new model holding a character no old piece holds (the new-character rule:
+       old text without <unk> keeps its ids), the highest-scoring first, with their own scores;
+    2. `letters` (need_letters: the old language's marked letters once marks are kept, which the
+       old model lacks), each a one-character piece at the old model's lowest score, their places
+       kept before step 1 takes the rest of `limit`;
+    3. with `words` (the new corpus's words, as SentencePiece is given them, and their counts):
+       domain pieces, pieces of the new model the old one lacks but can spell, scored by
+       INTERPOLATION's rule, ranked by the pieces they save on `words` (each word's old pieces
+       less its pieces with every candidate appended, shared among the candidates it uses, times
+       its count); chosen best first, then left out where the corpus's words do not use them
+       with the others chosen (no row that no text reaches) and, with `reference` ((old reading,
+       new reading) of the old language's words -> count), where the share of the reference's
+       words whose pieces change (words read alike by both models, without <unk> before) would
+       pass `max_changed`: the pieces in the most changed words first; the next-ranked fill their
+       places, for at most ROUNDS rounds.
+  Old pieces keep their ids, scores and types."""
   old_pieces = read_pieces(old)
+  n_old = len(old_pieces)
   have = {p for p, _, _ in old_pieces}
   chars = old_characters(old_pieces)
   user = [p for p, _, k in old_pieces if k == USER_DEFINED]
-  candidates, spellable, with_user = [], 0, 0
+  candidates, domain, with_user = [], [], 0
   for piece, score, kind in read_pieces(new):
     if kind != NORMAL or piece in have:
       continue
     if any(u in piece for u in user):
       with_user += 1
     elif all(c in chars or c == tokenizer_lib.WORD_MARKER for c in piece):
-      spellable += 1
+      domain.append((piece, score + math.log(1 - INTERPOLATION)))
     else:
       candidates.append((-score, len(candidates), piece, score))
   candidates.sort()
-  chosen = candidates[:limit]
-  tail = b"".join(encode_piece(piece, score) for _, _, piece, score in chosen)
-  return Extension(
-    model=old + tail,
-    old_size=len(old_pieces),
-    added=[piece for _, _, piece, _ in chosen],
-    spellable=spellable,
+  # the marked letters first (a handful, which the old language's text needs), then the rest
+  marked = list(dict.fromkeys(letters))[:limit]
+  fixed = [(p, s) for _, _, p, s in candidates if p not in marked][: limit - len(marked)]
+  lowest = min(s for _, s, k in old_pieces if k == NORMAL)
+  fixed += [(c, lowest) for c in marked]
+  ext = Extension(
+    model=b"",
+    old_size=n_old,
+    added=[],
+    spellable=len(domain),
     with_user_symbol=with_user,
     asked=limit,
+    new_characters=len(fixed) - len(marked),
+    letters=marked,
   )
+  chosen: list[tuple[str, float]] = []
+  slots = limit - len(fixed)
+  if words and domain and slots > 0:
+    chosen = _choose_domain(old, fixed, domain, slots, words, reference or {}, max_changed, ext)
+  ext.domain = [p for p, _ in chosen]
+  ext.added = [p for p, _ in fixed + chosen]
+  ext.model = old + b"".join(encode_piece(p, s) for p, s in fixed + chosen)
+  return ext
+
+
+def _choose_domain(old, fixed, domain, slots, words, reference, max_changed, ext):
+  """merge's step 3 (its docstring); fills ext's counts. Returns the chosen (piece, score)."""
+  n_old = len(read_pieces(old))
+  base = n_old + len(fixed)
+  tail = b"".join(encode_piece(p, s) for p, s in fixed)
+  old_sp = _processor(old)
+  word_list = sorted(words)
+  counts = [words[w] for w in word_list]
+  before = [len(x) for x in _encode(old_sp, word_list)]
+
+  def encode_with(pieces):
+    sp = _processor(old + tail + b"".join(encode_piece(p, s) for p, s in pieces))
+    return sp, _encode(sp, word_list)
+
+  # The saving of every candidate with all of them appended.
+  _, after = encode_with(domain)
+  saving = [0.0] * len(domain)
+  for ids, n0, f in zip(after, before, counts):
+    new = [i - base for i in ids if i >= base]
+    if new and n0 > len(ids):
+      for k in new:
+        saving[k] += f * (n0 - len(ids)) / len(new)
+  ranked = sorted((k for k in range(len(domain)) if saving[k] > 0), key=lambda k: -saving[k])
+  ext.candidates = len(ranked)
+  ref_list = sorted(reference)
+  ref_counts = [reference[r] for r in ref_list]
+  ref_total = sum(ref_counts)
+  ref_before = _encode(old_sp, [o for o, _ in ref_list])
+  alike = [o == n and tokenizer_lib.UNK_ID not in b for (o, n), b in zip(ref_list, ref_before)]
+  ext.reference_words = ref_total
+  ext.read_otherwise = sum(f for f, a in zip(ref_counts, alike) if not a) / max(ref_total, 1)
+  banned: set[int] = set()
+  chosen: list[int] = []
+  for _ in range(ROUNDS):
+    chosen = [k for k in ranked if k not in banned][:slots]
+    sp, after = encode_with([domain[k] for k in chosen])
+    used = [0] * len(chosen)
+    for ids, f in zip(after, counts):
+      for i in ids:
+        if i >= base:
+          used[i - base] += f
+    unused = {chosen[j] for j in range(len(chosen)) if not used[j]}
+    changed, harm = 0, [0.0] * len(chosen)
+    if ref_list:
+      ref_after = _encode(sp, [n for _, n in ref_list])
+      for a, b0, b1, f in zip(alike, ref_before, ref_after, ref_counts):
+        if a and b0 != b1:
+          changed += f
+          new = [i - base for i in b1 if i >= base]
+          for j in new:
+            harm[j] += f / len(new)
+    ext.changed = changed / max(ref_total, 1)
+    over = changed - max_changed * ref_total
+    harmful: set[int] = set()
+    if over > 0:
+      for j in sorted(range(len(chosen)), key=lambda j: -harm[j]):
+        if over <= 0 or not harm[j]:
+          break
+        harmful.add(chosen[j])
+        over -= harm[j]
+    ext.left_unused += len(unused - harmful)
+    ext.left_for_reference += len(harmful)
+    if not unused and not harmful:
+      break
+    banned |= unused | harmful
+  else:  # the rounds ran out: the last choice less what it left out
+    chosen = [k for k in chosen if k not in banned]
+  return [domain[k] for k in chosen]
 
 
 def holds_marks(model: bytes) -> bool:
