@@ -139,7 +139,9 @@ def test_cli_on_an_export_and_one_line_errors(runs, tmp_path):
     assert result[key] == pytest.approx(same[key], abs=1e-6)
   assert result["masked_lm_loss"] == pytest.approx(same["masked_lm_loss"], rel=1e-5)
 
-  # Another vocabulary: one line, status 2.
+  # Another vocabulary: one line, status 2. Of another size, the export itself is refused (its
+  # config.json and spiece.model disagree: model_dir.check_files); of the model's size, it is
+  # refused against the data's vocabulary.
   other = str(tmp_path / "other-vocab")
   shutil.copytree(out, other)
   tokenizer.train(
@@ -148,8 +150,21 @@ def test_cli_on_an_export_and_one_line_errors(runs, tmp_path):
     200,
     seed=1,
   )
+  same_size = str(tmp_path / "same-size-vocab")
+  shutil.copytree(out, same_size)
+  tokenizer.train(
+    [f"word{i} other{i % 53} text {i * 7} zq{i * 13 % 997}" for i in range(1500)] * 2,
+    os.path.join(same_size, "spiece.model"),
+    1000,
+    seed=1,
+  )
   for args, message in [
-    ([f"--checkpoint={other}", f"--data={sop}"], "use different vocabularies"),
+    (
+      [f"--checkpoint={other}", f"--data={sop}"],
+      "spiece.model holds 200 pieces but " + os.path.join(other, "config.json") + " says "
+      "vocab_size=1,000",
+    ),
+    ([f"--checkpoint={same_size}", f"--data={sop}"], "use different vocabularies"),
     ([f"--checkpoint={tmp_path / 'missing'}", f"--data={sop}"], "is not a directory"),
     ([f"--checkpoint={tmp_path}", f"--data={sop}"], "neither a run's workdir"),
     ([f"--checkpoint={sop}", f"--data={tmp_path}"], "holds neither prepared data"),

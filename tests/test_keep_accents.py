@@ -291,7 +291,13 @@ def test_prepare_auto_per_source_keeps_a_small_german_source(tmp_path, caplog):
   german.write_text("\n".join(ring.SENTENCES["de"]) + "\n\n" + "\n".join(ring.SENTENCES["de"]))
   c = _config(tmp_path, "en", 180, input_files=f"news={english},wiki_de={german}")
   build.prepare(c, str(tmp_path / "w"))
+  # Two documents leave it no held-out example: trained on, not evaluated alone, said in one line.
+  notes = [r.getMessage() for r in caplog.records if "gives no held-out examples" in r.getMessage()]
   (line,) = _lines(caplog, "data.keep_accents=auto")
   assert "keeping accents" in line and "source wiki_de" in line, line
+  (note,) = notes
+  assert note.startswith("source wiki_de (") and "not evaluated alone" in note, note
+  prepared = json.load(open(os.path.join(c.data.data_dir, PREPARED_FILE)))
+  assert dataset.prepared_sources(prepared) == ["news"]
   vocab = open(os.path.join(c.data.data_dir, "spiece.vocab"), encoding="utf-8").read()
   assert "ß" in vocab or "ü" in vocab

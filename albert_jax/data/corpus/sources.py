@@ -191,23 +191,33 @@ def fingerprint(data) -> dict | None:
   return {f: data.get(f) for f in fields}
 
 
-def check_served(stats: list[dict], files: dict[str, list[str]]) -> None:
-  """Every named source gives train and held-out examples, else a one-line error naming it and
-  its files (`files`: name -> its files): an empty replay source would otherwise be dropped from
-  the mixture without a word (epoch_counts gives it nothing), and its own evaluation (each named
-  source is evaluated alone) would have nothing to read."""
+def has_held_out(source: dict) -> bool:
+  """Whether a source of stats.sources has examples in the eval split (its eval_records range)."""
+  return source["eval_records"][1] > source["eval_records"][0]
+
+
+def check_served(stats: list[dict], files: dict[str, list[str]]) -> list[str]:
+  """Every named source gives train examples, else a one-line error naming it and its files
+  (`files`: name -> its files): an empty replay source would otherwise be dropped from the mixture
+  without a word (epoch_counts gives it nothing). A source too small to leave held-out examples is
+  trained on and not evaluated alone (prepared_sources leaves it out): returned, a line each, for
+  the console."""
+  notes = []
   for s in stats:
-    if s["train_examples"] and s["eval_records"][1] > s["eval_records"][0]:
-      continue
     named = ", ".join(files.get(s["name"], [])[:3]) or "no file"
-    if not s["documents"]:
-      why, fix = "holds no documents (empty files, or every record skipped)", "give it text"
-    elif not s["train_examples"]:
-      why, fix = f"gives no train examples ({s['documents']} documents)", "give it more text"
-    else:
-      why = f"gives no held-out examples ({s['documents']} documents)"
-      fix = "give it more text or a larger data.eval_fraction"
-    raise ConfigError(
-      f"source {display(s['name'])} of data.input_files ({named}) {why}: {fix}, or take it out "
-      f"of data.input_files"
-    )
+    if not s["train_examples"]:
+      if not s["documents"]:
+        why, fix = "holds no documents (empty files, or every record skipped)", "give it text"
+      else:
+        why, fix = f"gives no train examples ({s['documents']} documents)", "give it more text"
+      raise ConfigError(
+        f"source {display(s['name'])} of data.input_files ({named}) {why}: {fix}, or take it out "
+        f"of data.input_files"
+      )
+    if not has_held_out(s):
+      notes.append(
+        f"source {display(s['name'])} ({named}) gives no held-out examples ({s['documents']} "
+        "documents): it is trained on but not evaluated alone (more text or a larger "
+        "data.eval_fraction gives it some)"
+      )
+  return notes

@@ -228,7 +228,8 @@ def _build(config, out: str, fp: dict, staging_dir: str | None = None, spill_dir
   built["skipped_by_file"] = corpus_lib.skipped_by_file(shards, summaries)
   if len(names) > 1 or names[0]:  # named sources (one unnamed corpus: the stats of today)
     built["sources"] = sources_lib.source_stats(names, shards, summaries, d)
-    sources_lib.check_served(built["sources"], dict(corpus_lib.source_files(d)))
+    for line in sources_lib.check_served(built["sources"], dict(corpus_lib.source_files(d))):
+      logging.warning("%s", line)
   if not built["documents"]:
     raise ConfigError(corpus_lib.nothing_read(shards, summaries, "make examples of"))
   if built["documents"] < 2:

@@ -125,9 +125,14 @@ def read_sentence_lengths(
 
 
 def prepared_sources(prepared: dict) -> list[str]:
-  """The named sources of prepared data (prepared.json's stats.sources), each evaluated alone
-  beside the total; [] for a corpus without names."""
-  return [s["name"] for s in prepared.get("stats", {}).get("sources", []) if s["name"]]
+  """The named sources of prepared data (prepared.json's stats.sources) that have held-out
+  examples, each evaluated alone beside the total; [] for a corpus without names. (A source too
+  small to leave any is trained on, not evaluated alone: prepare says so.)"""
+  return [
+    s["name"]
+    for s in prepared.get("stats", {}).get("sources", [])
+    if s["name"] and s["eval_records"][1] > s["eval_records"][0]
+  ]
 
 
 def word_starts_kept(prepared: dict) -> str:
