@@ -84,17 +84,7 @@ def document_sequences(
       np.int32, copy=False
     )
     types = np.concatenate([np.asarray(x["segment_ids"]) for x in examples]).astype(np.int32)
-    starts = None
-    if any(x.get("word_starts") is not None for x in examples):
-      starts = np.concatenate(
-        [
-          np.zeros(len(x["input_ids"]), bool)
-          if x.get("word_starts") is None
-          else np.asarray(x["word_starts"], bool)
-          for x in examples
-        ]
-      )
-    return ids, starts, offsets, types
+    return ids, _word_starts(examples), offsets, types
   n = len(examples)
   lens = np.fromiter((len(x["input_ids"]) for x in examples), np.int64, n)
   ids = np.concatenate([np.asarray(x["input_ids"]) for x in examples]).astype(np.int32, copy=False)
@@ -121,17 +111,9 @@ def document_sequences(
   out = ids[src]
   out[offsets[:-1]] = CLS_ID
   out[offsets[1:] - 1] = SEP_ID
-  starts = None
-  if any(x.get("word_starts") is not None for x in examples):
-    flat = np.concatenate(
-      [
-        np.zeros(len(x["input_ids"]), bool)
-        if x.get("word_starts") is None
-        else np.asarray(x["word_starts"], bool)
-        for x in examples
-      ]
-    )
-    starts = flat[src]
+  starts = _word_starts(examples)
+  if starts is not None:
+    starts = starts[src]
     starts[offsets[:-1]] = starts[offsets[1:] - 1] = False
   return out, starts, offsets, np.zeros(len(out), np.int32)
 
@@ -423,3 +405,18 @@ def _joined(arrays: list[np.ndarray]) -> np.ndarray:
 def useful_share(batch: dict) -> float:
   """Real tokens over all positions of a batch (input_mask's mean): what packing raises."""
   return float(np.mean(np.asarray(batch["input_mask"]) > 0))
+
+
+def _word_starts(examples) -> np.ndarray | None:
+  """The examples' stored word starts end to end (False where an example has none); None where no
+  example has them."""
+  if all(x.get("word_starts") is None for x in examples):
+    return None
+  return np.concatenate(
+    [
+      np.zeros(len(x["input_ids"]), bool)
+      if x.get("word_starts") is None
+      else np.asarray(x["word_starts"], bool)
+      for x in examples
+    ]
+  )

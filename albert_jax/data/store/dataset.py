@@ -14,6 +14,7 @@ import numpy as np
 from albert_jax.base import files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import VOCAB_FILE
+from albert_jax.data.corpus.sources import has_held_out
 from albert_jax.data.examples.features import (
   WORD_STARTS,
   WORD_STARTS_IN_IDS,
@@ -129,9 +130,7 @@ def prepared_sources(prepared: dict) -> list[str]:
   examples, each evaluated alone beside the total; [] for a corpus without names. (A source too
   small to leave any is trained on, not evaluated alone: prepare says so.)"""
   return [
-    s["name"]
-    for s in prepared.get("stats", {}).get("sources", [])
-    if s["name"] and s["eval_records"][1] > s["eval_records"][0]
+    s["name"] for s in prepared.get("stats", {}).get("sources", []) if s["name"] and has_held_out(s)
   ]
 
 
