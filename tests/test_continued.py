@@ -269,12 +269,15 @@ def test_extended_export_matches_transformers(tmp_path, vocabs):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
   tok = tokenizer_lib.load(merged_path, keep_accents=True)
   fast = transformers.AutoTokenizer.from_pretrained(out)
-  for text in ENGLISH[:60] + NEW_HELD + ACCENTED + SPELLED:
+  for text in ENGLISH[:60] + NEW_HELD + ACCENTED:
     assert fast(text, add_special_tokens=False)["input_ids"] == tok.encode(text), text
-  # "<unk>" and "[MASK]" written in text are read as their characters, as ours (tokenizer_config's
-  # split_special_tokens); fill-mask's way, split_special_tokens=False, matches [MASK] as the token
+  # With split_special_tokens=True, "<unk>" and "[MASK]" written in text are read as their
+  # characters, as ours; by default (transformers' and fill-mask's way) [MASK] is the token.
+  for text in SPELLED:
+    ids = fast(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert ids == tok.encode(text), text
   assert tokenizer_lib.UNK_ID not in tok.encode(SPELLED[0])
-  assert fast("a [MASK] b", add_special_tokens=False, split_special_tokens=False)["input_ids"] == (
+  assert fast("a [MASK] b", add_special_tokens=False)["input_ids"] == (
     tok.encode("a") + [tokenizer_lib.MASK_ID] + tok.encode("b")
   )
   # albert_jax.load opens it (the extended table, marks kept) and fills a Hindi [MASK].

@@ -424,15 +424,20 @@ def test_trained_tiny_model_export_loads_in_transformers(tmp_path):
   a, b = ours_tok.encode(SAMPLES[0]), ours_tok.encode(SAMPLES[1])
   assert pair["input_ids"] == [2] + a + [3] + b + [3]
   assert pair["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
-  # Text that spells a special token is read as its characters, as ours (tokenizer_config's
-  # split_special_tokens); with split_special_tokens=False (fill-mask's tokenizer_kwargs) transformers
-  # matches [MASK] in the text as the token.
-  assert tok("fills [MASK] words")["input_ids"] == [2] + ours_tok.encode("fills [MASK] words") + [3]
+  # "[MASK]" typed in text is the mask token, transformers' default (fill-mask and the Hub's widget
+  # find it); with split_special_tokens=True text that spells a special token is read as its
+  # characters, as ours.
+  assert tok("fills [MASK] words")["input_ids"] == [2] + ours_tok.encode("fills") + [4] + (
+    ours_tok.encode("words") + [3]
+  )
+  split = dict(split_special_tokens=True)
+  assert tok("fills [MASK] words", **split)["input_ids"] == [2] + ours_tok.encode(
+    "fills [MASK] words"
+  ) + [3]
   if all(ours_tok.sp.piece_to_id(c) != 1 for c in "<>"):  # "<unk>" spelt from pieces, no <unk>
-    assert tok("a <unk> b")["input_ids"] == [2] + ours_tok.encode("a <unk> b") + [3]
-  assert tok("fills [MASK] words", split_special_tokens=False)["input_ids"] == [
-    2
-  ] + ours_tok.encode("fills") + [4] + ours_tok.encode("words") + [3]
+    assert tok("a <unk> b", **split)["input_ids"] == [2] + ours_tok.encode("a <unk> b") + [3]
+  masks = transformers.pipeline("fill-mask", model=out, tokenizer=tok)("fills [MASK] words")
+  assert len(masks) == 5 and all(m["token"] >= 5 for m in masks)
 
   enc = tok(SAMPLES[:3], SAMPLES[3:6], padding=True, return_tensors="np")
   lengths = enc["attention_mask"].sum(1)

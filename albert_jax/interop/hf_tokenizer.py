@@ -186,10 +186,11 @@ def write_hf_tokenizer(
     )
   max_score = max(score for _, score, kind in proto.pieces if kind == NORMAL)
   # Text that spells a special token ("<unk>" in wikitext, "[MASK]"): SentencePiece reads its
-  # characters, never the token. tokenizer_config.json's split_special_tokens=True keeps
-  # transformers from cutting it out as the token; the Unigram model, which matches any piece of
-  # its vocabulary in text, gets the special pieces' scores far below every piece's (SentencePiece
-  # gives them no place in the lattice), so that their spelling is never read as them.
+  # characters, never the token. transformers cuts it out as the token unless called with
+  # split_special_tokens=True (the export keeps transformers' default, False, so that fill-mask and
+  # the Hub's widget find a typed "[MASK]"); with True, the Unigram model, which matches any piece
+  # of its vocabulary in text, gets the special pieces' scores far below every piece's
+  # (SentencePiece gives them no place in the lattice), so that their spelling is never read as them.
   never = min(score for _, score, kind in proto.pieces if kind == NORMAL) - SPECIAL_SCORE_GAP
   vocab = [
     [
@@ -322,8 +323,9 @@ def write_hf_tokenizer(
       "keep_accents": bool(keep_accents),
       "remove_space": True,
       "model_max_length": int(model_max_length),
-      # "<unk>" or "[MASK]" written in text is read as its characters, as SentencePiece reads it
-      "split_special_tokens": True,
+      # transformers' default: "[MASK]" typed in text is the mask token (fill-mask, the Hub's
+      # widget); split_special_tokens=True reads "<unk>"/"[MASK]" text as its characters, as ours
+      "split_special_tokens": False,
       # AlbertTokenizer leaves token_type_ids out by default; the model was trained with segment ids.
       "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
       **tokens,
