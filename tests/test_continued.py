@@ -650,6 +650,33 @@ def test_damaged_extension_or_replay_data_is_one_line_naming_it(
   assert not (tmp_path / "data").exists()
 
 
+def test_a_bad_extension_reference_is_one_line_naming_it(tmp_path, vocabs, capsys):
+  """data.extend_vocab_reference: a glob that matches nothing is refused with init_from's checks,
+  before anything is written (it was read after a vocabulary was trained, and named as
+  data.input_files); an empty file is refused by prepare, no data written (it left the budget
+  measured on nothing); set without an extension it is refused as a value that does nothing."""
+  from tests.test_corpus_damage import prepare_refused
+
+  none = f"{tmp_path}/none/*.txt"
+  c = _continued_config(tmp_path, vocabs, extend_vocab_size=50, extend_vocab_reference=none)
+  with pytest.raises(ConfigError) as e:
+    init_from.resolve(c)
+  assert str(e.value) == f"data.extend_vocab_reference: no file matches {none!r}"
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  c = _continued_config(tmp_path, vocabs, extend_vocab_size=50, extend_vocab_reference=str(empty))
+  init_from.resolve(c)
+  line = prepare_refused(capsys, c, tmp_path / "run")
+  assert line == (
+    f"error: data.extend_vocab_reference={empty} holds no text: the budget "
+    "(data.extend_vocab_max_changed) is measured on it; name files of the old model's text"
+  ), line
+  assert not (tmp_path / "data").exists()
+  c = _continued_config(tmp_path, vocabs, extend_vocab_reference=str(empty))
+  with pytest.raises(ConfigError, match="is read only by a vocabulary extension"):
+    init_from.resolve(c)
+
+
 # A same-script domain (issue 58): English sentences dense in long biomedical words, which the
 # session's English model (trained on the interpreter's documentation) splits into many pieces.
 DOMAIN_WORDS = (

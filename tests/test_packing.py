@@ -624,6 +624,17 @@ def test_bad_packing_settings_are_one_line(fields, message):
   assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("fields", [dict(packing_layout="pair"), dict(packing_window=0)])
+def test_a_bad_packing_value_is_refused_with_packing_off(fields):
+  """A typo in packing's layout or window is refused the day it is written, not the day packing
+  is turned on (the run otherwise trains as if it were not there)."""
+  config = config_lib.base_config()
+  config.data.update(fields)
+  assert not config.data.packing
+  with pytest.raises(ConfigError, match="must be"):
+    validation.validate_data(config.data, config.model)
+
+
 def test_packing_says_its_prediction_cap_in_one_line():
   """What packing changes in what is masked: one console line (the trainer prints it), and the
   width the batches, the model's step and the estimate take (masking.predictions_per_row)."""

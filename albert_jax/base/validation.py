@@ -133,6 +133,11 @@ def validate_data(d, model) -> None:
     f"reference's words may change pieces)",
   )
   _check(
+    n > 0 or not d.get("extend_vocab_reference", ""),
+    f"data.extend_vocab_reference={d.get('extend_vocab_reference')!r} is read only by a vocabulary "
+    "extension: set data.extend_vocab_size (with init_from), or leave the reference empty",
+  )
+  _check(
     0 < d.max_predictions_per_seq <= d.max_seq_length,
     f"data.max_predictions_per_seq={d.max_predictions_per_seq} must be in [1, max_seq_length]",
   )
@@ -192,7 +197,17 @@ def validate_data(d, model) -> None:
 
 
 def _validate_packing(d) -> None:
-  """data.packing: MLM-only rows of several documents (data/pipeline/packing.py)."""
+  """data.packing: MLM-only rows of several documents (data/pipeline/packing.py). Its layout and
+  window are checked with packing off too: a typo there is refused, not left for the day it is on."""
+  _check(
+    d.get("packing_layout", "pairs") in ("pairs", "joined"),
+    f"data.packing_layout={d.get('packing_layout')!r} must be pairs (each example as one a row: "
+    "[CLS] A [SEP] B [SEP], token types 0 then 1) or joined ([CLS] A B [SEP], token type 0)",
+  )
+  _check(
+    isinstance(d.packing_window, int) and 1 <= d.packing_window <= 1 << 20,
+    f"data.packing_window={d.packing_window!r} must be an integer in [1, {1 << 20}]",
+  )
   if not d.get("packing", False):
     return
   _check(
@@ -209,15 +224,6 @@ def _validate_packing(d) -> None:
     not d.single_sentence_random_next,
     "data.packing=true keeps each document's text in order: data.single_sentence_random_next=true "
     "would put another document's sentences inside it",
-  )
-  _check(
-    d.get("packing_layout", "pairs") in ("pairs", "joined"),
-    f"data.packing_layout={d.get('packing_layout')!r} must be pairs (each example as one a row: "
-    "[CLS] A [SEP] B [SEP], token types 0 then 1) or joined ([CLS] A B [SEP], token type 0)",
-  )
-  _check(
-    isinstance(d.packing_window, int) and 1 <= d.packing_window <= 1 << 20,
-    f"data.packing_window={d.packing_window!r} must be an integer in [1, {1 << 20}]",
   )
 
 

@@ -14,7 +14,7 @@ from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.files import path, sha256
 from albert_jax.base.layout import VOCAB_FILE, Kind, is_run, kind
 from albert_jax.base.log import log
-from albert_jax.data.corpus import sources
+from albert_jax.data.corpus import sources, text_files
 from albert_jax.data.text import tokenizer as tokenizer_lib, vocab_extension
 from albert_jax.engine import checkpoint
 from albert_jax.engine.workdir import read_config
@@ -160,6 +160,10 @@ def _extend_its_vocabulary(config, extend: int, theirs_size: int) -> None:
     )
   if not base.exists():
     raise ConfigError(f"init_from={config.init_from} holds no {VOCAB_FILE} to extend")
+  if config.data.get("extend_vocab_reference"):  # its files exist: before anything is written
+    text_files.resolve_input_files(
+      config.data.extend_vocab_reference, setting="data.extend_vocab_reference"
+    )
   config.data.extend_vocab_from = str(base)
   config.model.vocab_size = theirs_size + extend
   log(

@@ -97,10 +97,11 @@ def _parquet_parts(path: str) -> list[str] | None:
   return None
 
 
-def resolve_input_files(spec, say: bool = False) -> list[str]:
+def resolve_input_files(spec, say: bool = False, setting: str = "data.input_files") -> list[str]:
   """Expands data.input_files (input_patterns: globs, a comma-separated list of them, or a list)
   to file paths, each pattern's sorted, a file matched twice (by its real path: overlapping globs,
-  symlinks) kept once, where it first came. `say`: a console line tells how many were dropped."""
+  symlinks) kept once, where it first came. `say`: a console line tells how many were dropped.
+  `setting`: the config key errors name (data.extend_vocab_reference reads files the same way)."""
   files = []
   for pattern in input_patterns(spec):
     if files_lib.is_remote(pattern):  # gs://: one level of * per part (no ** over a bucket)
@@ -114,7 +115,7 @@ def resolve_input_files(spec, say: bool = False) -> list[str]:
       pattern = os.path.expanduser(pattern)
       matches = [pattern] if os.path.exists(pattern) else _local_glob(pattern)
     if not matches:
-      raise ConfigError(f"data.input_files: no file matches {pattern!r}")
+      raise ConfigError(f"{setting}: no file matches {pattern!r}")
     for path in matches:
       if files_lib.path(path).is_dir():
         saved = formats.save_to_disk_files(path)
@@ -122,14 +123,14 @@ def resolve_input_files(spec, say: bool = False) -> list[str]:
           saved = _parquet_parts(path)
         if saved is None:
           raise ConfigError(
-            f"data.input_files: {path} is a directory of neither a datasets save_to_disk nor "
+            f"{setting}: {path} is a directory of neither a datasets save_to_disk nor "
             f"Parquet parts; name its files (e.g. {path}/*.txt)"
           )
         files.extend(saved)
         continue
       files.append(path)
   if not files:
-    raise ConfigError("data.input_files is empty")
+    raise ConfigError(f"{setting} is empty")
   unique, seen = [], set()
   for path in files:
     key = path if files_lib.is_remote(path) else os.path.realpath(path)

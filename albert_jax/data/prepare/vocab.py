@@ -291,10 +291,13 @@ def reference_sentences(d, names: list[str], old_tok, language: str | None) -> t
   init_from's vocabulary reads with the fewest pieces a word; else the package's sample of
   init_from's language (data/text/samples); else none."""
   if d.extend_vocab_reference:
-    return (
-      _source_sentences(d, [d.extend_vocab_reference]),
-      f"data.extend_vocab_reference={d.extend_vocab_reference}",
-    )
+    texts = _source_sentences(d, [d.extend_vocab_reference])
+    if not any(t.strip() for t in texts):  # no budget can be measured on no text
+      raise ConfigError(
+        f"data.extend_vocab_reference={d.extend_vocab_reference} holds no text: the budget "
+        "(data.extend_vocab_max_changed) is measured on it; name files of the old model's text"
+      )
+    return texts, f"data.extend_vocab_reference={d.extend_vocab_reference}"
   named = [(n, p) for n, p in sources.named_patterns(d.input_files) if n] if d.input_files else []
   if len(named) > 1:
     best = None
