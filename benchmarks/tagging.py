@@ -74,14 +74,14 @@ def lookup_predictions(train, evals, lower: bool) -> list[list[str]]:
 
 def lookup_scores(train, evals, lower: bool) -> dict:
   """The lookup floor: its word accuracy and entity F1 (as the tagger's are scored)."""
-  from albert_jax.tasks import tokens
+  from albert_jax.tasks import entities
 
   pred = lookup_predictions(train, evals, lower)
   gold = [s.labels for s in evals.sentences]
   right = sum(p == g for ps, gs in zip(pred, gold) for p, g in zip(ps, gs))
   return {
     "lookup_accuracy": right / sum(len(g) for g in gold),
-    "lookup_f1": tokens.entity_scores(gold, pred)["f1"],
+    "lookup_f1": entities.entity_scores(gold, pred)["f1"],
   }
 
 
@@ -189,8 +189,10 @@ def run(args) -> dict:
   print()
   for name, row in figures["sets"].items():
     metric = "f1" if row["entities"] else "accuracy"
-    print(f"{name} ({metric}; the lookup floor {row['lookup_' + metric]:.4f}, bare ▁ first "
-          f"{row['bare_first_piece']:.1%}, <unk> {row['unk_pieces']:.1%})")
+    print(
+      f"{name} ({metric}; the lookup floor {row['lookup_' + metric]:.4f}, bare ▁ first "
+      f"{row['bare_first_piece']:.1%}, <unk> {row['unk_pieces']:.1%})"
+    )
     print("| rule | " + " | ".join(("no CRF", "CRF")[c] for c in crfs) + " |")
     print("|---" * (len(crfs) + 1) + "|")
     for rule in args.rules.split(","):

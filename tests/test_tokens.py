@@ -16,7 +16,7 @@ import pytest
 
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
-from albert_jax.tasks import crf as crf_lib, tagged_files, tokens
+from albert_jax.tasks import crf as crf_lib, entities, tagged_files, tokens
 from tests.conftest import ROOT, built_once, load_file, pydoc_sentences
 
 # (words, NER tags): English, Chinese, Japanese, Korean, Hindi, Arabic, Russian.
@@ -284,7 +284,13 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   assert (alignment.word_row[nothing] == -1).all()
   # label_all_pieces: every piece of a word carries its label.
   every, _ = tokens.make_features(
-    [sentence], [ids], tok, max_seq_length=64, stride=16, label_all_pieces=True, word_pooling="first"
+    [sentence],
+    [ids],
+    tok,
+    max_seq_length=64,
+    stride=16,
+    label_all_pieces=True,
+    word_pooling="first",
   )
   pieces = [w is not None for w in word_ids] + [False] * (64 - n)
   assert every["label_weight"][0].tolist() == [float(p) for p in pieces]
@@ -300,7 +306,11 @@ def test_unspaced_words_tagged_per_character_are_pieces_pretraining_saw(tok):
   labels = sorted(set(tags))
   sentence = tagged_files.Sentence(chinese, tags, list(range(len(chinese))))
   arrays, alignment = tokens.make_features(
-    [sentence], [[labels.index(t) for t in tags]], tok, max_seq_length=32, stride=8,
+    [sentence],
+    [[labels.index(t) for t in tags]],
+    tok,
+    max_seq_length=32,
+    stride=8,
     word_pooling="first",
   )
   ids = arrays["input_ids"][0, 1 : arrays["input_mask"][0].sum() - 1].tolist()
@@ -385,7 +395,7 @@ IOBES_PRED = [["S-PER", "O", "B-LOC", "E-LOC", "S-LOC", "B-ORG", "E-ORG"], ["B-P
 def test_entity_scores_equal_seqeval(gold, pred):
   from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 
-  ours = tokens.entity_scores(gold, pred)
+  ours = entities.entity_scores(gold, pred)
   assert ours["precision"] == pytest.approx(precision_score(gold, pred, zero_division=0), abs=1e-12)
   assert ours["recall"] == pytest.approx(recall_score(gold, pred, zero_division=0), abs=1e-12)
   assert ours["f1"] == pytest.approx(f1_score(gold, pred, zero_division=0), abs=1e-12)
@@ -580,7 +590,10 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   # The rule the labels were read by, beside them.
   rule = json.loads((tagger / "run" / "predictions" / tokens.RULE_FILE).read_text())
   assert rule == {
-    "word_pooling": "mean", "crf": False, "labels": list(task.labels), "tag_scheme": "bio"
+    "word_pooling": "mean",
+    "crf": False,
+    "labels": list(task.labels),
+    "tag_scheme": "bio",
   }
 
 
@@ -1031,7 +1044,9 @@ def test_tagging_benchmark_lookup_baseline_and_subsample(tmp_path):
   read = {k: tagged_files.read_tagged(str(tmp_path / f"{k}.tsv")) for k in ner}
   floor = bench.lookup_scores(read["train"], read["eval"], lower=True)
   # 2 of 3 entities found (rome unknown: O), none wrong: precision 1, recall 2/3.
-  assert floor["lookup_f1"] == pytest.approx(0.8) and floor["lookup_accuracy"] == pytest.approx(5 / 6)
+  assert floor["lookup_f1"] == pytest.approx(0.8) and floor["lookup_accuracy"] == pytest.approx(
+    5 / 6
+  )
   assert bench.subsample(str(paths["train"]), str(tmp_path / "sub.conllu"), 2) == 2
   sub = tagged_files.read_tagged(str(tmp_path / "sub.conllu"))
   assert [s.words for s in sub.sentences] in [[w for w, _ in pair] for pair in
@@ -1091,7 +1106,9 @@ def test_crf_settings_are_checked_and_recorded(env, tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"iob1.conll:6: 'I-PER' first in a sentence is a transi"):
       resolve(path=bad, crf=crf)
   iob1[1] = (["mary", "was", "at", "york"], ["B-PER", "O", "O", "I-LOC"])
-  with pytest.raises(ConfigError, match=r"iob1.conll:9: 'O' -> 'I-LOC' is a transition the bio") as e:
+  with pytest.raises(
+    ConfigError, match=r"iob1.conll:9: 'O' -> 'I-LOC' is a transition the bio"
+  ) as e:
     resolve(path=_conll(tmp_path / "iob1.conll", iob1), crf=True)
   assert "\n" not in str(e.value) and "or set task.crf=false" in str(e.value)
   capsys.readouterr()
@@ -1108,7 +1125,9 @@ def test_crf_settings_are_checked_and_recorded(env, tmp_path, capsys):
     workdir_lib.check_same_model(plain, config.to_dict(), "runs/ner")
   out = tmp_path / "hf"
   with pytest.raises(ConfigError, match="AlbertForTokenClassification has no CRF layer") as e:
-    export_lib.write_export({}, config, str(out), step=0, spm_model_path=str(env / "spm/spiece.model"))
+    export_lib.write_export(
+      {}, config, str(out), step=0, spm_model_path=str(env / "spm/spiece.model")
+    )
   assert "\n" not in str(e.value) and not out.exists()
 
 
@@ -1118,9 +1137,9 @@ def test_crf_chains_and_decoding_across_windows(env, tok, tmp_path):
   windows under every word_pooling rule, and emissions that favour a forbidden transition do not;
   the head's CRF loss on a window that starts inside a person (I-PER first in its chain) is a
   loss, not the forbidden start's 1e4."""
-  import albert_jax
   import flax.linen as nn
 
+  import albert_jax
   from albert_jax import tasks
 
   rng = np.random.default_rng(3)

@@ -18,6 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax.base.config_lib import ConfigError
+from albert_jax.tasks import tagged_files
+
 # The score of a transition the tag scheme forbids: exp(-1e4) is 0 in float32, and no path through
 # one can outscore a path without (emissions and learned transitions are O(10)).
 FORBIDDEN = -1e4
@@ -161,3 +164,36 @@ def decode(
       has = word_row[words] >= 0
       pred[words[has]] = path[k - lo, np.flatnonzero(has)]
   return pred
+
+
+# task.crf's transitions under each tag scheme, as the resolve line says them.
+CHAIN_RULES = {
+  "bio": "transitions the tag scheme forbids are never trained nor decoded (IOB2: I-X only after "
+  "B-X or I-X, never first)",
+  "iobes": "transitions the tag scheme forbids are never trained nor decoded (IOBES: I-X and E-X "
+  "only after B-X or I-X, B-/S-/O only after O, E- or S-; first O, B- or S-; last O, E- or S-)",
+  "none": "every transition allowed (tag scheme none)",
+}
+
+
+def check_chains(corpus: tagged_files.Corpus, labels: Sequence[str], scheme: str) -> None:
+  """task.crf: a training sentence whose labels take a transition the tag scheme forbids (IOB1's I-X
+  after O, say) is one line naming its file and line: the CRF could never learn it."""
+  ok, index = allowed(labels, scheme), {label: i for i, label in enumerate(labels)}
+  for s in corpus.sentences:
+    ids = [index[label] for label in s.labels or ()]
+    k = first_forbidden(ids, ok)
+    if k < 0:
+      continue
+    if k == 0 and not ok[len(labels), ids[0]]:
+      what = f"{s.labels[0]!r} first in a sentence"
+    elif k and not ok[ids[k - 1], ids[k]]:
+      what = f"{s.labels[k - 1]!r} -> {s.labels[k]!r}"
+    else:
+      what = f"{s.labels[k]!r} last in a sentence"
+    where = tagged_files.location(corpus.path, s.lines[k], corpus.fmt == "parquet")
+    raise ConfigError(
+      f"{where}: {what} is a transition the {scheme} tag scheme forbids under task.crf=true "
+      f"({'IOB2' if scheme == 'bio' else 'IOBES'}); write the file in "
+      f"{'IOB2 (B-X at each entity start)' if scheme == 'bio' else 'IOBES'}, or set task.crf=false"
+    )

@@ -20,7 +20,7 @@ one window, the one that gives it the most context (SQuAD's rule, in words), so 
 
 Metrics: word accuracy for any tag set; for BIO/IOB1/IOB2 or IOBES tags (detected from the label set
 when data.tag_scheme=auto) entity precision, recall and F1 overall (micro) and per entity type,
-exactly as seqeval's default mode computes them (conlleval's chunking).
+exactly as seqeval's default mode computes them (conlleval's chunking: entities.py).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from albert_jax.data.text import scripts
 from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID, WORD_MARKER
 from albert_jax.model import albert as M, heads
 from albert_jax.tasks import crf as crf_lib, tagged_files, task as tasks, word_pooling
+from albert_jax.tasks.entities import entity_scores
 from albert_jax.tasks.word_pooling import POOLED, WORD_POOLINGS, label_piece
 
 TAG_SCHEMES = ("auto", "none", "bio", "iobes")
@@ -267,93 +268,7 @@ def word_predictions(logits: np.ndarray, alignment: Alignment, fallback: int) ->
 
 
 # ----------------------------------------------------------------------------------------------------
-# Entity metrics: seqeval's default mode (conlleval's chunking), micro-averaged, per type.
-
-
-def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-  return (
-    prev_tag in ("E", "S")
-    or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
-    or (prev_tag not in ("O", ".") and prev_type != type_)
-  )
-
-
-def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-  return (
-    tag in ("B", "S")
-    or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
-    or (tag not in ("O", ".") and prev_type != type_)
-  )
-
-
-def get_entities(sentences: Sequence[Sequence[str]]) -> set[tuple[str, int, int]]:
-  """(type, first, last) of every entity, positions in the sentences joined with an O between them
-  (seqeval.metrics.sequence_labeling.get_entities)."""
-  seq = [tag for sentence in sentences for tag in [*sentence, "O"]]
-  chunks, prev_tag, prev_type, begin = set(), "O", "", 0
-  for i, chunk in enumerate([*seq, "O"]):
-    tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
-    if _end_of_chunk(prev_tag, tag, prev_type, type_):
-      chunks.add((prev_type, begin, i - 1))
-    if _start_of_chunk(prev_tag, tag, prev_type, type_):
-      begin = i
-    prev_tag, prev_type = tag, type_
-  return chunks
-
-
-def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:
-  """precision, recall, f1 (micro) and per type precision_T, recall_T, f1_T, as seqeval's
-  precision_score / recall_score / f1_score / classification_report (0 where undefined)."""
-  g, p = get_entities(gold), get_entities(pred)
-
-  def prf(gs, ps):
-    tp = len(gs & ps)
-    precision = tp / len(ps) if ps else 0.0
-    recall = tp / len(gs) if gs else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return precision, recall, f1
-
-  out = dict(zip(("precision", "recall", "f1"), prf(g, p)))
-  for t in sorted({e[0] for e in g | p}):
-    gs, ps = {e for e in g if e[0] == t}, {e for e in p if e[0] == t}
-    out.update(zip((f"precision_{t}", f"recall_{t}", f"f1_{t}"), prf(gs, ps)))
-  return out
-
-
-# ----------------------------------------------------------------------------------------------------
 # The task.
-
-# task.crf's transitions under each tag scheme, as the resolve line says them.
-CHAIN_RULES = {
-  "bio": "transitions the tag scheme forbids are never trained nor decoded (IOB2: I-X only after "
-  "B-X or I-X, never first)",
-  "iobes": "transitions the tag scheme forbids are never trained nor decoded (IOBES: I-X and E-X "
-  "only after B-X or I-X, B-/S-/O only after O, E- or S-; first O, B- or S-; last O, E- or S-)",
-  "none": "every transition allowed (tag scheme none)",
-}
-
-
-def _check_chains(corpus: tagged_files.Corpus, labels: Sequence[str], scheme: str) -> None:
-  """task.crf: a training sentence whose labels take a transition the tag scheme forbids (IOB1's I-X
-  after O, say) is one line naming its file and line: the CRF could never learn it."""
-  ok, index = crf_lib.allowed(labels, scheme), {label: i for i, label in enumerate(labels)}
-  for s in corpus.sentences:
-    ids = [index[label] for label in s.labels or ()]
-    k = crf_lib.first_forbidden(ids, ok)
-    if k < 0:
-      continue
-    if k == 0 and not ok[len(labels), ids[0]]:
-      what = f"{s.labels[0]!r} first in a sentence"
-    elif k and not ok[ids[k - 1], ids[k]]:
-      what = f"{s.labels[k - 1]!r} -> {s.labels[k]!r}"
-    else:
-      what = f"{s.labels[k]!r} last in a sentence"
-    where = tagged_files.location(corpus.path, s.lines[k], corpus.fmt == "parquet")
-    raise ConfigError(
-      f"{where}: {what} is a transition the {scheme} tag scheme forbids under task.crf=true "
-      f"({'IOB2' if scheme == 'bio' else 'IOBES'}); write the file in "
-      f"{'IOB2 (B-X at each entity start)' if scheme == 'bio' else 'IOBES'}, or set task.crf=false"
-    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -453,10 +368,10 @@ class TaggingTask(tasks.Task):
     if d.tag_scheme != "none" and config.task.metric == "accuracy":
       config.task.metric = "f1"
     if crf:
-      _check_chains(corpus, labels, d.tag_scheme)
+      crf_lib.check_chains(corpus, labels, d.tag_scheme)
       log(
         "task.crf=true: a linear-chain CRF over the word labels, its transitions trained with the "
-        f"head, Viterbi decoding; {CHAIN_RULES[d.tag_scheme]}"
+        f"head, Viterbi decoding; {crf_lib.CHAIN_RULES[d.tag_scheme]}"
       )
     if pooling != "first":
       log(
