@@ -1203,3 +1203,46 @@ def test_crf_chains_and_decoding_across_windows(env, tok, tmp_path):
   sums = task.sums(module, params, batch, None)
   loss = float(task.loss(sums, batch))
   assert 0.5 * np.log(n) < loss < 3 * np.log(n), loss
+
+
+@pytest.mark.slow
+def test_crf_tagger_learns_decodes_and_is_refused_with_the_other_setting(env, tmp_path):
+  """A tiny tagger fine-tuned with task.crf=true learns (entity F1 > 0.5), trains its transitions
+  (the allowed ones move from 0), writes predictions that take no forbidden transition and that
+  albert_jax.load's task reproduces; resuming its workdir with task.crf=false is one line that
+  writes nothing."""
+  from albert_jax import api, tasks
+  from albert_jax.tasks import finetuning
+
+  train = _conll(tmp_path / "train.conll", iob2_corpus(240, 0))
+  evals = _conll(tmp_path / "eval.conll", iob2_corpus(48, 1))
+  config = _tokens_config(env, train_file=train, eval_file=evals)
+  with config.unlocked():
+    config.task.crf = True
+    config.train.update(num_steps=60, eval_every=60, checkpoint_every=60)
+  run = tmp_path / "run"
+  out = finetuning.finetune(config, str(run))
+  metrics = out["seeds"][0]["metrics"]
+  assert metrics["f1"] > 0.5, metrics
+  loaded = api.load(str(run))
+  task = tasks.of(loaded.config)
+  assert task.crf and task.labels == ("B-LOC", "B-PER", "I-PER", "O")  # no I-LOC in the data
+  moved = np.abs(np.asarray(loaded.params["crf_transitions"]))[task.transitions_allowed]
+  assert moved.max() > 1e-3
+  written = tagged_files.read_tagged(str(run / "predictions" / "eval.conll"))
+  for s in written.sentences:
+    ids = [task.labels.index(t) for t in s.labels]
+    assert crf_lib.first_forbidden(ids, task.transitions_allowed) == -1, s.labels
+  arrays, extra = task.load(loaded.config, loaded.tokenizer, "eval", evals)
+  outputs = loaded.model.apply({"params": loaded.params}, arrays["input_ids"], arrays["segment_ids"],
+                               arrays["input_mask"], word_position=arrays["word_position"])  # fmt: skip
+  assert task.tags(outputs, extra) == [s.labels for s in written.sentences]
+  rule = json.loads((run / "predictions" / tokens.RULE_FILE).read_text())
+  assert rule["crf"] is True
+  before = sorted(p.name for p in (run / "seed_0").rglob("*"))
+  with config.unlocked():
+    config.task.crf = False
+  with pytest.raises(ConfigError, match=r"task.crf: checkpoint True != config False") as e:
+    finetuning.finetune(config, str(run))
+  assert "\n" not in str(e.value)
+  assert sorted(p.name for p in (run / "seed_0").rglob("*")) == before
