@@ -1,24 +1,33 @@
-"""Word tagging by word-pooling rule (task.word_pooling), over seeds and languages, beside a per-word
-lookup of the training set.
+"""Word tagging by word-pooling rule (task.word_pooling) and with or without the CRF (task.crf),
+over seeds and languages, beside a per-word lookup of the training set.
 
-For each treebank (Universal Dependencies CoNLL-U files, UPOS tags) and each rule, one fine-tuning
-run of `--seeds` seeds from `--init` (a pretraining workdir or export) with
-configs/finetune/tokens.py; the table holds each rule's mean and spread (population std over the
-seeds) of word accuracy on the eval file, the lookup baseline (each training word's most frequent
-tag as the model sees the word, lowercased where it lowercases; unknown words the training set's
-most frequent tag) and what the vocabulary makes of the words (the share whose first piece is a
-bare "▁", the share of pieces that are <unk>).
+For each data set (a Universal Dependencies treebank's CoNLL-U files, UPOS tags; or CoNLL columns,
+word<TAB>tag, blank lines between sentences, for NER), each rule and each --crf setting, one
+fine-tuning run of `--seeds` seeds from `--init` (a pretraining workdir or export) with
+configs/finetune/tokens.py; the table holds the mean and spread (population std over the seeds) of
+word accuracy (part of speech) or entity F1 (NER: seqeval's exact spans, tasks/entities.py; word
+accuracy beside it in the JSON) on the eval file, the lookup floor scored the same way (each
+training word's most frequent tag as the model sees the word, lowercased where it lowercases;
+unknown words the training set's most frequent tag, O in NER) and what the vocabulary makes of the
+words (the share whose first piece is a bare "▁", the share of pieces that are <unk>).
 
-The data is not committed. Build it from UniversalDependencies/UD_English-EWT, UD_Korean-GSD and
-UD_Chinese-GSD on GitHub (any <treebank>-ud-{dev,test}.conllu pair; docs/finetuning.md, Word
-pooling) into one folder, then:
+The data is not committed. Build it into one folder as <set>-<split>.conllu / .tsv:
+  - treebanks from UniversalDependencies/UD_English-EWT, UD_Korean-GSD, UD_Chinese-GSD,
+    UD_Japanese-GSD on GitHub: <treebank>-ud-{dev,test}.conllu saved as en_ewt-dev.conllu,
+    en_ewt-test.conllu, ja_gsd-dev.conllu ... (CC BY-SA 4.0);
+  - English biomedical NER from spyysalo/ncbi-disease on GitHub: conll/{train,devel,test}.tsv saved
+    as ncbi-train.tsv, ncbi-devel.tsv, ncbi-test.tsv (public domain; IOB2, one type, Disease).
+Then (docs/finetuning.md, Word pooling and CRF, has the runs and their figures):
 
   python benchmarks/tagging.py --init=/tmp/runs/tiny --data=/tmp/ud --out=/tmp/tagging \
-      --treebanks=en_ewt,ko_gsd,zh_gsd --seeds=3
+      --sets=ja_gsd --seeds=3 --train_sentences=600 --eval_sentences=250 --epochs=3 --lr=1e-3
+  python benchmarks/tagging.py --init=/tmp/runs/tiny --data=/tmp/ud --out=/tmp/ner \
+      --sets=ncbi --train_split=train --eval_split=devel --rules=first,mean --crf=off,on \
+      --seeds=3 --train_sentences=1000 --eval_sentences=300 --epochs=5 --lr=1e-4 --batch_size=16
 
-Each treebank's --train_split file gives the first --train_sentences sentences (shuffled with seed
-0) to train on, its --eval_split file --eval_sentences to score. Prints a table and, last, one JSON
-line with every figure and the load average before and after.
+Each set's --train_split file gives --train_sentences sentences (shuffled with seed 0) to train on,
+its --eval_split file --eval_sentences to score. Prints a table per set and, last, one JSON line
+with every figure and the load average before and after.
 """
 
 from __future__ import annotations
@@ -72,17 +81,17 @@ def lookup_predictions(train, evals, lower: bool) -> list[list[str]]:
   ]
 
 
-def lookup_scores(train, evals, lower: bool) -> dict:
-  """The lookup floor: its word accuracy and entity F1 (as the tagger's are scored)."""
+def lookup_scores(train, evals, lower: bool, entities_scored: bool = True) -> dict:
+  """The lookup floor: its word accuracy and (NER) entity F1, as the tagger's are scored."""
   from albert_jax.tasks import entities
 
   pred = lookup_predictions(train, evals, lower)
   gold = [s.labels for s in evals.sentences]
   right = sum(p == g for ps, gs in zip(pred, gold) for p, g in zip(ps, gs))
-  return {
-    "lookup_accuracy": right / sum(len(g) for g in gold),
-    "lookup_f1": entities.entity_scores(gold, pred)["f1"],
-  }
+  out = {"lookup_accuracy": right / sum(len(g) for g in gold)}
+  if entities_scored:
+    out["lookup_f1"] = entities.entity_scores(gold, pred)["f1"]
+  return out
 
 
 def vocabulary_view(corpus, tokenizer) -> dict:
@@ -146,7 +155,7 @@ def run(args) -> dict:
       "train_sentences": n_train,
       "eval_sentences": n_eval,
       "entities": entities,
-      **lookup_scores(train, evals, lower),
+      **lookup_scores(train, evals, lower, entities),
       **vocabulary_view(evals, tokenizer),
       "runs": {},
     }
