@@ -1,24 +1,33 @@
-"""Word tagging by word-pooling rule (task.word_pooling), over seeds and languages, beside a per-word
-lookup of the training set.
+"""Word tagging by word-pooling rule (task.word_pooling) and with or without the CRF (task.crf),
+over seeds and languages, beside a per-word lookup of the training set.
 
-For each treebank (Universal Dependencies CoNLL-U files, UPOS tags) and each rule, one fine-tuning
-run of `--seeds` seeds from `--init` (a pretraining workdir or export) with
-configs/finetune/tokens.py; the table holds each rule's mean and spread (population std over the
-seeds) of word accuracy on the eval file, the lookup baseline (each training word's most frequent
-tag as the model sees the word, lowercased where it lowercases; unknown words the training set's
-most frequent tag) and what the vocabulary makes of the words (the share whose first piece is a
-bare "▁", the share of pieces that are <unk>).
+For each data set (a Universal Dependencies treebank's CoNLL-U files, UPOS tags; or CoNLL columns,
+word<TAB>tag, blank lines between sentences, for NER), each rule and each --crf setting, one
+fine-tuning run of `--seeds` seeds from `--init` (a pretraining workdir or export) with
+configs/finetune/tokens.py; the table holds the mean and spread (population std over the seeds) of
+word accuracy (part of speech) or entity F1 (NER: seqeval's exact spans, tasks/entities.py; word
+accuracy beside it in the JSON) on the eval file, the lookup floor scored the same way (each
+training word's most frequent tag as the model sees the word, lowercased where it lowercases;
+unknown words the training set's most frequent tag, O in NER) and what the vocabulary makes of the
+words (the share whose first piece is a bare "▁", the share of pieces that are <unk>).
 
-The data is not committed. Build it from UniversalDependencies/UD_English-EWT, UD_Korean-GSD and
-UD_Chinese-GSD on GitHub (any <treebank>-ud-{dev,test}.conllu pair; docs/finetuning.md, Word
-pooling) into one folder, then:
+The data is not committed. Build it into one folder as <set>-<split>.conllu / .tsv:
+  - treebanks from UniversalDependencies/UD_English-EWT, UD_Korean-GSD, UD_Chinese-GSD,
+    UD_Japanese-GSD on GitHub: <treebank>-ud-{dev,test}.conllu saved as en_ewt-dev.conllu,
+    en_ewt-test.conllu, ja_gsd-dev.conllu ... (CC BY-SA 4.0);
+  - English biomedical NER from spyysalo/ncbi-disease on GitHub: conll/{train,devel,test}.tsv saved
+    as ncbi-train.tsv, ncbi-devel.tsv, ncbi-test.tsv (public domain; IOB2, one type, Disease).
+Then (docs/finetuning.md, Word pooling and CRF, has the runs and their figures):
 
   python benchmarks/tagging.py --init=/tmp/runs/tiny --data=/tmp/ud --out=/tmp/tagging \
-      --treebanks=en_ewt,ko_gsd,zh_gsd --seeds=3
+      --sets=ja_gsd --seeds=3 --train_sentences=600 --eval_sentences=250 --epochs=3 --lr=1e-3
+  python benchmarks/tagging.py --init=/tmp/runs/tiny --data=/tmp/ud --out=/tmp/ner \
+      --sets=ncbi --train_split=train --eval_split=devel --rules=first,mean --crf=off,on \
+      --seeds=3 --train_sentences=1000 --eval_sentences=300 --epochs=5 --lr=1e-4 --batch_size=16
 
-Each treebank's --train_split file gives the first --train_sentences sentences (shuffled with seed
-0) to train on, its --eval_split file --eval_sentences to score. Prints a table and, last, one JSON
-line with every figure and the load average before and after.
+Each set's --train_split file gives --train_sentences sentences (shuffled with seed 0) to train on,
+its --eval_split file --eval_sentences to score. Prints a table per set and, last, one JSON line
+with every figure and the load average before and after.
 """
 
 from __future__ import annotations
@@ -55,9 +64,9 @@ def subsample(src: str, dst: str, n: int, seed: int = 0) -> int:
   return len(order)
 
 
-def lookup_accuracy(train, evals, lower: bool) -> float:
+def lookup_predictions(train, evals, lower: bool) -> list[list[str]]:
   """Each eval word's tag as the training set's most frequent for that word (as the model sees it:
-  lowercased where it lowercases), the most frequent tag for a word never seen."""
+  lowercased where it lowercases), the most frequent tag (O in NER) for a word never seen."""
   key = (lambda w: w.lower()) if lower else (lambda w: w)
   counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
   tags = collections.Counter()
@@ -66,13 +75,23 @@ def lookup_accuracy(train, evals, lower: bool) -> float:
       counts[key(w)][t] += 1
       tags[t] += 1
   common = tags.most_common(1)[0][0]
-  right = total = 0
-  for s in evals.sentences:
-    for w, t in zip(s.words, s.labels):
-      c = counts.get(key(w))
-      right += (c.most_common(1)[0][0] if c else common) == t
-      total += 1
-  return right / total
+  return [
+    [c.most_common(1)[0][0] if (c := counts.get(key(w))) else common for w in s.words]
+    for s in evals.sentences
+  ]
+
+
+def lookup_scores(train, evals, lower: bool, entities_scored: bool = True) -> dict:
+  """The lookup floor: its word accuracy and (NER) entity F1, as the tagger's are scored."""
+  from albert_jax.tasks import entities
+
+  pred = lookup_predictions(train, evals, lower)
+  gold = [s.labels for s in evals.sentences]
+  right = sum(p == g for ps, gs in zip(pred, gold) for p, g in zip(ps, gs))
+  out = {"lookup_accuracy": right / sum(len(g) for g in gold)}
+  if entities_scored:
+    out["lookup_f1"] = entities.entity_scores(gold, pred)["f1"]
+  return out
 
 
 def vocabulary_view(corpus, tokenizer) -> dict:
@@ -101,77 +120,94 @@ def vocabulary_view(corpus, tokenizer) -> dict:
   }
 
 
+def data_file(folder: str, name: str, split: str) -> str:
+  """<folder>/<name>-<split>.<ext>: CoNLL-U (a treebank), else CoNLL columns (.tsv, .conll)."""
+  for ext in ("conllu", "tsv", "conll"):
+    path = os.path.join(folder, f"{name}-{split}.{ext}")
+    if os.path.isfile(path):
+      return path
+  raise SystemExit(f"error: no {name}-{split}.conllu, .tsv or .conll in {folder}")
+
+
 def run(args) -> dict:
   import albert_jax
   from albert_jax.data.text import tokenizer as tokenizer_lib
   from albert_jax.interop import model_dir
-  from albert_jax.tasks import finetuning, tagged_files
+  from albert_jax.tasks import finetuning, tagged_files, tokens
 
   load0, t0 = os.getloadavg(), time.time()
   found = model_dir.open_model_dir(args.init, "--init")
   tokenizer = tokenizer_lib.load(found.vocab)
   lower = bool(found.tokenizer["do_lower_case"])
-  figures = {"init": args.init, "treebanks": {}}
-  for bank in args.treebanks.split(","):
-    folder = os.path.join(args.out, "data", bank)
-    train_file, eval_file = (
-      os.path.join(folder, "train.conllu"),
-      os.path.join(folder, "eval.conllu"),
-    )
-    src = {
-      s: os.path.join(args.data, f"{bank}-{s}.conllu") for s in (args.train_split, args.eval_split)
-    }
+  figures = {"init": args.init, "sets": {}}
+  crfs = [{"off": False, "on": True}[c] for c in args.crf.split(",")]
+  for name in args.sets.split(","):
+    folder = os.path.join(args.out, "data", name)
+    src = {s: data_file(args.data, name, s) for s in (args.train_split, args.eval_split)}
+    ext = os.path.splitext(src[args.train_split])[1]
+    train_file, eval_file = (os.path.join(folder, f"{s}{ext}") for s in ("train", "eval"))
     n_train = subsample(src[args.train_split], train_file, args.train_sentences)
     n_eval = subsample(src[args.eval_split], eval_file, args.eval_sentences)
     train, evals = tagged_files.read_tagged(train_file), tagged_files.read_tagged(eval_file)
     labels = sorted({t for c in (train, evals) for s in c.sentences for t in s.labels})
+    entities = tokens.detect_scheme(labels)[0] != "none"
     row = {
       "train_sentences": n_train,
       "eval_sentences": n_eval,
-      "lookup_accuracy": lookup_accuracy(train, evals, lower),
+      "entities": entities,
+      **lookup_scores(train, evals, lower, entities),
       **vocabulary_view(evals, tokenizer),
-      "rules": {},
+      "runs": {},
     }
-    print(f"{bank}: {json.dumps({k: v for k, v in row.items() if k != 'rules'})}", flush=True)
+    print(f"{name}: {json.dumps({k: v for k, v in row.items() if k != 'runs'})}", flush=True)
     for rule in args.rules.split(","):
-      overrides = {
-        "init_from": args.init,
-        "seeds": args.seeds,
-        "task.word_pooling": rule,
-        "task.num_epochs": args.epochs,
-        "data.train_file": train_file,
-        "data.eval_file": eval_file,
-        "data.labels": ",".join(labels),
-        "data.max_seq_length": args.max_seq_length,
-        "data.doc_stride": args.max_seq_length // 2,
-        "train.learning_rate": args.lr,
-        "train.batch_size": args.batch_size,
-        "train.log_every": 1000,
-      }
-      config = albert_jax.get_config("configs/finetune/tokens.py", overrides)
-      start = time.time()
-      out = finetuning.finetune(config, os.path.join(args.out, "runs", bank, rule))
-      accuracy = [s["metrics"]["accuracy"] for s in out["seeds"]]
-      row["rules"][rule] = {
-        "mean": statistics.fmean(accuracy),
-        "std": float(np.std(accuracy)),
-        "seeds": accuracy,
-        "seconds": time.time() - start,
-        "load_average": os.getloadavg()[0],
-      }
-      print(f"{bank} {rule}: {json.dumps(row['rules'][rule])}", flush=True)
-    figures["treebanks"][bank] = row
+      for crf in crfs:
+        overrides = {
+          "init_from": args.init,
+          "seeds": args.seeds,
+          "task.word_pooling": rule,
+          "task.crf": crf,
+          "task.num_epochs": args.epochs,
+          "data.train_file": train_file,
+          "data.eval_file": eval_file,
+          "data.labels": ",".join(labels),
+          "data.max_seq_length": args.max_seq_length,
+          "data.doc_stride": args.max_seq_length // 2,
+          "train.learning_rate": args.lr,
+          "train.batch_size": args.batch_size,
+          "train.log_every": 1000,
+        }
+        config = albert_jax.get_config("configs/finetune/tokens.py", overrides)
+        start = time.time()
+        key = f"{rule}{'+crf' if crf else ''}"
+        out = finetuning.finetune(config, os.path.join(args.out, "runs", name, key))
+        cell = {"seconds": 0.0}
+        for metric in ("accuracy", "f1") if entities else ("accuracy",):
+          values = [s["metrics"][metric] for s in out["seeds"]]
+          cell[metric] = {
+            "mean": statistics.fmean(values),
+            "std": float(np.std(values)),
+            "seeds": values,
+          }
+        cell["seconds"], cell["load_average"] = time.time() - start, os.getloadavg()[0]
+        row["runs"][key] = cell
+        print(f"{name} {key}: {json.dumps(cell)}", flush=True)
+    figures["sets"][name] = row
   figures["load_average"] = [load0, os.getloadavg()]
   figures["seconds"] = time.time() - t0
   print()
-  print(f"| treebank | lookup | {' | '.join(args.rules.split(','))} | bare ▁ first | <unk> |")
-  print("|---" * (len(args.rules.split(",")) + 4) + "|")
-  for bank, row in figures["treebanks"].items():
-    cells = [f"{r['mean']:.4f} ± {r['std']:.4f}" for r in row["rules"].values()]
+  for name, row in figures["sets"].items():
+    metric = "f1" if row["entities"] else "accuracy"
     print(
-      f"| {bank} | {row['lookup_accuracy']:.4f} | {' | '.join(cells)} | "
-      f"{row['bare_first_piece']:.1%} | {row['unk_pieces']:.1%} |"
+      f"{name} ({metric}; the lookup floor {row['lookup_' + metric]:.4f}, bare ▁ first "
+      f"{row['bare_first_piece']:.1%}, <unk> {row['unk_pieces']:.1%})"
     )
+    print("| rule | " + " | ".join(("no CRF", "CRF")[c] for c in crfs) + " |")
+    print("|---" * (len(crfs) + 1) + "|")
+    for rule in args.rules.split(","):
+      cells = [row["runs"][f"{rule}{'+crf' if c else ''}"][metric] for c in crfs]
+      print(f"| {rule} | " + " | ".join(f"{c['mean']:.4f} ± {c['std']:.4f}" for c in cells) + " |")
+    print()
   print(json.dumps(figures), flush=True)
   return figures
 
@@ -179,10 +215,11 @@ def run(args) -> dict:
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--init", required=True, help="a pretraining workdir or export")
-  p.add_argument("--data", required=True, help="a folder of <treebank>-<split>.conllu files")
+  p.add_argument("--data", required=True, help="a folder of <set>-<split>.conllu / .tsv files")
   p.add_argument("--out", required=True, help="where the subsampled data and the runs go")
-  p.add_argument("--treebanks", default="en_ewt,ko_gsd,zh_gsd")
+  p.add_argument("--sets", default="en_ewt,ko_gsd,zh_gsd")
   p.add_argument("--rules", default=",".join(RULES))
+  p.add_argument("--crf", default="off", help="off | on | off,on: task.crf")
   p.add_argument("--seeds", type=int, default=3)
   p.add_argument("--train_split", default="dev")
   p.add_argument("--eval_split", default="test")
@@ -194,8 +231,9 @@ def main(argv=None) -> dict:
   p.add_argument("--max_seq_length", type=int, default=64)
   args = p.parse_args(argv)
   bad = [r for r in args.rules.split(",") if r not in RULES]
+  bad += [c for c in args.crf.split(",") if c not in ("off", "on")]
   if bad or args.seeds < 1 or args.train_sentences < 1 or args.eval_sentences < 1:
-    p.error(f"--rules {bad} not in {RULES}, or a count below 1")
+    p.error(f"--rules/--crf {bad} not in {RULES} / off,on, or a count below 1")
   return run(args)
 
 

@@ -2,6 +2,7 @@
 `is_split_into_words` in seven languages, windows, seqeval parity, bad input, and (slow) a tiny tagger
 that learns, exports as AlbertForTokenClassification and runs in transformers' pipeline."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -15,7 +16,7 @@ import pytest
 
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.text import scripts, tokenizer as tokenizer_lib
-from albert_jax.tasks import tagged_files, tokens
+from albert_jax.tasks import crf as crf_lib, entities, tagged_files, tokens
 from tests.conftest import ROOT, built_once, load_file, pydoc_sentences
 
 # (words, NER tags): English, Chinese, Japanese, Korean, Hindi, Arabic, Russian.
@@ -135,7 +136,9 @@ def test_four_formats_give_identical_examples(tmp_path, tok):
     assert [s.labels for s in corpus.sentences] == [t for _, t in SENTENCES], f
     assert tokens.label_set(corpus) == labels
     ids = [[labels.index(t) for t in s.labels] for s in corpus.sentences]
-    built[f] = tokens.make_features(corpus.sentences, ids, tok, max_seq_length=32, stride=8)
+    built[f] = tokens.make_features(
+      corpus.sentences, ids, tok, max_seq_length=32, stride=8, word_pooling="first"
+    )
   for f in ("conllu", "jsonl", "parquet"):
     for k in ("input_ids", "input_mask", "segment_ids", "label", "label_weight"):
       np.testing.assert_array_equal(built[f][0][k], built["conll"][0][k], err_msg=f"{f} {k}")
@@ -243,7 +246,9 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   labels = sorted(set(tags))
   ids = [labels.index(t) for t in tags]
   sentence = tagged_files.Sentence(words, tags, list(range(len(words))))
-  arrays, alignment = tokens.make_features([sentence], [ids], tok, max_seq_length=64, stride=16)
+  arrays, alignment = tokens.make_features(
+    [sentence], [ids], tok, max_seq_length=64, stride=16, word_pooling="first"
+  )
   theirs = transformers.AutoTokenizer.from_pretrained(str(env / "init"))(
     words, is_split_into_words=True
   )
@@ -279,7 +284,13 @@ def test_alignment_matches_transformers_is_split_into_words(env, tok, language):
   assert (alignment.word_row[nothing] == -1).all()
   # label_all_pieces: every piece of a word carries its label.
   every, _ = tokens.make_features(
-    [sentence], [ids], tok, max_seq_length=64, stride=16, label_all_pieces=True
+    [sentence],
+    [ids],
+    tok,
+    max_seq_length=64,
+    stride=16,
+    label_all_pieces=True,
+    word_pooling="first",
   )
   pieces = [w is not None for w in word_ids] + [False] * (64 - n)
   assert every["label_weight"][0].tolist() == [float(p) for p in pieces]
@@ -295,7 +306,12 @@ def test_unspaced_words_tagged_per_character_are_pieces_pretraining_saw(tok):
   labels = sorted(set(tags))
   sentence = tagged_files.Sentence(chinese, tags, list(range(len(chinese))))
   arrays, alignment = tokens.make_features(
-    [sentence], [[labels.index(t) for t in tags]], tok, max_seq_length=32, stride=8
+    [sentence],
+    [[labels.index(t) for t in tags]],
+    tok,
+    max_seq_length=32,
+    stride=8,
+    word_pooling="first",
   )
   ids = arrays["input_ids"][0, 1 : arrays["input_mask"][0].sum() - 1].tolist()
   pieces = [tok.id_to_piece(i) for i in ids]
@@ -324,7 +340,9 @@ def test_windows_cover_every_word_once_and_rejoin_in_order(tok):
     words = list(rng.choice(vocabulary, length))
     sentences.append(tagged_files.Sentence(words, ["O"] * length, list(range(length))))
     label_ids.append(list(rng.integers(0, 5, length)))
-  arrays, alignment = tokens.make_features(sentences, label_ids, tok, max_seq_length=24, stride=7)
+  arrays, alignment = tokens.make_features(
+    sentences, label_ids, tok, max_seq_length=24, stride=7, word_pooling="first"
+  )
   assert alignment.split_sentences == 2 and len(arrays["input_ids"]) > 3
   gold = np.concatenate(label_ids)
   has = alignment.word_row >= 0
@@ -377,7 +395,7 @@ IOBES_PRED = [["S-PER", "O", "B-LOC", "E-LOC", "S-LOC", "B-ORG", "E-ORG"], ["B-P
 def test_entity_scores_equal_seqeval(gold, pred):
   from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 
-  ours = tokens.entity_scores(gold, pred)
+  ours = entities.entity_scores(gold, pred)
   assert ours["precision"] == pytest.approx(precision_score(gold, pred, zero_division=0), abs=1e-12)
   assert ours["recall"] == pytest.approx(recall_score(gold, pred, zero_division=0), abs=1e-12)
   assert ours["f1"] == pytest.approx(f1_score(gold, pred, zero_division=0), abs=1e-12)
@@ -571,7 +589,12 @@ def test_tagger_learns_and_every_format_scores_alike(env, tagger):
   assert finetuning.finished_seed(config, str(tagger / "run" / "seed_0")) is not None
   # The rule the labels were read by, beside them.
   rule = json.loads((tagger / "run" / "predictions" / tokens.RULE_FILE).read_text())
-  assert rule == {"word_pooling": "mean", "labels": list(task.labels), "tag_scheme": "bio"}
+  assert rule == {
+    "word_pooling": "mean",
+    "crf": False,
+    "labels": list(task.labels),
+    "tag_scheme": "bio",
+  }
 
 
 @pytest.mark.slow
@@ -600,7 +623,7 @@ def test_tagger_export_matches_transformers_and_its_pipeline(env, tagger, tmp_pa
   sentence = tagged_files.Sentence(words, tags, list(range(len(words))))
   arrays, alignment = tokens.make_features(
     [sentence], [[task.labels.index(t) for t in tags]], loaded.tokenizer, max_seq_length=32,
-    stride=8,
+    stride=8, word_pooling="first",
   )  # fmt: skip
   ours = np.asarray(
     loaded.model.apply(
@@ -619,7 +642,7 @@ def test_tagger_export_matches_transformers_and_its_pipeline(env, tagger, tmp_pa
   english = ["john", "lives", "in", "paris", "and", "mary", "was", "at", "york"]
   sentence = tagged_files.Sentence(english, None, list(range(len(english))))
   arrays, alignment = tokens.make_features(
-    [sentence], [None], loaded.tokenizer, max_seq_length=32, stride=8
+    [sentence], [None], loaded.tokenizer, max_seq_length=32, stride=8, word_pooling="first"
   )
   logits = loaded.model.apply(
     {"params": loaded.params}, arrays["input_ids"], arrays["segment_ids"], arrays["input_mask"]
@@ -1003,10 +1026,223 @@ def test_tagging_benchmark_lookup_baseline_and_subsample(tmp_path):
     paths[name].write_text("\n".join(lines) + "\n")
   read = {k: tagged_files.read_tagged(str(v)) for k, v in paths.items()}
   # the -> DET (lowercased), cat unknown -> NOUN (the most frequent tag), runs -> VERB (2 of 3).
-  assert bench.lookup_accuracy(read["train"], read["eval"], lower=True) == pytest.approx(2 / 3)
-  assert bench.lookup_accuracy(read["train"], read["eval"], lower=False) == pytest.approx(1 / 3)
+  assert bench.lookup_scores(read["train"], read["eval"], lower=True)["lookup_accuracy"] == (
+    pytest.approx(2 / 3)
+  )
+  assert bench.lookup_scores(read["train"], read["eval"], lower=False)["lookup_accuracy"] == (
+    pytest.approx(1 / 3)
+  )
+  # NER: the floor's entity F1 as the tagger's (unknown words O, the most frequent tag).
+  ner = {
+    "train": [(["john", "smith", "saw", "the", "city", "paris"], ["B-PER", "I-PER", "O", "O", "O", "B-LOC"])],
+    "eval": [(["john", "smith", "in", "paris", "and", "rome"], ["B-PER", "I-PER", "O", "B-LOC", "O", "B-LOC"])],
+  }  # fmt: skip
+  for name, sentences in ner.items():
+    (tmp_path / f"{name}.tsv").write_text(
+      "\n\n".join("\n".join(f"{w}\t{t}" for w, t in zip(*x)) for x in sentences) + "\n"
+    )
+  read = {k: tagged_files.read_tagged(str(tmp_path / f"{k}.tsv")) for k in ner}
+  floor = bench.lookup_scores(read["train"], read["eval"], lower=True)
+  # 2 of 3 entities found (rome unknown: O), none wrong: precision 1, recall 2/3.
+  assert floor["lookup_f1"] == pytest.approx(0.8) and floor["lookup_accuracy"] == pytest.approx(
+    5 / 6
+  )
   assert bench.subsample(str(paths["train"]), str(tmp_path / "sub.conllu"), 2) == 2
   sub = tagged_files.read_tagged(str(tmp_path / "sub.conllu"))
   assert [s.words for s in sub.sentences] in [[w for w, _ in pair] for pair in
                                               ([train[0], train[1]], [train[0], train[2]],
                                                [train[1], train[2]])]  # fmt: skip
+
+
+# --- The CRF (task.crf) -----------------------------------------------------------------------------
+
+
+def iob2_corpus(n: int, seed: int):
+  """tagged_corpus's sentences in IOB2 (it sometimes puts the place inside a person: B-PER B-LOC
+  I-PER, which IOB2 forbids and task.crf refuses to train on)."""
+  ok = crf_lib.allowed(("B-LOC", "B-PER", "I-LOC", "I-PER", "O"), "bio")
+  index = {"B-LOC": 0, "B-PER": 1, "I-LOC": 2, "I-PER": 3, "O": 4}
+  pairs = tagged_corpus(2 * n, seed)
+  return [p for p in pairs if crf_lib.first_forbidden([index[t] for t in p[1]], ok) < 0][:n]
+
+
+def _conll(path, sentences) -> str:
+  path.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in sentences) + "\n")
+  return str(path)
+
+
+def test_crf_settings_are_checked_and_recorded(env, tmp_path, capsys):
+  """task.crf with label_all_pieces, or over a training file whose labels
+  take a transition IOB2 forbids (IOB1's I-X after O) is one line naming the setting or the file and
+  line; crf=true says so in one line; the task, its model, its outputs and the prediction rule
+  carry it; a workdir trained without it (or before it existed) is refused with it; the export to
+  transformers, which cannot run it, is one line and writes nothing."""
+  import albert_jax
+  from albert_jax import tasks
+  from albert_jax.engine import workdir as workdir_lib
+  from albert_jax.pretraining import export as export_lib
+
+  train = _conll(tmp_path / "train.conll", iob2_corpus(40, 0))
+
+  def resolve(path=train, **task):
+    base = {"init_from": str(env / "init"), "train.batch_size": 8, "data.train_file": path}
+    return albert_jax.get_config(
+      "configs/finetune/tokens.py", {**base, **{f"task.{k}": v for k, v in task.items()}}
+    )
+
+  with pytest.raises(ConfigError, match="task.crf=true chains one label a word") as e:
+    albert_jax.get_config(
+      "configs/finetune/tokens.py",
+      {"init_from": str(env / "init"), "data.train_file": train, "task.word_pooling": "first",
+       "task.crf": True, "data.label_all_pieces": True},
+    )  # fmt: skip
+  iob1 = [(["john", "lives", "in", "paris"], ["B-PER", "O", "O", "B-LOC"]),
+          (["mary", "smith", "was", "at", "york"], ["I-PER", "I-PER", "O", "O", "I-LOC"])]  # fmt: skip
+  bad = _conll(tmp_path / "iob1.conll", iob1)
+  for crf, ok in ((True, False), (False, True)):
+    if ok:
+      resolve(path=bad, crf=crf)
+      continue
+    with pytest.raises(ConfigError, match=r"iob1.conll:6: 'I-PER' first in a sentence is a transi"):
+      resolve(path=bad, crf=crf)
+  iob1[1] = (["mary", "was", "at", "york"], ["B-PER", "O", "O", "I-LOC"])
+  with pytest.raises(
+    ConfigError, match=r"iob1.conll:9: 'O' -> 'I-LOC' is a transition the bio"
+  ) as e:
+    resolve(path=_conll(tmp_path / "iob1.conll", iob1), crf=True)
+  assert "\n" not in str(e.value) and "or set task.crf=false" in str(e.value)
+  capsys.readouterr()
+  config = resolve(crf=True)
+  assert "task.crf=true: a linear-chain CRF over the word labels" in capsys.readouterr().out
+  task = tasks.of(config)
+  assert task.crf and task.model(config)[0].crf and task.output_keys[-1] == "crf_transitions"
+  plain = resolve().to_dict()
+  assert plain["task"]["crf"] is False
+  with pytest.raises(ConfigError, match=r"task.crf: checkpoint False != config True"):
+    workdir_lib.check_same_model(plain, config.to_dict(), "runs/ner")
+  del plain["task"]["crf"]  # a run saved before task.crf existed had none
+  with pytest.raises(ConfigError, match=r"task.crf: checkpoint False != config True"):
+    workdir_lib.check_same_model(plain, config.to_dict(), "runs/ner")
+  out = tmp_path / "hf"
+  with pytest.raises(ConfigError, match="AlbertForTokenClassification has no CRF layer") as e:
+    export_lib.write_export(
+      {}, config, str(out), step=0, spm_model_path=str(env / "spm/spiece.model")
+    )
+  assert "\n" not in str(e.value) and not out.exists()
+
+
+def test_crf_chains_and_decoding_across_windows(env, tok, tmp_path):
+  """make_features with crf: each row says whether its chain starts / ends its sentence (the first
+  and last of a long sentence's windows); logits that favour the gold labels decode them across
+  windows under every word_pooling rule, and emissions that favour a forbidden transition do not;
+  the head's CRF loss on a window that starts inside a person (I-PER first in its chain) is a
+  loss, not the forbidden start's 1e4."""
+  import flax.linen as nn
+
+  import albert_jax
+  from albert_jax import tasks
+
+  rng = np.random.default_rng(3)
+  person = (["john", "smith", "lives", "in", "paris"], ["B-PER", "I-PER", "O", "O", "B-LOC"])
+  other = (["иван", "петров", "в", "москве"], ["B-PER", "I-PER", "O", "B-LOC"])
+  data = [
+    tagged_files.Sentence(person[0] * 9, person[1] * 9, list(range(45))),
+    tagged_files.Sentence(other[0] * 7 + ["北京"], other[1] * 7 + ["B-LOC"], list(range(29))),
+    tagged_files.Sentence(*iob2_corpus(1, 7)[0], [0]),
+  ]
+  config = albert_jax.get_config(
+    "configs/finetune/tokens.py",
+    {"init_from": str(env / "init"), "train.batch_size": 8, "task.crf": True,
+     "data.train_file": _conll(tmp_path / "train.conll", iob2_corpus(40, 0))},
+  )  # fmt: skip
+  for rule in tokens.WORD_POOLINGS:
+    task = dataclasses.replace(tasks.of(config), word_pooling=rule)
+    n = len(task.labels)
+    ids = [[task.labels.index(t) for t in s.labels] for s in data]
+    arrays, alignment = tokens.make_features(
+      data, ids, tok, max_seq_length=24, stride=7, word_pooling=rule, crf=True
+    )
+    bounds = alignment.sentence_start
+    rows = [sorted(set(alignment.word_row[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert len(rows[0]) > 2 and len(rows[2]) == 1
+    want_start, want_end = np.zeros(len(arrays["label"])), np.zeros(len(arrays["label"]))
+    for r in rows:
+      want_start[r[0]], want_end[r[-1]] = 1, 1
+    np.testing.assert_array_equal(arrays["chain_start"], want_start)
+    np.testing.assert_array_equal(arrays["chain_end"], want_end)
+    gold = np.zeros(arrays["label"].shape + (n,), np.float32)
+    np.put_along_axis(gold, arrays["label"][..., None], 3.0, axis=-1)
+    gold += rng.normal(0, 0.3, gold.shape).astype(np.float32)
+    transitions = np.zeros((len(gold), n + 2, n), np.float32)
+    outputs = {"logits": gold, "crf_transitions": transitions}
+    pred = task.predictions(outputs, alignment)
+    assert pred.tolist() == [i for s in ids for i in s]
+    # I-PER favoured for each sentence's first word: never decoded there, nor after an O.
+    bad = gold.copy()
+    firsts = bounds[:-1]
+    bad[alignment.word_row[firsts], alignment.word_pos[firsts], task.labels.index("I-PER")] = 9.0
+    pred = task.predictions({**outputs, "logits": bad}, alignment)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+      assert crf_lib.first_forbidden(pred[a:b].tolist(), task.transitions_allowed) == -1
+  # A continuation window whose chain starts with I-PER (inside a person): the real head's CRF loss
+  # per word is about log(labels), as an untrained head's should be.
+  labelled = arrays["label_weight"] > 0
+  starts_inside = [
+    r for r in range(len(labelled)) if not arrays["chain_start"][r]
+    and task.labels[arrays["label"][r, np.argmax(labelled[r])]] == "I-PER"
+  ]  # fmt: skip
+  assert starts_inside
+  task = tasks.of(config)  # mean
+  arrays, _ = tokens.make_features(
+    data, ids, tok, max_seq_length=24, stride=7, word_pooling=task.word_pooling, crf=True
+  )
+  module, inputs = task.model(config)
+  params = nn.unbox(module.init(jax.random.key(0), **inputs)["params"])
+  assert params["crf_transitions"].shape == (n + 2, n)
+  batch = {**arrays, "weight": np.ones(len(arrays["label"]), np.float32)}
+  sums = task.sums(module, params, batch, None)
+  loss = float(task.loss(sums, batch))
+  assert 0.5 * np.log(n) < loss < 3 * np.log(n), loss
+
+
+@pytest.mark.slow
+def test_crf_tagger_learns_decodes_and_is_refused_with_the_other_setting(env, tmp_path):
+  """A tiny tagger fine-tuned with task.crf=true learns (entity F1 > 0.5), trains its transitions
+  (the allowed ones move from 0), writes predictions that take no forbidden transition and that
+  albert_jax.load's task reproduces; resuming its workdir with task.crf=false is one line that
+  writes nothing."""
+  from albert_jax import api, tasks
+  from albert_jax.tasks import finetuning
+
+  train = _conll(tmp_path / "train.conll", iob2_corpus(240, 0))
+  evals = _conll(tmp_path / "eval.conll", iob2_corpus(48, 1))
+  config = _tokens_config(env, train_file=train, eval_file=evals)
+  with config.unlocked():
+    config.task.crf = True
+    config.train.update(num_steps=60, eval_every=60, checkpoint_every=60)
+  run = tmp_path / "run"
+  out = finetuning.finetune(config, str(run))
+  metrics = out["seeds"][0]["metrics"]
+  assert metrics["f1"] > 0.5, metrics
+  loaded = api.load(str(run))
+  task = tasks.of(loaded.config)
+  assert task.crf and task.labels == ("B-LOC", "B-PER", "I-PER", "O")  # no I-LOC in the data
+  moved = np.abs(np.asarray(loaded.params["crf_transitions"]))[task.transitions_allowed]
+  assert moved.max() > 1e-3
+  written = tagged_files.read_tagged(str(run / "predictions" / "eval.conll"))
+  for s in written.sentences:
+    ids = [task.labels.index(t) for t in s.labels]
+    assert crf_lib.first_forbidden(ids, task.transitions_allowed) == -1, s.labels
+  arrays, extra = task.load(loaded.config, loaded.tokenizer, "eval", evals)
+  outputs = loaded.model.apply({"params": loaded.params}, arrays["input_ids"], arrays["segment_ids"],
+                               arrays["input_mask"], word_position=arrays["word_position"])  # fmt: skip
+  assert task.tags(outputs, extra) == [s.labels for s in written.sentences]
+  rule = json.loads((run / "predictions" / tokens.RULE_FILE).read_text())
+  assert rule["crf"] is True
+  before = sorted(p.name for p in (run / "seed_0").rglob("*"))
+  with config.unlocked():
+    config.task.crf = False
+  with pytest.raises(ConfigError, match=r"task.crf: checkpoint True != config False") as e:
+    finetuning.finetune(config, str(run))
+  assert "\n" not in str(e.value)
+  assert sorted(p.name for p in (run / "seed_0").rglob("*")) == before

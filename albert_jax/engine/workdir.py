@@ -72,17 +72,19 @@ def check_workdir(workdir, config: ml_collections.ConfigDict, latest: int | None
 # Fields that change the layout of the saved state (parameter shapes and tree, optimizer state); the
 # rest (dtype, remat, dropout, learning rate, ...) may differ between a checkpoint and a resumed run.
 SHAPE_FIELDS = config_lib.SIZE_FIELDS + config_lib.LAYOUT_FIELDS
-# A word tagger's task.word_pooling too: its head reads other pieces (first_last: another shape),
-# and a run trained with one rule is neither continued nor evaluated with another.
+# A word tagger's task.word_pooling and task.crf too: its head reads other pieces (first_last:
+# another shape) or has a CRF's transitions, and a run trained with one rule is neither continued
+# nor evaluated with another.
 STATE_FIELDS = tuple(("model", k) for k in SHAPE_FIELDS) + (
   ("train", "optimizer"),
   ("task", "word_pooling"),
+  ("task", "crf"),
 )
 
 
 # What a run saved before a state field existed was trained with (compared where this run's config
 # has the field: a word tagger's, not a GLUE run's).
-SAVED_BEFORE = {("task", "word_pooling"): "first"}
+SAVED_BEFORE = {("task", "word_pooling"): "first", ("task", "crf"): False}
 
 # Settings a resume cannot change though the state's shapes may stay: what the checkpoints'
 # parameters started from, and what their data position counts. (section or None, field, why.)

@@ -104,12 +104,18 @@ class AlbertForTokenClassification(nn.Module):
 
   word_pooling mean or first_last (tasks/tokens.py): the hidden states are first pooled by word
   (pool_words, by `word_position`; without it each piece is a word of its own); first_last's
-  classifier is 2H -> num_labels. The other rules are per piece (the piece is chosen by the data)."""
+  classifier is 2H -> num_labels. The other rules are per piece (the piece is chosen by the data).
+
+  crf (tasks/crf.py): the transition scores of a linear-chain CRF over the word labels, the parameter
+  crf_transitions [num_labels + 2, num_labels] (from each label, from the start, to the end; zeros at
+  first), returned as `crf_transitions` beside the logits, one copy a row [B, num_labels + 2,
+  num_labels] (the outputs are per row); the task masks what its tag scheme forbids."""
 
   config: Any
   num_labels: int
   classifier_dropout: float = 0.1
   word_pooling: str = "first"
+  crf: bool = False
 
   @nn.compact
   def __call__(
@@ -126,4 +132,12 @@ class AlbertForTokenClassification(nn.Module):
       hidden = pool_words(hidden, word_position, self.word_pooling)
     hidden = nn.Dropout(self.classifier_dropout)(hidden, deterministic=deterministic)
     logits = M.dense(cfg, self.num_labels, ("hidden", "classes"), "classifier")(hidden)
-    return {**out, "logits": logits.astype(jnp.float32)}
+    out = {**out, "logits": logits.astype(jnp.float32)}
+    if self.crf:
+      shape = (self.num_labels + 2, self.num_labels)
+      init = nn.with_logical_partitioning(nn.initializers.zeros_init(), (None, "classes"))
+      transitions = self.param("crf_transitions", init, shape, cfg.params_dtype)
+      out["crf_transitions"] = jnp.broadcast_to(
+        transitions.astype(jnp.float32), (input_ids.shape[0], *shape)
+      )
+    return out

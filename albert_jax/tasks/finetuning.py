@@ -299,6 +299,10 @@ def run_resolved(config: ml_collections.ConfigDict, workdir: str) -> dict:
     seed_dir = os.path.join(workdir, f"seed_{k}")
     result = finished_seed(seed_config, seed_dir)
     if result is not None:
+      # Trained as another model (task.word_pooling, task.crf, the architecture): not summarised
+      # as this one.
+      saved = workdir_lib.read_config(seed_dir).to_dict()
+      workdir_lib.check_same_model(saved, seed_config.to_dict(), seed_dir)
       log(f"seed {k + 1}/{config.seeds} (seed={seed_config.seed}): finished before in {seed_dir}")
       results.append(result)
       continue

@@ -20,7 +20,7 @@ one window, the one that gives it the most context (SQuAD's rule, in words), so 
 
 Metrics: word accuracy for any tag set; for BIO/IOB1/IOB2 or IOBES tags (detected from the label set
 when data.tag_scheme=auto) entity precision, recall and F1 overall (micro) and per entity type,
-exactly as seqeval's default mode computes them (conlleval's chunking).
+exactly as seqeval's default mode computes them (conlleval's chunking: entities.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from albert_jax.base.log import log
 from albert_jax.data.text import scripts
 from albert_jax.data.text.tokenizer import CLS_ID, SEP_ID, WORD_MARKER
 from albert_jax.model import albert as M, heads
-from albert_jax.tasks import tagged_files, task as tasks, word_pooling
+from albert_jax.tasks import crf as crf_lib, tagged_files, task as tasks, word_pooling
+from albert_jax.tasks.entities import entity_scores
 from albert_jax.tasks.word_pooling import POOLED, WORD_POOLINGS, label_piece
 
 TAG_SCHEMES = ("auto", "none", "bio", "iobes")
@@ -171,14 +172,17 @@ def make_features(
   max_seq_length: int,
   stride: int,
   label_all_pieces: bool = False,
-  word_pooling: str = "first",
+  word_pooling: str,
+  crf: bool = False,
 ) -> tuple[dict[str, np.ndarray], Alignment]:
   """Model inputs [CLS] pieces [SEP] of every window, the label of each word at the piece
   word_pooling reads it from (label_piece; every piece with label_all_pieces) in the window that
   owns the word, weight 1 there and 0 elsewhere, and where each word is predicted. For the pooled
   rules (POOLED) also `word_position`: each piece's word's label position in its row (-1 for [CLS],
   [SEP] and padding), which the head pools by. A word's pieces are never split between windows
-  (windows are of whole words), so every rule reads all of them in the window that owns it."""
+  (windows are of whole words), so every rule reads all of them in the window that owns it. With
+  `crf`, `chain_start` and `chain_end` [rows]: 1 where the row is its sentence's first / last window
+  (its CRF chain starts / ends the sentence: crf.log_likelihood)."""
   room = max_seq_length - 2
   bare = tokenizer.sp.piece_to_id(WORD_MARKER)
   if room < 1 or stride < 1:
@@ -191,7 +195,7 @@ def make_features(
       if together:
         pieces[k + i] = tokenizer.continuation(s.words[i], pieces[k + i])
     k += len(s.words)
-  rows, word_row, word_pos, word_label, starts, split = [], [], [], [], [0], 0
+  rows, word_row, word_pos, word_label, starts, split, edges = [], [], [], [], [0], 0, []
   k = 0
   for s, ids in zip(sentences, label_ids):
     n = len(s.words)
@@ -218,6 +222,7 @@ def make_features(
       tokens.append(SEP_ID)
       where.append(-1)
       rows.append((tokens, label, where))
+      edges.append((w == 0, w == len(windows) - 1))
     for i in range(n):
       word_row.append(first_row + owner[i] if positions[i] >= 0 else -1)
       word_pos.append(positions[i])
@@ -231,6 +236,9 @@ def make_features(
   arrays["label_weight"] = np.zeros((m, max_seq_length), np.float32)
   if word_pooling in POOLED:
     arrays["word_position"] = np.full((m, max_seq_length), -1, np.int32)
+  if crf:
+    edge = np.asarray(edges, np.float32).reshape(m, 2)
+    arrays["chain_start"], arrays["chain_end"] = edge[:, 0], edge[:, 1]
   for r, (tokens, label, where) in enumerate(rows):
     arrays["input_ids"][r, : len(tokens)] = tokens
     arrays["input_mask"][r, : len(tokens)] = 1
@@ -260,60 +268,6 @@ def word_predictions(logits: np.ndarray, alignment: Alignment, fallback: int) ->
 
 
 # ----------------------------------------------------------------------------------------------------
-# Entity metrics: seqeval's default mode (conlleval's chunking), micro-averaged, per type.
-
-
-def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-  return (
-    prev_tag in ("E", "S")
-    or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
-    or (prev_tag not in ("O", ".") and prev_type != type_)
-  )
-
-
-def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-  return (
-    tag in ("B", "S")
-    or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
-    or (tag not in ("O", ".") and prev_type != type_)
-  )
-
-
-def get_entities(sentences: Sequence[Sequence[str]]) -> set[tuple[str, int, int]]:
-  """(type, first, last) of every entity, positions in the sentences joined with an O between them
-  (seqeval.metrics.sequence_labeling.get_entities)."""
-  seq = [tag for sentence in sentences for tag in [*sentence, "O"]]
-  chunks, prev_tag, prev_type, begin = set(), "O", "", 0
-  for i, chunk in enumerate([*seq, "O"]):
-    tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
-    if _end_of_chunk(prev_tag, tag, prev_type, type_):
-      chunks.add((prev_type, begin, i - 1))
-    if _start_of_chunk(prev_tag, tag, prev_type, type_):
-      begin = i
-    prev_tag, prev_type = tag, type_
-  return chunks
-
-
-def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:
-  """precision, recall, f1 (micro) and per type precision_T, recall_T, f1_T, as seqeval's
-  precision_score / recall_score / f1_score / classification_report (0 where undefined)."""
-  g, p = get_entities(gold), get_entities(pred)
-
-  def prf(gs, ps):
-    tp = len(gs & ps)
-    precision = tp / len(ps) if ps else 0.0
-    recall = tp / len(gs) if gs else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return precision, recall, f1
-
-  out = dict(zip(("precision", "recall", "f1"), prf(g, p)))
-  for t in sorted({e[0] for e in g | p}):
-    gs, ps = {e for e in g if e[0] == t}, {e for e in p if e[0] == t}
-    out.update(zip((f"precision_{t}", f"recall_{t}", f"f1_{t}"), prf(gs, ps)))
-  return out
-
-
-# ----------------------------------------------------------------------------------------------------
 # The task.
 
 
@@ -327,6 +281,7 @@ class TaggingTask(tasks.Task):
   labels: tuple[str, ...] = ()
   scheme: str = "none"
   word_pooling: str = "first"
+  crf: bool = False  # task.crf: a linear-chain CRF over the word labels (crf.py)
 
   kind = "tagging"
   hf_class = "AlbertForTokenClassification"
@@ -341,7 +296,17 @@ class TaggingTask(tasks.Task):
       labels=labels,
       scheme=scheme if scheme != "auto" else "none",
       word_pooling=config.task.get("word_pooling", "first"),
+      crf=bool(config.task.get("crf", False)),
     )
+
+  @property
+  def output_keys(self) -> tuple[str, ...]:
+    return ("logits", "crf_transitions") if self.crf else ("logits",)
+
+  @property
+  def transitions_allowed(self) -> np.ndarray:
+    """The CRF transitions the tag scheme allows (crf.allowed)."""
+    return crf_lib.allowed(self.labels, self.scheme)
 
   def resolve(self, config) -> None:
     """The label set (data.labels, else the training file's) saved as task.labels, the tag scheme
@@ -360,6 +325,12 @@ class TaggingTask(tasks.Task):
       raise ConfigError(
         f"data.label_all_pieces=True labels every piece, task.word_pooling={pooling} one: "
         "set task.word_pooling=first with it (a word predicted from its first piece)"
+      )
+    crf = bool(config.task.get("crf", False))
+    if crf and d.get("label_all_pieces", False):
+      raise ConfigError(
+        "data.label_all_pieces=True labels every piece, task.crf=true chains one label a word: "
+        "set data.label_all_pieces=False with it"
       )
     labels = parse_labels(d.labels)
     train = self.split_path(config, "train")
@@ -396,6 +367,12 @@ class TaggingTask(tasks.Task):
         raise ConfigError(f"data.tag_scheme={d.tag_scheme}: label {bad[0]!r} is not O or X-TYPE")
     if d.tag_scheme != "none" and config.task.metric == "accuracy":
       config.task.metric = "f1"
+    if crf:
+      crf_lib.check_chains(corpus, labels, d.tag_scheme)
+      log(
+        "task.crf=true: a linear-chain CRF over the word labels, its transitions trained with the "
+        f"head, Viterbi decoding; {crf_lib.CHAIN_RULES[d.tag_scheme]}"
+      )
     if pooling != "first":
       log(
         f"task.word_pooling={pooling}: each word's label is read from {WORD_POOLINGS[pooling]} "
@@ -434,6 +411,7 @@ class TaggingTask(tasks.Task):
       len(self.labels),
       config.task.classifier_dropout,
       word_pooling=self.word_pooling,
+      crf=self.crf,
     )
     return module, tasks.head_inputs((1, 8))
 
@@ -441,19 +419,27 @@ class TaggingTask(tasks.Task):
     return batch["weight"][:, None] * batch["label_weight"]
 
   def sums(self, model, params, batch, rng):
-    logp = jax.nn.log_softmax(tasks.apply(model, params, batch, rng)["logits"], axis=-1)
+    out = tasks.apply(model, params, batch, rng)
+    logp = jax.nn.log_softmax(out["logits"], axis=-1)
     label, w = batch["label"], self._weights(batch)
-    nll = -jnp.take_along_axis(logp, label[..., None], axis=-1)[..., 0]
     correct = (jnp.argmax(logp, axis=-1) == label).astype(jnp.float32)
+    if self.crf:  # each row's chain of labelled words: -log p(its labels) under the CRF
+      transitions = crf_lib.masked(out["crf_transitions"][0], self.transitions_allowed)
+      chain = (batch["chain_start"] > 0, batch["chain_end"] > 0)
+      ll = crf_lib.log_likelihood(out["logits"], label, w > 0, transitions, *chain)
+      nll = -jnp.sum(batch["weight"] * ll)
+    else:
+      nll = jnp.sum(w * -jnp.take_along_axis(logp, label[..., None], axis=-1)[..., 0])
     return {
-      "nll": jnp.sum(w * nll),
+      "nll": nll,
       "correct": jnp.sum(w * correct),
       "pieces": jnp.sum(w),
       "examples": jnp.sum(batch["weight"]),
     }
 
   def loss(self, sums, batch):
-    # The mean over the whole step's labelled pieces (transformers' cross-entropy with -100).
+    # The mean over the whole step's labelled pieces (transformers' cross-entropy with -100; with
+    # the CRF its chains' negative log-likelihood, by word).
     return sums["nll"] / jnp.maximum(jnp.sum(self._weights(batch)), 1.0)
 
   def metrics(self, sums):
@@ -479,6 +465,7 @@ class TaggingTask(tasks.Task):
       stride=d.doc_stride,
       label_all_pieces=bool(d.get("label_all_pieces", False)),
       word_pooling=self.word_pooling,
+      crf=self.crf,
     )
     words = len(alignment.word_row)
     pieceless = int(np.sum(alignment.word_row < 0))
@@ -490,16 +477,32 @@ class TaggingTask(tasks.Task):
       )
     return arrays, (corpus, alignment)
 
+  def predictions(self, outputs: dict, alignment: Alignment) -> np.ndarray:
+    """Each word's predicted label id: with task.crf the Viterbi path over its sentence's words
+    (crf.decode, across windows), else the argmax at its label position (word_predictions)."""
+    if not self.crf:
+      return word_predictions(outputs["logits"], alignment, self.fallback)
+    transitions = np.asarray(outputs["crf_transitions"][0], np.float32)
+    a = alignment
+    return crf_lib.decode(
+      outputs["logits"],
+      crf_lib.masked(transitions, self.transitions_allowed),
+      a.word_row,
+      a.word_pos,
+      a.sentence_start,
+      self.fallback,
+    )
+
   def tags(self, outputs: dict, extra) -> list[list[str]]:
     """Each sentence's predicted labels, a word each."""
     corpus, alignment = extra
-    pred = word_predictions(outputs["logits"], alignment, self.fallback)
+    pred = self.predictions(outputs, alignment)
     s = alignment.sentence_start
     return [[self.labels[i] for i in pred[s[k] : s[k + 1]]] for k in range(len(s) - 1)]
 
   def evaluate(self, config, outputs, arrays, extra):
     corpus, alignment = extra
-    pred = word_predictions(outputs["logits"], alignment, self.fallback)
+    pred = self.predictions(outputs, alignment)
     gold = alignment.word_label
     metrics = {"accuracy": float(np.mean(pred[gold >= 0] == gold[gold >= 0]))}
     if self.scheme != "none":
@@ -526,7 +529,12 @@ class TaggingTask(tasks.Task):
       rule = str(files.path(directory, RULE_FILE))
       files.write_json(
         rule,
-        {"word_pooling": self.word_pooling, "labels": list(self.labels), "tag_scheme": self.scheme},
+        {
+          "word_pooling": self.word_pooling,
+          "crf": self.crf,
+          "labels": list(self.labels),
+          "tag_scheme": self.scheme,
+        },
       )
       written.append(rule)
     return written
@@ -540,6 +548,12 @@ class TaggingTask(tasks.Task):
     )
 
   def check_export(self, fmt: str) -> None:
+    if self.crf:
+      raise ConfigError(
+        "task.crf=true: AlbertForTokenClassification has no CRF layer (transformers takes each "
+        "piece's argmax, not the Viterbi path over the trained transitions); use the run itself: "
+        "albert_jax.load(WORKDIR) with its task's tags()"
+      )
     if fmt == "hf" and self.word_pooling == "first_last":
       raise ConfigError(
         "--format=hf: task.word_pooling=first_last reads each word's first and last pieces' hidden "

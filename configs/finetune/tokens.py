@@ -31,6 +31,9 @@ def get_config(arg=None):
   # (the first that is not a bare "▁") | last | first_last (first and last side by side).
   # docs/finetuning.md, Word pooling, has the measurements.
   config.task.word_pooling = "mean"
+  # A linear-chain CRF over the word labels (transitions trained with the head, Viterbi decoding,
+  # transitions the tag scheme forbids never decoded). docs/finetuning.md, CRF.
+  config.task.crf = False
   # ALBERT v2's released models and most of Table 14 have no dropout in the backbone.
   config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
   config.data.update(
