@@ -120,10 +120,11 @@ def ours(config, batch):
     state = trainer.init(jax.random.PRNGKey(0))
     global_batch = sharding.global_batch(batch, mesh)
   compiled = train.compile_train_step(config, mesh, trainer, state, global_batch).executable
+  numbers = train.schedule_numbers(trainer, mesh)
   holder = {"state": state}
 
   def step():
-    holder["state"], metrics = compiled(holder["state"], global_batch)
+    holder["state"], metrics = compiled(holder["state"], global_batch, numbers)
     return jax.block_until_ready(metrics)["loss"]
 
   return step

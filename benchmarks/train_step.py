@@ -159,11 +159,14 @@ def jax_contender(config, batch: dict[str, np.ndarray], device) -> Contender:
     state = trainer.init(jax.random.PRNGKey(config.seed))
     global_batch = sharding.global_batch(batch, mesh)
   compiled = train.compile_train_step(config, mesh, trainer, state, global_batch).executable
+  numbers = train.schedule_numbers(trainer, mesh)
   setup_s = time.perf_counter() - start
   holder = {"state": state}
 
   def step():
-    holder["state"], metrics = compiled(holder["state"], global_batch)  # the old state is donated
+    holder["state"], metrics = compiled(
+      holder["state"], global_batch, numbers
+    )  # the old state is donated
     return jax.block_until_ready(metrics)["loss"]
 
   step()

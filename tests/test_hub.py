@@ -146,9 +146,8 @@ def _run(*args, **env):
 @pytest.mark.slow
 def test_main_and_evaluate_take_hub_ids_and_a_missing_one_is_one_line(offline, tmp_path, data_dir):
   _, workdir, snapshots = offline
-  # Pretraining from the jax export on the branch `jax`: its parameters and vocabulary. 2 steps: the
-  # train step of the suite's other 2-step runs on one device (the schedule's step count is compiled
-  # into it), read from the compilation cache.
+  # Pretraining from the jax export on the branch `jax`: its parameters and vocabulary. 2 steps; the
+  # train step of the suite's other one-device runs, read from the compilation cache.
   proc, _ = _run(
     *main_cmd(str(tmp_path / "from_hub"), data_dir, num_steps=2)[1:],
     "--config.init_from=hf://org/tiny@jax",

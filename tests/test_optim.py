@@ -306,6 +306,50 @@ def test_schedule_power_end_rate_and_no_warmup():
   assert float(schedule(0)) == pytest.approx(1.0)  # no warmup: the peak at step 0
 
 
+@pytest.mark.parametrize(
+  "fields",
+  [
+    dict(learning_rate=0.00176, warmup_steps=3125, num_steps=125_000),  # the paper's
+    dict(learning_rate=1e-3, warmup_steps=2, num_steps=6),  # the suite's small runs
+    dict(learning_rate=5e-3, warmup_steps=30, num_steps=300, end_learning_rate=1e-5),
+    dict(learning_rate=2e-5, warmup_steps=0, num_steps=1000),
+    dict(learning_rate=3e-4, warmup_steps=7, num_steps=77),
+    dict(learning_rate=0.1, warmup_steps=0, num_steps=0),  # evaluation only
+  ],
+)
+def test_schedule_numbers_as_arguments_give_the_compiled_in_rates_bitwise(fields):
+  """The train step takes the schedule's numbers as an argument (one compiled step for every rate,
+  warmup and length); the rates are bitwise those of the constants compiled in, where XLA rewrote
+  them (a division by a constant as a product with its folded reciprocal), as a vector and as the
+  step's scalar."""
+  t = train_config(**fields)
+  compiled_in = optim._compiled_in_schedule(t)
+  traced = lambda step, numbers: optim.make_schedule(t, numbers)(step)  # noqa: E731
+  numbers = optim.schedule_numbers(t)
+  n = max(t.num_steps, 1)
+  steps = np.unique(np.r_[0:40, n - 40 : n + 3, t.warmup_steps - 2 : t.warmup_steps + 3].clip(0))
+  steps = jnp.asarray(steps, jnp.int32)
+  want = np.asarray(jax.jit(jax.vmap(compiled_in))(steps))
+  got = np.asarray(jax.jit(jax.vmap(traced, in_axes=(0, None)))(steps, numbers))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  scalar_in, scalar_traced = jax.jit(compiled_in), jax.jit(traced)
+  for step in np.asarray(steps)[:: max(len(steps) // 12, 1)]:
+    a, b = scalar_in(jnp.int32(step)), scalar_traced(jnp.int32(step), numbers)
+    assert np.asarray(a).view(np.uint32) == np.asarray(b).view(np.uint32), step
+  assert np.asarray(jax.jit(jax.vmap(optim.make_schedule(t)))(steps)).tobytes() == want.tobytes()
+
+
+def test_schedule_numbers_stay_compiled_in_for_another_power():
+  t = train_config(learning_rate=1.0, warmup_steps=3, num_steps=100, lr_decay_power=2.0)
+  other = train_config(learning_rate=0.5, warmup_steps=3, num_steps=100, lr_decay_power=2.0)
+  # XLA regroups a squared decay's constants differently as a scalar and as a vector: its numbers
+  # stay constants (the arguments are ignored), and its rates those of the compiled-in form.
+  step = jax.jit(lambda s, numbers: optim.make_schedule(t, numbers)(s))
+  assert float(step(jnp.int32(10), optim.schedule_numbers(other))) == float(
+    jax.jit(optim._compiled_in_schedule(t))(jnp.int32(10))
+  )
+
+
 def test_clip_gradients_to_global_norm_one():
   tx = optim.clip_gradients(1.0)
   r = np.random.RandomState(0)

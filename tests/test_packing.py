@@ -698,7 +698,9 @@ def _train_and_score(config, workdir, seeds, steps, eval_batches):
       for _ in range(steps):
         b = next(it)
         masked += float(b["masked_lm_weights"].sum())
-        state, _ = trainer.train_step(state, sharding.global_batch(b, mesh))
+        state, _ = trainer.train_step(
+          state, sharding.global_batch(b, mesh), trainer.abstract.schedule_numbers
+        )
       it.close()
       sums = None
       for b in eval_batches:  # the same unpacked held-out examples for both

@@ -159,7 +159,7 @@ def _run(workdir, data_dir, phases=PHASES, checkpoint_every=1):
   real = compiling.compile_jitted
 
   def counting(jitted, *args, mesh=None):
-    if len(args) == 2 and isinstance(args[1], dict) and "input_ids" in args[1]:
+    if len(args) == 3 and isinstance(args[1], dict) and "input_ids" in args[1]:
       shapes.append(tuple(args[1]["input_ids"].shape))
     return real(jitted, *args, mesh=mesh)
 

@@ -135,9 +135,8 @@ def test_wandb_offline_run_holds_the_scalars_and_config_and_a_resume_continues_i
   assert run["summary"]["final_eval/masked_lm_accuracy"] == rows[3]["eval/masked_lm_accuracy"]
   assert os.listdir(os.path.join(workdir, "tensorboard")) != ["metrics.jsonl"]  # event files too
 
-  # A resume (more steps) continues the same W&B run: the same id, its new step. (4 steps: the same
-  # train step as test_train's 4-step run, read from the compilation cache: the schedule's step
-  # count is part of the compiled program.)
+  # A resume (more steps) continues the same W&B run: the same id, its new step. (Its train step,
+  # whatever the step count, is the one this run compiled: the schedule is the step's argument.)
   train.train_and_evaluate(small_config(data_dir, num_steps=4, **fields), workdir)
   out = capsys.readouterr().out
   assert open(os.path.join(workdir, workdir_lib.WANDB_RUN_ID)).read() == run_id

@@ -12,7 +12,8 @@ at each step):
   stacked_axes_from_boxes(boxed)-> pytree of ints: leading [L] axes of nn.scan-stacked layers.
   lamb(learning_rate, ...)      -> the original's LAMB as an optax.GradientTransformation.
   adam_weight_decay(lr, ...)    -> the original's fine-tuning AdamWeightDecayOptimizer, likewise.
-  make_schedule(train_config)   -> the original's warmup + polynomial decay (an optax.Schedule).
+  schedule_numbers(train_config)-> the schedule's numbers: the train step's argument, not compiled in.
+  make_schedule(train_config, numbers=None) -> the original's warmup + polynomial decay (an optax.Schedule).
   clip_gradients(clip_norm)     -> global-norm clipping.
   make_optimizer(train_config, schedule=...) -> clip, then the configured optimizer driven by the schedule.
 
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn  # only here: the optimizer itself works on plain arrays
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 PyTree = Any
@@ -247,8 +249,34 @@ def adam_weight_decay(
 # --------------------------------------------------------------------------------------------------
 
 
-def make_schedule(train_config) -> optax.Schedule:
-  """The original's learning rate as a function of the step (google-research/albert optimization.py).
+def schedule_numbers(train_config) -> dict[str, np.ndarray]:
+  """The schedule's numbers (float32 and int32 scalars): the train step's argument, not constants
+  compiled into it, so runs that differ only in train.learning_rate, end_learning_rate, warmup_steps
+  or num_steps run one compiled step (a tiny model's step costs seconds to compile; the test suite's
+  short runs read it from the compilation cache). They are the numbers XLA made of the constants when
+  it compiled them in, computed in float32 as it computes them: a division by a constant becomes a
+  product with its reciprocal, and the constant factor beside it is folded in (peak / W and
+  (peak - end) / N), so the rates are bitwise those of the compiled-in schedule (tests/test_optim.py
+  compares them). That holds for lr_decay_power 1 (the paper's and every config's): with another
+  power XLA regroups the constants differently where the rate is a scalar and where it is a vector,
+  so such a schedule keeps its numbers compiled in (make_schedule ignores these)."""
+  t = train_config
+  f32 = np.float32
+  peak, end = float(t.learning_rate), float(t.end_learning_rate)
+  num_steps = max(int(t.num_steps), 1)  # num_steps=0 (eval only) must not divide by 0
+  warmup = int(t.warmup_steps)
+  return {
+    "num_steps": f32(num_steps),
+    "decay_per_step": (f32(1) / f32(num_steps)) * f32(peak - end),
+    "end": f32(end),
+    "warmup_steps": np.int32(warmup),
+    "warmup_per_step": (f32(1) / f32(max(warmup, 1))) * f32(peak),
+  }
+
+
+def make_schedule(train_config, numbers: dict | None = None) -> optax.Schedule:
+  """The original's learning rate as a function of the step (google-research/albert optimization.py),
+  over `numbers` (schedule_numbers(train_config) when None; the train step passes them traced).
 
   `create_optimizer` takes `tf.train.polynomial_decay(init_lr, global_step, num_train_steps,
   end_learning_rate=0.0, power=poly_power)`, i.e. decay measured from step 0, not from the end of warmup:
@@ -260,24 +288,37 @@ def make_schedule(train_config) -> optax.Schedule:
   it a field (default 0). optax passes the number of updates already applied, which is the original's
   `global_step` when `apply_gradients` runs (it is incremented after), so the two agree step for step.
   """
-  peak = float(train_config.learning_rate)
-  end = float(train_config.end_learning_rate)
   power = float(train_config.lr_decay_power)
-  num_steps = float(
-    max(int(train_config.num_steps), 1)
-  )  # num_steps=0 (eval only) must not divide by 0
-  warmup = int(train_config.warmup_steps)
+  if power != 1.0:
+    return _compiled_in_schedule(train_config)
+  n = schedule_numbers(train_config) if numbers is None else numbers
 
   def schedule(step):
     step = jnp.asarray(step)
     s = step.astype(jnp.float32)
     # (N - min(s, N)) / N rather than 1 - min(s, N) / N: the same value, but exact in float32 near the
     # end, where the original's form loses most digits (step 124999 of 125000 would be 0.7% off).
+    decayed = (n["num_steps"] - jnp.minimum(s, n["num_steps"])) * n["decay_per_step"] + n["end"]
+    return jnp.where(step < n["warmup_steps"], s * n["warmup_per_step"], decayed)
+
+  return schedule
+
+
+def _compiled_in_schedule(train_config) -> optax.Schedule:
+  """make_schedule's rates with its numbers as constants of the compiled step (any lr_decay_power)."""
+  peak = float(train_config.learning_rate)
+  end = float(train_config.end_learning_rate)
+  power = float(train_config.lr_decay_power)
+  num_steps = float(max(int(train_config.num_steps), 1))
+  warmup = int(train_config.warmup_steps)
+
+  def schedule(step):
+    step = jnp.asarray(step)
+    s = step.astype(jnp.float32)
     decayed = (peak - end) * ((num_steps - jnp.minimum(s, num_steps)) / num_steps) ** power + end
     if not warmup:
       return decayed
-    warmup_learning_rate = peak * (s / warmup)
-    return jnp.where(step < warmup, warmup_learning_rate, decayed)
+    return jnp.where(step < warmup, peak * (s / warmup), decayed)
 
   return schedule
 

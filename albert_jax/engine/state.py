@@ -66,8 +66,11 @@ class AbstractState:
   """Everything about the train state that depends only on the config and the mesh."""
 
   model: nn.Module
-  schedule: optax.Schedule  # the learning rate by step, the one the optimizer `tx` follows
-  tx: optax.GradientTransformation
+  # The learning-rate schedule's numbers (optim.schedule_numbers): the train step's argument.
+  schedule_numbers: dict[str, Any]
+  # numbers (traced in the step) -> (the schedule over them, the optimizer it drives)
+  optimizer: Callable[[dict], tuple[optax.Schedule, optax.GradientTransformation]]
+  tx: optax.GradientTransformation  # optimizer(schedule_numbers)'s: what `init` initialises
   boxed_params: Any  # abstract parameters with their logical-axis boxes
   init: Callable[[jax.Array], TrainState]  # rng -> TrainState (pure; jit it with `shardings`)
   shapes: TrainState  # of jax.ShapeDtypeStruct, without shardings
@@ -91,8 +94,13 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
   traced, boxed = jax.make_jaxpr(
     lambda k: model.init({"params": k}, **inputs)["params"], return_shape=True
   )(key)
-  schedule = optim.make_schedule(config.train)
-  tx = make_optimizer(config, boxed, schedule, frozen)
+
+  def optimizer(numbers):
+    schedule = optim.make_schedule(config.train, numbers)
+    return schedule, make_optimizer(config, boxed, schedule, frozen)
+
+  numbers = optim.schedule_numbers(config.train)
+  _, tx = optimizer(numbers)
 
   boxed_def = jax.tree_util.tree_structure(boxed)
 
@@ -120,7 +128,8 @@ def abstract_state(config, mesh: Mesh, model: nn.Module, inputs: dict, frozen=()
   shapes = jax.eval_shape(state, params, jax.random.PRNGKey(0))
   return AbstractState(
     model=model,
-    schedule=schedule,
+    schedule_numbers=numbers,
+    optimizer=optimizer,
     tx=tx,
     boxed_params=boxed,
     init=init,

@@ -61,7 +61,8 @@ class Objective(Protocol):
 class Trainer:
   abstract: AbstractState  # shapes, shardings, optimizer and its schedule (state.py)
   init: Callable[[jax.Array], TrainState]  # rng -> sharded TrainState
-  train_step: Callable  # (state, global batch) -> (state, metrics)
+  # (state, global batch, abstract.schedule_numbers) -> (state, metrics)
+  train_step: Callable
   eval_step: Callable  # (params, global batch) -> sums
 
 
@@ -71,13 +72,14 @@ def build(config, mesh, model, inputs, objective: Objective) -> Trainer:
   abstract = abstract_state(config, mesh, model, inputs, objective.frozen)
   shardings = abstract.shardings
   batch = sharding.batch_sharding(mesh)
+  rep = sharding.replicated(mesh)
   step = make_train_step(abstract, objective, config.train.micro_batches)
   eval_step = lambda params, b: objective.sums(abstract.model, params, b, None)  # noqa: E731
   return Trainer(
     abstract=abstract,
     init=jax.jit(abstract.init, out_shardings=shardings),
     train_step=jax.jit(
-      step, in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0
+      step, in_shardings=(shardings, batch, rep), out_shardings=(shardings, None), donate_argnums=0
     ),
     eval_step=jax.jit(eval_step, in_shardings=(shardings.params, batch)),
   )
@@ -85,10 +87,13 @@ def build(config, mesh, model, inputs, objective: Objective) -> Trainer:
 
 def make_train_step(abstract: AbstractState, objective: Objective, micro: int) -> Callable:
   """The pure train step: gradients (over `micro` micro-batches), the update, and a skip of any
-  non-finite step (its loss or gradient norm): a non-finite state is never kept or saved."""
-  model, tx, schedule = abstract.model, abstract.tx, abstract.schedule
+  non-finite step (its loss or gradient norm): a non-finite state is never kept or saved. The
+  learning-rate schedule's numbers are its third argument (not compiled in: runs that differ only in
+  them share the compiled step)."""
+  model = abstract.model
 
-  def train_step(state: TrainState, batch):
+  def train_step(state: TrainState, batch, numbers):
+    schedule, tx = abstract.optimizer(numbers)
     rng = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params, mb, key):
@@ -166,12 +171,21 @@ def compile_train_step(
 ) -> compiling.Compiled:
   """`trainer`'s step of `config` on `mesh` compiled, for `state` and `batch` when given (the
   trainer's real ones), else for their abstract shapes with the trainer's shardings
-  (features_lib.batch_spec)."""
+  (features_lib.batch_spec). Its third argument: schedule_numbers(trainer, mesh)."""
   if state is None:
     state = trainer.abstract.targets
   if batch is None:
     batch = features_lib.batch_spec(config, sharding=sharding.batch_sharding(mesh))
-  return compiling.compile_jitted(trainer.train_step, state, batch, mesh=mesh)
+  numbers = jax.tree_util.tree_map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.replicated(mesh)),
+    trainer.abstract.schedule_numbers,
+  )
+  return compiling.compile_jitted(trainer.train_step, state, batch, numbers, mesh=mesh)
+
+
+def schedule_numbers(trainer: Trainer, mesh) -> dict[str, jax.Array]:
+  """The train step's third argument: the schedule's numbers, replicated on `mesh`."""
+  return jax.device_put(trainer.abstract.schedule_numbers, sharding.replicated(mesh))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -421,6 +435,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
     what = f" for {batches.phase.describe()} (train.phases)" if phased else ""
     compiled, compile_seconds, line = compile_step(batch, what)
     log(line)
+    numbers = schedule_numbers(trainer, mesh)
 
     # --- Loop -----------------------------------------------------------------------------------
     # metrics.jsonl, TensorBoard and W&B as train.trackers says (a W&B run resumes with the workdir).
@@ -451,7 +466,7 @@ def run(config, workdir: str, mesh, trainer: Trainer, batches, start: int | None
     stop = cleanup.enter_context(StopSignal())
     while step < t.num_steps:
       profiler.before(step)
-      state, metrics = compiled(state, batch)
+      state, metrics = compiled(state, batch, numbers)
       step += 1
       reporter.push(step, metrics)  # logs the previous step's metrics: the device never waits
       profiler.after(step, metrics)
