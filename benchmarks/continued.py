@@ -17,12 +17,27 @@ for the new rows, and the default rule with English replay.
    cannot give back charged by a character model (unigram, or uniform).
 4. At step 0, the `pieces` run's parameters with other rows for the pieces the old model spells
    only as <unk>: the candidate rules side by side.
+5. Downstream (--tagging or --classification): a task of the new text's domain fine-tuned from the
+   base model's export and from each of --ft_runs' seed-0 models, --ft_seeds seeds each (mean and
+   standard deviation); --classification prints the majority-class floor beside them.
 
   python benchmarks/continued.py                     # the sample's figures in docs/performance.md
   python benchmarks/continued.py --corpus=/data/hi_pud_docs.txt --replay=0.2 \
       --out=/tmp/albert_jax_continued_pud               # UD_Hindi-PUD (docs/performance.md)
   python benchmarks/continued.py --base_steps=20 --steps=5 --replay=0.2   # a quick look
   python benchmarks/continued.py --runs=random,pieces --seeds=3 --lr=0.001  # spread, a lower rate
+
+A domain (docs/continued_pretraining.md): NCBI disease abstracts (github.com/spyysalo/ncbi-disease,
+public domain) as --corpus, and a sentence classification task from its CoNLL files that the
+continued runs never train on (devel trains it, test evaluates it; `disease` where the sentence
+holds a disease mention, else `none`):
+
+  for s in devel:train test:eval; do awk -F'\t' 'BEGIN{print "sentence\tlabel"}
+      NF<2{if(w!="")print w"\t"(d?"disease":"none"); w="";d=0;next} {w=(w==""?$1:w" "$1)}
+      $2~/^B-/{d=1} END{if(w!="")print w"\t"(d?"disease":"none")}' \
+      ncbi-disease/conll/${s%:*}.tsv > ncbi_cls_${s#*:}.tsv; done
+  python benchmarks/continued.py --language=en --corpus=ncbi_abstracts.txt --base_steps=2000 \
+      --classification=ncbi_cls_train.tsv,ncbi_cls_eval.tsv --ft_lr=3e-4 --ft_steps=150 --ft_seq=64
 
 Prints a table and, last, one JSON line with every figure.
 """
@@ -364,6 +379,13 @@ def main(argv=None) -> dict:
     "(configs/finetune/tokens.py) from the base model and from each run's last checkpoint",
   )
   p.add_argument(
+    "--classification",
+    default="",
+    help="downstream: TRAIN,EVAL TSV files (a header, columns `sentence` and `label`) of a sentence "
+    "classification task of the new text's domain, fine-tuned (configs/finetune/glue.py, "
+    "task=classification) from the base model and from each run's last checkpoint",
+  )
+  p.add_argument(
     "--ft_runs", default="no extension,pieces", help="the runs fine-tuned downstream (and base)"
   )
   p.add_argument("--ft_base", type=int, default=1, help="1: fine-tune the base model too")
@@ -371,6 +393,9 @@ def main(argv=None) -> dict:
   p.add_argument("--ft_seeds", type=int, default=3, help="the downstream fine-tuning's seeds")
   p.add_argument("--ft_steps", type=int, default=300, help="the downstream fine-tuning's steps")
   p.add_argument("--ft_lr", type=float, default=5e-4, help="the downstream fine-tuning's rate")
+  p.add_argument(
+    "--ft_seq", type=int, default=128, help="the classification task's max sequence length"
+  )
   a = p.parse_args(argv)
   lang = a.language if a.language != "en" else "domain"
   if a.seeds < 1:
@@ -383,6 +408,14 @@ def main(argv=None) -> dict:
   tagging = [x for x in a.tagging.split(",") if x]
   if a.tagging and (len(tagging) != 2 or not all(os.path.isfile(x) for x in tagging)):
     raise config_lib.ConfigError(f"--tagging={a.tagging}: TRAIN,EVAL, two CoNLL files")
+  classification = [x for x in a.classification.split(",") if x]
+  if a.classification and (
+    len(classification) != 2 or not all(os.path.isfile(x) for x in classification)
+  ):
+    raise config_lib.ConfigError(f"--classification={a.classification}: TRAIN,EVAL, two TSV files")
+  if tagging and classification:
+    raise config_lib.ConfigError("--tagging and --classification: one downstream task a run")
+  labels = label_counts(classification) if classification else None
   os.makedirs(a.out, exist_ok=True)
   corpus, held = new_language_split(a.out, lang, docs)
   held = held[: a.held_sentences] if a.held_sentences else held
@@ -410,9 +443,14 @@ def main(argv=None) -> dict:
     (en_loss,), _ = text_loss_per_char(tok, params, model_cfg, en_held, en_costs)
     return {lang: new, f"{lang}_uniform": new_uniform, f"{lang}_lost": lost, "en": en_loss}
 
+  def fine_tune(init: str, workdir: str) -> dict:
+    if tagging:
+      return tag(a, tagging, init, workdir)
+    return classify(a, classification, labels, init, workdir)
+
   downstream = {}
-  if tagging and a.ft_base:
-    downstream["base"] = tag(a, tagging, export, os.path.join(a.out, "ft_base"))
+  if (tagging or classification) and a.ft_base:
+    downstream["base"] = fine_tune(export, os.path.join(a.out, "ft_base"))
   for name, extend, how, replay, rule in runs(a.replay):
     if wanted and name not in wanted:
       continue
@@ -465,11 +503,11 @@ def main(argv=None) -> dict:
         "step0": score(tok, start, config.model),
         "end": score(tok, _params(wd), config.model),
       }
-      if tagging and seed == 0 and name in a.ft_runs.split(","):
+      if (tagging or classification) and seed == 0 and name in a.ft_runs.split(","):
         ft_from = os.path.join(wd, "export")
         if not os.path.exists(ft_from):
           export_lib.export(wd, ft_from, fmt="jax")
-        downstream[name] = tag(a, tagging, ft_from, wd + "_ft")
+        downstream[name] = fine_tune(ft_from, wd + ("_ft" if tagging else "_cls"))
       per_seed.append(row)
       print(f"{name} (seed {seed}): {json.dumps(row)}", file=sys.stderr)
       if name == "pieces" and seed == 0 and a.alternatives:
@@ -496,6 +534,7 @@ def main(argv=None) -> dict:
     "letter_unigram_nats_per_char": unigram,
     "runs": rows,
     "downstream": downstream,
+    "downstream_labels": labels,
     "step0_alternatives": alternatives,
     "seconds": round(time.time() - t0, 1),
     "load_average": [load0, os.getloadavg()],
@@ -532,7 +571,13 @@ def main(argv=None) -> dict:
   for name, r in rows.items():
     print(f"{name:18} {r['added']:6.0f} {100 * r['reference_changed']:23.2f}%")
   if downstream:
-    print(f"\ndownstream: {tagging[0]} -> {tagging[1]}, {a.ft_seeds} seeds, mean +- std:")
+    files = tagging or classification
+    print(f"\ndownstream: {files[0]} -> {files[1]}, {a.ft_seeds} seeds, mean +- std:")
+    if labels:
+      print(
+        f"  {'majority class':18} accuracy {labels['majority_accuracy']:.4f} (the eval file's share "
+        f"of the train file's commonest label, {labels['majority']})"
+      )
     for name, r in downstream.items():
       print(f"  {name:18} " + "  ".join(f"{k} {v}" for k, v in r.items()))
   if alternatives:
@@ -570,6 +615,69 @@ def tag(a, tagging: list[str], init: str, workdir: str) -> dict:
   return {
     k: f"{summary[k]['mean']:.4f} +- {summary[k]['std']:.4f}"
     for k in ("f1", "accuracy")
+    if isinstance(summary.get(k), dict)
+  }
+
+
+def label_counts(classification: list[str]) -> dict:
+  """The classification files' labels: the label set (sorted), each file's counts, the train
+  file's commonest label and its share of the eval file (the accuracy of always answering it)."""
+  counts = []
+  for path in classification:
+    with open(path, encoding="utf-8") as f:
+      header = f.readline().rstrip("\n").split("\t")
+      if "sentence" not in header or "label" not in header:
+        raise config_lib.ConfigError(
+          f"--classification: {path} has no header with `sentence` and `label` columns"
+        )
+      k = header.index("label")
+      counts.append(
+        collections.Counter(line.rstrip("\n").split("\t")[k] for line in f if line.strip())
+      )
+  majority = counts[0].most_common(1)[0][0]
+  return {
+    "labels": sorted(set(counts[0]) | set(counts[1])),
+    "train": dict(counts[0]),
+    "eval": dict(counts[1]),
+    "majority": majority,
+    "majority_accuracy": counts[1][majority] / max(sum(counts[1].values()), 1),
+  }
+
+
+def classify(a, classification: list[str], labels: dict, init: str, workdir: str) -> dict:
+  """The classification task (configs/finetune/glue.py:task=classification, sentences alone)
+  fine-tuned from `init` with a.ft_seeds seeds of a.ft_steps steps at a.ft_lr, evaluated once, at
+  the end: eval_results.json's accuracy (mean +- std)."""
+  from albert_jax.tasks import finetuning  # pylint: disable=g-import-not-at-top
+
+  config = albert_jax.get_config(
+    os.path.join(ROOT, "configs", "finetune", "glue.py") + ":task=classification",
+    {
+      "init_from": init,
+      "seeds": a.ft_seeds,
+      "data.train_file": classification[0],
+      "data.eval_file": classification[1],
+      "data.labels": ",".join(labels["labels"]),
+      "data.text_a_column": "sentence",
+      "data.label_column": "label",
+      "task.max_seq_length": a.ft_seq,
+      "train.num_steps": a.ft_steps,
+      "train.warmup_steps": max(1, a.ft_steps // 10),
+      "train.learning_rate": a.ft_lr,
+      "train.batch_size": a.ft_batch,
+      "train.eval_every": a.ft_steps,
+      "train.checkpoint_every": a.ft_steps,
+    },
+  )
+  with contextlib.redirect_stdout(sys.stderr):
+    finetuning.finetune(config, workdir)
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    results = json.load(f)
+  print(f"downstream from {init}: {json.dumps(results)}", file=sys.stderr)
+  summary = results.get("summary", {})
+  return {
+    k: f"{summary[k]['mean']:.4f} +- {summary[k]['std']:.4f}"
+    for k in ("accuracy", "matthews_corr")
     if isinstance(summary.get(k), dict)
   }
 

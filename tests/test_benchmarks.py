@@ -245,6 +245,22 @@ def test_continued_benchmark_means_its_seeds_and_refuses_bad_input_before_writin
   one = continued.seed_mean([row(5.0, 3.0, 3.5)])
   assert one["end"]["hi"] == 3.0 and one["sd"]["end"]["hi"] == 0.0 and "seeds" not in one
 
+  # --classification's files: the majority-class floor is the eval file's share of the train
+  # file's commonest label.
+  cls, bare = [tmp_path / "cls_train.tsv", tmp_path / "cls_eval.tsv"], tmp_path / "bare.tsv"
+  cls[0].write_text(
+    "sentence\tlabel\nBRCA1 mutations cause cancer .\tdisease\na b\tnone\nc\tdisease\n"
+  )
+  cls[1].write_text("label\tsentence\nnone\tx y\ndisease\tz\nnone\tw\nnone\tv\n")
+  bare.write_text("x y\tnone\n")
+  labels = continued.label_counts([str(p) for p in cls])
+  assert labels["labels"] == ["disease", "none"] and labels["majority"] == "disease"
+  assert labels["train"] == {"disease": 2, "none": 1} and labels["eval"] == {
+    "none": 3,
+    "disease": 1,
+  }
+  assert labels["majority_accuracy"] == 0.25
+
   out = tmp_path / "out"
   for args, error in [
     (["--seeds=0"], "--seeds=0: one seed or more"),
@@ -254,6 +270,9 @@ def test_continued_benchmark_means_its_seeds_and_refuses_bad_input_before_writin
     ([f"--corpus={tmp_path / 'none.txt'}"], f"--corpus={tmp_path / 'none.txt'}: cannot be read"),
     (["--language=en"], "--language=en: English is the base model's language; give --corpus"),
     (["--tagging=a.tsv"], "--tagging=a.tsv: TRAIN,EVAL, two CoNLL files"),
+    (["--classification=a.tsv"], "--classification=a.tsv: TRAIN,EVAL, two TSV files"),
+    ([f"--classification={cls[0]},{cls[1]}", f"--tagging={cls[0]},{cls[1]}"], "one downstream"),
+    ([f"--classification={cls[0]},{bare}"], f"--classification: {bare} has no header"),
   ]:
     with pytest.raises(config_lib.ConfigError, match=re.escape(error)):
       continued.main([f"--out={out}", *args])
