@@ -37,7 +37,8 @@ holds a disease mention, else `none`):
       $2~/^B-/{d=1} END{if(w!="")print w"\t"(d?"disease":"none")}' \
       ncbi-disease/conll/${s%:*}.tsv > ncbi_cls_${s#*:}.tsv; done
   python benchmarks/continued.py --language=en --corpus=ncbi_abstracts.txt --base_steps=2000 \
-      --classification=ncbi_cls_train.tsv,ncbi_cls_eval.tsv --ft_lr=3e-4 --ft_steps=150 --ft_seq=64
+      --classification=ncbi_cls_train.tsv,ncbi_cls_eval.tsv --ft_lr=1e-4 --ft_steps=300 --ft_seeds=5 \
+      --ft_seq=64    # the rate and steps at which every seed learns (3e-4 left seeds on one class)
 
 Prints a table and, last, one JSON line with every figure.
 """
