@@ -592,8 +592,6 @@ def main(argv=None) -> dict:
 def tag(a, tagging: list[str], init: str, workdir: str) -> dict:
   """The tagging task (configs/finetune/tokens.py) fine-tuned from `init` with a.ft_seeds seeds
   of a.ft_steps steps at a.ft_lr: eval_results.json's entity F1 and accuracy (mean +- std)."""
-  from albert_jax.tasks import finetuning  # pylint: disable=g-import-not-at-top
-
   config = albert_jax.get_config(
     os.path.join(ROOT, "configs", "finetune", "tokens.py"),
     {
@@ -607,17 +605,7 @@ def tag(a, tagging: list[str], init: str, workdir: str) -> dict:
       "train.eval_every": a.ft_steps,
     },
   )
-  with contextlib.redirect_stdout(sys.stderr):
-    finetuning.finetune(config, workdir)
-  with open(os.path.join(workdir, "eval_results.json")) as f:
-    results = json.load(f)
-  print(f"downstream from {init}: {json.dumps(results)}", file=sys.stderr)
-  summary = results.get("summary", {})
-  return {
-    k: f"{summary[k]['mean']:.4f} +- {summary[k]['std']:.4f}"
-    for k in ("f1", "accuracy")
-    if isinstance(summary.get(k), dict)
-  }
+  return _finetuned(config, init, workdir, ("f1", "accuracy"))
 
 
 def label_counts(classification: list[str]) -> dict:
@@ -649,8 +637,6 @@ def classify(a, classification: list[str], labels: dict, init: str, workdir: str
   """The classification task (configs/finetune/glue.py:task=classification, sentences alone)
   fine-tuned from `init` with a.ft_seeds seeds of a.ft_steps steps at a.ft_lr, evaluated once, at
   the end: eval_results.json's accuracy (mean +- std)."""
-  from albert_jax.tasks import finetuning  # pylint: disable=g-import-not-at-top
-
   config = albert_jax.get_config(
     os.path.join(ROOT, "configs", "finetune", "glue.py") + ":task=classification",
     {
@@ -670,6 +656,14 @@ def classify(a, classification: list[str], labels: dict, init: str, workdir: str
       "train.checkpoint_every": a.ft_steps,
     },
   )
+  return _finetuned(config, init, workdir, ("accuracy", "matthews_corr"))
+
+
+def _finetuned(config, init: str, workdir: str, keys: tuple[str, ...]) -> dict:
+  """Fine-tunes `config` into `workdir` (its console to stderr) and gives eval_results.json's
+  `keys` over the seeds as "mean +- std"."""
+  from albert_jax.tasks import finetuning  # pylint: disable=g-import-not-at-top
+
   with contextlib.redirect_stdout(sys.stderr):
     finetuning.finetune(config, workdir)
   with open(os.path.join(workdir, "eval_results.json")) as f:
@@ -678,7 +672,7 @@ def classify(a, classification: list[str], labels: dict, init: str, workdir: str
   summary = results.get("summary", {})
   return {
     k: f"{summary[k]['mean']:.4f} +- {summary[k]['std']:.4f}"
-    for k in ("accuracy", "matthews_corr")
+    for k in keys
     if isinstance(summary.get(k), dict)
   }
 
