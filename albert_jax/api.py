@@ -16,6 +16,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from albert_jax import tasks
+from albert_jax.base import config_lib
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.layout import Kind
 from albert_jax.base.log import quiet_libraries
@@ -96,7 +97,9 @@ def get_config(
     )
     values(argv)
     config = values.config
-  except (flags.Error, OSError, AttributeError, KeyError, ValueError) as e:
+  except (AttributeError, KeyError) as e:  # an override of a key the config lacks, as the commands
+    raise ConfigError(config_lib.unknown_override(e, argv)) from None
+  except (flags.Error, OSError, ValueError) as e:
     raise ConfigError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
   if "task" in config:
     return finetuning.resolved(config)

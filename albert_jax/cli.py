@@ -40,7 +40,7 @@ from collections.abc import Iterator
 
 from absl import flags, logging as absl_logging
 
-from albert_jax.base import files
+from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.hardware import quiet_libtpu  # noqa: F401  (the commands call it as cli.quiet_libtpu)
 from albert_jax.base.log import PRINTS_LOGGER, prints_to_log  # noqa: F401
@@ -82,8 +82,7 @@ def parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except (KeyError, AttributeError) as e:  # ml_collections: an override of a key the config lacks
-    text = str(e.args[0] if e.args else e).encode().decode("unicode_escape").replace("'", "")
-    fail(f"unknown config override: {' '.join(text.split())}")
+    fail(config_lib.unknown_override(e, argv))
   except (
     Exception
   ) as e:  # absl flag errors, a variant argument the config rejects, a bad value type

@@ -110,6 +110,20 @@ def test_get_config_resolves_and_batches_are_the_loaders(runs, tmp_path):  # noq
     albert_jax.get_config(os.path.join(ROOT, "configs", "tiny.py"), ["train.batch_size=0"])
 
 
+def test_get_config_names_an_unknown_key_in_full_as_the_commands_do():
+  """An override of a key the config lacks names its full key (ml_collections gives the leaf alone,
+  "'crf'"), in get_config and in the commands alike (config_lib.unknown_override)."""
+  tiny = os.path.join(ROOT, "configs", "tiny.py")
+  with pytest.raises(ConfigError) as e:
+    albert_jax.get_config(tiny, {"task.crf": True})
+  assert str(e.value) == "unknown config override: task.crf"
+  with pytest.raises(ConfigError) as e:
+    albert_jax.get_config(tiny, ["train.num_stepz=3"])
+  assert str(e.value) == (
+    'unknown config override: train.num_stepz (Did you mean "num_steps" instead of "num_stepz"?)'
+  )
+
+
 def test_load_refuses_what_is_not_a_model_directory(tmp_path):
   with pytest.raises(ConfigError, match="is not a pretraining workdir"):
     albert_jax.load(str(tmp_path))

@@ -10,6 +10,7 @@ values can work is base/validation.py's job.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import ml_collections
 
@@ -68,6 +69,22 @@ class ConfigError(ValueError):
     super().__init__(
       "".join(c if c.isprintable() else repr(c)[1:-1] for c in text) if text else message, *args
     )
+
+
+def unknown_override(e: BaseException, argv: Sequence[str]) -> str:
+  """The one line for an override of a key the config lacks (ml_collections' KeyError or
+  AttributeError names only the leaf, "'crf'", perhaps with a "Did you mean" after it): the full
+  keys of the --config.KEY overrides of `argv` that hold that name ("unknown config override:
+  task.crf"), and the hint as ml_collections gives it."""
+  text = " ".join(str(e.args[0] if e.args else e).encode().decode("unicode_escape").split())
+  leaf, _, hint = text.partition(" ")
+  leaf, hint = leaf.strip("'\""), hint.strip("'\" ")
+  keys = [
+    a.removeprefix("--config.").split("=", 1)[0]
+    for a in argv
+    if a.startswith("--config.") and leaf in a.split("=", 1)[0].split(".")[1:]
+  ]
+  return f"unknown config override: {', '.join(keys) or leaf}" + (f" ({hint})" if hint else "")
 
 
 def parse_source_weights(spec: str) -> dict[str, float]:
