@@ -45,6 +45,17 @@ def short_documents() -> list[list[str]]:
   return docs
 
 
+# The model the packed training runs train (one layer of H=32): the smallest that learns the rows.
+TRAINED_MODEL = dict(
+  embedding_size=16,
+  hidden_size=32,
+  num_hidden_layers=1,
+  num_attention_heads=2,
+  intermediate_size=64,
+  max_position_embeddings=128,
+)
+
+
 def _config(files, seq=128, **data):
   c = config_lib.base_config()
   c.model.vocab_size = 3000  # the seven scripts' characters
@@ -818,14 +829,7 @@ def test_inspect_and_fill_mask_show_packed_rows(short_corpus):
 
   files, workdirs = short_corpus
   config = _config(files)
-  config.model.update(
-    embedding_size=16,
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=128,
-  )
+  config.model.update(TRAINED_MODEL)
   workdir = workdirs["static", 128]
   info = {"data_dir": os.path.join(workdir, "data")}
   lines, stats = inspection.inspect(config, workdir, info, num_examples=2, num_batches=2)
@@ -942,14 +946,7 @@ def test_a_packed_phased_run_resumes_bitwise_inside_a_window_and_at_the_boundary
 
   files, workdirs = short_corpus
   c = _config(files, pairing="per_epoch", data_dir=os.path.join(workdirs["per_epoch", 128], "data"))
-  c.model.update(
-    embedding_size=16,
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=128,
-  )
+  c.model.update(TRAINED_MODEL)
   c.train.update(
     num_steps=4,
     warmup_steps=1,

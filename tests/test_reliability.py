@@ -623,19 +623,25 @@ def test_prints_to_log_keeps_a_last_partial_line_when_the_block_fails(capsys, ca
 # --- validation on the resolved config, before anything is written ---------------------------------
 
 
-@pytest.fixture(scope="module")
-def other_model(tmp_path_factory, spm_model_path):
-  """A Hugging Face ALBERT directory of the tests' shrunken model (H=64), which configs/tiny.py is
-  not."""
+def _shrunken_model():
+  """The tests' shrunken model (conftest MODEL, H=64) freshly initialised: (params, model config)."""
   from albert_jax.base import config_lib
-  from albert_jax.interop import hf
   from albert_jax.model import albert as M
   from tests.conftest import MODEL
 
   c = config_lib.base_config().model
   c.update(MODEL)
   cfg = M.model_config(c)
-  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+  return M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"], cfg
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory, spm_model_path):
+  """A Hugging Face ALBERT directory of the tests' shrunken model (H=64), which configs/tiny.py is
+  not."""
+  from albert_jax.interop import hf
+
+  params, cfg = _shrunken_model()
   path = tmp_path_factory.mktemp("other") / "init"
   hf.save_hf(params, cfg, str(path), spm_model_path)
   return path
@@ -860,15 +866,9 @@ def run_in_process(command: str, *args) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def jax_export_dir(tmp_path_factory, spm_model_path):
   """The tests' shrunken model (conftest MODEL) as one of our --format=jax exports."""
-  from albert_jax.base import config_lib
   from albert_jax.interop import jax_export
-  from albert_jax.model import albert as M
-  from tests.conftest import MODEL
 
-  c = config_lib.base_config().model
-  c.update(MODEL)
-  cfg = M.model_config(c)
-  params = M.AlbertForPreTraining(cfg).init(jax.random.key(0), **M.dummy_inputs())["params"]
+  params, cfg = _shrunken_model()
   path = tmp_path_factory.mktemp("export") / "init"
   jax_export.save_jax(params, cfg, str(path), spm_model_path)
   return path
