@@ -180,13 +180,33 @@ def test_index_shuffle_is_grains():
   """The packing window's shuffled keys: index_shuffle gives grain's permutation, bit for bit,
   wherever grain's is one (every split but 4^k + 1, k >= 8: test_index_shuffle_permutes)."""
   rng = np.random.default_rng(0)
-  for max_index in (1, 2, 4403, 2**16 - 1, 2**16 + 1, 2**17, 70_000, 2**31 + 7, 2**40 + 3):
+  for max_index in (
+    1,
+    2,
+    110,
+    1022,
+    4403,
+    2**16 - 1,
+    2**16 + 1,
+    2**17,
+    70_000,
+    2**31 + 7,
+    2**40 + 3,
+  ):
     assert index_shuffle.grain_permutes(max_index + 1)
     for seed in (0, 42, 2**32 - 1):
       # A split of 2 or 3 walks ~30,000 encryptions an index (in either): fewer indices there.
       idx = np.append(rng.integers(0, max_index + 1, 200 if max_index > 2 else 10), [0, max_index])
       want = [grain_is.index_shuffle(int(i), max_index=max_index, seed=seed, rounds=4) for i in idx]
       assert index_shuffle.index_shuffle(idx, max_index, seed).tolist() == want
+      if max_index < 1023:  # a small split's whole order at once (the cipher's table): all of it
+        every = [
+          grain_is.index_shuffle(i, max_index=max_index, seed=seed, rounds=4)
+          for i in range(max_index + 1)
+        ]
+        assert (
+          index_shuffle.index_shuffle(np.arange(max_index + 1), max_index, seed).tolist() == every
+        )
       if max_index > 2:
         got = [index_shuffle.index_shuffle_one(int(i), max_index, seed) for i in idx[:20]]
         assert got == want[:20]

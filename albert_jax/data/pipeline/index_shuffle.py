@@ -7,7 +7,7 @@ a whole window of the shuffled stream at once (packing.Packer), where grain's ca
 dataset's bookkeeping cost 12 us an index, as much as reading the record; `index_shuffle` here
 gives the same permutation, bit for bit (tests/test_packing.py compares it with grain's), for a
 whole array of indices in a few hundred vector operations; a split too small for that (cycle walking
-over 64 times its size) takes grain's own call an index.
+over 64 times its size) as the whole split's order at once, once a seed.
 
 grain's quirk, and where it departs from grain: grain takes ceil(log2(max_index)) bits, which do not
 hold max_index itself when it is a power of two. Rounded up to an even count of at least 16, that
@@ -26,13 +26,14 @@ import functools
 import math
 
 import numpy as np
-from grain._src.python.experimental.index_shuffle.python import index_shuffle_module as _grain
 
 # Cycle walking takes (2^bits) / n encryptions an index on average, and the vector form runs until
-# the longest walk ends: past this ratio (a split of under 1,024 examples: bits are at least 16)
-# grain's own C++ call an index is the cheaper (measured, n indices of a split of n: 27 -> 477 ms
-# vector against 24 ms C++; 100 -> 139 against 24; 1,000 -> 21 against 29; 5,000 -> 7 against 45).
-_WALK_RATIO_FOR_GRAIN = 64
+# the longest walk ends: past this ratio (a split of under 1,024 examples: bits are at least 16, so
+# the cipher is over 2^16 values) the walks are long, and the whole split's order is made at once
+# (_small_split_order: the cipher's table and its walks by pointer jumping, cached per seed). grain's
+# own C++ call costs 280 us an index there (a split of 111: 600 encryptions a walk): a packing
+# window of 4,096 keys of such a split took 1.2 s, 0.2 s as a table a seed (37 seeds).
+_WALK_RATIO_FOR_TABLE = 64
 
 _MASK32 = 0xFFFFFFFF
 
@@ -96,15 +97,36 @@ def index_shuffle(index: np.ndarray, max_index: int, seed: int, rounds: int = 4)
   if max_index == 0:
     return np.zeros_like(x)
   bits = cipher_bits(max_index)
-  if (1 << bits) > _WALK_RATIO_FOR_GRAIN * (max_index + 1):  # never at 4^k: grain permutes here
-    out = [_grain.index_shuffle(int(i), max_index=max_index, seed=seed, rounds=rounds) for i in x]
-    return np.asarray(out, np.uint64)
+  if (1 << bits) > _WALK_RATIO_FOR_TABLE * (max_index + 1):
+    return _small_split_order(int(max_index), int(seed), int(rounds))[x.astype(np.int64)]
   todo = np.arange(len(x))
   while len(todo):  # cycle walking: encrypt again until inside [0, max_index]
     y = encrypt(x[todo], bits, seed, rounds)
     x[todo] = y
     todo = todo[y > np.uint64(max_index)]
   return x
+
+
+@functools.lru_cache(maxsize=256)
+def _small_split_order(max_index: int, seed: int, rounds: int) -> np.ndarray:
+  """index_shuffle of every index of a split of max_index + 1 (bits = 16) at once, read-only.
+
+  The cipher's table t over [0, 2^bits) is a permutation; cycle walking from i lands on the first
+  of t(i), t(t(i)), ... that is <= max_index. Pointer jumping finds it for every i in log2(longest
+  walk) vector steps: nxt[v] starts at t(v), and while nxt[v] is past max_index it becomes
+  nxt[nxt[v]], which skips only values past max_index (true of nxt before, so of the jump). A
+  cycle of the table holding no index of the split keeps jumping, harmlessly: only [0, max_index]
+  is waited for (each holds itself on its cycle, so its walk ends)."""
+  bits = cipher_bits(max_index)
+  nxt = encrypt(np.arange(1 << bits, dtype=np.uint64), bits, seed, rounds).astype(np.int64)
+  while True:
+    past = nxt > max_index
+    if not past[: max_index + 1].any():
+      break
+    nxt = np.where(past, nxt[nxt], nxt)
+  order = nxt[: max_index + 1].astype(np.uint64)
+  order.flags.writeable = False
+  return order
 
 
 def encrypt(v: np.ndarray, bits: int, seed: int, rounds: int = 4) -> np.ndarray:
