@@ -230,6 +230,13 @@ def main(argv=None) -> dict:
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--max_seq_length", type=int, default=64)
   args = p.parse_args(argv)
+  from albert_jax import cli
+
+  # The console of the commands: libtpu's start-up noise off a TPU VM quietened before jax starts a
+  # backend, the libraries' INFO and Orbax's read-only notices in OUT/logs only.
+  cli.quiet_libtpu()
+  os.makedirs(args.out, exist_ok=True)
+  cli.setup_logging("tagging", args.out)
   bad = [r for r in args.rules.split(",") if r not in RULES]
   bad += [c for c in args.crf.split(",") if c not in ("off", "on")]
   if bad or args.seeds < 1 or args.train_sentences < 1 or args.eval_sentences < 1:

@@ -287,3 +287,79 @@ def test_continued_benchmark_means_its_seeds_and_refuses_bad_input_before_writin
   )
   assert proc.returncode == 2 and proc.stderr == "error: --lr=-1.0: a learning rate above 0\n"
   assert not out.exists()
+
+
+def test_cjk_corpus_reads_checkouts_and_git_directories_and_refuses_what_is_missing(tmp_path):
+  """benchmarks/cjk_corpus.py on tiny copies of its four repositories (JGLUE and DRCD as checkouts,
+  nsmc and cmrc2018 as git directories): a document a line per language, each context once, the
+  reviews grouped, every sentence ending; a missing file is one line, exit 2, nothing written."""
+  cjk = load_file("benchmarks/cjk_corpus.py")
+
+  def squad(contexts):
+    return json.dumps({"data": [{"paragraphs": [{"context": c, "qas": []} for c in contexts]}]})
+
+  def write(root, files):
+    for name, text in files.items():
+      path = root / name
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(text, encoding="utf-8")
+
+  def git(root, files):
+    write(root, files)
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t",
+                 "commit", "-qm", "x"]):  # fmt: skip
+      subprocess.run(["git", "-C", str(root), *args], check=True)
+
+  pair = lambda a, b: json.dumps({"sentence1": a, "sentence2": b}) + "\n"  # noqa: E731
+  write(
+    tmp_path / "jglue",
+    {
+      "datasets/jsquad-v1.3/valid-v1.3.json": squad(
+        ["梅雨 [SEP] 梅雨は 雨の 季節。", "東京は首都。"]
+      ),
+      "datasets/jsquad-v1.3/test-v1.3.json": squad(["東京は首都。"]),  # valid's: once
+      "datasets/jsts-v1.3/train-v1.3.json": pair("猫がいる。", "犬がいる。"),
+      "datasets/jnli-v1.3/valid-v1.3.json": pair("空が青い。", "海が青い。"),
+      "datasets/jnli-v1.3/test-v1.3.json": "",
+    },
+  )
+  reviews = [{"review": f"리뷰 {i}"} for i in range(10)] + [{"review": "  "}]
+  git(tmp_path / "nsmc", {"raw/1.json": json.dumps(reviews), "raw/2.json": json.dumps(reviews[:1])})
+  git(
+    tmp_path / "cmrc",
+    {f"squad-style-data/cmrc2018_{s}.json": squad([f"{s}的 文本。"]) for s in ("dev", "trial")},
+  )
+  write(
+    tmp_path / "drcd",
+    {"DRCD_dev.json": "\ufeff" + squad(["臺灣 文本。"]), "DRCD_test.json": squad([])},
+  )
+  args = [f"--{r}={tmp_path / r}" for r in ("jglue", "nsmc", "cmrc", "drcd")]
+  figures = cjk.main([*args, f"--out={tmp_path / 'out'}"])
+  read = lambda name: (tmp_path / "out" / f"{name}.txt").read_text(encoding="utf-8").splitlines()  # noqa: E731
+  assert read("ja") == [
+    "梅雨は 雨の 季節。",
+    "東京は首都。",
+    "猫がいる。 犬がいる。",
+    "空が青い。 海が青い。",
+  ]
+  assert read("ko") == [
+    " ".join(f"리뷰 {i}." for i in range(8)),
+    "리뷰 8. 리뷰 9.",
+    "리뷰 0.",
+  ]
+  assert read("zh") == ["dev的 文本。", "trial的 文本。", "臺灣 文本。"]
+  assert figures["zh"] == {"documents": 3, "characters": sum(map(len, read("zh")))}
+
+  (tmp_path / "drcd" / "DRCD_test.json").unlink()
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "benchmarks", "cjk_corpus.py"),
+      *args,
+      f"--out={tmp_path / 'out2'}",
+    ],
+    capture_output=True,
+    text=True,
+  )
+  assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+  assert "DRCD_test.json" in proc.stderr and not (tmp_path / "out2").exists()
