@@ -896,7 +896,9 @@ def test_word_pooling_settings_are_checked_and_recorded(env, tmp_path, capsys):
       "configs/finetune/tokens.py", {**base, **{f"task.{k}": v for k, v in task.items()}}
     )
 
-  with pytest.raises(ConfigError, match="task.word_pooling='average' is not one of first,") as e:
+  with pytest.raises(
+    ConfigError, match="task.word_pooling='average' is not one of auto, first,"
+  ) as e:
     resolve(word_pooling="average")
   assert "\n" not in str(e.value)
   with pytest.raises(ConfigError, match="label_all_pieces=True labels every piece") as e:
@@ -922,6 +924,58 @@ def test_word_pooling_settings_are_checked_and_recorded(env, tmp_path, capsys):
     workdir_lib.check_same_model(trained, config.to_dict(), "runs/ner")
   glue = {"task": {"name": "sst2"}, "model": {}}
   workdir_lib.check_same_model(glue, glue, "runs/sst2")
+
+
+def test_word_pooling_auto_reads_korean_words_at_their_last_piece_and_the_rest_at_the_mean():
+  """task.word_pooling=auto decides from the training words' letters: last where most are Hangul
+  (Korean), mean in every other script measured or not (English, Russian, Chinese, Japanese,
+  Hindi, Arabic, and the languages whose marks are letters); the clause says which and why."""
+  from albert_jax.tasks import word_pooling
+  from tests import multiscript_text, second_ring_text
+
+  texts = {**multiscript_text.SENTENCES, **second_ring_text.SENTENCES}
+  assert {"ko", "de", "vi"} <= set(texts)
+  for lang, sentences in texts.items():
+    rule, why = word_pooling.decide(w for s in sentences for w in s.split())
+    assert rule == ("last" if lang == "ko" else "mean"), (lang, why)
+    assert ("Hangul" in why) and "\n" not in why
+  # A Korean corpus quoting English names is still Korean; an English one quoting Korean, not.
+  korean = [w for s in texts["ko"] for w in s.split()]
+  english = [w for s in texts["en"] for w in s.split()]
+  assert word_pooling.decide(korean + english[:20])[0] == "last"
+  assert word_pooling.decide(english + korean[:5])[0] == "mean"
+  assert word_pooling.decide(["123", "4.5"])[0] == "mean"  # no letters: the default
+
+
+def test_word_pooling_auto_is_resolved_once_and_saved(env, tmp_path, capsys):
+  """The default (auto) is resolved to a rule at resolve, one line naming it, and the run's config
+  holds the rule, not auto: a run resumed or evaluated later reads what it was trained with."""
+  import albert_jax
+
+  korean = [(s.split(), ["O"] * len(s.split())) for s in multiscript_text_sentences("ko")]
+  english = tagged_corpus(40, 0)
+  for name, corpus, rule in (("ko", korean, "last"), ("en", english, "mean")):
+    train = write_formats(tmp_path / name, corpus)["conll"]
+    capsys.readouterr()
+    config = albert_jax.get_config(
+      "configs/finetune/tokens.py",
+      {"init_from": str(env / "init"), "train.batch_size": 8, "data.train_file": train},
+    )
+    out = capsys.readouterr().out
+    assert config.task.word_pooling == rule
+    lines = [l for l in out.splitlines() if l.startswith("task.word_pooling=")]
+    assert len(lines) == 1 and lines[0].startswith(f"task.word_pooling=auto: {rule}, "), out
+  config = albert_jax.get_config(
+    "configs/finetune/tokens.py",
+    {"init_from": str(env / "init"), "data.train_file": train, "data.label_all_pieces": True},
+  )
+  assert config.task.word_pooling == "first"  # the one rule that labels every piece
+
+
+def multiscript_text_sentences(lang: str) -> list[str]:
+  from tests import multiscript_text
+
+  return multiscript_text.SENTENCES[lang]
 
 
 @pytest.mark.slow

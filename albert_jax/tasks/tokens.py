@@ -319,8 +319,14 @@ class TaggingTask(tasks.Task):
     if not isinstance(d.get("doc_stride"), int) or d.doc_stride < 1:
       raise ConfigError(f"data.doc_stride={d.get('doc_stride')!r} must be a positive integer")
     pooling = config.task.get("word_pooling", "first")
-    if pooling not in WORD_POOLINGS:
-      raise ConfigError(f"task.word_pooling={pooling!r} is not one of {', '.join(WORD_POOLINGS)}")
+    if pooling not in WORD_POOLINGS and pooling != word_pooling.AUTO:
+      raise ConfigError(
+        f"task.word_pooling={pooling!r} is not one of {word_pooling.AUTO}, {', '.join(WORD_POOLINGS)}"
+      )
+    auto_line = False
+    if pooling == word_pooling.AUTO and d.get("label_all_pieces", False):
+      pooling = config.task.word_pooling = "first"  # the one rule that labels every piece
+      log("task.word_pooling=auto: first (data.label_all_pieces=True labels every piece)")
     if pooling != "first" and d.get("label_all_pieces", False):
       raise ConfigError(
         f"data.label_all_pieces=True labels every piece, task.word_pooling={pooling} one: "
@@ -345,6 +351,14 @@ class TaggingTask(tasks.Task):
         f"{', '.join(tagged_files.LABEL_COLUMNS)} it has"
       )
     labels_to_ids(corpus, "train", labels or label_set(corpus))  # no labels: the file and line
+    if pooling == word_pooling.AUTO:
+      pooling, why = word_pooling.decide(w for s in corpus.sentences[:5000] for w in s.words)
+      config.task.word_pooling = pooling  # the run's rule, saved with it
+      log(
+        f"task.word_pooling=auto: {pooling}, each word's label read from {WORD_POOLINGS[pooling]} "
+        f"({why}; docs/finetuning.md, Word pooling)"
+      )
+      auto_line = True
     labels = labels or label_set(corpus)
     if len(set(labels)) != len(labels):
       raise ConfigError(f"data.labels names a label twice: {list(labels)}")
@@ -373,7 +387,7 @@ class TaggingTask(tasks.Task):
         "task.crf=true: a linear-chain CRF over the word labels, its transitions trained with the "
         f"head, Viterbi decoding; {crf_lib.CHAIN_RULES[d.tag_scheme]}"
       )
-    if pooling != "first":
+    if pooling != "first" and not auto_line:
       log(
         f"task.word_pooling={pooling}: each word's label is read from {WORD_POOLINGS[pooling]} "
         "(transformers' rule is first)"

@@ -26,11 +26,12 @@ def get_config(arg=None):
   # train.num_steps=0: this many passes over the training sentences (10% of them warmup).
   config.task.num_epochs = 3.0
   config.task.warmup_proportion = 0.1
-  # Which of a word's pieces its label is read from: mean (of the pieces' hidden states; measured
-  # best or tied in every treebank tried) | first (BERT's and transformers' rule) | first_word_piece
-  # (the first that is not a bare "▁") | last | first_last (first and last side by side).
+  # Which of a word's pieces its label is read from: auto (last where the training words are mostly
+  # Hangul, mean elsewhere: one console line; the run saves the rule) | mean (of the pieces' hidden
+  # states) | first (BERT's and transformers' rule) | first_word_piece (the first that is not a bare
+  # "▁") | last | first_last (first and last side by side, a 2H-wide classifier: no hf export).
   # docs/finetuning.md, Word pooling, has the measurements.
-  config.task.word_pooling = "mean"
+  config.task.word_pooling = "auto"
   # A linear-chain CRF over the word labels (transitions trained with the head, Viterbi decoding,
   # transitions the tag scheme forbids never decoded). docs/finetuning.md, CRF.
   config.task.crf = False
