@@ -5,7 +5,7 @@ sentence-pair task fine-tuned from each pretrained model. Every step goes throug
 
   python benchmarks/packing_learning.py --jglue=JGLUE --out=/tmp/packing_learning
   python benchmarks/packing_learning.py --jglue=JGLUE --steps=20 --seeds=1 --ft_seeds=1 \
-      --ft_steps=10 --out=/tmp/packing_quick    # a quick look (about 4 CPU-minutes)
+      --ft_steps=10 --out=/tmp/packing_quick    # a quick look (about 5 CPU-minutes)
 
 JGLUE (github.com/yahoojapan/JGLUE, CC BY-SA 4.0; Japanese) is a checkout or a git directory of it
 (read with `git show HEAD:datasets/...`; nothing of it is copied into this repository):
@@ -19,8 +19,8 @@ JGLUE (github.com/yahoojapan/JGLUE, CC BY-SA 4.0; Japanese) is a checkout or a g
 2. The pair task: JSTS v1.3 as regression (similarity 0-5), fine-tuned on its train file (12,451
    pairs, the pretraining corpus's pairs among them, unlabelled there, for every model alike) and
    scored on its valid file (1,457 pairs): OUT/jsts_train.jsonl and OUT/jsts_eval.jsonl. (JNLI,
-   fine-tuned on its valid file's 2,434 pairs, stayed at its majority class from a tiny model:
-   0.547 then 0.513 accuracy after 100 and 300 steps, neutral 0.544.)
+   fine-tuned on its valid file's 2,434 pairs and scored on test, stayed at its majority class
+   from a tiny model pretrained 800 steps: docs/performance.md.)
 3. Per seed k (--seeds): the corpus prepared with config.seed=k (configs/tiny.py's model, S=128,
    data.task=none; the seed chooses the held-out documents, the pairs, the masks and the order),
    and on it, from the same initialisation seed k:
@@ -34,10 +34,12 @@ JGLUE (github.com/yahoojapan/JGLUE, CC BY-SA 4.0; Japanese) is a checkout or a g
    Each run's learning rate schedule is configs/tiny.py's (LAMB 0.005, --warmup steps, linear
    decay over its own steps). Every model is scored by `albert_jax.evaluate` on its seed's held-out
    split, one example a row (the same unpacked rows for every layout).
-4. Each model of --ft_runs (pretraining seeds --ft_pretrain_seeds) fine-tuned on the pair task
-   (configs/finetune/glue.py:task=regression, `[CLS] a [SEP] b [SEP]` with token types 0 then 1 as
-   always), --ft_seeds seeds: eval_results.json's Pearson and Spearman correlations, mean +-
-   population std over the seeds.
+4. The models of --ft_runs fine-tuned on the pair task (configs/finetune/glue.py:task=regression,
+   `[CLS] a [SEP] b [SEP]` with token types 0 then 1 as always), pretraining seed k's model (k in
+   --ft_pretrain_seeds, by default all three) with fine-tuning seeds k .. k + --ft_seeds - 1 (by
+   default one): eval_results.json's Pearson and Spearman correlations on the eval file, each
+   run's and their mean +- population std over every fine-tuning of a layout's models (both
+   seeds vary).
 
 Wall and CPU seconds (the child processes' user+system time) are measured per run; the load
 average is printed at the start and end of every stage. Prints a table and, last, one JSON line
@@ -258,6 +260,7 @@ def pretrain(a, out: str, name: str, seed: int, data_dir: str, batch: int, steps
     "loss": scores["masked_lm_loss"],
     "examples": scores["examples"],
     "eval_cpu_s": e["cpu_s"],
+    "load": load(),
     "settings": settings,
   }
   with open(cached, "w") as f:
@@ -265,12 +268,13 @@ def pretrain(a, out: str, name: str, seed: int, data_dir: str, batch: int, steps
   return row
 
 
-def finetune(a, out: str, name: str, init: str) -> dict:
-  """The pair task fine-tuned from `init` (a.ft_seeds seeds): eval_results.json's Pearson and
-  Spearman correlations, mean and population std over the seeds, and each seed's."""
+def finetune(a, out: str, name: str, init: str, seed: int) -> dict:
+  """The pair task fine-tuned from `init` (a.ft_seeds seeds from `seed`): eval_results.json's
+  Pearson and Spearman correlations, mean and population std over the seeds, and each seed's."""
   workdir = os.path.join(out, "ft", name)
   settings = {
     "init_from": init,
+    "seed": seed,
     "seeds": a.ft_seeds,
     "data.train_file": os.path.join(out, "jsts_train.jsonl"),
     "data.eval_file": os.path.join(out, "jsts_eval.jsonl"),
@@ -313,11 +317,15 @@ def main(argv=None) -> dict:
   p.add_argument(
     "--runs", default="unpacked,packed,joined,packed_time", help="a comma list of the runs"
   )
-  p.add_argument("--ft_runs", default="unpacked,packed,joined", help="runs fine-tuned")
-  p.add_argument("--ft_pretrain_seeds", default="0", help="pretraining seeds fine-tuned from")
-  p.add_argument("--ft_seeds", type=int, default=3)
-  p.add_argument("--ft_steps", type=int, default=200)
-  p.add_argument("--ft_lr", type=float, default=2e-4)
+  p.add_argument("--ft_runs", default="unpacked,packed,joined,packed_time", help="runs fine-tuned")
+  p.add_argument(
+    "--ft_pretrain_seeds",
+    default="0,1,2",
+    help="the pretraining seeds whose models are fine-tuned, seed k's with seeds k, k+1, ...",
+  )
+  p.add_argument("--ft_seeds", type=int, default=1, help="fine-tuning seeds a pretrained model")
+  p.add_argument("--ft_steps", type=int, default=300)
+  p.add_argument("--ft_lr", type=float, default=1e-3)
   p.add_argument("--ft_batch", type=int, default=32)
   p.add_argument("--ft_seq", type=int, default=64)
   a = p.parse_args(argv)
@@ -329,6 +337,9 @@ def main(argv=None) -> dict:
     fail("--runs: packed_time needs packed (its steps come from the packed run's time)")
   if a.seeds < 1 or a.ft_seeds < 0 or a.steps < 1:
     fail("--seeds and --steps: 1 or more; --ft_seeds: 0 or more")
+  ft_from = [int(k) for k in a.ft_pretrain_seeds.split(",") if k.strip().isdigit()]
+  if a.ft_seeds and (not ft_from or max(ft_from) >= a.seeds):
+    fail(f"--ft_pretrain_seeds={a.ft_pretrain_seeds}: seeds below --seeds={a.seeds}")
   jglue_reader(a.jglue)("jsts-v1.3/train-v1.3.json")  # bad input stops here, before writing
   out = a.out
   os.makedirs(os.path.join(out, "logs"), exist_ok=True)
@@ -368,16 +379,15 @@ def main(argv=None) -> dict:
         r = pretrain(
           a, out, name, seed, prep["dir"], packed_batch, steps, packing=True, packing_layout="pairs"
         )
-      r["load"] = load()
       row[name] = r
       print(f"seed {seed} {name}: {json.dumps(r)}", file=sys.stderr)
     row["load_end"] = load()
     results["seeds"][seed] = row
   results["finetune"] = {}
   if a.ft_seeds:
-    for seed in [int(s) for s in a.ft_pretrain_seeds.split(",") if s]:
+    for seed in ft_from:
       for name in [r for r in a.ft_runs.split(",") if r in runs]:
-        r = finetune(a, out, f"{name}_s{seed}", results["seeds"][seed][name]["workdir"])
+        r = finetune(a, out, f"{name}_s{seed}", results["seeds"][seed][name]["workdir"], seed)
         r["load"] = load()
         results["finetune"][f"{name}_s{seed}"] = r
         print(f"fine-tuned {name}_s{seed}: {json.dumps(r)}", file=sys.stderr)
@@ -412,12 +422,21 @@ def report(results: dict) -> None:
       f"{' / '.join(f'{x:.3f}' for x in loss)} ({np.mean(loss):.3f}) | "
       f"{times} |"
     )
-  for name, r in results["finetune"].items():
-    p, sp = r["pearson"], r["spearman"]
-    print(
-      f"fine-tuned from {name}: Pearson {p['mean']:.4f} +- {p['std']:.4f}, "
-      f"Spearman {sp['mean']:.4f} +- {sp['std']:.4f}"
-    )
+  for n in names:  # every fine-tuning of the run's models, over the pretraining seeds
+    per_seed = [
+      x["metrics"]
+      for k, r in sorted(results["finetune"].items())
+      if k.rsplit("_s", 1)[0] == n
+      for x in r["per_seed"]
+    ]
+    if per_seed:
+      line = [f"fine-tuned from {n} ({len(per_seed)} runs):"]
+      for metric in ("pearson", "spearman"):
+        v = [x[metric] for x in per_seed]
+        line.append(
+          f"{metric} {' / '.join(f'{x:.4f}' for x in v)} ({np.mean(v):.4f} +- {np.std(v):.4f})"
+        )
+      print(" ".join(line))
 
 
 if __name__ == "__main__":
