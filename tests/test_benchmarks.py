@@ -363,3 +363,76 @@ def test_cjk_corpus_reads_checkouts_and_git_directories_and_refuses_what_is_miss
   )
   assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
   assert "DRCD_test.json" in proc.stderr and not (tmp_path / "out2").exists()
+
+
+def test_packing_learning_benchmark_builds_its_data_and_refuses_bad_input(tmp_path, capsys):
+  """benchmarks/packing_learning.py (its runs are an hour of CPU, not in the suite): from a JGLUE
+  checkout's layout, the short-text corpus (JSTS train pairs as two-sentence documents, less any
+  pair holding a sentence the pair task scores; JCommonsenseQA questions with their answers) and
+  the pair task's files; bad input stops with one line, exit 2, before --out is made."""
+  bench = load_file("benchmarks/packing_learning.py")
+  jglue = tmp_path / "JGLUE"
+
+  def write(name, rows):
+    path = jglue / "datasets" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+  def pair(i, a, b, label):
+    return {
+      "sentence_pair_id": str(i),
+      "yjcaptions_id": "x",
+      "sentence1": a,
+      "sentence2": b,
+      "label": label,
+    }
+
+  write(
+    "jsts-v1.3/train-v1.3.json",
+    [
+      pair(0, "犬が走っています。", "猫が寝ています。", 0.4),
+      pair(1, "男性が立っています。", "電車が駅に停まっています。", 1.0),  # a scored sentence
+      pair(2, "空が青いです。", "青い空です。", 4.8),
+    ],
+  )
+  write(
+    "jsts-v1.3/valid-v1.3.json", [pair(0, "電車が駅に停まっています。", "駅に電車がいます。", 4.0)]
+  )
+  qa = {
+    "q_id": 0,
+    "question": "冬に降るものは？",
+    "choice0": "雨",
+    "choice1": "雪",
+    "choice2": "砂",
+    "choice3": "星",
+    "choice4": "花",
+    "label": 1,
+  }
+  write("jcommonsenseqa-v1.3/train-v1.3.json", [qa])
+  write("jcommonsenseqa-v1.3/valid-v1.3.json", [{**qa, "question": "夏に咲くものは？", "label": 4}])
+  out = tmp_path / "out"
+  counts = bench.build_data(str(jglue), str(out))
+  assert counts["documents"] == 4 and counts["jsts_pairs_dropped"] == 1
+  assert (out / "corpus" / "part-0.txt").read_text(encoding="utf-8") == (
+    "犬が走っています。\n猫が寝ています。\n\n空が青いです。\n青い空です。\n\n"
+    "冬に降るものは？\n雪\n\n夏に咲くものは？\n花\n"
+  )
+  train = [json.loads(x) for x in (out / "jsts_train.jsonl").read_text().splitlines()]
+  assert [r["label"] for r in train] == [0.4, 1.0, 4.8]  # every labelled pair fine-tunes
+  assert json.loads((out / "jsts_eval.jsonl").read_text())["sentence2"] == "駅に電車がいます。"
+  before = (out / "corpus" / "part-0.txt").stat().st_mtime_ns
+  bench.build_data(str(jglue), str(out))  # the same text is not rewritten (prepare checks it)
+  assert (out / "corpus" / "part-0.txt").stat().st_mtime_ns == before
+
+  fresh = tmp_path / "fresh"
+  for args, error in [
+    ([f"--jglue={tmp_path / 'none'}"], "no datasets/jsts-v1.3/train-v1.3.json"),
+    ([f"--jglue={jglue}", "--runs=packed"], "a list of unpacked,packed,joined,packed_time holding"),
+    ([f"--jglue={jglue}", "--runs=unpacked,packed_time"], "packed_time needs packed"),
+    ([f"--jglue={jglue}", "--seeds=0"], "--seeds and --steps: 1 or more"),
+  ]:
+    with pytest.raises(SystemExit) as e:
+      bench.main([f"--out={fresh}", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and error in err and err.count("\n") == 1
+    assert not fresh.exists()
