@@ -323,10 +323,10 @@ class TaggingTask(tasks.Task):
       raise ConfigError(
         f"task.word_pooling={pooling!r} is not one of {word_pooling.AUTO}, {', '.join(WORD_POOLINGS)}"
       )
-    auto_line = False
+    auto_why = ""  # task.word_pooling=auto: why it is the rule it became (its one console line)
     if pooling == word_pooling.AUTO and d.get("label_all_pieces", False):
       pooling = config.task.word_pooling = "first"  # the one rule that labels every piece
-      log("task.word_pooling=auto: first (data.label_all_pieces=True labels every piece)")
+      auto_why = "data.label_all_pieces=True labels every piece"
     if pooling != "first" and d.get("label_all_pieces", False):
       raise ConfigError(
         f"data.label_all_pieces=True labels every piece, task.word_pooling={pooling} one: "
@@ -354,11 +354,7 @@ class TaggingTask(tasks.Task):
     if pooling == word_pooling.AUTO:
       pooling, why = word_pooling.decide(w for s in corpus.sentences[:5000] for w in s.words)
       config.task.word_pooling = pooling  # the run's rule, saved with it
-      log(
-        f"task.word_pooling=auto: {pooling}, each word's label read from {WORD_POOLINGS[pooling]} "
-        f"({why}; docs/finetuning.md, Word pooling)"
-      )
-      auto_line = True
+      auto_why = f"{why}; docs/finetuning.md, Word pooling"
     labels = labels or label_set(corpus)
     if len(set(labels)) != len(labels):
       raise ConfigError(f"data.labels names a label twice: {list(labels)}")
@@ -387,7 +383,12 @@ class TaggingTask(tasks.Task):
         "task.crf=true: a linear-chain CRF over the word labels, its transitions trained with the "
         f"head, Viterbi decoding; {crf_lib.CHAIN_RULES[d.tag_scheme]}"
       )
-    if pooling != "first" and not auto_line:
+    if auto_why:
+      log(
+        f"task.word_pooling=auto: {pooling}, each word's label read from {WORD_POOLINGS[pooling]} "
+        f"({auto_why})"
+      )
+    elif pooling != "first":
       log(
         f"task.word_pooling={pooling}: each word's label is read from {WORD_POOLINGS[pooling]} "
         "(transformers' rule is first)"

@@ -31,8 +31,8 @@ import numpy as np
 # the longest walk ends: past this ratio (a split of under 1,024 examples: bits are at least 16, so
 # the cipher is over 2^16 values) the walks are long, and the whole split's order is made at once
 # (_small_split_order: the cipher's table and its walks by pointer jumping, cached per seed). grain's
-# own C++ call costs 280 us an index there (a split of 111: 600 encryptions a walk): a packing
-# window of 4,096 keys of such a split took 1.2 s, 0.2 s as a table a seed (37 seeds).
+# own C++ call costs 250 us an index there (a split of 111: 600 encryptions a walk): a packing
+# window of 4,096 keys of such a split took 1.2 s, 0.27 s as a table a seed (37 seeds).
 _WALK_RATIO_FOR_TABLE = 64
 
 _MASK32 = 0xFFFFFFFF
