@@ -88,6 +88,9 @@ def get_config(
   {"train.num_steps": 10} or strings "train.num_steps=10")."""
   if isinstance(overrides, dict):
     overrides = [f"{k}={v}" for k, v in overrides.items()]
+  missing = config_lib.missing_config_file(config_file)
+  if missing:  # config_flags' own message names a module "config_config", not the file
+    raise ConfigError(missing)
   argv = ["albert_jax", f"--config={config_file}", *[f"--config.{o}" for o in overrides]]
   values = flags.FlagValues()
   try:

@@ -95,15 +95,9 @@ def load_config(config_flag):
     config = config_flag.value
     config.model  # noqa: B018
   except OSError as e:
-    path = flags.FLAGS[config_flag.name].config_filename.split(":", 1)[0]
-    if not os.path.isfile(path):  # the commonest slip: name it, and what its folder holds
-      folder = os.path.dirname(path) or "."
-      known = (
-        sorted(f for f in os.listdir(folder) if f.endswith(".py")) if os.path.isdir(folder) else []
-      )
-      fail(
-        f"--config: no file {path}" + (f" ({folder}/ holds {', '.join(known)})" if known else "")
-      )
+    missing = config_lib.missing_config_file(flags.FLAGS[config_flag.name].config_filename)
+    if missing:
+      fail(missing)
     fail(f"cannot load --config: {one_line(e)}")
   return config
 

@@ -177,7 +177,9 @@ def run(args) -> dict:
           "train.batch_size": args.batch_size,
           "train.log_every": 1000,
         }
-        config = albert_jax.get_config("configs/finetune/tokens.py", overrides)
+        config = albert_jax.get_config(
+          os.path.join(ROOT, "configs", "finetune", "tokens.py"), overrides
+        )
         start = time.time()
         key = f"{rule}{'+crf' if crf else ''}"
         out = finetuning.finetune(config, os.path.join(args.out, "runs", name, key))

@@ -124,6 +124,26 @@ def test_get_config_names_an_unknown_key_in_full_as_the_commands_do():
   )
 
 
+def test_get_config_names_a_missing_file_as_the_commands_do(tmp_path, monkeypatch):
+  """A config path that is not there (a relative one from another directory: the benchmark scripts'
+  slip) is the commands' line naming the file and what its folder holds, every time it is asked
+  (config_flags' own message named a module "config_config", and after a first failure every later
+  load failed with "an earlier failure")."""
+  monkeypatch.chdir(tmp_path)
+  for _ in range(2):
+    with pytest.raises(ConfigError) as e:
+      albert_jax.get_config("configs/finetune/tokens.py")
+    assert str(e.value) == "--config: no file configs/finetune/tokens.py"
+  with pytest.raises(ConfigError) as e:
+    albert_jax.get_config(os.path.join(ROOT, "configs", "tinny.py:x=1"))
+  assert str(e.value).startswith(
+    f"--config: no file {ROOT}/configs/tinny.py ({ROOT}/configs/ holds "
+  )
+  assert "tiny.py" in str(e.value)
+  monkeypatch.chdir(ROOT)
+  assert albert_jax.get_config("configs/tiny.py").model.vocab_size == 4000
+
+
 def test_load_refuses_what_is_not_a_model_directory(tmp_path):
   with pytest.raises(ConfigError, match="is not a pretraining workdir"):
     albert_jax.load(str(tmp_path))

@@ -10,6 +10,7 @@ values can work is base/validation.py's job.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 
 import ml_collections
@@ -85,6 +86,19 @@ def unknown_override(e: BaseException, argv: Sequence[str]) -> str:
     if a.startswith("--config.") and leaf in a.split("=", 1)[0].split(".")[1:]
   ]
   return f"unknown config override: {', '.join(keys) or leaf}" + (f" ({hint})" if hint else "")
+
+
+def missing_config_file(config_file: str) -> str | None:
+  """The one line for a --config (or get_config) file that is not there, naming what its folder
+  holds (the commonest slip: a relative path from another directory); None when the file exists."""
+  path = config_file.split(":", 1)[0]
+  if os.path.isfile(path):
+    return None
+  folder = os.path.dirname(path) or "."
+  known = (
+    sorted(f for f in os.listdir(folder) if f.endswith(".py")) if os.path.isdir(folder) else []
+  )
+  return f"--config: no file {path}" + (f" ({folder}/ holds {', '.join(known)})" if known else "")
 
 
 def parse_source_weights(spec: str) -> dict[str, float]:
