@@ -126,7 +126,9 @@ def data_file(folder: str, name: str, split: str) -> str:
     path = os.path.join(folder, f"{name}-{split}.{ext}")
     if os.path.isfile(path):
       return path
-  raise SystemExit(f"error: no {name}-{split}.conllu, .tsv or .conll in {folder}")
+  from albert_jax.base.config_lib import ConfigError
+
+  raise ConfigError(f"no {name}-{split}.conllu, .tsv or .conll in {folder}")
 
 
 def run(args) -> dict:
@@ -233,17 +235,34 @@ def main(argv=None) -> dict:
   p.add_argument("--max_seq_length", type=int, default=64)
   args = p.parse_args(argv)
   from albert_jax import cli
+  from albert_jax.base.config_lib import ConfigError
+  from albert_jax.interop import model_dir
 
+  bad = [r for r in args.rules.split(",") if r not in RULES]
+  bad += [c for c in args.crf.split(",") if c not in ("off", "on")]
+  if bad:
+    cli.fail(f"--rules/--crf {bad} not in {RULES} / off,on")
+  counts = ("seeds", "train_sentences", "eval_sentences", "batch_size", "max_seq_length")
+  low = [f"--{k}={getattr(args, k)}" for k in counts if getattr(args, k) < 1]
+  low += [f"--{k}={getattr(args, k)}" for k in ("lr", "epochs") if not getattr(args, k) > 0]
+  if low:
+    cli.fail(f"{', '.join(low)}: must be positive")
   # The console of the commands: libtpu's start-up noise off a TPU VM quietened before jax starts a
   # backend, the libraries' INFO and Orbax's read-only notices in OUT/logs only.
   cli.quiet_libtpu()
+  try:  # what it reads, checked before --out is made: a bad input writes nothing
+    model_dir.open_model_dir(args.init, "--init")
+    for name in args.sets.split(","):
+      for split in (args.train_split, args.eval_split):
+        data_file(args.data, name, split)
+  except ConfigError as e:
+    cli.fail(str(e))
   os.makedirs(args.out, exist_ok=True)
   cli.setup_logging("tagging", args.out)
-  bad = [r for r in args.rules.split(",") if r not in RULES]
-  bad += [c for c in args.crf.split(",") if c not in ("off", "on")]
-  if bad or args.seeds < 1 or args.train_sentences < 1 or args.eval_sentences < 1:
-    p.error(f"--rules/--crf {bad} not in {RULES} / off,on, or a count below 1")
-  return run(args)
+  try:
+    return run(args)
+  except ConfigError as e:  # a value the fine-tuning config refuses (--lr=-1, --epochs=0, ...)
+    cli.fail(str(e))
 
 
 if __name__ == "__main__":

@@ -1108,6 +1108,49 @@ def test_tagging_benchmark_lookup_baseline_and_subsample(tmp_path):
                                                [train[1], train[2]])]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (["--init={tmp}/none", "--data={tmp}/ud"], "--init={tmp}/none is not a pretraining workdir"),
+    (["--init={ft}", "--data={tmp}"], "no en_ewt-dev.conllu, .tsv or .conll in {tmp}"),
+    (["--init={ft}", "--data={ud}", "--eval_split=test"], "no en_ewt-test.conllu"),
+    (["--init={ft}", "--data={ud}", "--lr=0", "--epochs=-1"], "--lr=0.0, --epochs=-1.0: must be positive"),
+    (["--init={ft}", "--data={ud}", "--rules=first,best"], "['best'] not in"),
+  ],
+)  # fmt: skip
+def test_tagging_benchmark_refuses_bad_input_in_one_line_writing_nothing(tmp_path, args, message):
+  """benchmarks/tagging.py checks what it reads before it makes --out: a missing or unreadable
+  --init, a set's missing file, a value below 1 or a rule it lacks is one line, exit 2, no --out."""
+  ud = tmp_path / "ud"
+  ud.mkdir()
+  (ud / "en_ewt-dev.conllu").write_text("1\tThe\tthe\tDET\t_\t_\t0\tdet\t_\t_\n\n")
+  ft = tmp_path / "ft"  # a readable --init: a --format=jax export of an untrained small model
+  fill = dict(tmp=tmp_path, ud=ud, ft=os.path.join(ROOT, "tests", "no-such-run"))
+  if "{ft}" in " ".join(args):
+    from albert_jax.interop import jax_export
+    from albert_jax.model import albert as model_lib
+    from tests.conftest import MODEL, load_config
+
+    config = load_config("tiny")
+    config.model.update(MODEL, vocab_size=300)
+    params = model_lib.AlbertForPreTraining(model_lib.model_config(config.model)).init(
+      jax.random.key(0), **model_lib.dummy_inputs()
+    )["params"]
+    spm = tokenizer_lib.train(pydoc_sentences()[:3000], str(tmp_path / "spm" / "spiece.model"), 300)
+    jax_export.save_jax(params, config.model, str(ft), spm)
+    fill["ft"] = ft
+  out = tmp_path / "out"
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "benchmarks", "tagging.py"), f"--out={out}",
+     "--sets=en_ewt", *(a.format(**fill) for a in args)],
+    cwd=tmp_path, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  err = proc.stderr.strip().splitlines()
+  assert len(err) == 1 and message.format(**fill) in err[0], proc.stderr[-2000:]
+  assert not out.exists()
+
+
 # --- The CRF (task.crf) -----------------------------------------------------------------------------
 
 
