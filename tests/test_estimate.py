@@ -161,6 +161,50 @@ def test_command_line():
   )
 
 
+def test_the_cpu_peak_is_kept_beside_the_compilation_cache(tmp_path):
+  """Measured once per machine where JAX's compilation cache is a local directory: a later process
+  reads cpu_matmul_peak.json's figure for its key (processor, cores, jax, XLA_FLAGS) instead of
+  measuring; another XLA_FLAGS is another key, measured and added; a read-only cache keeps nothing
+  and fails nothing; no cache, no file (a gs:// cache is jax's to reach: the figure is not kept)."""
+  import json
+
+  code = "from albert_jax.base import hardware; print(repr(hardware.cpu_matmul_peak()))"
+
+  def peak(cache, flags="--xla_force_host_platform_device_count=1"):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=flags,
+      **({"JAX_COMPILATION_CACHE_DIR": cache} if cache else {}),
+    )
+    proc = subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return float(proc.stdout.split()[-1])
+
+  cache = tmp_path / "jit"
+  first = peak(str(cache))
+  ((key, kept),) = json.loads((cache / hardware.PEAK_FILE).read_text()).items()
+  assert kept == first > 1e8 and "| jax " in key and key.endswith("device_count=1")
+  (cache / hardware.PEAK_FILE).write_text(json.dumps({key: 1.5e9}))  # read, not measured again
+  assert peak(str(cache)) == 1.5e9
+  other = peak(str(cache), "--xla_force_host_platform_device_count=2")
+  assert other != 1.5e9 and json.loads((cache / hardware.PEAK_FILE).read_text()) == {
+    key: 1.5e9,
+    key.replace("count=1", "count=2"): other,
+  }
+  assert peak("") > 1e8
+  locked = tmp_path / "locked"
+  locked.mkdir()
+  locked.chmod(0o555)
+  try:
+    assert peak(str(locked)) > 1e8
+    assert os.listdir(locked) == [] or os.geteuid() == 0  # root writes through the mode bits
+  finally:
+    locked.chmod(0o755)
+
+
 def test_the_cpu_peak_is_the_fastest_repetition_not_the_mean(monkeypatch):
   """MFU on CPU is read against a measured matmul rate: the fastest repetition counts, so a
   repetition slowed by other work on the machine does not lower the peak."""

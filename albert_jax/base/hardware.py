@@ -8,8 +8,10 @@ their per-device figures are half the chip's."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
+import platform
 import time
 
 import jax
@@ -142,12 +144,55 @@ def measured_matmul_flops(
   return 2 * n**3 / fastest_seconds(lambda: f(a).block_until_ready(), seconds)
 
 
+PEAK_FILE = "cpu_matmul_peak.json"
+
+
 @functools.cache
 def cpu_matmul_peak() -> float:
   """measured_matmul_flops() once per process: every run a process starts (a study's, the tests'
   in-process trainers) reads its MFU against the same figure, and pays the measurement (0.2 s on
-  every core) once."""
-  return measured_matmul_flops()
+  every core, about 1 CPU-second with its compiles) once. Where JAX's persistent compilation cache
+  is a local directory (jax_compilation_cache_dir, JAX_COMPILATION_CACHE_DIR), the figure is kept
+  there too, in cpu_matmul_peak.json under a key naming the CPU, the cores this process may use,
+  jax's version and XLA_FLAGS: the later processes on this machine (a study's runs, the test
+  suite's trainers) read it instead of measuring again, as they read the compiled programs. Delete
+  the file to measure afresh."""
+  folder = jax.config.jax_compilation_cache_dir
+  if not folder or "://" in folder:
+    return measured_matmul_flops()
+  path, key = os.path.join(folder, PEAK_FILE), _machine_key()
+  try:
+    with open(path, encoding="utf-8") as f:
+      known = json.load(f)
+    if isinstance(known.get(key), float) and known[key] > 0:
+      return known[key]
+  except (OSError, ValueError, AttributeError):  # none yet, or unreadable: measured below
+    known = {}
+  flops = measured_matmul_flops()
+  try:  # whole or not at all (a rename): processes measuring at once each write a whole file
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump({**(known if isinstance(known, dict) else {}), key: flops}, f)
+    os.replace(tmp, path)
+  except OSError:  # a read-only cache: the figure is this process's alone
+    pass
+  return flops
+
+
+def _machine_key() -> str:
+  """What the CPU matmul peak depends on: the processor, the cores this process may run on, jax's
+  version and XLA_FLAGS (the host device count, the CPU backend's options)."""
+  model = ""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+  except OSError:
+    pass
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return f"{model or platform.processor()} | {cores} cores | jax {jax.__version__} | " + (
+    os.environ.get("XLA_FLAGS", "")
+  )
 
 
 def fastest_seconds(call, seconds: float) -> float:
