@@ -21,7 +21,7 @@ JGLUE (github.com/yahoojapan/JGLUE, CC BY-SA 4.0; Japanese) is a checkout or a g
    scored on its valid file (1,457 pairs): OUT/jsts_train.jsonl and OUT/jsts_eval.jsonl. (JNLI,
    fine-tuned on its valid file's 2,434 pairs and scored on test, stayed at its majority class
    from a tiny model pretrained 800 steps: docs/performance.md.)
-3. Per seed k (--seeds): the corpus prepared with config.seed=k (configs/tiny.py's model, S=128,
+3. Per seed k (--seeds): the corpus prepared with config.seed=k (configs/tiny.py's model, S=--seq,
    data.task=none; the seed chooses the held-out documents, the pairs, the masks and the order),
    and on it, from the same initialisation seed k:
    - `unpacked`: one example a row, batch --batch, --steps steps;
@@ -200,6 +200,8 @@ def data_settings(a, out: str) -> dict:
     "data.input_files": os.path.join(out, "corpus", "part-*"),
     "data.task": "none",
     "data.language": "ja",
+    "data.max_seq_length": a.seq,
+    "model.max_position_embeddings": a.seq,
     "model.vocab_size": a.vocab,
   }
 
@@ -311,6 +313,7 @@ def main(argv=None) -> dict:
   p.add_argument("--out", default="/tmp/packing_learning")
   p.add_argument("--vocab", type=int, default=4000)
   p.add_argument("--batch", type=int, default=32, help="the unpacked run's rows a step")
+  p.add_argument("--seq", type=int, default=128, help="the rows' length, S (positions alike)")
   p.add_argument("--steps", type=int, default=400)
   p.add_argument("--warmup", type=int, default=40)
   p.add_argument("--seeds", type=int, default=3)
@@ -335,8 +338,8 @@ def main(argv=None) -> dict:
     fail(f"--runs={a.runs}: a list of unpacked,packed,joined,packed_time holding unpacked")
   if "packed_time" in runs and "packed" not in runs:
     fail("--runs: packed_time needs packed (its steps come from the packed run's time)")
-  if a.seeds < 1 or a.ft_seeds < 0 or a.steps < 1:
-    fail("--seeds and --steps: 1 or more; --ft_seeds: 0 or more")
+  if a.seeds < 1 or a.ft_seeds < 0 or a.steps < 1 or a.seq < 16:
+    fail("--seeds and --steps: 1 or more; --seq: 16 or more; --ft_seeds: 0 or more")
   ft_from = [int(k) for k in a.ft_pretrain_seeds.split(",") if k.strip().isdigit()]
   if a.ft_seeds and (not ft_from or max(ft_from) >= a.seeds):
     fail(f"--ft_pretrain_seeds={a.ft_pretrain_seeds}: seeds below --seeds={a.seeds}")

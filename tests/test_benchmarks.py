@@ -430,9 +430,13 @@ def test_packing_learning_benchmark_builds_its_data_and_refuses_bad_input(tmp_pa
     ([f"--jglue={jglue}", "--runs=packed"], "a list of unpacked,packed,joined,packed_time holding"),
     ([f"--jglue={jglue}", "--runs=unpacked,packed_time"], "packed_time needs packed"),
     ([f"--jglue={jglue}", "--seeds=0"], "--seeds and --steps: 1 or more"),
+    ([f"--jglue={jglue}", "--seq=8"], "--seq: 16 or more"),
   ]:
     with pytest.raises(SystemExit) as e:
       bench.main([f"--out={fresh}", *args])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and error in err and err.count("\n") == 1
     assert not fresh.exists()
+  # --seq sets the rows' length and the position table alike (S=512: issue 59's second length).
+  settings = bench.data_settings(bench.argparse.Namespace(seq=512, vocab=4000), str(out))
+  assert settings["data.max_seq_length"] == settings["model.max_position_embeddings"] == 512
