@@ -45,6 +45,8 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
+from albert_jax.base.config_lib import ConfigError  # noqa: E402  (ml_collections only: no jax)
+
 RULES = ("first", "first_word_piece", "last", "mean", "first_last")
 
 
@@ -126,19 +128,16 @@ def data_file(folder: str, name: str, split: str) -> str:
     path = os.path.join(folder, f"{name}-{split}.{ext}")
     if os.path.isfile(path):
       return path
-  from albert_jax.base.config_lib import ConfigError
-
   raise ConfigError(f"no {name}-{split}.conllu, .tsv or .conll in {folder}")
 
 
-def run(args) -> dict:
+def run(args, found) -> dict:
+  """Every set, rule and --crf setting fine-tuned from `found` (--init, opened by main)."""
   import albert_jax
   from albert_jax.data.text import tokenizer as tokenizer_lib
-  from albert_jax.interop import model_dir
   from albert_jax.tasks import finetuning, tagged_files, tokens
 
   load0, t0 = os.getloadavg(), time.time()
-  found = model_dir.open_model_dir(args.init, "--init")
   tokenizer = tokenizer_lib.load(found.vocab)
   lower = bool(found.tokenizer["do_lower_case"])
   figures = {"init": args.init, "sets": {}}
@@ -235,7 +234,6 @@ def main(argv=None) -> dict:
   p.add_argument("--max_seq_length", type=int, default=64)
   args = p.parse_args(argv)
   from albert_jax import cli
-  from albert_jax.base.config_lib import ConfigError
   from albert_jax.interop import model_dir
 
   bad = [r for r in args.rules.split(",") if r not in RULES]
@@ -251,7 +249,7 @@ def main(argv=None) -> dict:
   # backend, the libraries' INFO and Orbax's read-only notices in OUT/logs only.
   cli.quiet_libtpu()
   try:  # what it reads, checked before --out is made: a bad input writes nothing
-    model_dir.open_model_dir(args.init, "--init")
+    found = model_dir.open_model_dir(args.init, "--init")
     for name in args.sets.split(","):
       for split in (args.train_split, args.eval_split):
         data_file(args.data, name, split)
@@ -260,7 +258,7 @@ def main(argv=None) -> dict:
   os.makedirs(args.out, exist_ok=True)
   cli.setup_logging("tagging", args.out)
   try:
-    return run(args)
+    return run(args, found)
   except ConfigError as e:  # a value the fine-tuning config refuses (--lr=-1, --epochs=0, ...)
     cli.fail(str(e))
 

@@ -173,7 +173,7 @@ def cpu_matmul_peak() -> float:
     os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-      json.dump({**(known if isinstance(known, dict) else {}), key: flops}, f)
+      json.dump({**known, key: flops}, f)  # known: a dict here (anything else raised above)
     os.replace(tmp, path)
   except OSError:  # a read-only cache: the figure is this process's alone
     pass
