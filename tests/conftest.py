@@ -248,6 +248,51 @@ def data_dir(tmp_path_factory):
   return os.path.join(built_once(tmp_path_factory, "prepared", prepare), "data")
 
 
+def _pretrain(workdir: str, task: str, spm: str = "", normalize_quotes: bool = True) -> None:
+  """small_config's model pretrained 8 steps on `task` data it prepares in <workdir>/data (with the
+  vocabulary spm if given), the console kept beside it (<workdir>.out)."""
+  import contextlib
+
+  from albert_jax.pretraining import train
+
+  config = small_config(
+    os.path.join(workdir, "data"), num_steps=8, checkpoint_every=8, learning_rate=0.005
+  )
+  config.data.update(task=task, spm_model_path=spm, normalize_quotes=normalize_quotes)
+  with open(f"{workdir}.out", "w") as out, contextlib.redirect_stdout(out):
+    train.train_and_evaluate(config, workdir)
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+  """The suite's trained tiny runs, (sop, nsp) workdirs, trained once per session and read-only:
+  small_config's model, 8 steps on SOP data and on NSP data (the NSP run with the SOP run's
+  vocabulary, its quotes left as they are: data.normalize_quotes=False, for fine-tuning from it).
+  The SOP run's vocabulary is the shared data_dir's (the same corpus and settings)."""
+
+  def train_both(root):
+    sop = os.path.join(root, "sop")
+    _pretrain(sop, "sop")
+    nsp_spm = os.path.join(sop, "data", "spiece.model")
+    _pretrain(os.path.join(root, "nsp"), "nsp", spm=nsp_spm, normalize_quotes=False)
+
+  root = built_once(tmp_path_factory, "trained_runs", train_both)
+  return os.path.join(root, "sop"), os.path.join(root, "nsp")
+
+
+@pytest.fixture(scope="session")
+def run_exports(tmp_path_factory, runs):
+  """{"hf": ..., "jax": ...}: the SOP run's last checkpoint exported once in each format (read-only)."""
+  from albert_jax.pretraining import export
+
+  def build(root):
+    for fmt in ("hf", "jax"):
+      export.export(runs[0], os.path.join(root, fmt), fmt=fmt)
+
+  root = built_once(tmp_path_factory, "trained_run_exports", build)
+  return {fmt: os.path.join(root, fmt) for fmt in ("hf", "jax")}
+
+
 def main_cmd(workdir, data_dir, *extra, **train_fields):
   return [
     sys.executable,

@@ -16,11 +16,9 @@ import pytest
 import albert_jax
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.engine import checkpoint
-from albert_jax.pretraining import export
 from tests.conftest import ROOT
-from tests.test_evaluate import runs  # noqa: F401  (the tiny runs, trained once per session)
 
-# Every test here reads the tiny runs test_evaluate trains once per session.
+# Every test here reads conftest's tiny runs (`runs`, `run_exports`), trained once per session.
 pytestmark = pytest.mark.slow
 
 
@@ -40,7 +38,7 @@ def test_importing_albert_jax_is_cheap():
   assert out.stdout.strip() == "[]"
 
 
-def test_load_a_run_its_jax_and_its_hf_export(runs, tmp_path, caplog):  # noqa: F811
+def test_load_a_run_its_jax_and_its_hf_export(runs, run_exports, caplog):
   sop, _ = runs
   with caplog.at_level(logging.INFO):
     run = albert_jax.load(sop)
@@ -54,8 +52,7 @@ def test_load_a_run_its_jax_and_its_hf_export(runs, tmp_path, caplog):  # noqa: 
   for k, v in _leaves(want).items():
     np.testing.assert_array_equal(run_leaves[k], v)
 
-  jax_dir = export.export(sop, str(tmp_path / "jax"), fmt="jax")
-  hf_dir = export.export(sop, str(tmp_path / "hf"), fmt="hf")
+  jax_dir, hf_dir = run_exports["jax"], run_exports["hf"]  # export.export's, of the run's step 8
   text = "the [MASK] of the [MASK]"
   predicted = albert_jax.fill_mask(run, text, top_k=3)
   assert len(predicted) == 2 and all(len(p) == 3 for p in predicted)
@@ -70,10 +67,10 @@ def test_load_a_run_its_jax_and_its_hf_export(runs, tmp_path, caplog):  # noqa: 
     assert albert_jax.fill_mask(loaded, text, top_k=3) == predicted
 
 
-def test_get_config_resolves_and_batches_are_the_loaders(runs, tmp_path):  # noqa: F811
+def test_get_config_resolves_and_batches_are_the_loaders(runs, run_exports):
   sop, _ = runs
   data_dir = os.path.join(sop, "data")
-  jax_dir = export.export(sop, str(tmp_path / "jax"), fmt="jax")
+  jax_dir = run_exports["jax"]
   run_config = albert_jax.load(sop).config
   # The run's model and data settings (its prepared data's fingerprint) as --config.KEY=VALUE.
   same = {

@@ -564,15 +564,13 @@ def test_an_hf_id_goes_the_same_path(tmp_path, vocabs, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_run_is_an_init_from_too(tmp_path, data_dir):
-  """init_from=a pretraining run's workdir: its latest checkpoint, its kept vocabulary; longer
-  positions grow from it as from an export."""
+def test_a_run_is_an_init_from_too(runs, data_dir):
+  """init_from=a pretraining run's workdir (the suite's tiny SOP run, read-only): its latest
+  checkpoint, its kept vocabulary; longer positions grow from it as from an export."""
   from albert_jax.engine import checkpoint
-  from albert_jax.pretraining import train
   from tests.conftest import small_config
 
-  run = str(tmp_path / "run")
-  train.train_and_evaluate(small_config(data_dir, num_steps=2), run)
+  run = runs[0]
   c = small_config(data_dir, num_steps=3)
   c.init_from = run
   c.data.data_dir = ""

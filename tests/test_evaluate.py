@@ -1,6 +1,5 @@
 """Intrinsic evaluation: tiny real pretraining runs (SOP and NSP) scored on each other's data."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -14,10 +13,11 @@ from albert_jax import evaluate
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.data.store.layout import PREPARED_FILE
 from albert_jax.data.text import tokenizer
-from albert_jax.pretraining import export, train
-from tests.conftest import ROOT, built_once, small_config
+from albert_jax.pretraining import train
+from tests.conftest import ROOT, small_config
 
-# Every test here scores the two tiny models the `runs` fixture trains: the fast tier leaves them out.
+# Every test here scores the two tiny models conftest's `runs` fixture trains: the fast tier leaves
+# them out.
 pytestmark = pytest.mark.slow
 
 KEYS = {
@@ -30,31 +30,6 @@ KEYS = {
   "examples",
   "sentence_pair_label_1_fraction",
 }
-
-
-def _run(workdir, data_dir, task, spm="", normalize_quotes=True):
-  """Prepares `task` data in data_dir (with the vocabulary spm if given) and pretrains 8 steps."""
-  config = small_config(data_dir, num_steps=8, checkpoint_every=8, learning_rate=0.005)
-  config.data.update(task=task, spm_model_path=spm, normalize_quotes=normalize_quotes)
-  train.train_and_evaluate(config, workdir)
-  return config
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """The two runs' workdirs, trained once per session (read-only); each run's console output is
-  kept beside it (<workdir>.out). The NSP run leaves quotes as they are (data.normalize_quotes=False),
-  for fine-tuning from it."""
-
-  def train_both(root):
-    sop = os.path.join(root, "sop")
-    for task, spm in (("sop", ""), ("nsp", os.path.join(sop, "data", "spiece.model"))):
-      workdir = os.path.join(root, task)
-      with open(f"{workdir}.out", "w") as out, contextlib.redirect_stdout(out):
-        _run(workdir, os.path.join(workdir, "data"), task, spm=spm, normalize_quotes=task == "sop")
-
-  root = built_once(tmp_path_factory, "evaluate_runs", train_both)
-  return os.path.join(root, "sop"), os.path.join(root, "nsp")
 
 
 def test_sentence_pair_metrics_are_named_for_the_task(runs):
@@ -113,10 +88,9 @@ def test_each_model_scores_the_other_task(runs):
   assert own["masked_lm_accuracy"] > 0.01
 
 
-def test_cli_on_an_export_and_one_line_errors(runs, tmp_path):
+def test_cli_on_an_export_and_one_line_errors(runs, run_exports, tmp_path):
   sop, nsp = runs
-  out = str(tmp_path / "sop-jax")
-  export.export(sop, out, fmt="jax")
+  out = run_exports["jax"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [
     sys.executable,

@@ -15,8 +15,7 @@ import pytest
 from albert_jax import evaluate, finetune
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.interop import hub
-from albert_jax.pretraining import export, train
-from tests.conftest import ROOT, built_once, load_file, main_cmd, small_config, xla_flags
+from tests.conftest import ROOT, built_once, load_file, main_cmd, xla_flags
 
 MAIN = hashlib.sha1(b"the hf export").hexdigest()  # commits are 40 hex digits
 JAX = hashlib.sha1(b"the jax export").hexdigest()
@@ -43,23 +42,18 @@ def add_to_cache(cache: str, repo_id: str, commit: str, source: str, refs=()) ->
 
 
 @pytest.fixture(scope="module")
-def hub_cache(tmp_path_factory, data_dir):
-  """(cache, run workdir, {commit: snapshot}), built once per session (read-only): a tiny run of 2
-  steps on the shared data, its hf export as org/tiny's main and its jax export on the branch `jax`."""
+def hub_cache(tmp_path_factory, runs, run_exports):
+  """(cache, run workdir, {commit: snapshot}), built once per session (read-only): the suite's tiny
+  SOP run (conftest's `runs`), its hf export as org/tiny's main and its jax export on the branch
+  `jax`."""
 
-  def build(root):
-    workdir = os.path.join(root, "run")
-    train.train_and_evaluate(small_config(data_dir, num_steps=2), workdir)
-    cache = os.path.join(root, "cache")
-    hf_export = export.export(workdir, os.path.join(root, "hf"))
-    add_to_cache(cache, "org/tiny", MAIN, hf_export, ["main"])
-    jax_export = export.export(workdir, os.path.join(root, "jax"), fmt="jax")
-    add_to_cache(cache, "org/tiny", JAX, jax_export, ["jax"])
+  def build(cache):
+    add_to_cache(cache, "org/tiny", MAIN, run_exports["hf"], ["main"])
+    add_to_cache(cache, "org/tiny", JAX, run_exports["jax"], ["jax"])
 
-  root = built_once(tmp_path_factory, "hub_cache", build)
-  cache = os.path.join(root, "cache")
+  cache = built_once(tmp_path_factory, "hub_cache", build)
   snapshots = {c: os.path.join(cache, "models--org--tiny", "snapshots", c) for c in (MAIN, JAX)}
-  return cache, os.path.join(root, "run"), snapshots
+  return cache, runs[0], snapshots
 
 
 @pytest.fixture
