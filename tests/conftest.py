@@ -3,6 +3,7 @@
 Also the helpers several test modules share: import them with `from tests.conftest import ...`.
 """
 
+import contextlib
 import fcntl
 import importlib.util
 import itertools
@@ -251,8 +252,6 @@ def data_dir(tmp_path_factory):
 def _pretrain(workdir: str, task: str, spm: str = "", normalize_quotes: bool = True) -> None:
   """small_config's model pretrained 8 steps on `task` data it prepares in <workdir>/data (with the
   vocabulary spm if given), the console kept beside it (<workdir>.out)."""
-  import contextlib
-
   from albert_jax.pretraining import train
 
   config = small_config(
