@@ -34,12 +34,19 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":
-  # Its own process: one CPU device over every core and XLA's default optimisation, whatever a shell
-  # exported for the tests (tests/conftest.xla_flags: 8 devices, -O0).
+  # Its own process: one CPU device over every core and XLA's default compiler, whatever a shell
+  # exported for the tests (tests/conftest.py's XLA_FLAGS: 8 devices, -O0, the compile-time options).
   os.environ["XLA_FLAGS"] = " ".join(
     f
     for f in os.environ.get("XLA_FLAGS", "").split()
-    if "xla_force_host_platform_device_count" not in f and "xla_backend_optimization_level" not in f
+    if not f.startswith(
+      (
+        "--xla_force_host_platform_device_count",
+        "--xla_backend_optimization_level",
+        "--xla_cpu_use_fusion_emitters",
+        "--xla_cpu_parallel_codegen_split_count",
+      )
+    )
   )
 
 import jax  # noqa: E402
