@@ -34,6 +34,7 @@ import select
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ from albert_jax.base import config_lib, files
 from albert_jax.base.config_lib import ConfigError
 from albert_jax.base.hardware import quiet_libtpu  # noqa: F401  (the commands call it as cli.quiet_libtpu)
 from albert_jax.base.log import PRINTS_LOGGER, prints_to_log  # noqa: F401
-from albert_jax.engine import workdir as workdir_lib
+from albert_jax.engine import metrics as metrics_lib, workdir as workdir_lib
 
 BAD_INPUT, INTERNAL, NON_FINITE, ENVIRONMENT, DOES_NOT_FIT = 2, 1, 3, 4, 5
 STDOUT_CLOSED = 141
@@ -251,10 +252,13 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
     name = f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
     try:
-      if files.is_remote(workdir):  # written locally, uploaded whole when the process exits
+      if files.is_remote(workdir):  # written locally, uploaded whole every LOG_UPLOAD_SECONDS
         path = os.path.join(tempfile.mkdtemp(prefix="albert_jax_log_"), name)
-        if not _remote_log:
+        if not _uploader:  # once a process, whatever the number of commands it sets up
           atexit.register(_last_upload)
+          _uploader.append(threading.Thread(target=_upload_every, name="albert_jax-log-upload"))
+          _uploader[0].daemon = True
+          _uploader[0].start()
         _remote_log[:] = [path, str(files.path(workdir, workdir_lib.LOGS, name))]
       else:
         logs = os.path.join(workdir, workdir_lib.LOGS)
@@ -272,26 +276,48 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
   return _log_file[0] if _log_file else None
 
 
-# A gs:// workdir's log file: (local file, its object), uploaded whole as each guarded block ends.
+# A gs:// workdir's log file: (local file, its object), uploaded whole as each guarded block ends, at
+# exit, and every LOG_UPLOAD_SECONDS in between (as metrics.jsonl), so that a run killed outright
+# (SIGKILL, the OOM killer, a lost VM) leaves in the bucket its log up to that long before the end.
 _remote_log: list[str] = []
+LOG_UPLOAD_SECONDS = metrics_lib.MetricWriter.UPLOAD_SECONDS
+_upload_lock = threading.Lock()  # one upload at a time: the last one holds the newest lines
+_uploads_end = threading.Event()
+_uploader: list[threading.Thread] = []
 
 
-def _upload_log() -> bool:
-  """A gs:// workdir's log file (written locally) copied to its object; False if that failed."""
-  if not _remote_log:
+def _upload_log(quiet: bool = False) -> bool:
+  """A gs:// workdir's log file (written locally) copied to its object; False if that failed (said
+  in a console line unless quiet: the periodic uploads are retried, the last one says)."""
+  if len(pair := list(_remote_log)) != 2:
     return False
-  local, remote = _remote_log
-  try:
-    files.path(local).copy(files.path(remote), overwrite=True)
-  except Exception as e:  # noqa: BLE001 (at exit: a log that cannot be uploaded must not hide the result)
-    print(f"warning: could not upload the log file {local} to {remote}: {e}", file=sys.stderr)
-    return False
+  local, remote = pair
+  with _upload_lock:
+    try:
+      files.path(local).copy(files.path(remote), overwrite=True)
+    except Exception as e:  # noqa: BLE001 (at exit: a log that cannot be uploaded must not hide the result)
+      if not quiet:
+        print(f"warning: could not upload the log file {local} to {remote}: {e}", file=sys.stderr)
+      return False
   return True
+
+
+def _upload_every() -> None:
+  """The log's periodic upload (a daemon thread), while its size changes, until the last one."""
+  uploaded = -1
+  while not _uploads_end.wait(LOG_UPLOAD_SECONDS):
+    try:
+      size = os.path.getsize(_remote_log[0])
+    except (OSError, IndexError):
+      continue
+    if size != uploaded and _upload_log(quiet=True):
+      uploaded = size
 
 
 def _last_upload() -> None:
   """At exit: the gs:// workdir's log uploaded a last time, and its local copy removed (kept, and
   named, when the upload fails)."""
+  _uploads_end.set()
   if _remote_log and _upload_log():
     shutil.rmtree(os.path.dirname(_remote_log[0]), ignore_errors=True)
 

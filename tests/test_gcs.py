@@ -192,6 +192,39 @@ def test_main_job_export_and_evaluate_on_gs_only(bucket, tmp_path):
   assert workdir_lib.read_config(f"{ft}/seed_0").data.spm_model_path == f"{data}/spiece.model"
 
 
+# A command on a gs:// workdir that logs a line, lets its log's periodic upload run, logs another
+# and is killed outright before the next upload (no atexit, no final upload).
+KILLED_WITH_ITS_LOG = """
+import os, signal, sys, time
+from absl import logging
+from albert_jax import cli
+cli.LOG_UPLOAD_SECONDS = 0.3
+print(cli.setup_logging("probe", sys.argv[1]), flush=True)
+logging.info("before the upload")
+time.sleep(1.5)
+logging.info("after the last upload")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_runs_log_is_in_the_bucket_up_to_its_last_upload(bucket, tmp_path):
+  """The log of a gs:// workdir is written locally and uploaded every LOG_UPLOAD_SECONDS (30 s;
+  0.3 here), not only at the end: a process killed outright leaves in the bucket its log up to the
+  last upload, and the rest in its local copy (under TMPDIR), which nothing removes."""
+  r = _run([sys.executable, "-c", KILLED_WITH_ITS_LOG, f"{bucket}/run"], tmpdir=tmp_path)
+  assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+  local = r.stdout.strip().splitlines()[-1]
+  assert local.startswith(str(tmp_path)) and os.path.basename(os.path.dirname(local)).startswith(
+    "albert_jax_log_"
+  )
+  (name,) = [n for n in files.files_under(f"{bucket}/run") if n.startswith("logs/")]
+  assert name == f"logs/{os.path.basename(local)}"
+  uploaded = files.path(bucket, "run", name).read_text()
+  assert "before the upload" in uploaded and "after the last upload" not in uploaded
+  kept = open(local, encoding="utf-8").read()
+  assert kept.startswith(uploaded) and "after the last upload" in kept
+
+
 def _one_line_error(r, started: float, *expected: str) -> None:
   assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
   lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
