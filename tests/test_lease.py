@@ -186,14 +186,16 @@ def test_workdir_lease_seconds_is_validated():
 # --- trainers on one bucket workdir -----------------------------------------------------------------
 
 
-def _trainer(run, data_dir, **train_fields):
+def _trainer(run, data_dir, tmpdir=None, **train_fields):
+  """The main job on `run` in the background; its temporary files (a gs:// run's local log) under
+  tmpdir if given: one that is killed outright leaves them there."""
   from tests.conftest import ROOT, main_cmd
   from tests.test_reliability import env
 
   return subprocess.Popen(
     main_cmd(run, data_dir, **train_fields),
     cwd=ROOT,
-    env=env(),
+    env=dict(env(), **({"TMPDIR": str(tmpdir)} if tmpdir else {})),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
@@ -231,18 +233,21 @@ def test_two_trainers_on_one_bucket_workdir_one_trains_the_other_refuses(bucket,
 
 @pytest.mark.slow
 def test_a_killed_holders_lease_is_taken_over_once_expired_and_the_run_resumes_bitwise(
-  bucket, data_dir
+  bucket, data_dir, tmp_path
 ):
   from tests.test_reliability import run_main
 
   fields = dict(num_steps=12, checkpoint_every=2, workdir_lease_seconds=20)
   run = f"{bucket}/run"
-  holder = _trainer(run, data_dir, **fields)
+  holder = _trainer(run, data_dir, tmpdir=tmp_path, **fields)
   for line in holder.stdout:
     if line.startswith("saved step 4 to"):
       break
   holder.send_signal(signal.SIGKILL)  # no release: a preempted VM
   holder.wait()
+  # Its log's local copy is left where its TMPDIR was (test_gcs: the bucket's copy).
+  (kept,) = [n for n in os.listdir(tmp_path) if n.startswith("albert_jax_log_")]
+  assert any(f.endswith(f"-{holder.pid}.log") for f in os.listdir(tmp_path / kept))
   killed_at = time.time()
   record = _record(f"{run}/.lock")
   assert record["pid"] == holder.pid and record["expires_unix"] > killed_at
