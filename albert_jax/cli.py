@@ -256,8 +256,9 @@ def setup_logging(command: str, workdir: str | None = None) -> str | None:
         path = os.path.join(tempfile.mkdtemp(prefix="albert_jax_log_"), name)
         if not _uploader:  # once a process, whatever the number of commands it sets up
           atexit.register(_last_upload)
-          _uploader.append(threading.Thread(target=_upload_every, name="albert_jax-log-upload"))
-          _uploader[0].daemon = True
+          _uploader.append(
+            threading.Thread(target=_upload_every, name="albert_jax-log-upload", daemon=True)
+          )
           _uploader[0].start()
         _remote_log[:] = [path, str(files.path(workdir, workdir_lib.LOGS, name))]
       else:
@@ -318,7 +319,7 @@ def _last_upload() -> None:
   """At exit: the gs:// workdir's log uploaded a last time, and its local copy removed (kept, and
   named, when the upload fails)."""
   _uploads_end.set()
-  if _remote_log and _upload_log():
+  if _upload_log():
     shutil.rmtree(os.path.dirname(_remote_log[0]), ignore_errors=True)
 
 
